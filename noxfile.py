@@ -1,0 +1,111 @@
+"""Lint, type check, test each package on its own, and check the built distributions.
+
+Run everything with `uv run nox`; list the sessions with `uv run nox -l`. Sessions inherit the
+environment, so CRONOQ_REQUIRE_POSTGRES (and any PG* variable) reaches the tests.
+Set CRONOQ_NOX_ALL_PYTHONS=1 to test on Python 3.12 and 3.13 too; uv must find those interpreters
+(with pyenv: `PYENV_VERSION=3.11.7:3.12.1:3.13.0`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import nox
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+nox.options.default_venv_backend = "uv"
+
+ROOT = Path(__file__).parent
+TEST_PYTHONS = (
+    ["3.11", "3.12", "3.13"] if os.environ.get("CRONOQ_NOX_ALL_PYTHONS") == "1" else ["3.11"]
+)
+
+
+@dataclass(frozen=True)
+class Member:
+    path: Path
+    import_name: str
+    dependencies: frozenset[str]
+
+
+def _read_members() -> dict[str, Member]:
+    """The workspace packages by distribution name, in the order of the root pyproject."""
+    root = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    members: dict[str, Member] = {}
+    for member_dir in root["tool"]["uv"]["workspace"]["members"]:
+        project = tomllib.loads((ROOT / member_dir / "pyproject.toml").read_text())["project"]
+        name = canonicalize_name(project["name"])
+        members[name] = Member(
+            path=ROOT / member_dir,
+            import_name=name.replace("-", "_"),
+            dependencies=frozenset(
+                canonicalize_name(Requirement(dep).name) for dep in project.get("dependencies", [])
+            ),
+        )
+    return members
+
+
+MEMBERS = _read_members()
+
+
+def _with_local_dependencies(name: str) -> list[Path]:
+    """The directory of package `name` and of the workspace packages it requires, transitively."""
+    found: dict[str, Path] = {}
+    pending = [name]
+    while pending:
+        current = pending.pop()
+        if current not in found:
+            found[current] = MEMBERS[current].path
+            pending.extend(dep for dep in MEMBERS[current].dependencies if dep in MEMBERS)
+    return list(found.values())
+
+
+def _install_locked(session: nox.Session, *args: str) -> None:
+    """`uv pip install` with third-party versions pinned by uv.lock, ignoring workspace sources."""
+    constraints = Path(session.create_tmp()) / "constraints.txt"
+    session.run_install(
+        "uv", "export", "--frozen", "--all-packages", "--no-emit-workspace", "--no-hashes",
+        "--quiet", "--output-file", str(constraints),
+    )  # fmt: skip
+    session.install("--no-sources", "--constraints", str(constraints), *args)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Ruff lint and format check."""
+    _install_locked(session, "ruff")
+    session.run("ruff", "check")
+    session.run("ruff", "format", "--check")
+
+
+@nox.session
+def types(session: nox.Session) -> None:
+    """mypy --strict over every package, its tests and this file, in the locked dev environment."""
+    session.run_install("uv", "sync", "--locked", "--all-packages")
+    session.run("mypy", *session.posargs)
+
+
+@nox.session(python=TEST_PYTHONS)
+@nox.parametrize("package", list(MEMBERS), ids=list(MEMBERS))
+def tests(session: nox.Session, package: str) -> None:
+    """One package's tests with only that package and its declared dependencies installed."""
+    # Editable, so the tests always see the current source (uv caches wheels built from a path).
+    editables = [arg for path in _with_local_dependencies(package) for arg in ("-e", str(path))]
+    _install_locked(session, *editables, "pytest", "pytest-asyncio", "hypothesis")
+    tests_dir = MEMBERS[package].path / "tests"
+    # Exit code 5: no tests collected, for a package that has none yet.
+    session.run("pytest", str(tests_dir), *session.posargs, success_codes=[0, 5])
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Build every sdist and wheel without workspace sources, install the wheels, import them."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        session.run("uv", "build", "--all-packages", "--no-sources", "--out-dir", out_dir)
+        _install_locked(session, *(str(wheel) for wheel in sorted(Path(out_dir).glob("*.whl"))))
+    session.run("python", "-c", "import " + ", ".join(m.import_name for m in MEMBERS.values()))

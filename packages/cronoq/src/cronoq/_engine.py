@@ -1,0 +1,1024 @@
+"""The engine: a pure, synchronous, deterministic state machine holding every task rule.
+
+``Engine.step(now_ns, inputs)`` applies a batch of inputs and the timers due at ``now_ns`` and
+returns a :class:`StepResult`: the mutations to persist (ONE store commit), the replies owed to
+callers and the attempts to dispatch, which the driver releases only after that commit, and the
+next time the engine needs to be stepped. It never reads a clock, awaits or touches a store, so
+tests drive it with explicit times and simulations replay it exactly.
+
+If a commit fails, the driver discards the engine and rebuilds one from the store with
+:meth:`Engine.recover`: the engine itself never has to undo a step.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from cronoq._cron import CronSchedule
+from cronoq._ids import first_id
+from cronoq._model import (
+    LEGAL_TRANSITIONS,
+    NS_PER_S,
+    CatchUpPolicy,
+    MissPolicy,
+    OverlapPolicy,
+    ScheduleSpec,
+    Status,
+    TaskSpec,
+)
+from cronoq.errors import (
+    AdmissionRejected,
+    CronoqError,
+    DuplicateSchedule,
+    ScheduleNotFound,
+    TaskNotFound,
+    UnknownDependency,
+    UnknownPool,
+)
+from cronoq.store import (
+    CancelRequested,
+    Mutation,
+    RecoveredState,
+    ScheduleRecord,
+    ScheduleRemoved,
+    ScheduleSaved,
+    TaskRecord,
+    TaskSubmitted,
+    TaskUpdated,
+)
+
+__all__ = [
+    "AddSchedule",
+    "AttemptFailed",
+    "AttemptReport",
+    "AttemptSucceeded",
+    "AttemptToken",
+    "CancelAttempt",
+    "CancelTask",
+    "Dispatch",
+    "Engine",
+    "EngineConfig",
+    "GetTask",
+    "GetTaskByKey",
+    "Heartbeat",
+    "Input",
+    "ListSchedules",
+    "ListTasks",
+    "PauseSchedule",
+    "PoolConfig",
+    "RemoveSchedule",
+    "ResumeSchedule",
+    "StaleAttempt",
+    "StepResult",
+    "SubmitResult",
+    "SubmitTasks",
+    "TaskSummary",
+    "WaitTask",
+]
+
+
+def _seconds(ns: int) -> str:
+    return f"{ns / NS_PER_S:g}s"
+
+
+# --- configuration ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    name: str
+    concurrency: int
+    max_live: int | None = None
+    """Bound on live (not finished) tasks in this pool; None means only the global bound."""
+    lease_ns: int | None = None
+    """Remote executors: an attempt not heartbeaten for this long is lost and retried."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    pools: Sequence[PoolConfig]
+    retention_ns: int = 3600 * NS_PER_S
+    """How long finished tasks stay in memory for key deduplication and dependencies."""
+    max_live_tasks: int | None = None
+    seed: int | None = None
+    """Seed of the backoff jitter; None draws one from the OS."""
+
+
+# --- inputs -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptToken:
+    """Names one attempt. Reports carrying any other token are rejected."""
+
+    epoch: int
+    task_id: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptSucceeded:
+    output: bytes | None
+    """None when the function returned None."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFailed:
+    message: str
+    retryable: bool = True
+    retry_after_ns: int | None = None
+    cancelled: bool = False
+    """The attempt stopped because its cancellation was requested."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitTasks:
+    specs: Sequence[TaskSpec]
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTask:
+    task_id: int
+    message: str
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptReport:
+    token: AttemptToken
+    outcome: AttemptSucceeded | AttemptFailed
+    reply_to: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    token: AttemptToken
+    reply_to: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class AddSchedule:
+    spec: ScheduleSpec
+    replace: bool
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class PauseSchedule:
+    name: str
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeSchedule:
+    name: str
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveSchedule:
+    name: str
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class GetTask:
+    task_id: int
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class GetTaskByKey:
+    key: str
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class WaitTask:
+    task_id: int
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class ListTasks:
+    reply_to: object
+    statuses: frozenset[Status] | None = None
+    pool: str | None = None
+    kind: str | None = None
+    tag: str | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListSchedules:
+    reply_to: object
+
+
+Input = (
+    SubmitTasks
+    | CancelTask
+    | AttemptReport
+    | Heartbeat
+    | AddSchedule
+    | PauseSchedule
+    | ResumeSchedule
+    | RemoveSchedule
+    | GetTask
+    | GetTaskByKey
+    | WaitTask
+    | ListTasks
+    | ListSchedules
+)
+
+
+# --- outputs ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitResult:
+    task_id: int
+    created: bool
+    """False when the key was already held and ``task_id`` is the existing task."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSummary:
+    """What the engine keeps of a finished task, and what ``list`` returns for every task."""
+
+    task_id: int
+    status: Status
+    attempt: int
+    pool: str
+    kind: str
+    key: str | None
+    tags: tuple[str, ...]
+    finished_ns: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Start this attempt. Released by the driver only after the step committed."""
+
+    token: AttemptToken
+    spec: TaskSpec
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAttempt:
+    """Ask the executor running this attempt to stop (cooperatively)."""
+
+    token: AttemptToken
+    pool: str
+    reason: str
+
+
+class StaleAttempt(CronoqError):
+    """A report for an attempt that is no longer the task's current one; it changed nothing."""
+
+
+@dataclass(slots=True)
+class StepResult:
+    mutations: list[Mutation] = field(default_factory=list)
+    replies: list[tuple[object, object]] = field(default_factory=list)
+    """(reply_to, value); a value that is an exception is raised to the caller."""
+    dispatches: list[Dispatch] = field(default_factory=list)
+    cancels: list[CancelAttempt] = field(default_factory=list)
+    next_wake_ns: int | None = None
+
+
+# --- internal state -----------------------------------------------------------------------
+
+
+class _Task:
+    """A live task. Slotted and flat: a million idle ones must fit in a few hundred MB."""
+
+    __slots__ = (
+        "attempt",
+        "cancel_requested",
+        "id",
+        "message",
+        "pending",
+        "spec",
+        "status",
+        "submitted_ns",
+        "updated_ns",
+        "wake_ns",
+    )
+
+    def __init__(self, task_id: int, spec: TaskSpec, submitted_ns: int) -> None:
+        self.id = task_id
+        self.spec = spec
+        self.status = Status.READY
+        self.attempt = 0
+        self.message = "submitted"
+        self.submitted_ns = submitted_ns
+        self.updated_ns = submitted_ns
+        self.wake_ns: int | None = None
+        self.pending = 0
+        self.cancel_requested = False
+
+    def record(self, output: bytes | None = None) -> TaskRecord:
+        return TaskRecord(
+            task_id=self.id,
+            spec=self.spec,
+            status=self.status,
+            attempt=self.attempt,
+            message=self.message,
+            submitted_ns=self.submitted_ns,
+            updated_ns=self.updated_ns,
+            due_ns=self.wake_ns if self.status is Status.RETRYING else None,
+            cancel_requested=self.cancel_requested,
+            output=output,
+        )
+
+    def summary(self) -> TaskSummary:
+        spec = self.spec
+        finished = self.updated_ns if self.status.is_terminal else None
+        return TaskSummary(
+            self.id, self.status, self.attempt, spec.pool, spec.kind, spec.key, spec.tags, finished
+        )
+
+    def token(self, epoch: int) -> AttemptToken:
+        return AttemptToken(epoch, self.id, self.attempt)
+
+
+_NO_TASK = _Task(0, TaskSpec("", "", b""), 0)
+"""Stands in for a missing task in timer checks: its wake_ns is None, matching no timer."""
+
+
+class _Pool:
+    __slots__ = ("config", "live", "ready", "running")
+
+    def __init__(self, config: PoolConfig) -> None:
+        self.config = config
+        self.running = 0
+        self.live = 0
+        # (-priority, id): highest priority first, then submission order.
+        self.ready: list[tuple[int, int]] = []
+
+
+class _Schedule:
+    __slots__ = ("cron", "last_task_id", "next_ns", "paused", "spec")
+
+    def __init__(self, record: ScheduleRecord, cron: CronSchedule) -> None:
+        self.spec = record.spec
+        self.cron = cron
+        self.next_ns = record.next_ns
+        self.paused = record.paused
+        self.last_task_id = record.last_task_id
+
+    def record(self) -> ScheduleRecord:
+        return ScheduleRecord(self.spec, self.next_ns, self.paused, self.last_task_id)
+
+
+class Engine:
+    """All task semantics. See the module docstring for the contract."""
+
+    def __init__(self, config: EngineConfig, epoch: int, high_water_mark: int = 0) -> None:
+        if not config.pools:
+            raise ValueError("at least one pool is required")
+        self.config = config
+        self.epoch = epoch
+        self._next_id = first_id(epoch, high_water_mark)
+        self._pools = {p.name: _Pool(p) for p in config.pools}
+        self._tasks: dict[int, _Task] = {}
+        self._finished: dict[int, TaskSummary] = {}
+        self._keys: dict[str, int] = {}
+        self._dependents: dict[int, list[int]] = {}
+        self._waiters: dict[int, list[object]] = {}
+        self._schedules: dict[str, _Schedule] = {}
+        self._timers: list[tuple[int, int]] = []
+        self._schedule_timers: list[tuple[int, str]] = []
+        self._rng = random.Random(config.seed)
+        self._now = 0
+        self._out = StepResult()
+
+    # --- public surface -------------------------------------------------------------------
+
+    @property
+    def high_water_mark(self) -> int:
+        """The last id this engine issued (or recovered)."""
+        return self._next_id - 1
+
+    @property
+    def live_count(self) -> int:
+        return len(self._tasks)
+
+    @property
+    def finished_count(self) -> int:
+        return len(self._finished)
+
+    def running_tokens(self) -> set[AttemptToken]:
+        return {t.token(self.epoch) for t in self._tasks.values() if t.status is Status.RUNNING}
+
+    def step(self, now_ns: int, inputs: Iterable[Input] = ()) -> StepResult:
+        self._now = now_ns
+        self._out = out = StepResult()
+        for item in inputs:
+            self._apply(item)
+        self._prune_finished()
+        self._fire_task_timers()
+        self._fire_schedules()
+        self._dispatch_ready()
+        out.next_wake_ns = self._next_wake()
+        self._out = StepResult()
+        return out
+
+    @classmethod
+    def recover(
+        cls,
+        config: EngineConfig,
+        epoch: int,
+        now_ns: int,
+        state: RecoveredState,
+        adopt: frozenset[AttemptToken] = frozenset(),
+    ) -> tuple[Engine, StepResult]:
+        """Rebuild from recovered rows and run a first step.
+
+        ``adopt`` names attempts still running in this process (a rebuild after a failed commit,
+        same epoch): they keep running. Any other attempt that was running is lost: it counts as
+        used and is retried after backoff or dead-lettered. The returned step carries the
+        mutations of that bookkeeping; commit it before serving.
+        """
+        engine = cls(config, epoch, state.max_task_id)
+        engine._restore(now_ns, state, adopt)
+        return engine, engine.step(now_ns)
+
+    # --- input handling -------------------------------------------------------------------
+
+    def _apply(self, item: Input) -> None:
+        match item:
+            case AttemptReport():
+                self._report(item)
+            case SubmitTasks():
+                self._reply(item.reply_to, self._submit(item.specs))
+            case CancelTask():
+                self._reply(item.reply_to, self._cancel(item.task_id, item.message))
+            case Heartbeat():
+                self._heartbeat(item)
+            case GetTask():
+                self._reply(item.reply_to, self._get(item.task_id))
+            case GetTaskByKey():
+                task_id = self._keys.get(item.key)
+                self._reply(item.reply_to, None if task_id is None else self._get(task_id))
+            case WaitTask():
+                self._wait(item)
+            case ListTasks():
+                self._reply(item.reply_to, self._list(item))
+            case AddSchedule():
+                self._reply(item.reply_to, self._add_schedule(item.spec, item.replace))
+            case PauseSchedule():
+                self._reply(item.reply_to, self._pause_schedule(item.name, paused=True))
+            case ResumeSchedule():
+                self._reply(item.reply_to, self._pause_schedule(item.name, paused=False))
+            case RemoveSchedule():
+                self._reply(item.reply_to, self._remove_schedule(item.name))
+            case ListSchedules():
+                self._reply(item.reply_to, [s.record() for s in self._schedules.values()])
+
+    def _reply(self, reply_to: object, value: object) -> None:
+        if reply_to is not None:
+            self._out.replies.append((reply_to, value))
+
+    def _submit(self, specs: Sequence[TaskSpec]) -> list[SubmitResult] | CronoqError:
+        # Validate the whole batch before applying any of it: nothing is half-applied.
+        new_per_pool: dict[str, int] = {}
+        batch_keys: set[str] = set()
+        for spec in specs:
+            if spec.pool not in self._pools:
+                return UnknownPool(f"unknown pool {spec.pool!r}; configured: {self._pool_names()}")
+            for parent in spec.after:
+                if parent > self.high_water_mark or parent <= 0:
+                    return UnknownDependency(
+                        f"task {spec.kind!r} depends on task {parent}, which was never submitted"
+                    )
+            if spec.key is not None:
+                if spec.key in self._keys or spec.key in batch_keys:
+                    continue
+                batch_keys.add(spec.key)
+            new_per_pool[spec.pool] = new_per_pool.get(spec.pool, 0) + 1
+        limit = self.config.max_live_tasks
+        total_new = sum(new_per_pool.values())
+        if limit is not None and len(self._tasks) + total_new > limit:
+            return AdmissionRejected(
+                f"{len(self._tasks)} live tasks + {total_new} new would exceed "
+                f"max_live_tasks={limit}"
+            )
+        for name, count in new_per_pool.items():
+            pool = self._pools[name]
+            cap = pool.config.max_live
+            if cap is not None and pool.live + count > cap:
+                return AdmissionRejected(
+                    f"pool {name!r} has {pool.live} live tasks; {count} more would exceed "
+                    f"its max_live={cap}"
+                )
+        results: list[SubmitResult] = []
+        for spec in specs:
+            if spec.key is not None and (existing := self._keys.get(spec.key)) is not None:
+                results.append(SubmitResult(existing, created=False))
+                continue
+            results.append(SubmitResult(self._create(spec).id, created=True))
+        return results
+
+    def _create(self, spec: TaskSpec) -> _Task:
+        task = _Task(self._next_id, spec, self._now)
+        self._next_id += 1
+        self._tasks[task.id] = task
+        self._pools[spec.pool].live += 1
+        if spec.key is not None:
+            self._keys[spec.key] = task.id
+        blocker = self._link_parents(task)
+        task.status = Status.WAITING if task.pending else self._initial_status(task)
+        self._out.mutations.append(TaskSubmitted(task.id, spec, task.status, self._now))
+        if blocker is not None:
+            self._end_for_parent(task, *blocker)
+        elif not task.pending:
+            self._arm(task)
+        return task
+
+    def _link_parents(self, task: _Task) -> tuple[int, Status] | None:
+        """Count unfinished parents; return a parent that failed or was cancelled, if any."""
+        blocker: tuple[int, Status] | None = None
+        for parent_id in task.spec.after:
+            if parent_id in self._tasks:
+                task.pending += 1
+                self._dependents.setdefault(parent_id, []).append(task.id)
+                continue
+            done = self._finished.get(parent_id)
+            # Unknown ids below the high-water mark finished before the retention window.
+            if done is not None and done.status is not Status.SUCCEEDED and blocker is None:
+                blocker = (parent_id, done.status)
+        return blocker
+
+    def _initial_status(self, task: _Task) -> Status:
+        start = task.spec.start_at_ns
+        return Status.SCHEDULED if start is not None and start > self._now else Status.READY
+
+    def _arm(self, task: _Task) -> None:
+        """Put a task whose dependencies are satisfied where it belongs: a timer or its queue."""
+        spec = task.spec
+        if task.status is Status.SCHEDULED:
+            assert spec.start_at_ns is not None
+            self._set_wake(task, self._earliest(spec.start_at_ns, spec.deadline_ns))
+            return
+        start = spec.start_at_ns
+        if (
+            start is not None
+            and spec.miss_policy is MissPolicy.SKIP
+            and self._now > start + spec.grace_ns
+        ):
+            late = _seconds(self._now - start)
+            self._finish(task, Status.CANCELLED, f"skipped: fixed start missed by {late}")
+            return
+        if spec.deadline_ns is not None and self._now >= spec.deadline_ns:
+            self._finish(task, Status.FAILED, "deadline passed before the task could start")
+            return
+        task.status = Status.READY
+        heapq.heappush(self._pools[spec.pool].ready, (-spec.priority, task.id))
+        self._set_wake(task, spec.deadline_ns)
+
+    def _cancel(self, task_id: int, message: str) -> Status | CronoqError:
+        task = self._tasks.get(task_id)
+        if task is None:
+            done = self._finished.get(task_id)
+            if done is None:
+                return TaskNotFound(f"no task {task_id}")
+            return done.status
+        if task.status is not Status.RUNNING:
+            self._finish(task, Status.CANCELLED, message)
+            return Status.CANCELLED
+        if not task.cancel_requested:
+            task.cancel_requested = True
+            task.message = message
+            self._out.mutations.append(CancelRequested(task.id, self._now, message))
+            self._out.cancels.append(CancelAttempt(task.token(self.epoch), task.spec.pool, message))
+        return Status.RUNNING
+
+    def _current_attempt(self, token: AttemptToken) -> _Task | None:
+        task = self._tasks.get(token.task_id)
+        if (
+            task is None
+            or token.epoch != self.epoch
+            or task.status is not Status.RUNNING
+            or task.attempt != token.attempt
+        ):
+            return None
+        return task
+
+    def _report(self, item: AttemptReport) -> None:
+        task = self._current_attempt(item.token)
+        if task is None:
+            self._reply(item.reply_to, StaleAttempt(f"attempt {item.token} is not current"))
+            return
+        self._pools[task.spec.pool].running -= 1
+        outcome = item.outcome
+        if isinstance(outcome, AttemptSucceeded):
+            message = f"attempt {task.attempt} succeeded"
+            self._finish(task, Status.SUCCEEDED, message, output=outcome.output)
+        elif task.cancel_requested:
+            self._finish(task, Status.CANCELLED, task.message)
+        else:
+            self._attempt_failed(task, outcome.message, outcome.retryable, outcome.retry_after_ns)
+        self._reply(item.reply_to, None)
+
+    def _heartbeat(self, item: Heartbeat) -> None:
+        task = self._current_attempt(item.token)
+        if task is None:
+            self._reply(item.reply_to, StaleAttempt(f"attempt {item.token} is not current"))
+            return
+        self._set_wake(task, self._running_wake(task))
+        self._reply(item.reply_to, task.cancel_requested)
+
+    def _attempt_failed(
+        self, task: _Task, reason: str, retryable: bool, retry_after_ns: int | None
+    ) -> None:
+        """The running attempt of ``task`` ended without success (its slot is already freed)."""
+        spec = task.spec
+        attempt = task.attempt
+        if not retryable:
+            self._finish(task, Status.FAILED, f"attempt {attempt} failed (not retryable): {reason}")
+            return
+        if attempt >= spec.retry.max_attempts:
+            message = f"attempt {attempt} failed: {reason}; no attempts left"
+            self._finish(task, Status.FAILED, message)
+            return
+        delay = retry_after_ns
+        if delay is None:
+            delay = spec.retry.delay_ns(attempt, self._rng.random())
+        due = self._now + delay
+        if spec.deadline_ns is not None and due >= spec.deadline_ns:
+            message = f"attempt {attempt} failed: {reason}; the next would start after the deadline"
+            self._finish(task, Status.FAILED, message)
+            return
+        message = f"attempt {attempt} failed: {reason}; retrying in {_seconds(delay)}"
+        self._transition(task, Status.RETRYING, message)
+        self._out.mutations.append(
+            TaskUpdated(task.id, Status.RETRYING, attempt, message, self._now, due_ns=due)
+        )
+        task.wake_ns = None
+        self._set_wake(task, self._earliest(due, spec.deadline_ns))
+
+    def _finish(
+        self, task: _Task, status: Status, message: str, output: bytes | None = None
+    ) -> None:
+        """Make ``task`` terminal, persist it, answer its waiters and settle its dependents."""
+        pending = [(task, status, message, output)]
+        while pending:
+            task, status, message, output = pending.pop()
+            self._transition(task, status, message)
+            task.wake_ns = None
+            self._out.mutations.append(
+                TaskUpdated(task.id, status, task.attempt, message, self._now, output=output)
+            )
+            del self._tasks[task.id]
+            pool = self._pools.get(task.spec.pool)
+            if pool is not None:  # None only for a recovered task whose pool was removed
+                pool.live -= 1
+            self._finished[task.id] = task.summary()
+            waiters = self._waiters.pop(task.id, None)
+            if waiters:
+                record = task.record(output)
+                for reply_to in waiters:
+                    self._reply(reply_to, record)
+            for child_id in self._dependents.pop(task.id, ()):
+                child = self._tasks.get(child_id)
+                if child is None:
+                    continue
+                if status is Status.SUCCEEDED:
+                    child.pending -= 1
+                    if child.pending == 0:
+                        self._transition(child, self._initial_status(child), child.message)
+                        self._arm(child)
+                else:
+                    child_status, child_message = self._parent_verdict(task.id, status)
+                    pending.append((child, child_status, child_message, None))
+
+    @staticmethod
+    def _parent_verdict(parent_id: int, parent_status: Status) -> tuple[Status, str]:
+        if parent_status is Status.CANCELLED:
+            return Status.CANCELLED, f"dependency {parent_id} was cancelled"
+        return Status.FAILED, f"dependency {parent_id} failed"
+
+    def _end_for_parent(self, task: _Task, parent_id: int, parent_status: Status) -> None:
+        status, message = self._parent_verdict(parent_id, parent_status)
+        self._finish(task, status, message)
+
+    def _transition(self, task: _Task, status: Status, message: str) -> None:
+        if status not in LEGAL_TRANSITIONS[task.status]:
+            raise AssertionError(f"illegal transition {task.status} -> {status} of task {task.id}")
+        task.status = status
+        task.message = message
+        task.updated_ns = self._now
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def _get(self, task_id: int) -> TaskRecord | TaskSummary | CronoqError:
+        task = self._tasks.get(task_id)
+        if task is not None:
+            return task.record()
+        done = self._finished.get(task_id)
+        if done is not None:
+            return done
+        return TaskNotFound(f"no task {task_id}")
+
+    def _wait(self, item: WaitTask) -> None:
+        if item.task_id in self._tasks:
+            self._waiters.setdefault(item.task_id, []).append(item.reply_to)
+        else:
+            self._reply(item.reply_to, self._get(item.task_id))
+
+    def _list(self, query: ListTasks) -> list[TaskSummary]:
+        found: list[TaskSummary] = []
+        limit = query.limit
+        sources: tuple[Iterable[_Task | TaskSummary], ...] = (
+            self._tasks.values(),
+            self._finished.values(),
+        )
+        for source in sources:
+            for item in source:
+                summary = item.summary() if isinstance(item, _Task) else item
+                if (
+                    (query.statuses is None or summary.status in query.statuses)
+                    and (query.pool is None or summary.pool == query.pool)
+                    and (query.kind is None or summary.kind == query.kind)
+                    and (query.tag is None or query.tag in summary.tags)
+                ):
+                    found.append(summary)
+                    if limit is not None and len(found) >= limit:
+                        return found
+        return found
+
+    # --- schedules ------------------------------------------------------------------------
+
+    def _add_schedule(self, spec: ScheduleSpec, replace: bool) -> ScheduleRecord | CronoqError:
+        if spec.template.pool not in self._pools:
+            return UnknownPool(
+                f"schedule {spec.name!r} uses unknown pool {spec.template.pool!r}; "
+                f"configured: {self._pool_names()}"
+            )
+        existing = self._schedules.get(spec.name)
+        if existing is not None and not replace:
+            return DuplicateSchedule(f"a schedule named {spec.name!r} already exists")
+        cron = CronSchedule.parse(spec.cron, spec.timezone)
+        record = ScheduleRecord(
+            spec,
+            cron.next_after(self._now),
+            paused=False,
+            last_task_id=existing.last_task_id if existing else None,
+        )
+        self._schedules[spec.name] = schedule = _Schedule(record, cron)
+        self._save_schedule(schedule)
+        return record
+
+    def _pause_schedule(self, name: str, paused: bool) -> ScheduleRecord | CronoqError:
+        schedule = self._schedules.get(name)
+        if schedule is None:
+            return ScheduleNotFound(f"no schedule named {name!r}")
+        if schedule.paused != paused:
+            schedule.paused = paused
+            if not paused:
+                # Occurrences that passed while paused are not caught up.
+                schedule.next_ns = schedule.cron.next_after(self._now)
+            self._save_schedule(schedule)
+        return schedule.record()
+
+    def _remove_schedule(self, name: str) -> CronoqError | None:
+        if self._schedules.pop(name, None) is None:
+            return ScheduleNotFound(f"no schedule named {name!r}")
+        self._out.mutations.append(ScheduleRemoved(name))
+        return None
+
+    def _save_schedule(self, schedule: _Schedule) -> None:
+        self._out.mutations.append(ScheduleSaved(schedule.record()))
+        if not schedule.paused:
+            heapq.heappush(self._schedule_timers, (schedule.next_ns, schedule.spec.name))
+
+    def _fire_schedules(self) -> None:
+        timers = self._schedule_timers
+        now = self._now
+        while timers and timers[0][0] <= now:
+            due, name = heapq.heappop(timers)
+            if not self._schedule_due(due, name):
+                continue  # a stale timer: removed, paused or rescheduled since
+            schedule = self._schedules[name]
+            spec = schedule.spec
+            missed = now - due > spec.grace_ns
+            overlapping = (
+                spec.overlap is OverlapPolicy.SKIP and schedule.last_task_id in self._tasks
+            )
+            if not overlapping and not (missed and spec.catch_up is CatchUpPolicy.SKIP):
+                template = spec.template
+                task_spec = TaskSpec(
+                    pool=template.pool,
+                    kind=template.kind,
+                    payload=template.payload,
+                    tags=template.tags,
+                    name=spec.name,
+                    priority=template.priority,
+                    retry=template.retry,
+                    timeout_ns=template.timeout_ns,
+                    schedule=spec.name,
+                )
+                schedule.last_task_id = self._create(task_spec).id
+            # Every occurrence up to now is covered by this firing (coalesced).
+            schedule.next_ns = schedule.cron.next_after(now)
+            self._save_schedule(schedule)
+
+    # --- timers and dispatch --------------------------------------------------------------
+
+    @staticmethod
+    def _earliest(a: int | None, b: int | None) -> int | None:
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return min(a, b)
+
+    def _set_wake(self, task: _Task, wake_ns: int | None) -> None:
+        task.wake_ns = wake_ns
+        if wake_ns is not None:
+            heapq.heappush(self._timers, (wake_ns, task.id))
+
+    def _running_wake(self, task: _Task) -> int | None:
+        spec = task.spec
+        wake = spec.deadline_ns
+        if spec.timeout_ns is not None:
+            wake = self._earliest(wake, task.updated_ns + spec.timeout_ns)
+        lease = self._pools[spec.pool].config.lease_ns
+        if lease is not None:
+            wake = self._earliest(wake, self._now + lease)
+        return wake
+
+    def _fire_task_timers(self) -> None:
+        timers = self._timers
+        now = self._now
+        while timers and timers[0][0] <= now:
+            wake, task_id = heapq.heappop(timers)
+            task = self._tasks.get(task_id)
+            if task is None or task.wake_ns != wake:
+                continue  # stale: the task moved on since this timer was set
+            task.wake_ns = None
+            self._on_timer(task)
+
+    def _on_timer(self, task: _Task) -> None:
+        spec = task.spec
+        deadline_passed = spec.deadline_ns is not None and self._now >= spec.deadline_ns
+        status = task.status
+        if status is Status.RUNNING:
+            self._pools[spec.pool].running -= 1
+            token = task.token(self.epoch)
+            if deadline_passed:
+                message = f"deadline passed during attempt {task.attempt}"
+                self._out.cancels.append(CancelAttempt(token, spec.pool, message))
+                self._finish(task, Status.FAILED, message)
+                return
+            if task.cancel_requested:
+                self._finish(task, Status.CANCELLED, task.message)
+                return
+            timeout = spec.timeout_ns
+            if timeout is not None and self._now >= task.updated_ns + timeout:
+                reason = f"timed out after {_seconds(timeout)}"
+            else:
+                reason = "lost: its worker stopped heartbeating"
+            self._out.cancels.append(CancelAttempt(token, spec.pool, reason))
+            self._attempt_failed(task, reason, retryable=True, retry_after_ns=None)
+        elif deadline_passed:
+            self._finish(task, Status.FAILED, "deadline passed before the task could start")
+        elif status is Status.SCHEDULED or status is Status.RETRYING:
+            self._transition(task, Status.READY, task.message)
+            self._arm(task)
+
+    def _dispatch_ready(self) -> None:
+        for pool in self._pools.values():
+            ready = pool.ready
+            limit = pool.config.concurrency
+            while ready and pool.running < limit:
+                _, task_id = heapq.heappop(ready)
+                task = self._tasks.get(task_id)
+                if task is None or task.status is not Status.READY:
+                    continue  # cancelled or failed while queued
+                task.attempt += 1
+                message = f"attempt {task.attempt} started"
+                self._transition(task, Status.RUNNING, message)
+                pool.running += 1
+                self._out.mutations.append(
+                    TaskUpdated(task.id, Status.RUNNING, task.attempt, message, self._now)
+                )
+                self._set_wake(task, self._running_wake(task))
+                self._out.dispatches.append(Dispatch(task.token(self.epoch), task.spec))
+
+    def _next_wake(self) -> int | None:
+        # Drop stale heads so a cancelled task's timer does not cause a useless wake-up.
+        tasks, schedules = self._timers, self._schedule_timers
+        while tasks and self._tasks.get(tasks[0][1], _NO_TASK).wake_ns != tasks[0][0]:
+            heapq.heappop(tasks)
+        while schedules and not self._schedule_due(*schedules[0]):
+            heapq.heappop(schedules)
+        return self._earliest(
+            tasks[0][0] if tasks else None, schedules[0][0] if schedules else None
+        )
+
+    def _schedule_due(self, due: int, name: str) -> bool:
+        schedule = self._schedules.get(name)
+        return schedule is not None and not schedule.paused and schedule.next_ns == due
+
+    def _prune_finished(self) -> None:
+        horizon = self._now - self.config.retention_ns
+        finished = self._finished
+        while finished:
+            task_id = next(iter(finished))
+            summary = finished[task_id]
+            if summary.finished_ns is not None and summary.finished_ns >= horizon:
+                break
+            del finished[task_id]
+            if summary.key is not None and self._keys.get(summary.key) == task_id:
+                del self._keys[summary.key]
+
+    def _pool_names(self) -> str:
+        return ", ".join(sorted(self._pools))
+
+    # --- recovery -------------------------------------------------------------------------
+
+    def _restore(self, now: int, state: RecoveredState, adopt: frozenset[AttemptToken]) -> None:
+        self._now = now
+        finished_rows = sorted(
+            (r for r in state.tasks if r.status.is_terminal), key=lambda r: r.updated_ns
+        )
+        for row in finished_rows:
+            spec = row.spec
+            self._finished[row.task_id] = TaskSummary(
+                row.task_id,
+                row.status,
+                row.attempt,
+                spec.pool,
+                spec.kind,
+                spec.key,
+                spec.tags,
+                row.updated_ns,
+            )
+            if spec.key is not None:
+                self._keys[spec.key] = row.task_id
+        for task_id, _reason in state.quarantined:
+            self._finished[task_id] = TaskSummary(task_id, Status.FAILED, 0, "", "", None, (), now)
+        live_rows = [r for r in state.tasks if not r.status.is_terminal]
+        for row in live_rows:
+            task = _Task(row.task_id, row.spec, row.submitted_ns)
+            task.status = row.status
+            task.attempt = row.attempt
+            task.message = row.message
+            task.updated_ns = row.updated_ns
+            task.cancel_requested = row.cancel_requested
+            self._tasks[task.id] = task
+            if row.spec.key is not None:
+                self._keys[row.spec.key] = task.id
+            if row.spec.pool in self._pools:
+                self._pools[row.spec.pool].live += 1
+        for schedule_row in state.schedules:
+            cron = CronSchedule.parse(schedule_row.spec.cron, schedule_row.spec.timezone)
+            schedule = _Schedule(schedule_row, cron)
+            self._schedules[schedule.spec.name] = schedule
+            if not schedule.paused:
+                heapq.heappush(self._schedule_timers, (schedule.next_ns, schedule.spec.name))
+        # Parents come before their dependents in id order, so one pass settles every cascade.
+        for row in live_rows:
+            restored = self._tasks.get(row.task_id)
+            if restored is not None:  # a failed parent's cascade may have finished it already
+                self._restore_task(restored, row.due_ns, adopt)
+
+    def _restore_task(
+        self, task: _Task, due_ns: int | None, adopt: frozenset[AttemptToken]
+    ) -> None:
+        spec = task.spec
+        if spec.pool not in self._pools:
+            # Its pool is no longer configured: fail it visibly rather than keep it forever.
+            self._finish(task, Status.FAILED, f"pool {spec.pool!r} is no longer configured")
+            return
+        if task.status is Status.RUNNING:
+            pool = self._pools[spec.pool]
+            pool.running += 1
+            if task.token(self.epoch) in adopt:
+                self._set_wake(task, self._running_wake(task))
+                return
+            pool.running -= 1
+            if task.cancel_requested:
+                self._finish(task, Status.CANCELLED, task.message)
+            else:
+                reason = "lost: the scheduler stopped while it ran"
+                self._attempt_failed(task, reason, retryable=True, retry_after_ns=None)
+        elif task.status is Status.RETRYING:
+            due = due_ns if due_ns is not None else self._now
+            self._set_wake(task, self._earliest(due, spec.deadline_ns))
+        else:
+            blocker = self._link_parents(task)
+            if blocker is not None:
+                task.status = Status.WAITING
+                self._end_for_parent(task, *blocker)
+            elif task.pending:
+                task.status = Status.WAITING
+            else:
+                task.status = self._initial_status(task)
+                self._arm(task)

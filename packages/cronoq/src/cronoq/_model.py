@@ -1,0 +1,197 @@
+"""Values of the task model: statuses, policies and the persisted task spec.
+
+Every time is Unix nanoseconds (``int``); every duration is nanoseconds too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+from cronoq.errors import InvalidArgument
+
+__all__ = [
+    "LEGAL_TRANSITIONS",
+    "TERMINAL",
+    "CatchUpPolicy",
+    "MissPolicy",
+    "OverlapPolicy",
+    "RetryPolicy",
+    "ScheduleSpec",
+    "Status",
+    "TaskSpec",
+    "TaskTemplate",
+]
+
+NS_PER_S = 1_000_000_000
+_TEN_YEARS_NS = 10 * 366 * 24 * 3600 * NS_PER_S
+
+
+class Status(StrEnum):
+    WAITING = "waiting"
+    """Waiting for its dependencies to succeed."""
+    SCHEDULED = "scheduled"
+    """Its fixed start is in the future."""
+    READY = "ready"
+    """Queued in its pool, waiting for a free slot."""
+    RUNNING = "running"
+    """An attempt is running."""
+    RETRYING = "retrying"
+    """An attempt failed; the next one starts after the backoff."""
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
+
+# The only transitions the engine makes; the property tests assert every observed one is here.
+LEGAL_TRANSITIONS: dict[Status, frozenset[Status]] = {
+    Status.WAITING: frozenset({Status.READY, Status.SCHEDULED, Status.FAILED, Status.CANCELLED}),
+    Status.SCHEDULED: frozenset({Status.READY, Status.FAILED, Status.CANCELLED}),
+    Status.READY: frozenset({Status.RUNNING, Status.FAILED, Status.CANCELLED}),
+    Status.RUNNING: frozenset({Status.RETRYING, Status.SUCCEEDED, Status.FAILED, Status.CANCELLED}),
+    Status.RETRYING: frozenset({Status.READY, Status.FAILED, Status.CANCELLED}),
+    Status.SUCCEEDED: frozenset(),
+    Status.FAILED: frozenset(),
+    Status.CANCELLED: frozenset(),
+}
+
+
+class MissPolicy(StrEnum):
+    """What a fixed-start task does when its start passed by more than its grace."""
+
+    RUN_LATE = "run_late"
+    SKIP = "skip"
+
+
+class OverlapPolicy(StrEnum):
+    """What a schedule does when an occurrence comes while its last task is still live."""
+
+    SKIP = "skip"
+    ALLOW = "allow"
+
+
+class CatchUpPolicy(StrEnum):
+    """What a schedule does with occurrences missed while no leader ran."""
+
+    COALESCE = "coalesce"
+    """Run once for all the missed occurrences."""
+    SKIP = "skip"
+    """Run none of them; wait for the next occurrence."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Attempts and exponential backoff: ``initial * multiplier**(n-1)``, capped, jittered.
+
+    ``jitter`` is a fraction: the delay is drawn uniformly from ``delay * (1 ± jitter)``.
+    """
+
+    max_attempts: int = 3
+    initial_ns: int = NS_PER_S
+    multiplier: float = 2.0
+    max_ns: int = 300 * NS_PER_S
+    jitter: float = 0.1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
+            raise InvalidArgument("max_attempts must be an int")
+        if not 1 <= self.max_attempts <= 1000:
+            raise InvalidArgument(f"max_attempts must be 1..1000, got {self.max_attempts}")
+        if not (isinstance(self.initial_ns, int) and isinstance(self.max_ns, int)):
+            raise InvalidArgument("initial_ns and max_ns must be int nanoseconds")
+        if not 0 <= self.initial_ns <= self.max_ns <= _TEN_YEARS_NS:
+            raise InvalidArgument(
+                "backoff must satisfy 0 <= initial <= max <= ten years, got "
+                f"initial={self.initial_ns}ns max={self.max_ns}ns"
+            )
+        if not (isinstance(self.multiplier, int | float) and 1.0 <= self.multiplier <= 100.0):
+            raise InvalidArgument(f"multiplier must be 1..100, got {self.multiplier!r}")
+        if not (isinstance(self.jitter, int | float) and 0.0 <= self.jitter <= 1.0):
+            raise InvalidArgument(f"jitter must be 0..1, got {self.jitter!r}")
+
+    @classmethod
+    def exponential(
+        cls,
+        max_attempts: int = 3,
+        *,
+        initial: float = 1.0,
+        multiplier: float = 2.0,
+        maximum: float = 300.0,
+        jitter: float = 0.1,
+    ) -> RetryPolicy:
+        """Build a policy from durations in seconds."""
+        for what, value in (("initial", initial), ("maximum", maximum)):
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise InvalidArgument(f"{what} must be finite seconds >= 0, got {value!r}")
+        return cls(
+            max_attempts,
+            round(initial * NS_PER_S),
+            multiplier,
+            round(maximum * NS_PER_S),
+            jitter,
+        )
+
+    def delay_ns(self, attempt: int, unit_random: float) -> int:
+        """Backoff after failed ``attempt`` (1-based); ``unit_random`` is in [0, 1)."""
+        base = min(self.initial_ns * self.multiplier ** (attempt - 1), self.max_ns)
+        spread = 1.0 + self.jitter * (2.0 * unit_random - 1.0)
+        return max(0, int(base * spread))
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """Everything a submission says about a task; persisted once, never changed."""
+
+    pool: str
+    kind: str
+    payload: bytes
+    key: str | None = None
+    tags: tuple[str, ...] = ()
+    name: str | None = None
+    priority: int = 0
+    retry: RetryPolicy = DEFAULT_RETRY
+    start_at_ns: int | None = None
+    miss_policy: MissPolicy = MissPolicy.RUN_LATE
+    grace_ns: int = 60 * NS_PER_S
+    deadline_ns: int | None = None
+    timeout_ns: int | None = None
+    after: tuple[int, ...] = ()
+    schedule: str | None = None
+    """Name of the schedule that created the task, if any."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskTemplate:
+    """The task a schedule creates at each occurrence."""
+
+    pool: str
+    kind: str
+    payload: bytes
+    tags: tuple[str, ...] = ()
+    priority: int = 0
+    retry: RetryPolicy = DEFAULT_RETRY
+    timeout_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSpec:
+    """A recurring schedule: a cron expression in a time zone and the task it creates."""
+
+    name: str
+    cron: str
+    timezone: str
+    template: TaskTemplate
+    overlap: OverlapPolicy = OverlapPolicy.SKIP
+    catch_up: CatchUpPolicy = CatchUpPolicy.COALESCE
+    grace_ns: int = 60 * NS_PER_S
+    """An occurrence later than this is "missed" and handled by ``catch_up``."""

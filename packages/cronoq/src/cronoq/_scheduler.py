@@ -1,0 +1,497 @@
+"""The public facade: :class:`Scheduler`, :class:`Pool`, :class:`TaskRequest`, :class:`TaskInfo`.
+
+Every call validates its input here, then becomes one engine input that the driver batches into
+the next step; the call returns once that step is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from cronoq import _validate as check
+from cronoq._codecs import BytesCodec, Codec
+from cronoq._cron import CronSchedule
+from cronoq._driver import Driver
+from cronoq._engine import (
+    AddSchedule,
+    CancelTask,
+    EngineConfig,
+    GetTask,
+    GetTaskByKey,
+    ListSchedules,
+    ListTasks,
+    PauseSchedule,
+    PoolConfig,
+    RemoveSchedule,
+    ResumeSchedule,
+    SubmitResult,
+    SubmitTasks,
+    TaskSummary,
+    WaitTask,
+)
+from cronoq._executors import LocalExecutor, TaskFunction
+from cronoq._memory import MemoryStore
+from cronoq._model import (
+    NS_PER_S,
+    CatchUpPolicy,
+    MissPolicy,
+    OverlapPolicy,
+    RetryPolicy,
+    ScheduleSpec,
+    Status,
+    TaskSpec,
+    TaskTemplate,
+)
+from cronoq.errors import InvalidArgument, TaskNotFound
+from cronoq.store import ScheduleRecord, Store, TaskRecord
+
+__all__ = ["Pool", "ScheduleInfo", "Scheduler", "TaskInfo", "TaskRequest"]
+
+
+def _utc(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / NS_PER_S, UTC)
+
+
+def _utc_or_none(ns: int | None) -> datetime | None:
+    return None if ns is None else _utc(ns)
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """A named queue with a concurrency limit and the function that runs its tasks."""
+
+    name: str
+    executor: TaskFunction
+    concurrency: int = 10
+    max_live: int | None = None
+    """Bound on live tasks in this pool; submissions beyond it get AdmissionRejected."""
+
+    def __post_init__(self) -> None:
+        check.text(self.name, "pool name")
+        if not callable(self.executor):
+            raise InvalidArgument(f"pool {self.name!r}: executor must be callable")
+        check.integer(self.concurrency, f"pool {self.name!r} concurrency", 1, 1_000_000)
+        if self.max_live is not None:
+            check.integer(self.max_live, f"pool {self.name!r} max_live", 1, 1 << 40)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRequest:
+    """One task to submit: the arguments of :meth:`Scheduler.submit`, for ``submit_many``."""
+
+    kind: str
+    payload: Any = b""
+    pool: str = "default"
+    key: str | None = None
+    tags: Sequence[str] = ()
+    name: str | None = None
+    priority: int = 0
+    retry: RetryPolicy | None = None
+    start_at: datetime | Any = None
+    """Aware datetime, or a timedelta from now."""
+    miss_policy: MissPolicy | str = MissPolicy.RUN_LATE
+    grace: float | Any = 60.0
+    deadline: datetime | Any = None
+    timeout: float | Any = None
+    """Per-attempt timeout, seconds or timedelta."""
+    after: Iterable[int] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInfo:
+    """A task as the scheduler knows it, with its payload and output decoded."""
+
+    task_id: int
+    status: Status
+    attempt: int
+    message: str
+    pool: str
+    kind: str
+    key: str | None
+    tags: tuple[str, ...]
+    name: str | None
+    priority: int
+    payload: Any
+    output: Any
+    submitted_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    after: tuple[int, ...]
+    schedule: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    name: str
+    cron: str
+    timezone: str
+    kind: str
+    pool: str
+    paused: bool
+    next_run_at: datetime
+    last_task_id: int | None
+    overlap: OverlapPolicy
+    catch_up: CatchUpPolicy
+
+
+def _schedule_info(record: ScheduleRecord) -> ScheduleInfo:
+    spec = record.spec
+    next_run = _utc(record.next_ns)
+    return ScheduleInfo(
+        spec.name,
+        spec.cron,
+        spec.timezone,
+        spec.template.kind,
+        spec.template.pool,
+        record.paused,
+        next_run,
+        record.last_task_id,
+        spec.overlap,
+        spec.catch_up,
+    )
+
+
+class Scheduler:
+    """A durable task scheduler. Use as ``async with Scheduler(...) as sched:``.
+
+    Entering blocks until this instance leads its store's cluster and has recovered. Every call
+    returns only after its effect is committed to the store.
+    """
+
+    def __init__(
+        self,
+        pools: Sequence[Pool],
+        *,
+        store: Store | None = None,
+        codec: Codec | None = None,
+        commit_timeout: float = 30.0,
+        retention: float = 3600.0,
+        max_live_tasks: int | None = None,
+        max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
+        seed: int | None = None,
+    ) -> None:
+        if isinstance(pools, Pool):
+            pools = [pools]
+        if not pools:
+            raise InvalidArgument("a Scheduler needs at least one Pool")
+        names = [p.name for p in pools]
+        if not all(isinstance(p, Pool) for p in pools):
+            raise InvalidArgument("pools must be Pool instances")
+        if len(set(names)) != len(names):
+            raise InvalidArgument(f"pool names must be unique, got {names}")
+        self._codec: Codec = codec if codec is not None else BytesCodec()
+        self._store: Store = store if store is not None else MemoryStore()
+        self._max_payload = check.integer(max_payload_bytes, "max_payload_bytes", 1, 1 << 31)
+        if max_live_tasks is not None:
+            check.integer(max_live_tasks, "max_live_tasks", 1, 1 << 40)
+        config = EngineConfig(
+            pools=[PoolConfig(p.name, p.concurrency, p.max_live) for p in pools],
+            retention_ns=check.duration_ns(retention, "retention"),
+            max_live_tasks=max_live_tasks,
+            seed=seed,
+        )
+        executors = {p.name: LocalExecutor(p.executor, self._codec) for p in pools}
+        self._pools = frozenset(names)
+        self._driver = Driver(
+            config,
+            self._store,
+            executors,
+            check.duration_ns(commit_timeout, "commit_timeout", allow_zero=False) / NS_PER_S,
+        )
+        self._started = False
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Scheduler:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Wait for leadership, recover, and start serving."""
+        if self._started:
+            raise InvalidArgument("this Scheduler was already started")
+        self._started = True
+        await self._driver.start()
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop taking calls, let running attempts finish for up to ``timeout`` seconds, stop.
+
+        Attempts still running after that are abandoned: the next leader retries them.
+        """
+        await self._driver.stop(check.duration_ns(timeout, "timeout") / NS_PER_S)
+        await self._store.release_leadership()
+
+    def abort(self) -> None:
+        """Stop at once without committing or releasing anything, as if the process died."""
+        self._driver.abort()
+
+    async def leadership_lost(self) -> None:
+        """Return when this instance stops leading (fenced by a successor or store failure)."""
+        await self._driver.stopped.wait()
+
+    @property
+    def running(self) -> bool:
+        return self._started and not self._driver.stopped.is_set()
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the scheduler stopped on its own, if it did."""
+        return self._driver.failure
+
+    @property
+    def codec(self) -> Codec:
+        return self._codec
+
+    @property
+    def store(self) -> Store:
+        return self._store
+
+    # --- calls ----------------------------------------------------------------------------
+
+    async def _call(self, make: Any) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._driver.call(make(future))
+        return await future
+
+    def _spec(self, request: TaskRequest, now_ns: int) -> TaskSpec:
+        if not isinstance(request, TaskRequest):
+            raise InvalidArgument(f"expected a TaskRequest, got {type(request).__name__}")
+        pool = check.text(request.pool, "pool")
+        if pool not in self._pools:
+            raise InvalidArgument(
+                f"unknown pool {pool!r}; configured: {', '.join(sorted(self._pools))}"
+            )
+        start_at = check.optional_instant_ns(request.start_at, "start_at", now_ns)
+        deadline = check.optional_instant_ns(request.deadline, "deadline", now_ns)
+        if deadline is not None and start_at is not None and deadline <= start_at:
+            raise InvalidArgument("deadline must be after start_at")
+        return TaskSpec(
+            pool=pool,
+            kind=check.text(request.kind, "kind"),
+            payload=check.payload(self._codec, request.payload, self._max_payload),
+            key=check.optional_text(request.key, "key", max_length=check.MAX_KEY_LENGTH),
+            tags=check.tags(request.tags),
+            name=check.optional_text(request.name, "name"),
+            priority=check.integer(
+                request.priority, "priority", -check.MAX_PRIORITY, check.MAX_PRIORITY
+            ),
+            retry=check.retry(request.retry),
+            start_at_ns=start_at,
+            miss_policy=check.enum_value(request.miss_policy, MissPolicy, "miss_policy"),
+            grace_ns=check.duration_ns(request.grace, "grace"),
+            deadline_ns=deadline,
+            timeout_ns=check.optional_duration_ns(request.timeout, "timeout", allow_zero=False),
+            after=check.dependencies(request.after),
+        )
+
+    async def submit(self, kind: str, payload: Any = b"", **options: Any) -> int:
+        """Submit one task; return its id (the existing task's id if its key is held).
+
+        Options are the fields of :class:`TaskRequest`.
+        """
+        try:
+            request = TaskRequest(kind, payload, **options)
+        except TypeError as exc:
+            raise InvalidArgument(str(exc)) from None
+        results: list[SubmitResult] = await self._submit_specs(
+            [self._spec(request, time.time_ns())]
+        )
+        return results[0].task_id
+
+    async def submit_many(self, requests: Iterable[TaskRequest]) -> list[int]:
+        """Submit several tasks in one step: all are accepted, or none is."""
+        now = time.time_ns()
+        specs = [self._spec(r, now) for r in requests]
+        if not specs:
+            return []
+        return [r.task_id for r in await self._submit_specs(specs)]
+
+    async def _submit_specs(self, specs: list[TaskSpec]) -> list[SubmitResult]:
+        result: list[SubmitResult] = await self._call(lambda f: SubmitTasks(specs, f))
+        return result
+
+    async def get(self, task_id: int) -> TaskInfo:
+        """The task with this id. Raises TaskNotFound if it is unknown or pruned."""
+        check.integer(task_id, "task_id", 1, 2**63 - 1)
+        found = await self._call(lambda f: GetTask(task_id, f))
+        return await self._info(found, task_id)
+
+    async def get_by_key(self, key: str) -> TaskInfo | None:
+        """The task holding ``key`` (live or finished within the retention), or None."""
+        check.text(key, "key", max_length=check.MAX_KEY_LENGTH)
+        found = await self._call(lambda f: GetTaskByKey(key, f))
+        if found is None:
+            record = await self._store.get_task_by_key(key)
+            return None if record is None else self._decode(record)
+        return await self._info(found, None)
+
+    async def wait(self, task_id: int, timeout: float | None = None) -> TaskInfo:
+        """Wait until the task is terminal; return it with its output."""
+        check.integer(task_id, "task_id", 1, 2**63 - 1)
+        seconds = None if timeout is None else check.duration_ns(timeout, "timeout") / NS_PER_S
+        async with asyncio.timeout(seconds):
+            found = await self._call(lambda f: WaitTask(task_id, f))
+        return await self._info(found, task_id)
+
+    async def _info(self, found: TaskRecord | TaskSummary, task_id: int | None) -> TaskInfo:
+        if isinstance(found, TaskRecord):
+            return self._decode(found)
+        # A finished task: memory keeps only a summary; the store has the rest.
+        record = await self._store.get_task(found.task_id)
+        if record is None:
+            raise TaskNotFound(f"task {task_id or found.task_id} was pruned from the store")
+        return self._decode(record)
+
+    def _decode(self, record: TaskRecord) -> TaskInfo:
+        spec = record.spec
+        output = None
+        if record.output is not None and record.status is Status.SUCCEEDED:
+            output = self._codec.decode(record.output)
+        return TaskInfo(
+            task_id=record.task_id,
+            status=record.status,
+            attempt=record.attempt,
+            message=record.message,
+            pool=spec.pool,
+            kind=spec.kind,
+            key=spec.key,
+            tags=spec.tags,
+            name=spec.name,
+            priority=spec.priority,
+            payload=self._codec.decode(spec.payload),
+            output=output,
+            submitted_at=_utc(record.submitted_ns),
+            updated_at=_utc(record.updated_ns),
+            finished_at=_utc_or_none(record.finished_ns),
+            after=spec.after,
+            schedule=spec.schedule,
+        )
+
+    async def list(
+        self,
+        *,
+        status: Status | str | Iterable[Status | str] | None = None,
+        pool: str | None = None,
+        kind: str | None = None,
+        tag: str | None = None,
+        limit: int | None = None,
+    ) -> list[TaskSummary]:
+        """Tasks in memory (live, and finished within the retention), filtered."""
+        statuses: frozenset[Status] | None = None
+        if status is not None:
+            items = [status] if isinstance(status, str) else list(status)
+            try:
+                statuses = frozenset(Status(s) for s in items)
+            except ValueError:
+                allowed = ", ".join(s.value for s in Status)
+                raise InvalidArgument(f"status must be among {allowed}, got {status!r}") from None
+        pool = check.optional_text(pool, "pool")
+        kind = check.optional_text(kind, "kind")
+        tag = check.optional_text(tag, "tag")
+        if limit is not None:
+            check.integer(limit, "limit", 1, 1 << 40)
+        result: list[TaskSummary] = await self._call(
+            lambda f: ListTasks(f, statuses, pool, kind, tag, limit)
+        )
+        return result
+
+    async def cancel(self, task_id: int, reason: str = "cancelled by request") -> Status:
+        """Cancel a task. Queued: it ends ``cancelled`` now. Running: its attempt is asked to
+        stop, and this returns ``running``; the task ends ``cancelled`` when the attempt stops.
+        Finished: nothing changes and its final status is returned."""
+        check.integer(task_id, "task_id", 1, 2**63 - 1)
+        check.text(reason, "reason", max_length=4096)
+        result: Status = await self._call(lambda f: CancelTask(task_id, reason, f))
+        return result
+
+    # --- schedules ------------------------------------------------------------------------
+
+    async def add_schedule(
+        self,
+        name: str,
+        cron: str,
+        *,
+        kind: str,
+        payload: Any = b"",
+        pool: str = "default",
+        timezone: str = "UTC",
+        tags: Sequence[str] = (),
+        priority: int = 0,
+        retry: RetryPolicy | None = None,
+        timeout: float | Any = None,
+        overlap: OverlapPolicy | str = OverlapPolicy.SKIP,
+        catch_up: CatchUpPolicy | str = CatchUpPolicy.COALESCE,
+        grace: float | Any = 60.0,
+        replace: bool = False,
+    ) -> ScheduleInfo:
+        """Create a recurring schedule (or replace one of that name with ``replace=True``)."""
+        pool = check.text(pool, "pool")
+        if pool not in self._pools:
+            raise InvalidArgument(
+                f"unknown pool {pool!r}; configured: {', '.join(sorted(self._pools))}"
+            )
+        parsed = CronSchedule.parse(cron, timezone)
+        spec = ScheduleSpec(
+            name=check.text(name, "schedule name"),
+            cron=parsed.expression,
+            timezone=parsed.timezone,
+            template=TaskTemplate(
+                pool=pool,
+                kind=check.text(kind, "kind"),
+                payload=check.payload(self._codec, payload, self._max_payload),
+                tags=check.tags(tags),
+                priority=check.integer(
+                    priority, "priority", -check.MAX_PRIORITY, check.MAX_PRIORITY
+                ),
+                retry=check.retry(retry),
+                timeout_ns=check.optional_duration_ns(timeout, "timeout", allow_zero=False),
+            ),
+            overlap=check.enum_value(overlap, OverlapPolicy, "overlap"),
+            catch_up=check.enum_value(catch_up, CatchUpPolicy, "catch_up"),
+            grace_ns=check.duration_ns(grace, "grace"),
+        )
+        if not isinstance(replace, bool):
+            raise InvalidArgument("replace must be a bool")
+        record: ScheduleRecord = await self._call(lambda f: AddSchedule(spec, replace, f))
+        return _schedule_info(record)
+
+    async def pause_schedule(self, name: str) -> ScheduleInfo:
+        return await self._schedule_call(name, PauseSchedule)
+
+    async def resume_schedule(self, name: str) -> ScheduleInfo:
+        """Resume from the next occurrence after now; those missed while paused do not run."""
+        return await self._schedule_call(name, ResumeSchedule)
+
+    async def _schedule_call(
+        self, name: str, make: type[PauseSchedule | ResumeSchedule]
+    ) -> ScheduleInfo:
+        check.text(name, "schedule name")
+        record: ScheduleRecord = await self._call(lambda f: make(name, f))
+        return _schedule_info(record)
+
+    async def remove_schedule(self, name: str) -> None:
+        """Remove a schedule; tasks it already created carry on."""
+        check.text(name, "schedule name")
+        await self._call(lambda f: RemoveSchedule(name, f))
+
+    async def list_schedules(self) -> builtins.list[ScheduleInfo]:
+        records: builtins.list[ScheduleRecord] = await self._call(lambda f: ListSchedules(f))
+        return [_schedule_info(r) for r in records]
+
+
+def preview(
+    cron: str, timezone: str = "UTC", n: int = 10, *, after: datetime | None = None
+) -> list[datetime]:
+    """The next ``n`` occurrences of a cron expression as UTC datetimes (DST applied)."""
+    parsed = CronSchedule.parse(cron, timezone)
+    start = time.time_ns() if after is None else check.instant_ns(after, "after", time.time_ns())
+    return [_utc(ns) for ns in parsed.preview(start, n)]

@@ -1,0 +1,215 @@
+"""The contract between the scheduler and a durable store.
+
+A store is a write-ahead log of the engine's state transitions. It never decides anything: the
+engine computes every transition, the driver hands each step's mutations to :meth:`Store.commit`
+as ONE batch, and after a restart :meth:`Store.recover` gives back the rows the engine is rebuilt
+from. Third-party stores implement :class:`Store` and prove it with ``cronoq-conformance``.
+
+Obligations of every store (each one is checked by the conformance kit):
+
+- ``commit`` applies a whole batch atomically, or nothing of it.
+- ``commit`` with an epoch other than the current leader's raises :class:`Fenced` and changes
+  nothing. Transient failures raise :class:`Unavailable`; anything else :class:`StoreFatal`.
+- Times are engine nanoseconds; convert them with the :class:`TimeBase` given to ``recover``.
+- NUL in messages is stored as U+FFFD.
+- ``recover`` returns live tasks, terminal tasks finished within ``retention_ns``, terminal tasks
+  a live task depends on (however old), every schedule, and the highest task id ever committed,
+  even if its row was pruned since. A row it cannot decode is quarantined: marked failed in the
+  store and reported in ``RecoveredState.quarantined``; it never makes ``recover`` fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from cronoq._model import ScheduleSpec, Status, TaskSpec
+from cronoq.errors import Fenced, StoreError, StoreFatal, Unavailable
+
+__all__ = [
+    "CancelRequested",
+    "Fenced",
+    "Lease",
+    "Mutation",
+    "RecoveredState",
+    "ScheduleRecord",
+    "ScheduleRemoved",
+    "ScheduleSaved",
+    "Store",
+    "StoreError",
+    "StoreFatal",
+    "TaskRecord",
+    "TaskSubmitted",
+    "TaskUpdated",
+    "TimeBase",
+    "Unavailable",
+    "sanitize_message",
+]
+
+
+def sanitize_message(message: str) -> str:
+    """NUL cannot live in PostgreSQL text; every store replaces it so all behave alike."""
+    return message.replace("\x00", "\ufffd")
+
+
+@dataclass(frozen=True, slots=True)
+class TimeBase:
+    """Maps engine time onto Unix nanoseconds: ``unix = engine + unix_nanos_at_zero``.
+
+    The runtime always passes ``unix_nanos_at_zero = 0``; simulations may not.
+    """
+
+    unix_nanos_at_zero: int = 0
+
+    def to_unix(self, engine_ns: int) -> int:
+        return engine_ns + self.unix_nanos_at_zero
+
+    def to_engine(self, unix_ns: int) -> int:
+        return unix_ns - self.unix_nanos_at_zero
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Leadership held by one store instance, stamped with its fencing epoch."""
+
+    epoch: int
+
+
+# --- mutations: what a step persists -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSubmitted:
+    """A new task row. ``status`` is its first status (waiting, scheduled or ready)."""
+
+    task_id: int
+    spec: TaskSpec
+    status: Status
+    submitted_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskUpdated:
+    """A persisted status change: running, retrying or terminal.
+
+    ``due_ns`` is when a retrying task may start its next attempt; ``output`` is set only for
+    succeeded tasks; ``at_ns`` is the time of the change (the finish time when terminal).
+    """
+
+    task_id: int
+    status: Status
+    attempt: int
+    message: str
+    at_ns: int
+    due_ns: int | None = None
+    output: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """A running task was asked to stop; recovery ends it cancelled instead of retrying it."""
+
+    task_id: int
+    at_ns: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """A schedule's definition and progress: next occurrence, pause, last task created."""
+
+    spec: ScheduleSpec
+    next_ns: int
+    paused: bool = False
+    last_task_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSaved:
+    """Insert or replace the schedule row named ``schedule.spec.name``."""
+
+    schedule: ScheduleRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRemoved:
+    name: str
+
+
+Mutation = TaskSubmitted | TaskUpdated | CancelRequested | ScheduleSaved | ScheduleRemoved
+
+
+# --- what recovery and lookups return --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """A task as persisted. ``output`` is filled by lookups, never by ``recover``."""
+
+    task_id: int
+    spec: TaskSpec
+    status: Status
+    attempt: int
+    message: str
+    submitted_ns: int
+    updated_ns: int
+    due_ns: int | None = None
+    cancel_requested: bool = False
+    output: bytes | None = None
+
+    @property
+    def finished_ns(self) -> int | None:
+        return self.updated_ns if self.status.is_terminal else None
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredState:
+    max_task_id: int
+    """Highest task id ever committed to this cluster (survives pruning); 0 if none."""
+    tasks: Sequence[TaskRecord]
+    """In id order."""
+    schedules: Sequence[ScheduleRecord]
+    quarantined: Sequence[tuple[int, str]] = ()
+    """(task id, reason) of rows that could not be decoded and were marked failed."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    """What the driver needs from a durable store. All methods are coroutines."""
+
+    async def acquire_leadership(self) -> Lease:
+        """Block until this instance leads the cluster; return a new, strictly larger epoch."""
+        ...
+
+    async def leadership_lost(self) -> None:
+        """Return once leadership, after being acquired, is lost (or released)."""
+        ...
+
+    async def release_leadership(self) -> None:
+        """Give leadership up at once so a standby takes over without waiting for a timeout."""
+        ...
+
+    async def recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
+        """Load what the engine is rebuilt from (see the module docstring)."""
+        ...
+
+    async def commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
+        """Persist one step's mutations atomically, fenced by ``epoch``."""
+        ...
+
+    async def load_output(self, task_id: int) -> bytes | None:
+        """The output of a succeeded task, or None."""
+        ...
+
+    async def get_task(self, task_id: int) -> TaskRecord | None:
+        """The persisted task with its output, or None if unknown or pruned."""
+        ...
+
+    async def get_task_by_key(self, key: str) -> TaskRecord | None:
+        """The most recent task submitted with ``key``, or None."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections and files (and leadership, if still held)."""
+        ...
