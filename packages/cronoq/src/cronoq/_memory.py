@@ -36,7 +36,7 @@ __all__ = ["MemoryStore"]
 _PRUNE_EVERY = 1024
 
 
-class _Cluster:
+class MemoryCluster:
     """The shared "database" of every MemoryStore instance opened on it."""
 
     def __init__(self, keep_finished_ns: int) -> None:
@@ -53,12 +53,86 @@ class _Cluster:
         self.instance_ids = count(1)
         self.released = asyncio.Condition()
 
+    def apply(self, batch: Sequence[Mutation], time_base: TimeBase) -> None:
+        """Apply one committed batch. Synchronous, so it is atomic for every coroutine."""
+        to_unix = time_base.to_unix
+        tasks = self.tasks
+        for mutation in batch:
+            match mutation:
+                case TaskSubmitted(task_id, spec, status, submitted_ns):
+                    at = to_unix(submitted_ns)
+                    tasks[task_id] = TaskRecord(task_id, spec, status, 0, "submitted", at, at)
+                    if spec.key is not None:
+                        self.keys[spec.key] = task_id
+                    self.max_task_id = max(self.max_task_id, task_id)
+                case TaskUpdated(task_id, status, attempt, message, at_ns, due_ns, output):
+                    at = to_unix(at_ns)
+                    tasks[task_id] = dataclasses.replace(
+                        tasks[task_id],
+                        status=status,
+                        attempt=attempt,
+                        message=sanitize_message(message),
+                        updated_ns=at,
+                        due_ns=None if due_ns is None else to_unix(due_ns),
+                        output=output,
+                    )
+                    if status.is_terminal:
+                        self.finished[task_id] = at
+                case CancelRequested(task_id, at_ns, message):
+                    tasks[task_id] = dataclasses.replace(
+                        tasks[task_id],
+                        cancel_requested=True,
+                        message=sanitize_message(message),
+                        updated_ns=to_unix(at_ns),
+                    )
+                case ScheduleSaved(record):
+                    self.schedules[record.spec.name] = dataclasses.replace(
+                        record, next_ns=to_unix(record.next_ns)
+                    )
+                case ScheduleRemoved(name):
+                    self.schedules.pop(name, None)
+        self.commits += 1
+        if self.commits % _PRUNE_EVERY == 0:
+            self.prune(time.time_ns() - self.keep_finished_ns)
+
+    def recover(self, time_base: TimeBase, horizon_unix_ns: int) -> RecoveredState:
+        """What a new leader loads: live tasks, those finished after the horizon, finished
+        parents of live tasks, every schedule, and the id high-water mark."""
+        live = [r for r in self.tasks.values() if not r.status.is_terminal]
+        parents = {p for r in live for p in r.spec.after}
+        wanted = [
+            r
+            for r in self.tasks.values()
+            if not r.status.is_terminal or r.updated_ns >= horizon_unix_ns or r.task_id in parents
+        ]
+        wanted.sort(key=lambda r: r.task_id)
+        to_engine = time_base.to_engine
+        return RecoveredState(
+            max_task_id=self.max_task_id,
+            tasks=[_shift(r, to_engine) for r in wanted],
+            schedules=[_shift_schedule(s, to_engine) for s in self.schedules.values()],
+        )
+
+    def prune(self, horizon_unix_ns: int) -> None:
+        """Forget tasks finished before the horizon; the id high-water mark stays."""
+        while self.finished:
+            task_id, finished_at = next(iter(self.finished.items()))
+            if finished_at >= horizon_unix_ns:
+                break
+            del self.finished[task_id]
+            record = self.tasks.pop(task_id)
+            key = record.spec.key
+            if key is not None and self.keys.get(key) == task_id:
+                del self.keys[key]
+
 
 class MemoryStore:
     """An in-process store (see the module docstring)."""
 
-    def __init__(self, *, keep_finished: float = 3600.0, _cluster: _Cluster | None = None) -> None:
-        self._cluster = _cluster or _Cluster(int(keep_finished * NS_PER_S))
+    def __init__(
+        self, *, keep_finished: float = 3600.0, _cluster: MemoryCluster | None = None
+    ) -> None:
+        self._cluster = _cluster or MemoryCluster(int(keep_finished * NS_PER_S))
         self._id = next(self._cluster.instance_ids)
         self._epoch: int | None = None
         self._lost = asyncio.Event()
@@ -120,80 +194,12 @@ class MemoryStore:
         self._check_available()
         self._fence(epoch)
         self._time_base = time_base
-        cluster = self._cluster
-        horizon = time.time_ns() - retention_ns
-        live = [r for r in cluster.tasks.values() if not r.status.is_terminal]
-        parents = {p for r in live for p in r.spec.after}
-        wanted = [
-            r
-            for r in cluster.tasks.values()
-            if not r.status.is_terminal or r.updated_ns >= horizon or r.task_id in parents
-        ]
-        wanted.sort(key=lambda r: r.task_id)
-        to_engine = time_base.to_engine
-        return RecoveredState(
-            max_task_id=cluster.max_task_id,
-            tasks=[_shift(r, to_engine) for r in wanted],
-            schedules=[_shift_schedule(s, to_engine) for s in cluster.schedules.values()],
-        )
+        return self._cluster.recover(time_base, time.time_ns() - retention_ns)
 
     async def commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
         self._check_available()
         self._fence(epoch)
-        cluster = self._cluster
-        to_unix = self._time_base.to_unix
-        tasks = cluster.tasks
-        # No await below: the batch is applied atomically with respect to every other caller.
-        for mutation in batch:
-            match mutation:
-                case TaskSubmitted(task_id, spec, status, submitted_ns):
-                    at = to_unix(submitted_ns)
-                    tasks[task_id] = TaskRecord(task_id, spec, status, 0, "submitted", at, at)
-                    if spec.key is not None:
-                        cluster.keys[spec.key] = task_id
-                    cluster.max_task_id = max(cluster.max_task_id, task_id)
-                case TaskUpdated(task_id, status, attempt, message, at_ns, due_ns, output):
-                    at = to_unix(at_ns)
-                    tasks[task_id] = dataclasses.replace(
-                        tasks[task_id],
-                        status=status,
-                        attempt=attempt,
-                        message=sanitize_message(message),
-                        updated_ns=at,
-                        due_ns=None if due_ns is None else to_unix(due_ns),
-                        output=output,
-                    )
-                    if status.is_terminal:
-                        cluster.finished[task_id] = at
-                case CancelRequested(task_id, at_ns, message):
-                    tasks[task_id] = dataclasses.replace(
-                        tasks[task_id],
-                        cancel_requested=True,
-                        message=sanitize_message(message),
-                        updated_ns=to_unix(at_ns),
-                    )
-                case ScheduleSaved(record):
-                    cluster.schedules[record.spec.name] = dataclasses.replace(
-                        record, next_ns=to_unix(record.next_ns)
-                    )
-                case ScheduleRemoved(name):
-                    cluster.schedules.pop(name, None)
-        cluster.commits += 1
-        if cluster.commits % _PRUNE_EVERY == 0:
-            self._prune()
-
-    def _prune(self) -> None:
-        cluster = self._cluster
-        horizon = time.time_ns() - cluster.keep_finished_ns
-        while cluster.finished:
-            task_id, finished_at = next(iter(cluster.finished.items()))
-            if finished_at >= horizon:
-                break
-            del cluster.finished[task_id]
-            record = cluster.tasks.pop(task_id)
-            key = record.spec.key
-            if key is not None and cluster.keys.get(key) == task_id:
-                del cluster.keys[key]
+        self._cluster.apply(batch, self._time_base)
 
     async def load_output(self, task_id: int) -> bytes | None:
         self._check_available()
