@@ -152,11 +152,15 @@ class CronSchedule:
         if local.fold:
             # after_ns is in the second pass of a repeated hour. Every wall time of
             # that hour fired (or will never fire) on the first pass, so resume at the
-            # end of the repetition instead of skipping up to 3600 candidates.
-            before = _offset_s(zone, resume, fold=0)
-            after = _utc_offset_s(local)
-            transition = _transition(zone, after_s - (before - after), after_s, before)
-            resume = _EPOCH + timedelta(seconds=transition + before - 1)
+            # end of the repetition instead of skipping up to 3600 candidates. The
+            # transition lies after this wall time's first pass and at or before now.
+            offset_before = _offset_s(zone, resume, fold=0)
+            offset_after = _utc_offset_s(local)
+            transition = _transition(
+                zone, after_s - (offset_before - offset_after), after_s, offset_before
+            )
+            # Wall times from transition + offset_before on exist once again.
+            resume = _EPOCH + timedelta(seconds=transition + offset_before - 1)
 
         walker = copy.copy(self._compiled.template)
         walker.set_current(resume, force=True)
@@ -287,16 +291,16 @@ def _instant_s(zone: ZoneInfo, wall: datetime) -> int:
     """Map a local wall time to the UTC second at which it fires."""
     # Per PEP 495 fold=0 applies the offset in force before a transition, fold=1 the
     # one after, for repeated and non-existent times alike.
-    before = _offset_s(zone, wall, fold=0)
-    after = _offset_s(zone, wall, fold=1)
+    offset_before = _offset_s(zone, wall, fold=0)
+    offset_after = _offset_s(zone, wall, fold=1)
     base = _wall_seconds(wall)
-    if after <= before:
+    if offset_after <= offset_before:
         # Unique, or repeated (offset went down): the first occurrence is fold=0.
-        return base - before
+        return base - offset_before
     # The offset went up, so the wall time is in a gap. The transition lies in
-    # (base - after, base - before]: reading the wall time with the later offset
-    # gives an instant before the change, with the earlier one an instant after it.
-    return _transition(zone, base - after, base - before, before)
+    # (base - offset_after, base - offset_before]: reading the wall time with the
+    # later offset gives an instant before the change, with the earlier one after it.
+    return _transition(zone, base - offset_after, base - offset_before, offset_before)
 
 
 def _transition(zone: ZoneInfo, lo: int, hi: int, before: int) -> int:

@@ -75,7 +75,10 @@ class LocalExecutor:
 
     def __init__(self, fn: TaskFunction, codec: Codec) -> None:
         self._fn = fn
-        self._is_async = inspect.iscoroutinefunction(fn)
+        # A callable object with ``async def __call__`` is async too.
+        self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            type(fn).__call__
+        )
         self._codec = codec
         self._running: dict[AttemptToken, tuple[asyncio.Task[None], TaskContext]] = {}
 

@@ -1,0 +1,284 @@
+"""End to end through Scheduler: real asyncio executors over MemoryStore, crash and recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from cronoq import (
+    AdmissionRejected,
+    JsonCodec,
+    MemoryStore,
+    Pool,
+    RetryPolicy,
+    Scheduler,
+    SchedulerError,
+    SchedulerStopped,
+    Status,
+    TaskContext,
+    TaskError,
+    TaskRequest,
+)
+
+FAST_RETRY = RetryPolicy.exponential(3, initial=0.01, maximum=0.05, jitter=0.0)
+
+
+class Recorder:
+    """An executor that records its calls and can be told how each kind behaves."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, str, int]] = []
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.fail_first: dict[str, int] = {}
+
+    async def __call__(self, ctx: TaskContext, payload: Any) -> Any:
+        self.calls.append((ctx.task_id, ctx.kind, ctx.attempt))
+        if ctx.kind == "block":
+            self.started.set()
+            await self.release.wait()
+        if ctx.attempt <= self.fail_first.get(ctx.kind, 0):
+            raise TaskError(f"planned failure {ctx.attempt}")
+        if ctx.kind == "fatal":
+            raise TaskError("bad input", retryable=False)
+        if ctx.kind == "boom":
+            raise RuntimeError("unexpected")
+        return payload
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+@pytest.fixture
+async def sched(recorder: Recorder) -> AsyncIterator[Scheduler]:
+    async with Scheduler(
+        [Pool("default", recorder, concurrency=4)], codec=JsonCodec(), seed=7
+    ) as scheduler:
+        yield scheduler
+
+
+async def test_submit_runs_the_task_and_wait_returns_its_output(sched: Scheduler) -> None:
+    task_id = await sched.submit("echo", {"n": 1})
+    info = await sched.wait(task_id, timeout=5)
+    assert info.status is Status.SUCCEEDED
+    assert info.output == {"n": 1}
+    assert info.payload == {"n": 1}
+    assert info.attempt == 1
+    assert info.finished_at is not None
+
+
+async def test_retryable_failures_retry_then_succeed(sched: Scheduler, recorder: Recorder) -> None:
+    recorder.fail_first["flaky"] = 2
+    task_id = await sched.submit("flaky", None, retry=FAST_RETRY)
+    info = await sched.wait(task_id, timeout=5)
+    assert info.status is Status.SUCCEEDED
+    assert [c[2] for c in recorder.calls if c[0] == task_id] == [1, 2, 3]
+
+
+async def test_attempts_run_out_and_the_task_is_dead_lettered(
+    sched: Scheduler, recorder: Recorder
+) -> None:
+    recorder.fail_first["flaky"] = 5
+    task_id = await sched.submit("flaky", None, retry=FAST_RETRY)
+    info = await sched.wait(task_id, timeout=5)
+    assert info.status is Status.FAILED
+    assert info.attempt == 3
+    assert "no attempts left" in info.message
+
+
+async def test_non_retryable_and_unexpected_errors(sched: Scheduler) -> None:
+    fatal = await sched.submit("fatal", None, retry=FAST_RETRY)
+    boom = await sched.submit("boom", None, retry=RetryPolicy.exponential(1))
+    fatal_info = await sched.wait(fatal, timeout=5)
+    boom_info = await sched.wait(boom, timeout=5)
+    assert (fatal_info.status, fatal_info.attempt) == (Status.FAILED, 1)
+    assert "not retryable" in fatal_info.message
+    assert boom_info.status is Status.FAILED
+    assert "RuntimeError: unexpected" in boom_info.message
+
+
+async def test_dependency_runs_after_its_parent(sched: Scheduler, recorder: Recorder) -> None:
+    parent = await sched.submit("block", None)
+    child = await sched.submit("echo", 2, after=[parent])
+    await recorder.started.wait()
+    assert (await sched.get(child)).status is Status.WAITING
+    recorder.release.set()
+    assert (await sched.wait(child, timeout=5)).status is Status.SUCCEEDED
+    order = [c[0] for c in recorder.calls]
+    assert order.index(parent) < order.index(child)
+
+
+async def test_failed_parent_fails_its_dependent(sched: Scheduler) -> None:
+    parent = await sched.submit("fatal", None)
+    child = await sched.submit("echo", 1, after=[parent])
+    info = await sched.wait(child, timeout=5)
+    assert info.status is Status.FAILED
+    assert f"dependency {parent} failed" in info.message
+
+
+async def test_key_returns_the_existing_task(sched: Scheduler) -> None:
+    first = await sched.submit("echo", 1, key="order-17")
+    second = await sched.submit("echo", 2, key="order-17")
+    assert first == second
+    await sched.wait(first, timeout=5)
+    assert await sched.submit("echo", 3, key="order-17") == first
+    found = await sched.get_by_key("order-17")
+    assert found is not None
+    assert found.task_id == first
+    assert await sched.get_by_key("unknown") is None
+
+
+async def test_submit_many_is_one_step_and_returns_ids_in_order(sched: Scheduler) -> None:
+    ids = await sched.submit_many([TaskRequest("echo", i) for i in range(50)])
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 50
+    outputs = [(await sched.wait(i, timeout=5)).output for i in ids]
+    assert outputs == list(range(50))
+
+
+async def test_cancel_a_queued_task(sched: Scheduler) -> None:
+    later = datetime.now(UTC) + timedelta(hours=1)
+    task_id = await sched.submit("echo", 1, start_at=later)
+    assert (await sched.get(task_id)).status is Status.SCHEDULED
+    assert await sched.cancel(task_id) is Status.CANCELLED
+    info = await sched.get(task_id)
+    assert (info.status, info.message) == (Status.CANCELLED, "cancelled by request")
+
+
+async def test_cancel_a_running_task_is_cooperative(sched: Scheduler, recorder: Recorder) -> None:
+    task_id = await sched.submit("block", None)
+    await recorder.started.wait()
+    assert await sched.cancel(task_id, "no longer needed") is Status.RUNNING
+    info = await sched.wait(task_id, timeout=5)
+    assert info.status is Status.CANCELLED
+    assert info.message == "no longer needed"
+
+
+async def test_per_attempt_timeout_fails_the_attempt(sched: Scheduler) -> None:
+    retry = RetryPolicy.exponential(2, initial=0.01, jitter=0.0)
+    task_id = await sched.submit("block", None, timeout=0.05, retry=retry)
+    info = await sched.wait(task_id, timeout=5)
+    assert info.status is Status.FAILED
+    assert info.attempt == 2
+    assert "timed out after 0.05s" in info.message
+
+
+async def test_thread_functions_run_outside_the_loop() -> None:
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+
+    def blocking(ctx: TaskContext, payload: bytes) -> bytes:
+        seen.append(threading.get_ident())
+        return payload.upper()
+
+    async with Scheduler([Pool("default", blocking)]) as sched:
+        info = await sched.wait(await sched.submit("upper", b"abc"), timeout=5)
+    assert info.output == b"ABC"
+    assert seen
+    assert seen[0] != loop_thread
+
+
+async def test_schedule_creates_tasks_on_its_cron(sched: Scheduler, recorder: Recorder) -> None:
+    info = await sched.add_schedule("every-second", "* * * * * *", kind="tick", payload=0)
+    assert info.next_run_at > datetime.now(UTC) - timedelta(seconds=1)
+    deadline = asyncio.get_running_loop().time() + 5
+    while sum(1 for c in recorder.calls if c[1] == "tick") < 2:
+        assert asyncio.get_running_loop().time() < deadline, "the schedule did not fire twice"
+        await asyncio.sleep(0.05)
+    ticks = await sched.list(kind="tick")
+    assert all(t.kind == "tick" for t in ticks)
+    await sched.remove_schedule("every-second")
+    assert await sched.list_schedules() == []
+
+
+async def test_admission_control_rejects_beyond_the_bound(recorder: Recorder) -> None:
+    pool = Pool("default", recorder, max_live=2)
+    later = timedelta(hours=1)
+    async with Scheduler([pool], codec=JsonCodec()) as sched:
+        await sched.submit_many([TaskRequest("echo", 1, start_at=later)] * 2)
+        with pytest.raises(AdmissionRejected, match="max_live=2"):
+            await sched.submit("echo", 3, start_at=later)
+        assert len(await sched.list()) == 2
+
+
+async def test_crash_and_recovery_keep_every_acknowledged_task(recorder: Recorder) -> None:
+    store = MemoryStore()
+    first = Scheduler([Pool("default", recorder)], store=store, codec=JsonCodec())
+    await first.start()
+    blocked = await first.submit("block", None, retry=FAST_RETRY)
+    await recorder.started.wait()
+    later = await first.submit("echo", 1, start_at=timedelta(hours=1), key="k")
+    first.abort()
+    store.simulate_crash()
+
+    recorder.release.set()
+    second_store = store.connect_another()
+    async with Scheduler(
+        [Pool("default", recorder)], store=second_store, codec=JsonCodec()
+    ) as second:
+        retried = await second.wait(blocked, timeout=5)
+        assert retried.status is Status.SUCCEEDED
+        assert retried.attempt == 2, "the attempt lost in the crash counts as used"
+        kept = await second.get(later)
+        assert kept.status is Status.SCHEDULED
+        assert await second.submit("echo", 2, key="k") == later
+        new_id = await second.submit("echo", 3)
+        assert new_id > later
+
+
+async def test_fenced_scheduler_stops_and_reports_leadership_lost(recorder: Recorder) -> None:
+    store = MemoryStore()
+    first = Scheduler([Pool("default", recorder)], store=store)
+    await first.start()
+    store.simulate_crash()
+    async with Scheduler([Pool("default", recorder)], store=store.connect_another()):
+        with pytest.raises(SchedulerStopped):
+            await first.submit("echo", b"x")
+        await asyncio.wait_for(first.leadership_lost(), 5)
+        assert not first.running
+
+
+async def test_unavailable_store_fails_callers_then_recovers(recorder: Recorder) -> None:
+    store = MemoryStore()
+    async with Scheduler(
+        [Pool("default", recorder)], store=store, codec=JsonCodec(), commit_timeout=0.2
+    ) as sched:
+        store.set_available(False)
+        with pytest.raises(SchedulerError, match="did not accept the commit"):
+            await sched.submit("echo", 1)
+        store.set_available(True)
+        task_id = await sched.submit("echo", 2)
+        assert (await sched.wait(task_id, timeout=5)).output == 2
+        assert sched.running
+
+
+async def test_close_lets_a_standby_take_over_at_once(recorder: Recorder) -> None:
+    store = MemoryStore()
+    first = Scheduler([Pool("default", recorder)], store=store)
+    await first.start()
+    task_id = await first.submit("echo", b"a", start_at=timedelta(hours=1))
+    standby = Scheduler([Pool("default", recorder)], store=store.connect_another())
+    takeover = asyncio.create_task(standby.start())
+    await asyncio.sleep(0)
+    assert not takeover.done(), "the standby must wait while the first instance leads"
+    await first.close()
+    await asyncio.wait_for(takeover, 5)
+    assert (await standby.get(task_id)).status is Status.SCHEDULED
+    await standby.close()
+
+
+async def test_calls_after_close_raise_scheduler_stopped(recorder: Recorder) -> None:
+    sched = Scheduler([Pool("default", recorder)])
+    with pytest.raises(SchedulerStopped, match="not running"):
+        await sched.submit("echo", b"x")
+    await sched.start()
+    await sched.close()
+    with pytest.raises(SchedulerStopped):
+        await sched.submit("echo", b"x")
