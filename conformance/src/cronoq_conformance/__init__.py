@@ -1,7 +1,34 @@
-"""Conformance kit for cronoq stores.
+"""The conformance kit every cronoq ``Store`` must pass.
 
-Will hold the pytest suites (`StoreSuite`, `EngineSuite`) that every implementation of the cronoq
-`Store` protocol must pass; not implemented yet.
+A store author writes one test module::
+
+    from cronoq_conformance import StoreConformance, StoreHarness
+
+    class TestMyStore(StoreConformance):
+        @pytest.fixture
+        def harness(self, tmp_path) -> StoreHarness:
+            return MyHarness(tmp_path)
+
+``StoreConformance`` runs every suite; ``StoreSuite`` (the store alone), ``EngineSuite`` (a real
+``Scheduler`` over the store) and ``SimulationSuite`` (random histories with crashes) can also be
+used on their own. The base classes are not named ``Test*``, so only the subclass is collected.
+See docs/stores/writing-a-store.md.
 """
 
-__all__: list[str] = []
+from cronoq_conformance._engine_suite import EngineSuite
+from cronoq_conformance._harness import Capability, StoreHarness
+from cronoq_conformance._protocol_suite import StoreSuite
+from cronoq_conformance._simulation import SimulationSuite
+
+__all__ = [
+    "Capability",
+    "EngineSuite",
+    "SimulationSuite",
+    "StoreConformance",
+    "StoreHarness",
+    "StoreSuite",
+]
+
+
+class StoreConformance(StoreSuite, EngineSuite, SimulationSuite):
+    """All of the suites. Subclass it as ``Test<YourStore>`` and provide a ``harness`` fixture."""

@@ -3,7 +3,8 @@
 Several ``MemoryStore`` instances opened on one cluster (``store.connect_another()``) act like
 processes sharing a database: one leads, the others wait; ``simulate_crash()`` drops an
 instance's leadership without releasing it, so a second ``Scheduler`` can take over and recover,
-and the first is fenced. ``set_available(False)`` makes every call fail with ``Unavailable``.
+and the first is fenced. ``set_available(False)`` and ``fail_next_commit_midway()`` inject
+faults; ``prune(horizon)`` prunes at once.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from itertools import count
+from typing import TypeVar
 
 from cronoq._model import NS_PER_S
-from cronoq.errors import Fenced, Unavailable
+from cronoq.errors import Fenced, StoreFatal, Unavailable
 from cronoq.store import (
     CancelRequested,
     Lease,
@@ -34,6 +36,8 @@ from cronoq.store import (
 __all__ = ["MemoryStore"]
 
 _PRUNE_EVERY = 1024
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 
 class MemoryCluster:
@@ -49,51 +53,83 @@ class MemoryCluster:
         self.schedules: dict[str, ScheduleRecord] = {}
         self.max_task_id = 0
         self.available = True
+        self.fail_midway = False
         self.commits = 0
         self.instance_ids = count(1)
-        self.released = asyncio.Condition()
+        # Futures of instances waiting for leadership; plain futures, so that no loop-bound
+        # primitive outlives the event loop a test or simulation example runs in.
+        self.waiting: list[asyncio.Future[None]] = []
+
+    def wake_waiting(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)
 
     def apply(self, batch: Sequence[Mutation], time_base: TimeBase) -> None:
-        """Apply one committed batch. Synchronous, so it is atomic for every coroutine."""
-        to_unix = time_base.to_unix
-        tasks = self.tasks
-        for mutation in batch:
-            match mutation:
-                case TaskSubmitted(task_id, spec, status, submitted_ns):
-                    at = to_unix(submitted_ns)
-                    tasks[task_id] = TaskRecord(task_id, spec, status, 0, "submitted", at, at)
-                    if spec.key is not None:
-                        self.keys[spec.key] = task_id
-                    self.max_task_id = max(self.max_task_id, task_id)
-                case TaskUpdated(task_id, status, attempt, message, at_ns, due_ns, output):
-                    at = to_unix(at_ns)
-                    tasks[task_id] = dataclasses.replace(
-                        tasks[task_id],
-                        status=status,
-                        attempt=attempt,
-                        message=sanitize_message(message),
-                        updated_ns=at,
-                        due_ns=None if due_ns is None else to_unix(due_ns),
-                        output=output,
-                    )
-                    if status.is_terminal:
-                        self.finished[task_id] = at
-                case CancelRequested(task_id, at_ns, message):
-                    tasks[task_id] = dataclasses.replace(
-                        tasks[task_id],
-                        cancel_requested=True,
-                        message=sanitize_message(message),
-                        updated_ns=to_unix(at_ns),
-                    )
-                case ScheduleSaved(record):
-                    self.schedules[record.spec.name] = dataclasses.replace(
-                        record, next_ns=to_unix(record.next_ns)
-                    )
-                case ScheduleRemoved(name):
-                    self.schedules.pop(name, None)
+        """Apply one batch, all or nothing. Synchronous, so no coroutine sees it half-done."""
+        undo = _Undo(self)
+        try:
+            for index, mutation in enumerate(batch):
+                if self.fail_midway and index == len(batch) // 2:
+                    self.fail_midway = False
+                    raise Unavailable("injected fault in the middle of a batch")
+                self._apply_one(mutation, time_base.to_unix, undo)
+        except BaseException:
+            undo.roll_back()
+            raise
         self.commits += 1
         if self.commits % _PRUNE_EVERY == 0:
             self.prune(time.time_ns() - self.keep_finished_ns)
+
+    def _apply_one(self, mutation: Mutation, to_unix: Callable[[int], int], undo: _Undo) -> None:
+        tasks = self.tasks
+        match mutation:
+            case TaskSubmitted(task_id, spec, status, submitted_ns):
+                at = to_unix(submitted_ns)
+                undo.task(task_id)
+                tasks[task_id] = TaskRecord(task_id, spec, status, 0, "submitted", at, at)
+                if spec.key is not None:
+                    undo.key(spec.key)
+                    self.keys[spec.key] = task_id
+                self.max_task_id = max(self.max_task_id, task_id)
+            case TaskUpdated(task_id, status, attempt, message, at_ns, due_ns, output):
+                at = to_unix(at_ns)
+                undo.task(task_id)
+                tasks[task_id] = dataclasses.replace(
+                    self._existing(task_id),
+                    status=status,
+                    attempt=attempt,
+                    message=sanitize_message(message),
+                    updated_ns=at,
+                    due_ns=None if due_ns is None else to_unix(due_ns),
+                    output=output,
+                )
+                if status.is_terminal:
+                    undo.finished(task_id)
+                    self.finished[task_id] = at
+            case CancelRequested(task_id, at_ns, message):
+                undo.task(task_id)
+                tasks[task_id] = dataclasses.replace(
+                    self._existing(task_id),
+                    cancel_requested=True,
+                    message=sanitize_message(message),
+                    updated_ns=to_unix(at_ns),
+                )
+            case ScheduleSaved(record):
+                undo.schedule(record.spec.name)
+                self.schedules[record.spec.name] = dataclasses.replace(
+                    record, next_ns=to_unix(record.next_ns)
+                )
+            case ScheduleRemoved(name):
+                undo.schedule(name)
+                self.schedules.pop(name, None)
+
+    def _existing(self, task_id: int) -> TaskRecord:
+        record = self.tasks.get(task_id)
+        if record is None:
+            raise StoreFatal(f"update of task {task_id}, which was never submitted")
+        return record
 
     def recover(self, time_base: TimeBase, horizon_unix_ns: int) -> RecoveredState:
         """What a new leader loads: live tasks, those finished after the horizon, finished
@@ -109,7 +145,7 @@ class MemoryCluster:
         to_engine = time_base.to_engine
         return RecoveredState(
             max_task_id=self.max_task_id,
-            tasks=[_shift(r, to_engine) for r in wanted],
+            tasks=[_shift(r, to_engine, keep_output=False) for r in wanted],
             schedules=[_shift_schedule(s, to_engine) for s in self.schedules.values()],
         )
 
@@ -124,6 +160,50 @@ class MemoryCluster:
             key = record.spec.key
             if key is not None and self.keys.get(key) == task_id:
                 del self.keys[key]
+
+
+class _Undo:
+    """Remembers the first value of every entry a batch touches, to restore them on failure."""
+
+    def __init__(self, cluster: MemoryCluster) -> None:
+        self._cluster = cluster
+        self._max_task_id = cluster.max_task_id
+        self._tasks: dict[int, TaskRecord | None] = {}
+        self._keys: dict[str, int | None] = {}
+        self._finished: dict[int, int | None] = {}
+        self._schedules: dict[str, ScheduleRecord | None] = {}
+
+    def task(self, task_id: int) -> None:
+        if task_id not in self._tasks:
+            self._tasks[task_id] = self._cluster.tasks.get(task_id)
+
+    def key(self, key: str) -> None:
+        if key not in self._keys:
+            self._keys[key] = self._cluster.keys.get(key)
+
+    def finished(self, task_id: int) -> None:
+        if task_id not in self._finished:
+            self._finished[task_id] = self._cluster.finished.get(task_id)
+
+    def schedule(self, name: str) -> None:
+        if name not in self._schedules:
+            self._schedules[name] = self._cluster.schedules.get(name)
+
+    def roll_back(self) -> None:
+        cluster = self._cluster
+        cluster.max_task_id = self._max_task_id
+        _restore(cluster.tasks, self._tasks)
+        _restore(cluster.keys, self._keys)
+        _restore(cluster.finished, self._finished)
+        _restore(cluster.schedules, self._schedules)
+
+
+def _restore(target: dict[_K, _V], saved: dict[_K, _V | None]) -> None:
+    for name, value in saved.items():
+        if value is None:
+            target.pop(name, None)
+        else:
+            target[name] = value
 
 
 class MemoryStore:
@@ -146,31 +226,35 @@ class MemoryStore:
         """Lose leadership as a dead process would: nothing released, nothing notified."""
         if self._cluster.leader == self._id:
             self._cluster.leader = None
-            self._notify_released()
+            self._cluster.wake_waiting()
 
     def set_available(self, available: bool) -> None:
+        """False: every call raises ``Unavailable`` until set back to True."""
         self._cluster.available = available
+
+    def fail_next_commit_midway(self) -> None:
+        """Make the next commit fail halfway through its batch (it must roll back)."""
+        self._cluster.fail_midway = True
+
+    def prune(self, horizon_unix_ns: int) -> None:
+        """Forget tasks finished before the horizon now, as the periodic pruning would."""
+        self._cluster.prune(horizon_unix_ns)
 
     def _check_available(self) -> None:
         if not self._cluster.available:
             raise Unavailable("memory store made unavailable by set_available(False)")
 
-    def _notify_released(self) -> None:
-        async def notify() -> None:
-            async with self._cluster.released:
-                self._cluster.released.notify_all()
-
-        asyncio.get_running_loop().create_task(notify())
-
     async def acquire_leadership(self) -> Lease:
         cluster = self._cluster
-        async with cluster.released:
-            await cluster.released.wait_for(lambda: cluster.leader is None)
-            cluster.leader = self._id
-            cluster.epoch += 1
-            self._epoch = cluster.epoch
-            self._lost = asyncio.Event()
-            return Lease(cluster.epoch)
+        while cluster.leader is not None:
+            waiter = asyncio.get_running_loop().create_future()
+            cluster.waiting.append(waiter)
+            await waiter
+        cluster.leader = self._id
+        cluster.epoch += 1
+        self._epoch = cluster.epoch
+        self._lost = asyncio.Event()
+        return Lease(cluster.epoch)
 
     async def leadership_lost(self) -> None:
         await self._lost.wait()
@@ -179,8 +263,7 @@ class MemoryStore:
         if self._cluster.leader == self._id:
             self._cluster.leader = None
             self._lost.set()
-            async with self._cluster.released:
-                self._cluster.released.notify_all()
+            self._cluster.wake_waiting()
 
     async def close(self) -> None:
         await self.release_leadership()
@@ -216,14 +299,18 @@ class MemoryStore:
         return None if task_id is None else await self.get_task(task_id)
 
 
-def _shift(record: TaskRecord, convert: Callable[[int], int]) -> TaskRecord:
-    if convert(0) == 0:
+def _shift(
+    record: TaskRecord, convert: Callable[[int], int], *, keep_output: bool = True
+) -> TaskRecord:
+    """The record in engine time; recovery leaves outputs in the store (``load_output``)."""
+    if convert(0) == 0 and (keep_output or record.output is None):
         return record
     return dataclasses.replace(
         record,
         submitted_ns=convert(record.submitted_ns),
         updated_ns=convert(record.updated_ns),
         due_ns=None if record.due_ns is None else convert(record.due_ns),
+        output=record.output if keep_output else None,
     )
 
 

@@ -1,0 +1,272 @@
+"""Engine-level checks: a real ``Scheduler`` over the store, with crashes and store faults.
+
+A crash is ``Scheduler.abort()`` (no commit, no release, attempts abandoned) followed by the
+harness's ``crash`` of the store instance; a new ``Scheduler`` on a new instance then recovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from cronoq import (
+    Pool,
+    RetryPolicy,
+    Scheduler,
+    SchedulerError,
+    Status,
+    TaskContext,
+    TaskError,
+)
+from cronoq_conformance._harness import Capability, StoreHarness
+
+__all__ = ["EngineSuite"]
+
+QUICK_RETRY = RetryPolicy.exponential(3, initial=0.01, maximum=0.05, jitter=0.0)
+LATER = timedelta(hours=1)
+
+
+class Gate:
+    """An executor that records every attempt; kind "block" waits until released."""
+
+    def __init__(self) -> None:
+        self.attempts: list[tuple[int, str, int]] = []
+        self.blocked = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, ctx: TaskContext, payload: bytes) -> bytes:
+        self.attempts.append((ctx.task_id, ctx.kind, ctx.attempt))
+        if ctx.kind == "block":
+            self.blocked.set()
+            await self.release.wait()
+        if ctx.kind == "fail":
+            raise TaskError("planned failure")
+        return payload
+
+    def attempts_of(self, task_id: int) -> list[int]:
+        return [attempt for tid, _, attempt in self.attempts if tid == task_id]
+
+
+class EngineSuite:
+    """Durability of a Scheduler over the store. Needs the ``harness`` fixture."""
+
+    commit_timeout = 0.3
+    """Seconds: short, so that unavailability tests take well under a second."""
+
+    @pytest_asyncio.fixture
+    async def schedulers(self, harness: StoreHarness) -> AsyncIterator[list[Scheduler]]:
+        started: list[Scheduler] = []
+        try:
+            yield started
+        finally:
+            for sched in started:
+                if sched.running:
+                    await sched.close(timeout=1.0)
+            await harness.close_all()
+
+    async def start(
+        self,
+        harness: StoreHarness,
+        schedulers: list[Scheduler],
+        gate: Gate,
+        **options: Any,
+    ) -> Scheduler:
+        store = await harness.open()
+        sched = Scheduler(
+            [Pool("default", gate, concurrency=8)],
+            store=store,
+            commit_timeout=self.commit_timeout,
+            seed=3,
+            **options,
+        )
+        await asyncio.wait_for(sched.start(), harness.leadership_timeout + 5)
+        schedulers.append(sched)
+        return sched
+
+    @staticmethod
+    async def crash(harness: StoreHarness, sched: Scheduler) -> None:
+        sched.abort()
+        await harness.crash(sched.store)
+
+    # --- durable acknowledgement ----------------------------------------------------------
+
+    async def test_every_call_that_returned_survives_a_crash(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        gate = Gate()
+        first = await self.start(harness, schedulers, gate)
+        scheduled = await first.submit("job", b"later", start_at=LATER, key="k1", tags=["x"])
+        cancelled = await first.submit("job", b"c", start_at=LATER)
+        await first.cancel(cancelled)
+        done = await first.submit("job", b"out")
+        await first.wait(done, timeout=5)
+        await first.add_schedule("hourly", "0 * * * *", kind="tick")
+        await first.pause_schedule("hourly")
+        await self.crash(harness, first)
+
+        second = await self.start(harness, schedulers, Gate())
+        assert (await second.get(scheduled)).status is Status.SCHEDULED
+        assert (await second.get(scheduled)).tags == ("x",)
+        assert (await second.get(cancelled)).status is Status.CANCELLED
+        finished = await second.get(done)
+        assert (finished.status, finished.output) == (Status.SUCCEEDED, b"out")
+        [schedule] = await second.list_schedules()
+        assert (schedule.name, schedule.paused) == ("hourly", True)
+
+    async def test_no_attempt_of_a_step_runs_when_its_commit_fails(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        if Capability.UNAVAILABLE not in harness.capabilities:
+            pytest.skip("the harness does not declare Capability.UNAVAILABLE")
+        gate = Gate()
+        sched = await self.start(harness, schedulers, gate)
+        await harness.set_available(sched.store, False)
+        with pytest.raises(SchedulerError):
+            await sched.submit("job", b"never")
+        await harness.set_available(sched.store, True)
+        later = await sched.submit("job", b"later")
+        await sched.wait(later, timeout=5)
+        assert [tid for tid, _, _ in gate.attempts] == [later]
+        assert [s.task_id for s in await sched.list()] == [later]
+
+    # --- at-least-once --------------------------------------------------------------------
+
+    async def test_a_task_running_at_a_crash_is_retried_with_that_attempt_used(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        gate = Gate()
+        first = await self.start(harness, schedulers, gate)
+        task_id = await first.submit("block", b"", retry=QUICK_RETRY)
+        await gate.blocked.wait()
+        await self.crash(harness, first)
+
+        retry_gate = Gate()
+        retry_gate.release.set()
+        second = await self.start(harness, schedulers, retry_gate)
+        info = await second.wait(task_id, timeout=10)
+        assert info.status is Status.SUCCEEDED
+        assert retry_gate.attempts_of(task_id) == [2]
+
+    async def test_a_task_running_at_a_crash_without_attempts_left_is_dead_lettered(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        gate = Gate()
+        first = await self.start(harness, schedulers, gate)
+        task_id = await first.submit("block", b"", retry=RetryPolicy.exponential(1))
+        await gate.blocked.wait()
+        await self.crash(harness, first)
+
+        second = await self.start(harness, schedulers, Gate())
+        info = await second.wait(task_id, timeout=10)
+        assert info.status is Status.FAILED
+        assert "lost" in info.message
+        assert "no attempts left" in info.message
+
+    async def test_fixed_starts_passed_during_downtime_apply_their_miss_policy(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        first = await self.start(harness, schedulers, Gate())
+        soon = timedelta(milliseconds=200)
+        skipped = await first.submit("job", b"", start_at=soon, grace=0, miss_policy="skip")
+        late = await first.submit("job", b"", start_at=soon, grace=0)
+        await self.crash(harness, first)
+        await asyncio.sleep(0.4)  # the downtime itself: the starts pass while no leader runs
+
+        second = await self.start(harness, schedulers, Gate())
+        skipped_info = await second.wait(skipped, timeout=5)
+        assert skipped_info.status is Status.CANCELLED
+        assert "skipped: fixed start missed" in skipped_info.message
+        assert (await second.wait(late, timeout=5)).status is Status.SUCCEEDED
+
+    async def test_the_overlap_guard_of_a_schedule_holds_across_a_failover(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        gate = Gate()
+        first = await self.start(harness, schedulers, gate)
+        await first.add_schedule("every-second", "* * * * * *", kind="block", retry=QUICK_RETRY)
+        await gate.blocked.wait()
+        await self.crash(harness, first)
+
+        still_blocked = Gate()
+        second = await self.start(harness, schedulers, still_blocked)
+        await still_blocked.blocked.wait()  # the lost attempt's retry runs, and blocks
+        await asyncio.sleep(1.5)  # at least one more occurrence passes
+        live = await second.list(status=["ready", "running", "retrying", "scheduled"])
+        assert len(live) == 1, f"two live tasks of one skip-overlap schedule: {live}"
+        assert len({tid for tid, _, _ in gate.attempts + still_blocked.attempts}) == 1
+        still_blocked.release.set()
+
+    async def test_a_parent_finished_before_the_retention_counts_as_satisfied(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        first = await self.start(harness, schedulers, Gate(), retention=0.05)
+        parent = await first.submit("job", b"")
+        await first.wait(parent, timeout=5)
+        await self.crash(harness, first)
+        await asyncio.sleep(0.1)  # let the parent fall out of the retention window
+
+        second = await self.start(harness, schedulers, Gate(), retention=0.05)
+        child = await second.submit("job", b"child", after=[parent])
+        assert (await second.wait(child, timeout=5)).status is Status.SUCCEEDED
+
+    async def test_keys_deduplicate_across_restarts(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        first = await self.start(harness, schedulers, Gate())
+        live = await first.submit("job", b"", key="live", start_at=LATER)
+        done = await first.submit("job", b"", key="done")
+        await first.wait(done, timeout=5)
+        await self.crash(harness, first)
+
+        second = await self.start(harness, schedulers, Gate())
+        assert await second.submit("job", b"", key="live") == live
+        assert await second.submit("job", b"", key="done") == done
+        assert await second.submit("job", b"", key="new") > max(live, done)
+
+    # --- store faults ---------------------------------------------------------------------
+
+    async def test_unavailable_beyond_the_commit_timeout_fails_callers_then_recovers(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        if Capability.UNAVAILABLE not in harness.capabilities:
+            pytest.skip("the harness does not declare Capability.UNAVAILABLE")
+        gate = Gate()
+        sched = await self.start(harness, schedulers, gate)
+        kept = await sched.submit("job", b"", start_at=LATER)
+        await harness.set_available(sched.store, False)
+        with pytest.raises(SchedulerError, match="may be retried"):
+            await sched.submit("job", b"lost", key="retry-me")
+        await harness.set_available(sched.store, True)
+        retried = await sched.submit("job", b"again", key="retry-me")
+        assert (await sched.wait(retried, timeout=5)).output == b"again"
+        assert (await sched.get(kept)).status is Status.SCHEDULED
+        assert sched.running
+
+    async def test_a_replaced_leader_stops_and_fires_leadership_lost(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        first = await self.start(harness, schedulers, Gate())
+        await harness.crash(first.store)
+        second = await self.start(harness, schedulers, Gate())
+        with pytest.raises(SchedulerError):
+            await first.submit("job", b"from the old leader", key="old")
+        await asyncio.wait_for(first.leadership_lost(), harness.leadership_timeout)
+        assert not first.running
+        assert await second.get_by_key("old") is None
+
+    async def test_a_clean_close_hands_over_to_a_standby_at_once(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        first = await self.start(harness, schedulers, Gate())
+        task_id = await first.submit("job", b"", start_at=LATER)
+        takeover = asyncio.ensure_future(self.start(harness, schedulers, Gate()))
+        await asyncio.sleep(0.05)
+        assert not takeover.done(), "a standby must wait while the leader runs"
+        await first.close()
+        second = await asyncio.wait_for(takeover, 2.0)
+        assert (await second.get(task_id)).status is Status.SCHEDULED

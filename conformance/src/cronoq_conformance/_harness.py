@@ -1,0 +1,82 @@
+"""What a store author supplies: a :class:`StoreHarness` that opens instances of one cluster.
+
+Required methods open instances and crash them. Optional hooks are backdoors into the backend
+(like zarr's ``get``/``set`` test helpers) that the kit uses to test faults; a harness declares
+the ones it implements in ``capabilities``, the kit skips (with the reason) the tests that need
+an undeclared one, and checks that every declared one really works.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+
+from cronoq.store import Store
+
+__all__ = ["Capability", "StoreHarness"]
+
+
+class Capability(enum.Enum):
+    UNAVAILABLE = "unavailable"
+    """``set_available(instance, False)`` makes the backend fail with ``Unavailable``."""
+    FAULT_MID_BATCH = "fault_mid_batch"
+    """``fail_next_commit_midway(instance)`` makes the next commit fail after part of its batch."""
+    CORRUPT_ROW = "corrupt_row"
+    """``corrupt_task(instance, task_id)`` writes an undecodable row for that task."""
+    NEWER_SCHEMA = "newer_schema"
+    """``set_schema_newer(instance)`` records a schema version newer than this build."""
+    PRUNE = "prune"
+    """``prune(instance, horizon_unix_ns)`` deletes rows finished before the horizon."""
+    SECOND_PROCESS = "second_process"
+    """``run_in_other_process(code)`` runs a Python snippet opening an instance elsewhere."""
+
+
+class StoreHarness(ABC):
+    """Opens store instances on ONE cluster that starts empty for each test.
+
+    Several instances of one cluster are how leadership, fencing and recovery are tested: a
+    crash is simulated by abandoning an instance (``crash``) and opening another one.
+    """
+
+    capabilities: frozenset[Capability] = frozenset()
+    leadership_timeout: float = 5.0
+    """Upper bound, in seconds, on how long a takeover may take after a crash (tests fail
+    beyond it). Harnesses should configure their stores with short timings."""
+
+    @abstractmethod
+    async def open(self) -> Store:
+        """A new instance on the cluster, as a new process would open it."""
+
+    @abstractmethod
+    async def crash(self, instance: Store) -> None:
+        """Make ``instance`` vanish as a killed process would: nothing released or flushed.
+
+        Afterwards another instance must be able to take over within ``leadership_timeout``
+        (a lease store expires the lease; a lock store drops the lock session), and the crashed
+        instance must not commit again.
+        """
+
+    async def close_all(self) -> None:  # noqa: B027 - optional hook
+        """Release whatever the harness holds; called after each test."""
+
+    # --- optional hooks (declare them in ``capabilities``) -------------------------------
+
+    async def set_available(self, instance: Store, available: bool) -> None:
+        raise NotImplementedError
+
+    async def fail_next_commit_midway(self, instance: Store) -> None:
+        raise NotImplementedError
+
+    async def corrupt_task(self, instance: Store, task_id: int) -> None:
+        raise NotImplementedError
+
+    async def set_schema_newer(self, instance: Store) -> None:
+        raise NotImplementedError
+
+    async def prune(self, instance: Store, horizon_unix_ns: int) -> None:
+        raise NotImplementedError
+
+    async def run_in_other_process(self, code: str) -> str:
+        """Run ``code`` (a Python snippet that may use ``await open_store()``) in another
+        process and return what it printed."""
+        raise NotImplementedError

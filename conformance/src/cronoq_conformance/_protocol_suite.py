@@ -1,0 +1,457 @@
+"""Protocol-level checks: the store alone, driven through the ``Store`` methods."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+
+import pytest
+import pytest_asyncio
+
+from cronoq._model import (
+    CatchUpPolicy,
+    MissPolicy,
+    OverlapPolicy,
+    RetryPolicy,
+    ScheduleSpec,
+    Status,
+    TaskSpec,
+    TaskTemplate,
+)
+from cronoq.errors import Fenced, StoreError, StoreFatal, Unavailable
+from cronoq.store import (
+    CancelRequested,
+    Mutation,
+    RecoveredState,
+    ScheduleRecord,
+    ScheduleRemoved,
+    ScheduleSaved,
+    Store,
+    TaskRecord,
+    TaskSubmitted,
+    TaskUpdated,
+    TimeBase,
+)
+from cronoq_conformance._harness import Capability, StoreHarness
+
+__all__ = ["StoreSuite"]
+
+HOUR_NS = 3600 * 1_000_000_000
+FULL_SPEC = TaskSpec(
+    pool="mail",
+    kind="send",
+    payload=bytes(range(256)) + b"\x00tail",
+    key="order-7",
+    tags=("a", "b c", "ü"),
+    name="welcome mail",
+    priority=-5,
+    retry=RetryPolicy(7, 250_000_001, 1.5, 60_000_000_007, 0.25),
+    start_at_ns=1_900_000_000_123_456_789,
+    miss_policy=MissPolicy.SKIP,
+    grace_ns=5_000_000_001,
+    deadline_ns=1_900_000_100_987_654_321,
+    timeout_ns=30_000_000_003,
+    after=(11, 12),
+    schedule="nightly",
+)
+SCHEDULE = ScheduleSpec(
+    name="nightly",
+    cron="0 30 2 * * *",
+    timezone="Europe/Paris",
+    template=TaskTemplate(
+        pool="mail",
+        kind="digest",
+        payload=b"\x01\x02",
+        tags=("t",),
+        priority=3,
+        retry=RetryPolicy(2, 1, 1.0, 1, 0.0),
+        timeout_ns=999,
+    ),
+    overlap=OverlapPolicy.ALLOW,
+    catch_up=CatchUpPolicy.SKIP,
+    grace_ns=123,
+)
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def submitted(task_id: int, at_ns: int, **changes: object) -> TaskSubmitted:
+    spec = replace(TaskSpec("default", "job", b"p"), **changes)  # type: ignore[arg-type]
+    return TaskSubmitted(task_id, spec, Status.READY, at_ns)
+
+
+def finished(task_id: int, at_ns: int, status: Status = Status.SUCCEEDED) -> TaskUpdated:
+    output = b"out" if status is Status.SUCCEEDED else None
+    return TaskUpdated(task_id, status, 1, f"{status} at the end", at_ns, output=output)
+
+
+def by_id(state: RecoveredState) -> dict[int, TaskRecord]:
+    return {r.task_id: r for r in state.tasks}
+
+
+class StoreSuite:
+    """Every store passes these. Subclass it (or ``StoreConformance``) and provide a ``harness``
+    fixture returning your :class:`StoreHarness`."""
+
+    # --- fixtures and helpers -------------------------------------------------------------
+
+    @pytest_asyncio.fixture
+    async def cluster(self, harness: StoreHarness) -> AsyncIterator[StoreHarness]:
+        try:
+            yield harness
+        finally:
+            await harness.close_all()
+
+    @staticmethod
+    def require(harness: StoreHarness, capability: Capability) -> None:
+        if capability not in harness.capabilities:
+            pytest.skip(f"the harness does not declare Capability.{capability.name}")
+
+    @staticmethod
+    async def lead(store: Store, retention_ns: int = HOUR_NS) -> tuple[int, RecoveredState]:
+        lease = await store.acquire_leadership()
+        return lease.epoch, await store.recover(lease.epoch, TimeBase(), retention_ns)
+
+    @staticmethod
+    async def acquires_within(store: Store, seconds: float) -> bool:
+        task = asyncio.ensure_future(store.acquire_leadership())
+        done, _ = await asyncio.wait([task], timeout=seconds)
+        if not done:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return False
+        task.result()
+        return True
+
+    async def committed_and_recovered(
+        self, cluster: StoreHarness, batch: Sequence[Mutation], retention_ns: int = HOUR_NS
+    ) -> RecoveredState:
+        """Commit ``batch`` on a leader, crash it, and recover on a new instance."""
+        first = await cluster.open()
+        epoch, _ = await self.lead(first)
+        await first.commit(epoch, batch)
+        await cluster.crash(first)
+        second = await cluster.open()
+        _, state = await self.lead(second, retention_ns)
+        return state
+
+    # --- leadership -----------------------------------------------------------------------
+
+    async def test_a_second_instance_waits_while_the_first_leads(
+        self, cluster: StoreHarness
+    ) -> None:
+        first, second = await cluster.open(), await cluster.open()
+        await first.acquire_leadership()
+        assert not await self.acquires_within(second, 0.3)
+
+    async def test_the_epoch_strictly_increases_on_every_takeover(
+        self, cluster: StoreHarness
+    ) -> None:
+        epochs = []
+        for _ in range(3):
+            store = await cluster.open()
+            epochs.append((await store.acquire_leadership()).epoch)
+            await cluster.crash(store)
+        assert epochs == sorted(set(epochs)), f"epochs {epochs} must strictly increase"
+
+    async def test_release_lets_a_waiting_instance_take_over_at_once(
+        self, cluster: StoreHarness
+    ) -> None:
+        first, second = await cluster.open(), await cluster.open()
+        first_epoch = (await first.acquire_leadership()).epoch
+        waiting = asyncio.ensure_future(second.acquire_leadership())
+        await asyncio.sleep(0)
+        started = time.monotonic()
+        await first.release_leadership()
+        lease = await asyncio.wait_for(waiting, cluster.leadership_timeout)
+        assert lease.epoch > first_epoch
+        assert time.monotonic() - started < cluster.leadership_timeout
+
+    async def test_a_crashed_leader_is_replaced_within_the_leadership_timeout(
+        self, cluster: StoreHarness
+    ) -> None:
+        first, second = await cluster.open(), await cluster.open()
+        await first.acquire_leadership()
+        await cluster.crash(first)
+        assert await self.acquires_within(second, cluster.leadership_timeout)
+
+    async def test_leadership_lost_returns_after_release(self, cluster: StoreHarness) -> None:
+        store = await cluster.open()
+        await store.acquire_leadership()
+        await store.release_leadership()
+        await asyncio.wait_for(store.leadership_lost(), cluster.leadership_timeout)
+
+    # --- fencing and atomicity ------------------------------------------------------------
+
+    async def test_a_commit_with_a_stale_epoch_is_fenced_and_changes_nothing(
+        self, cluster: StoreHarness
+    ) -> None:
+        first = await cluster.open()
+        old_epoch, _ = await self.lead(first)
+        await first.commit(old_epoch, [submitted(1, now_ns())])
+        await cluster.crash(first)
+        second = await cluster.open()
+        epoch, _ = await self.lead(second)
+        with pytest.raises(Fenced):
+            await second.commit(old_epoch, [submitted(2, now_ns())])
+        await second.commit(epoch, [submitted(3, now_ns())])
+        await cluster.crash(second)
+        _, state = await self.lead(await cluster.open())
+        assert sorted(by_id(state)) == [1, 3]
+
+    async def test_a_crashed_instance_can_no_longer_commit(self, cluster: StoreHarness) -> None:
+        first = await cluster.open()
+        epoch, _ = await self.lead(first)
+        await cluster.crash(first)
+        second = await cluster.open()
+        await self.lead(second)
+        with pytest.raises(StoreError):
+            await first.commit(epoch, [submitted(5, now_ns())])
+        await cluster.crash(second)
+        _, recovered = await self.lead(await cluster.open())
+        assert 5 not in by_id(recovered)
+
+    async def test_a_batch_that_fails_midway_leaves_nothing_behind(
+        self, cluster: StoreHarness
+    ) -> None:
+        self.require(cluster, Capability.FAULT_MID_BATCH)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        await store.commit(epoch, [submitted(1, at)])
+        await cluster.fail_next_commit_midway(store)
+        batch: list[Mutation] = [submitted(i, at) for i in range(2, 12)]
+        batch += [finished(1, at), ScheduleSaved(ScheduleRecord(SCHEDULE, at))]
+        with pytest.raises(StoreError):
+            await store.commit(epoch, batch)
+        await store.commit(epoch, [submitted(20, at)])
+        await cluster.crash(store)
+        _, state = await self.lead(await cluster.open())
+        assert sorted(by_id(state)) == [1, 20]
+        assert by_id(state)[1].status is Status.READY
+        assert list(state.schedules) == []
+        assert state.max_task_id == 20
+
+    async def test_a_batch_applied_twice_leaves_the_state_of_once(
+        self, cluster: StoreHarness
+    ) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        batch: list[Mutation] = [submitted(1, at, key="k"), finished(1, at + 1)]
+        await store.commit(epoch, batch)
+        await store.commit(epoch, batch)
+        await cluster.crash(store)
+        _, state = await self.lead(await cluster.open())
+        assert [(r.task_id, r.status) for r in state.tasks] == [(1, Status.SUCCEEDED)]
+
+    # --- round trips ----------------------------------------------------------------------
+
+    async def test_every_mutation_kind_round_trips_exactly(self, cluster: StoreHarness) -> None:
+        at = now_ns()
+        spec_two = replace(FULL_SPEC, key="order-8", after=(1,))
+        schedule = ScheduleRecord(SCHEDULE, 1_900_000_000_000_000_001, True, 2)
+        batch: list[Mutation] = [
+            TaskSubmitted(1, replace(FULL_SPEC, after=()), Status.SCHEDULED, at),
+            TaskSubmitted(2, spec_two, Status.WAITING, at + 1),
+            TaskSubmitted(3, TaskSpec("default", "x", b""), Status.READY, at + 2),
+            TaskSubmitted(4, TaskSpec("default", "y", b""), Status.READY, at + 3),
+            TaskUpdated(1, Status.RUNNING, 1, "attempt 1 started", at + 10),
+            TaskUpdated(1, Status.RETRYING, 1, "attempt 1 failed", at + 11, due_ns=at + 99),
+            TaskUpdated(3, Status.RUNNING, 2, "attempt 2 started", at + 12),
+            CancelRequested(3, at + 13, "stop please"),
+            TaskUpdated(4, Status.CANCELLED, 0, "cancelled by request", at + 14),
+            ScheduleSaved(schedule),
+            ScheduleSaved(ScheduleRecord(replace(SCHEDULE, name="gone"), at)),
+            ScheduleRemoved("gone"),
+        ]
+        state = await self.committed_and_recovered(cluster, batch)
+        rows = by_id(state)
+        assert rows[1] == TaskRecord(
+            1, replace(FULL_SPEC, after=()), Status.RETRYING, 1, "attempt 1 failed", at, at + 11,
+            due_ns=at + 99,
+        )  # fmt: skip
+        assert rows[2] == TaskRecord(2, spec_two, Status.WAITING, 0, "submitted", at + 1, at + 1)
+        assert rows[3].status is Status.RUNNING
+        assert rows[3].attempt == 2
+        assert rows[3].cancel_requested
+        assert rows[3].message == "stop please"
+        assert rows[4].status is Status.CANCELLED
+        assert rows[4].updated_ns == at + 14
+        assert rows[4].finished_ns == at + 14
+        assert list(state.schedules) == [schedule]
+        assert state.max_task_id == 4
+        assert [r.task_id for r in state.tasks] == [1, 2, 3, 4], "recovery returns id order"
+
+    async def test_outputs_are_kept_and_loaded_on_demand(self, cluster: StoreHarness) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        output = bytes(range(256)) * 100
+        await store.commit(
+            epoch,
+            [
+                submitted(1, at, key="with-output"),
+                TaskUpdated(1, Status.SUCCEEDED, 1, "done", at + 1, output=output),
+                submitted(2, at),
+                TaskUpdated(2, Status.SUCCEEDED, 1, "done", at + 1, output=None),
+            ],
+        )
+        assert await store.load_output(1) == output
+        assert await store.load_output(2) is None
+        assert await store.load_output(999) is None
+        record = await store.get_task(1)
+        assert record is not None
+        assert record.output == output
+        by_key = await store.get_task_by_key("with-output")
+        assert by_key is not None
+        assert by_key.task_id == 1
+        assert await store.get_task(999) is None
+        assert await store.get_task_by_key("missing") is None
+        _, state = await self.lead_after_crash(cluster, store)
+        assert all(r.output is None for r in state.tasks), "recovery does not load outputs"
+
+    async def lead_after_crash(
+        self, cluster: StoreHarness, store: Store
+    ) -> tuple[int, RecoveredState]:
+        await cluster.crash(store)
+        return await self.lead(await cluster.open())
+
+    async def test_timestamps_round_trip_at_nanosecond_precision(
+        self, cluster: StoreHarness
+    ) -> None:
+        at = 1_764_000_000_123_456_789
+        due = at + 987_654_321
+        state = await self.committed_and_recovered(
+            cluster,
+            [
+                submitted(1, at),
+                TaskUpdated(1, Status.RETRYING, 1, "m", at + 1, due_ns=due),
+            ],
+            retention_ns=10**19,
+        )
+        row = by_id(state)[1]
+        assert (row.submitted_ns, row.updated_ns, row.due_ns) == (at, at + 1, due)
+
+    async def test_the_given_time_base_is_applied(self, cluster: StoreHarness) -> None:
+        base = TimeBase(unix_nanos_at_zero=1_000_000_000_000_000_000)
+        first = await cluster.open()
+        lease = await first.acquire_leadership()
+        await first.recover(lease.epoch, base, HOUR_NS)
+        engine_now = now_ns() - base.unix_nanos_at_zero
+        await first.commit(lease.epoch, [submitted(1, engine_now)])
+        assert (record := await first.get_task(1)) is not None
+        assert record.submitted_ns == engine_now
+        await cluster.crash(first)
+        second = await cluster.open()
+        _, unix_state = await self.lead(second)
+        assert by_id(unix_state)[1].submitted_ns == engine_now + base.unix_nanos_at_zero
+
+    async def test_nul_in_messages_is_stored_as_the_replacement_character(
+        self, cluster: StoreHarness
+    ) -> None:
+        at = now_ns()
+        state = await self.committed_and_recovered(
+            cluster,
+            [
+                submitted(1, at),
+                submitted(2, at),
+                TaskUpdated(1, Status.RETRYING, 1, "bad\x00byte", at, due_ns=at),
+                TaskUpdated(2, Status.FAILED, 1, "\x00", at),
+            ],
+        )
+        assert by_id(state)[1].message == "bad\ufffdbyte"
+        assert by_id(state)[2].message == "\ufffd"
+
+    # --- recovery -------------------------------------------------------------------------
+
+    async def test_recovery_loads_live_recent_parents_and_schedules_and_nothing_else(
+        self, cluster: StoreHarness
+    ) -> None:
+        at = now_ns()
+        old = at - 5 * HOUR_NS
+        batch: list[Mutation] = [
+            submitted(1, old),  # live, however old
+            submitted(2, old),
+            finished(2, old + 1),  # finished long ago, nobody depends on it: not loaded
+            submitted(3, old),
+            finished(3, old + 1, Status.FAILED),  # finished long ago, parent of 5: loaded
+            submitted(4, at),
+            finished(4, at, Status.CANCELLED),  # finished recently: loaded
+            submitted(5, at, after=(3, 99)),
+            ScheduleSaved(ScheduleRecord(SCHEDULE, at + HOUR_NS)),
+        ]
+        state = await self.committed_and_recovered(cluster, batch)
+        assert [r.task_id for r in state.tasks] == [1, 3, 4, 5]
+        assert [s.spec.name for s in state.schedules] == ["nightly"]
+        assert state.max_task_id == 5
+        assert list(state.quarantined) == []
+
+    async def test_the_id_high_water_mark_survives_pruning(self, cluster: StoreHarness) -> None:
+        self.require(cluster, Capability.PRUNE)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        old = now_ns() - 30 * 24 * HOUR_NS
+        await store.commit(epoch, [submitted(1, old), submitted(7, old), finished(7, old)])
+        await cluster.prune(store, now_ns())
+        _, state = await self.lead_after_crash(cluster, store)
+        assert [r.task_id for r in state.tasks] == [1]
+        assert state.max_task_id == 7
+        assert await (await cluster.open()).get_task(7) is None
+
+    async def test_an_undecodable_row_is_quarantined_and_recovery_succeeds(
+        self, cluster: StoreHarness
+    ) -> None:
+        self.require(cluster, Capability.CORRUPT_ROW)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        await store.commit(epoch, [submitted(i, at) for i in (1, 2, 3)])
+        await cluster.corrupt_task(store, 2)
+        _, state = await self.lead_after_crash(cluster, store)
+        assert [r.task_id for r in state.tasks if not r.status.is_terminal] == [1, 3]
+        assert [task_id for task_id, _ in state.quarantined] == [2]
+        assert state.quarantined[0][1], "the quarantine reason must say what went wrong"
+        assert state.max_task_id == 3
+        # Quarantine is durable: the row is now failed with that message.
+        _, again = await self.lead_after_crash(cluster, await cluster.open())
+        quarantined = {t for t, _ in again.quarantined} | {
+            r.task_id for r in again.tasks if r.status is Status.FAILED
+        }
+        assert 2 in quarantined
+
+    async def test_a_newer_schema_is_refused_with_a_clear_error(
+        self, cluster: StoreHarness
+    ) -> None:
+        self.require(cluster, Capability.NEWER_SCHEMA)
+        store = await cluster.open()
+        await cluster.set_schema_newer(store)
+        with pytest.raises(StoreFatal, match="schema"):
+            await self.lead(await cluster.open())
+
+    async def test_instances_opened_at_once_on_an_empty_cluster_all_work(
+        self, cluster: StoreHarness
+    ) -> None:
+        stores = await asyncio.gather(*(cluster.open() for _ in range(3)))
+        epoch, state = await self.lead(stores[0])
+        assert list(state.tasks) == []
+        assert state.max_task_id == 0
+        await stores[0].commit(epoch, [submitted(1, now_ns())])
+
+    async def test_unavailable_is_reported_and_the_store_works_again(
+        self, cluster: StoreHarness
+    ) -> None:
+        self.require(cluster, Capability.UNAVAILABLE)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        await cluster.set_available(store, False)
+        with pytest.raises(Unavailable):
+            await store.commit(epoch, [submitted(1, now_ns())])
+        await cluster.set_available(store, True)
+        await store.commit(epoch, [submitted(2, now_ns())])
+        _, state = await self.lead_after_crash(cluster, store)
+        assert [r.task_id for r in state.tasks] == [2]

@@ -1,0 +1,46 @@
+"""The conformance kit against MemoryStore: what a store author's test module looks like."""
+
+from __future__ import annotations
+
+import pytest
+
+from cronoq import MemoryStore
+from cronoq.store import Store
+from cronoq_conformance import Capability, StoreConformance, StoreHarness
+
+
+class MemoryHarness(StoreHarness):
+    capabilities = frozenset({Capability.UNAVAILABLE, Capability.FAULT_MID_BATCH, Capability.PRUNE})
+    leadership_timeout = 1.0
+
+    def __init__(self) -> None:
+        self._first = MemoryStore()
+        self._opened = 0
+
+    async def open(self) -> Store:
+        self._opened += 1
+        # The first instance is the cluster's seed; every later one joins it.
+        return self._first if self._opened == 1 else self._first.connect_another()
+
+    @staticmethod
+    def _memory(instance: Store) -> MemoryStore:
+        assert isinstance(instance, MemoryStore)
+        return instance
+
+    async def crash(self, instance: Store) -> None:
+        self._memory(instance).simulate_crash()
+
+    async def set_available(self, instance: Store, available: bool) -> None:
+        self._memory(instance).set_available(available)
+
+    async def fail_next_commit_midway(self, instance: Store) -> None:
+        self._memory(instance).fail_next_commit_midway()
+
+    async def prune(self, instance: Store, horizon_unix_ns: int) -> None:
+        self._memory(instance).prune(horizon_unix_ns)
+
+
+class TestMemoryStore(StoreConformance):
+    @pytest.fixture
+    def harness(self) -> StoreHarness:
+        return MemoryHarness()
