@@ -24,7 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from cronoq._model import ScheduleSpec, Status, TaskSpec
+from cronoq._model import RetryPolicy, ScheduleSpec, Status, TaskSpec, TaskTemplate
+from cronoq._rows import (
+    decode_schedule_spec,
+    decode_task_spec,
+    encode_schedule_spec,
+    encode_task_options,
+)
 from cronoq.errors import Fenced, StoreError, StoreFatal, Unavailable
 
 __all__ = [
@@ -33,17 +39,26 @@ __all__ = [
     "Lease",
     "Mutation",
     "RecoveredState",
+    "RetryPolicy",
     "ScheduleRecord",
     "ScheduleRemoved",
     "ScheduleSaved",
+    "ScheduleSpec",
+    "Status",
     "Store",
     "StoreError",
     "StoreFatal",
     "TaskRecord",
+    "TaskSpec",
     "TaskSubmitted",
+    "TaskTemplate",
     "TaskUpdated",
     "TimeBase",
     "Unavailable",
+    "decode_schedule_spec",
+    "decode_task_spec",
+    "encode_schedule_spec",
+    "encode_task_options",
     "sanitize_message",
 ]
 

@@ -1,0 +1,182 @@
+"""Text encodings of task and schedule specs for stores that keep rows.
+
+A row keeps ``pool``, ``kind``, ``key`` and ``payload`` in columns of their own (they are
+queried, or binary) and every other spec field in one compact JSON text that lists only the
+fields that differ from their defaults, so the common task costs a few bytes. Decoding checks
+every field and raises ``ValueError`` on anything malformed: stores quarantine such rows.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from cronoq._model import (
+    CatchUpPolicy,
+    MissPolicy,
+    OverlapPolicy,
+    RetryPolicy,
+    ScheduleSpec,
+    TaskSpec,
+    TaskTemplate,
+)
+
+__all__ = [
+    "decode_schedule_spec",
+    "decode_task_spec",
+    "encode_schedule_spec",
+    "encode_task_options",
+]
+
+_DEFAULT_SPEC = TaskSpec("", "", b"")
+_OPTIONAL_INTS = ("start_at_ns", "deadline_ns", "timeout_ns")
+
+
+def _retry_fields(retry: RetryPolicy) -> list[Any]:
+    return [retry.max_attempts, retry.initial_ns, retry.multiplier, retry.max_ns, retry.jitter]
+
+
+def _retry(value: object) -> RetryPolicy:
+    if not isinstance(value, list) or len(value) != 5:
+        raise ValueError(f"retry must be a list of 5 values, got {value!r}")
+    attempts, initial, multiplier, maximum, jitter = value
+    return RetryPolicy(attempts, initial, multiplier, maximum, jitter)
+
+
+def encode_task_options(spec: TaskSpec) -> str:
+    """The spec's fields other than pool, kind, key and payload, as compact JSON."""
+    options: dict[str, Any] = {}
+    if spec.tags:
+        options["tags"] = list(spec.tags)
+    if spec.name is not None:
+        options["name"] = spec.name
+    if spec.priority:
+        options["priority"] = spec.priority
+    if spec.retry != _DEFAULT_SPEC.retry:
+        options["retry"] = _retry_fields(spec.retry)
+    for field in _OPTIONAL_INTS:
+        value = getattr(spec, field)
+        if value is not None:
+            options[field] = value
+    if spec.miss_policy is not MissPolicy.RUN_LATE:
+        options["miss_policy"] = spec.miss_policy.value
+    if spec.grace_ns != _DEFAULT_SPEC.grace_ns:
+        options["grace_ns"] = spec.grace_ns
+    if spec.after:
+        options["after"] = list(spec.after)
+    if spec.schedule is not None:
+        options["schedule"] = spec.schedule
+    return json.dumps(options, separators=(",", ":"), ensure_ascii=False) if options else "{}"
+
+
+def _typed(options: dict[str, Any], name: str, kind: type, default: Any) -> Any:
+    value = options.get(name, default)
+    if value is not default and (not isinstance(value, kind) or isinstance(value, bool)):
+        raise ValueError(f"{name} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def decode_task_spec(
+    pool: object, kind: object, key: object, payload: object, options_json: object
+) -> TaskSpec:
+    """Rebuild a spec from its row; ``ValueError`` if any part is malformed."""
+    if not isinstance(pool, str) or not isinstance(kind, str):
+        raise ValueError(f"pool and kind must be text, got {pool!r} and {kind!r}")
+    if key is not None and not isinstance(key, str):
+        raise ValueError(f"key must be text or NULL, got {key!r}")
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise ValueError(f"payload must be bytes, got {type(payload).__name__}")
+    if not isinstance(options_json, str):
+        raise ValueError(f"options must be JSON text, got {type(options_json).__name__}")
+    try:
+        return _task_spec(pool, kind, key, bytes(payload), json.loads(options_json))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"task options are malformed: {exc!r}") from exc
+
+
+def _task_spec(pool: str, kind: str, key: str | None, payload: bytes, options: Any) -> TaskSpec:
+    if not isinstance(options, dict):
+        raise ValueError(f"options must be a JSON object, got {options!r:.80}")
+    tags = _typed(options, "tags", list, [])
+    after = _typed(options, "after", list, [])
+    if not all(isinstance(t, str) for t in tags) or not all(isinstance(a, int) for a in after):
+        raise ValueError("tags must be text and after must be integers")
+    return TaskSpec(
+        pool=pool,
+        kind=kind,
+        payload=payload,
+        key=key,
+        tags=tuple(tags),
+        name=_typed(options, "name", str, None),
+        priority=_typed(options, "priority", int, 0),
+        retry=_retry(options["retry"]) if "retry" in options else _DEFAULT_SPEC.retry,
+        start_at_ns=_typed(options, "start_at_ns", int, None),
+        miss_policy=MissPolicy(options.get("miss_policy", MissPolicy.RUN_LATE.value)),
+        grace_ns=_typed(options, "grace_ns", int, _DEFAULT_SPEC.grace_ns),
+        deadline_ns=_typed(options, "deadline_ns", int, None),
+        timeout_ns=_typed(options, "timeout_ns", int, None),
+        after=tuple(after),
+        schedule=_typed(options, "schedule", str, None),
+    )
+
+
+def encode_schedule_spec(spec: ScheduleSpec) -> str:
+    """The whole schedule definition (payload in base64) as JSON."""
+    template = spec.template
+    return json.dumps(
+        {
+            "cron": spec.cron,
+            "timezone": spec.timezone,
+            "overlap": spec.overlap.value,
+            "catch_up": spec.catch_up.value,
+            "grace_ns": spec.grace_ns,
+            "pool": template.pool,
+            "kind": template.kind,
+            "payload": base64.b64encode(template.payload).decode(),
+            "tags": list(template.tags),
+            "priority": template.priority,
+            "retry": _retry_fields(template.retry),
+            "timeout_ns": template.timeout_ns,
+        },
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+
+
+def _required(data: dict[str, Any], name: str, kind: type) -> Any:
+    if name not in data:
+        raise ValueError(f"{name} is missing")
+    return _typed(data, name, kind, None)
+
+
+def decode_schedule_spec(name: str, text: str) -> ScheduleSpec:
+    """Rebuild a schedule from its row; ``ValueError`` if malformed."""
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"schedule {name!r} is not a JSON object")
+        return _schedule(name, data)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"schedule {name!r} is malformed: {exc!r}") from exc
+
+
+def _schedule(name: str, data: dict[str, Any]) -> ScheduleSpec:
+    template = TaskTemplate(
+        pool=_required(data, "pool", str),
+        kind=_required(data, "kind", str),
+        payload=base64.b64decode(data["payload"], validate=True),
+        tags=tuple(_typed(data, "tags", list, [])),
+        priority=_typed(data, "priority", int, 0),
+        retry=_retry(data["retry"]),
+        timeout_ns=_typed(data, "timeout_ns", int, None),
+    )
+    return ScheduleSpec(
+        name=name,
+        cron=_required(data, "cron", str),
+        timezone=_required(data, "timezone", str),
+        template=template,
+        overlap=OverlapPolicy(data["overlap"]),
+        catch_up=CatchUpPolicy(data["catch_up"]),
+        grace_ns=_typed(data, "grace_ns", int, 0),
+    )
