@@ -130,8 +130,6 @@ class AttemptFailed:
     message: str
     retryable: bool = True
     retry_after_ns: int | None = None
-    cancelled: bool = False
-    """The attempt stopped because its cancellation was requested."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -417,10 +415,11 @@ class Engine:
 
     def step(self, now_ns: int, inputs: Iterable[Input] = ()) -> StepResult:
         self._now = now_ns
-        self._out = out = StepResult()
+        out = self._out  # may already hold the bookkeeping of a recovery (_restore)
+        # Prune first: a key or parent that left the retention window is gone for these inputs.
+        self._prune_finished()
         for item in inputs:
             self._apply(item)
-        self._prune_finished()
         self._fire_task_timers()
         self._fire_schedules()
         self._dispatch_ready()
@@ -538,6 +537,8 @@ class Engine:
             self._end_for_parent(task, *blocker)
         elif not task.pending:
             self._arm(task)
+        else:
+            self._set_wake(task, spec.deadline_ns)  # a waiting task still fails at its deadline
         return task
 
     def _link_parents(self, task: _Task) -> tuple[int, Status] | None:
@@ -568,6 +569,7 @@ class Engine:
         start = spec.start_at_ns
         if (
             start is not None
+            and task.attempt == 0  # the policy is about the first start, not a retry
             and spec.miss_policy is MissPolicy.SKIP
             and self._now > start + spec.grace_ns
         ):
@@ -669,6 +671,8 @@ class Engine:
         pending = [(task, status, message, output)]
         while pending:
             task, status, message, output = pending.pop()
+            if task.status.is_terminal:
+                continue  # a child reached twice: it names the same parent twice in ``after``
             self._transition(task, status, message)
             task.wake_ns = None
             self._out.mutations.append(
@@ -763,10 +767,14 @@ class Engine:
         existing = self._schedules.get(spec.name)
         if existing is not None and not replace:
             return DuplicateSchedule(f"a schedule named {spec.name!r} already exists")
-        cron = CronSchedule.parse(spec.cron, spec.timezone)
+        try:
+            cron = CronSchedule.parse(spec.cron, spec.timezone)
+            next_ns = cron.next_after(self._now)
+        except CronoqError as exc:  # InvalidCron, UnknownTimeZone: rejected like any bad input
+            return exc
         record = ScheduleRecord(
             spec,
-            cron.next_after(self._now),
+            next_ns,
             paused=False,
             last_task_id=existing.last_task_id if existing else None,
         )
@@ -810,7 +818,14 @@ class Engine:
             overlapping = (
                 spec.overlap is OverlapPolicy.SKIP and schedule.last_task_id in self._tasks
             )
-            if not overlapping and not (missed and spec.catch_up is CatchUpPolicy.SKIP):
+            # A recovered schedule may name a pool no longer configured: its occurrences are
+            # skipped (the schedule stays listed) rather than breaking every step.
+            runnable = spec.template.pool in self._pools
+            if (
+                runnable
+                and not overlapping
+                and not (missed and spec.catch_up is CatchUpPolicy.SKIP)
+            ):
                 template = spec.template
                 task_spec = TaskSpec(
                     pool=template.pool,
@@ -839,6 +854,8 @@ class Engine:
         return min(a, b)
 
     def _set_wake(self, task: _Task, wake_ns: int | None) -> None:
+        if wake_ns == task.wake_ns:
+            return  # its timer is already in the heap: a heartbeat without a lease, say
         task.wake_ns = wake_ns
         if wake_ns is not None:
             heapq.heappush(self._timers, (wake_ns, task.id))
@@ -978,7 +995,12 @@ class Engine:
             if row.spec.pool in self._pools:
                 self._pools[row.spec.pool].live += 1
         for schedule_row in state.schedules:
-            cron = CronSchedule.parse(schedule_row.spec.cron, schedule_row.spec.timezone)
+            try:
+                cron = CronSchedule.parse(schedule_row.spec.cron, schedule_row.spec.timezone)
+            except CronoqError:
+                # Its cron or zone no longer parses (a tzdata update, say): it must not block
+                # start-up. It stays in the store, inactive, until replaced or removed.
+                continue
             schedule = _Schedule(schedule_row, cron)
             self._schedules[schedule.spec.name] = schedule
             if not schedule.paused:
@@ -1019,6 +1041,7 @@ class Engine:
                 self._end_for_parent(task, *blocker)
             elif task.pending:
                 task.status = Status.WAITING
+                self._set_wake(task, spec.deadline_ns)
             else:
                 task.status = self._initial_status(task)
                 self._arm(task)

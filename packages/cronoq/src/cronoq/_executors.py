@@ -128,7 +128,7 @@ class LocalExecutor:
         except asyncio.CancelledError:
             if ctx.cancel_reason is None:
                 return  # the executor is being drained: the attempt is left for recovery
-            outcome = AttemptFailed(ctx.cancel_reason, cancelled=True)
+            outcome = AttemptFailed(ctx.cancel_reason)
         finally:
             del self._running[token]
         reporter.report(token, outcome)

@@ -123,7 +123,11 @@ class TaskUpdated:
 
 @dataclass(frozen=True, slots=True)
 class CancelRequested:
-    """A running task was asked to stop; recovery ends it cancelled instead of retrying it."""
+    """A running task was asked to stop; recovery ends it cancelled instead of retrying it.
+
+    Stores set the cancellation flag and the message; ``updated_ns`` keeps the attempt's start,
+    from which its timeout counts.
+    """
 
     task_id: int
     at_ns: int
