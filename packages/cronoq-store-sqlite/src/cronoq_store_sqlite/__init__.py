@@ -1,6 +1,10 @@
-"""SQLite store for cronoq.
+"""cronoq-store-sqlite: durable cronoq state in one local SQLite file, with standbys.
 
-Will hold `SqliteStore` and `SqliteStoreConfig`; not implemented yet.
+Several processes on one host may open the same file: one leads through a lease row that it
+renews, the others wait and take over when the lease runs out (at once on a clean shutdown).
 """
 
-__all__: list[str] = []
+from cronoq_store_sqlite._config import SqliteStoreConfig
+from cronoq_store_sqlite._store import SqliteStore
+
+__all__ = ["SqliteStore", "SqliteStoreConfig"]

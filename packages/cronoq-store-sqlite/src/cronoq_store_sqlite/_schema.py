@@ -1,0 +1,138 @@
+"""The file, its pragmas and its schema. Migrations are applied under SQLite's write lock."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import stat
+
+import aiosqlite
+
+from cronoq.errors import StoreFatal
+from cronoq_store_sqlite._errors import classify
+
+SCHEMA_VERSION = 1
+
+# Each entry moves the schema from version i to i + 1.
+_MIGRATIONS = [
+    """
+    CREATE TABLE cronoq_leader (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        epoch INTEGER NOT NULL,
+        holder TEXT,
+        expires_ns INTEGER NOT NULL,
+        max_task_id INTEGER NOT NULL
+    );
+    INSERT INTO cronoq_leader VALUES (1, 0, NULL, 0, 0);
+    CREATE TABLE cronoq_tasks (
+        id INTEGER PRIMARY KEY,
+        pool TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        key TEXT,
+        payload BLOB NOT NULL,
+        options TEXT NOT NULL,
+        status TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        message TEXT NOT NULL,
+        submitted_ns INTEGER NOT NULL,
+        updated_ns INTEGER NOT NULL,
+        due_ns INTEGER,
+        finished_ns INTEGER,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        output BLOB
+    );
+    CREATE INDEX cronoq_tasks_key ON cronoq_tasks (key, id) WHERE key IS NOT NULL;
+    CREATE INDEX cronoq_tasks_live ON cronoq_tasks (id) WHERE finished_ns IS NULL;
+    CREATE INDEX cronoq_tasks_finished ON cronoq_tasks (finished_ns)
+        WHERE finished_ns IS NOT NULL;
+    CREATE TABLE cronoq_schedules (
+        name TEXT PRIMARY KEY,
+        spec TEXT NOT NULL,
+        next_ns INTEGER NOT NULL,
+        paused INTEGER NOT NULL,
+        last_task_id INTEGER
+    );
+    """,
+]
+assert len(_MIGRATIONS) == SCHEMA_VERSION
+
+
+def prepare_file(path: str) -> None:
+    """Create the database owner-only (0600), or tighten an existing one and its journals.
+
+    SQLite gives the -wal and -shm files the database file's mode, so a 0600 database keeps
+    its journals private too; under the usual umask a file SQLite created itself is 0644.
+    """
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        for name in (path, f"{path}-wal", f"{path}-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                mode = stat.S_IMODE(os.stat(name).st_mode)
+                if mode & 0o077:
+                    os.chmod(name, mode & 0o700)
+    except OSError as exc:
+        raise StoreFatal(f"cannot create the SQLite database {path!r}: {exc.strerror}") from exc
+    else:
+        os.close(fd)
+
+
+async def configure(
+    conn: aiosqlite.Connection, *, full_sync: bool, busy_timeout_ms: int, journal_size_limit: int
+) -> None:
+    """Per-connection settings; ``synchronous`` is read back, since a wrong one loses data."""
+    await conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms:d}")
+    async with conn.execute("PRAGMA journal_mode = WAL") as cursor:
+        row = await cursor.fetchone()
+    if row is None or str(row[0]).lower() != "wal":
+        raise StoreFatal(f"SQLite refused WAL journaling (journal_mode is {row!r})")
+    wanted = 2 if full_sync else 1  # FULL: the WAL is synced at every commit; NORMAL: not
+    await conn.execute(f"PRAGMA synchronous = {wanted:d}")
+    async with conn.execute("PRAGMA synchronous") as cursor:
+        row = await cursor.fetchone()
+    if row is None or row[0] != wanted:
+        raise StoreFatal(f"PRAGMA synchronous is {row!r}, expected {wanted}")
+    await conn.execute(f"PRAGMA journal_size_limit = {journal_size_limit:d}")
+    await conn.execute("PRAGMA foreign_keys = OFF")
+
+
+async def migrate(conn: aiosqlite.Connection) -> None:
+    """Bring the schema to SCHEMA_VERSION under the write lock, or refuse a newer one."""
+    try:
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = await _version(conn)
+            if version > SCHEMA_VERSION:
+                raise StoreFatal(
+                    f"the database schema is version {version}, newer than this build of "
+                    f"cronoq-store-sqlite supports ({SCHEMA_VERSION}); upgrade it"
+                )
+            if version == 0:
+                await conn.execute("CREATE TABLE cronoq_schema_version (version INTEGER NOT NULL)")
+                await conn.execute("INSERT INTO cronoq_schema_version VALUES (0)")
+            for step in range(version, SCHEMA_VERSION):
+                for statement in _MIGRATIONS[step].split(";"):
+                    if statement.strip():
+                        await conn.execute(statement)
+                await conn.execute("UPDATE cronoq_schema_version SET version = ?", (step + 1,))
+            await conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                await conn.execute("ROLLBACK")
+            raise
+    except sqlite3.Error as exc:
+        raise classify(exc, "migrating the schema") from exc
+
+
+async def _version(conn: aiosqlite.Connection) -> int:
+    async with conn.execute(
+        "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'cronoq_schema_version'"
+    ) as cursor:
+        if await cursor.fetchone() is None:
+            return 0
+    async with conn.execute("SELECT version FROM cronoq_schema_version") as cursor:
+        row = await cursor.fetchone()
+    if row is None or not isinstance(row[0], int):
+        raise StoreFatal(f"cronoq_schema_version holds {row!r}, not a version number")
+    return row[0]

@@ -1,0 +1,516 @@
+"""SqliteStore: the ``Store`` protocol over one SQLite file (WAL), through aiosqlite.
+
+One connection per instance; every transaction holds ``self._lock`` so the lease renewal never
+interleaves with a commit on that connection. SQLite's own write lock serializes instances:
+write transactions start with ``BEGIN IMMEDIATE`` (implicit transactions are off), because a
+deferred transaction that reads and then writes fails with ``SQLITE_BUSY_SNAPSHOT`` without the
+busy handler ever running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
+from itertools import groupby
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from cronoq.errors import Fenced, InvalidArgument, StoreError, StoreFatal, Unavailable
+from cronoq.store import (
+    CancelRequested,
+    Lease,
+    Mutation,
+    RecoveredState,
+    ScheduleRecord,
+    ScheduleRemoved,
+    ScheduleSaved,
+    Status,
+    TaskRecord,
+    TaskSubmitted,
+    TaskUpdated,
+    TimeBase,
+    decode_schedule_spec,
+    decode_task_spec,
+    encode_schedule_spec,
+    encode_task_options,
+    sanitize_message,
+)
+from cronoq_store_sqlite._config import SqliteStoreConfig
+from cronoq_store_sqlite._errors import classify
+from cronoq_store_sqlite._schema import configure, migrate, prepare_file
+
+__all__ = ["SqliteStore"]
+
+log = logging.getLogger("cronoq.sqlite")
+_T = TypeVar("_T")
+NS = 1_000_000_000
+
+_TASK_COLUMNS = (
+    "id, pool, kind, key, payload, options, status, attempt, message, submitted_ns, "
+    "updated_ns, due_ns, cancel_requested"
+)
+# A row whose options are not valid JSON must not break the whole recovery query.
+_RECOVER = f"""
+    SELECT {_TASK_COLUMNS} FROM cronoq_tasks
+    WHERE finished_ns IS NULL OR finished_ns >= :horizon OR id IN (
+        SELECT j.value FROM cronoq_tasks AS c,
+            json_each(CASE WHEN json_valid(c.options) THEN c.options ELSE '{{}}' END, '$.after')
+            AS j
+        WHERE c.finished_ns IS NULL
+    )
+    ORDER BY id
+"""
+_INSERT_TASK = """
+    INSERT INTO cronoq_tasks (id, pool, kind, key, payload, options, status, attempt, message,
+                              submitted_ns, updated_ns)
+    VALUES (?, ?, ?, ?, ?, ?, ?, 0, 'submitted', ?, ?)
+    ON CONFLICT (id) DO NOTHING
+"""
+_UPDATE_TASK = """
+    UPDATE cronoq_tasks SET status = ?, attempt = ?, message = ?, updated_ns = ?, due_ns = ?,
+                            finished_ns = ?, output = ?
+    WHERE id = ?
+"""
+_REQUEST_CANCEL = "UPDATE cronoq_tasks SET cancel_requested = 1, message = ? WHERE id = ?"
+_SAVE_SCHEDULE = """
+    INSERT INTO cronoq_schedules (name, spec, next_ns, paused, last_task_id)
+    VALUES (?, ?, ?, ?, ?)
+    ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, next_ns = excluded.next_ns,
+        paused = excluded.paused, last_task_id = excluded.last_task_id
+"""
+
+
+class SqliteStore:
+    """A durable store in one local SQLite file; processes sharing it elect one leader."""
+
+    def __init__(self, conn: aiosqlite.Connection, path: str, config: SqliteStoreConfig) -> None:
+        self._conn = conn
+        self._path = path
+        self._config = config
+        self._lock = asyncio.Lock()
+        self._holder = uuid.uuid4().hex
+        self._epoch: int | None = None
+        self._lost = asyncio.Event()
+        self._time_base = TimeBase()
+        self._renewal: asyncio.Task[None] | None = None
+        self._pruning: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls, path: str | os.PathLike[str], config: SqliteStoreConfig | None = None
+    ) -> SqliteStore:
+        """Open (creating if needed, owner-only) the database file and migrate its schema."""
+        config = config if config is not None else SqliteStoreConfig()
+        if not isinstance(config, SqliteStoreConfig):
+            raise InvalidArgument(f"config must be a SqliteStoreConfig, got {config!r}")
+        path = os.fspath(path)
+        if not isinstance(path, str) or not path or "\x00" in path:
+            raise InvalidArgument(f"path must be a non-empty str without NUL, got {path!r}")
+        if path == ":memory:" or path.startswith("file:"):
+            raise InvalidArgument("SqliteStore needs a file path; use MemoryStore for memory")
+        prepare_file(path)
+        try:
+            conn = await aiosqlite.connect(path, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise classify(exc, f"opening {path!r}") from exc
+        try:
+            await configure(
+                conn,
+                full_sync=config.full_sync,
+                busy_timeout_ms=round(config.busy_timeout * 1000),
+                journal_size_limit=config.journal_size_limit,
+            )
+            await migrate(conn)
+        except sqlite3.Error as exc:
+            await conn.close()
+            raise classify(exc, f"configuring {path!r}") from exc
+        except BaseException:
+            await conn.close()
+            raise
+        return cls(conn, path, config)
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    # --- transactions ---------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self, doing: str) -> AsyncIterator[aiosqlite.Connection]:
+        """A write transaction: BEGIN IMMEDIATE ... COMMIT, rolled back on any failure.
+
+        Callers run it shielded (``_shielded``): aiosqlite cannot take back a statement it
+        queued, so a cancellation between BEGIN and COMMIT would leave the connection inside a
+        transaction that holds the write lock forever.
+        """
+        async with self._lock:
+            self._check_open()
+            conn = self._conn
+            try:
+                await conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    await conn.execute("COMMIT")
+                except BaseException:
+                    await self._roll_back()
+                    raise
+            except sqlite3.Error as exc:
+                raise classify(exc, doing) from exc
+
+    async def _roll_back(self) -> None:
+        # SQLite rolls some failures (a full disk, an I/O error) back by itself.
+        with contextlib.suppress(sqlite3.Error):
+            if self._conn.in_transaction:
+                await self._conn.execute("ROLLBACK")
+
+    @staticmethod
+    async def _shielded(operation: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``operation`` to its end even if the caller is cancelled (a commit timeout)."""
+        task = asyncio.ensure_future(operation)
+        # Its outcome still matters to nobody once the caller is gone: do not warn about it.
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return await asyncio.shield(task)
+
+    async def _read(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
+        return await self._shielded(self._read_now(sql, params))
+
+    async def _read_now(self, sql: str, params: Sequence[Any] | dict[str, Any]) -> list[Any]:
+        async with self._lock:
+            self._check_open()
+            try:
+                return list(await self._conn.execute_fetchall(sql, params))
+            except sqlite3.Error as exc:
+                raise classify(exc, "reading") from exc
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable(f"the SqliteStore on {self._path!r} is closed")
+
+    # --- leadership -----------------------------------------------------------------------
+
+    async def acquire_leadership(self) -> Lease:
+        while True:
+            try:
+                epoch = await self._shielded(self._try_take_lease())
+            except Unavailable as exc:
+                log.debug("lease check failed, trying again: %s", exc)
+                epoch = None
+            if epoch is not None:
+                self._epoch = epoch
+                self._lost = asyncio.Event()
+                self._renewal = asyncio.get_running_loop().create_task(self._renew_lease())
+                self._pruning = asyncio.get_running_loop().create_task(self._prune_regularly())
+                return Lease(epoch)
+            await asyncio.sleep(self._config.lock_poll)
+
+    async def _try_take_lease(self) -> int | None:
+        # Look first without the write lock: a standby must not contend with the leader's
+        # commits every poll, nor hold a read transaction open between polls.
+        [(holder, expires_ns)] = await self._read(
+            "SELECT holder, expires_ns FROM cronoq_leader WHERE id = 1"
+        )
+        if holder is not None and expires_ns > time.time_ns():
+            return None
+        async with self._transaction("taking the lease") as conn:
+            async with conn.execute(
+                "SELECT epoch, holder, expires_ns FROM cronoq_leader WHERE id = 1"
+            ) as cursor:
+                row = await cursor.fetchone()
+            assert row is not None
+            epoch, holder, expires_ns = row
+            now = time.time_ns()
+            if holder is not None and expires_ns > now:
+                return None  # another standby was quicker
+            await conn.execute(
+                "UPDATE cronoq_leader SET epoch = ?, holder = ?, expires_ns = ? WHERE id = 1",
+                (epoch + 1, self._holder, now + round(self._config.lease_ttl * NS)),
+            )
+            return int(epoch) + 1
+
+    async def _renew_lease(self) -> None:
+        """Extend the lease every ``lease_renew``; notice a takeover, or an expiry we missed."""
+        config = self._config
+        valid_until = time.monotonic() + config.lease_ttl
+        while True:
+            await asyncio.sleep(config.lease_renew)
+            try:
+                renewed = await self._shielded(self._extend_lease())
+            except Unavailable as exc:
+                if time.monotonic() < valid_until:
+                    log.warning("lease renewal failed, trying again: %s", exc)
+                    continue
+                renewed = False
+            except StoreFatal:
+                log.exception("lease renewal failed")
+                renewed = False
+            if not renewed:
+                log.warning("leadership lost: the lease of %s was taken over", self._path)
+                self._step_down()
+                return
+            valid_until = time.monotonic() + config.lease_ttl
+
+    async def _extend_lease(self) -> bool:
+        async with self._transaction("renewing the lease") as conn:
+            cursor = await conn.execute(
+                "UPDATE cronoq_leader SET expires_ns = ? WHERE id = 1 AND epoch = ? AND holder = ?",
+                (time.time_ns() + round(self._config.lease_ttl * NS), self._epoch, self._holder),
+            )
+            return cursor.rowcount == 1
+
+    def _step_down(self) -> None:
+        self._epoch = None
+        self._lost.set()
+        current = asyncio.current_task()
+        for task in (self._renewal, self._pruning):
+            if task is not None and task is not current:
+                task.cancel()
+        self._renewal = self._pruning = None
+
+    async def leadership_lost(self) -> None:
+        await self._lost.wait()
+
+    async def release_leadership(self) -> None:
+        if self._epoch is None or self._closed:
+            return
+        epoch = self._epoch
+        self._step_down()
+        with contextlib.suppress(Unavailable):
+            await self._shielded(self._release_lease(epoch))
+
+    async def _release_lease(self, epoch: int) -> None:
+        async with self._transaction("releasing the lease") as conn:
+            await conn.execute(
+                "UPDATE cronoq_leader SET holder = NULL, expires_ns = 0 "
+                "WHERE id = 1 AND epoch = ? AND holder = ?",
+                (epoch, self._holder),
+            )
+
+    # --- commit ---------------------------------------------------------------------------
+
+    async def commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
+        await self._shielded(self._commit(epoch, batch))
+
+    async def _commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
+        to_unix = self._time_base.to_unix
+        high = max((m.task_id for m in batch if isinstance(m, TaskSubmitted)), default=0)
+        async with self._transaction("committing a batch") as conn:
+            # Fencing and the id high-water mark in one statement, inside the write lock.
+            cursor = await conn.execute(
+                "UPDATE cronoq_leader SET max_task_id = MAX(max_task_id, ?) "
+                "WHERE id = 1 AND epoch = ? AND holder = ?",
+                (high, epoch, self._holder),
+            )
+            if cursor.rowcount != 1:
+                self._step_down()
+                raise Fenced(f"epoch {epoch} no longer holds the lease of {self._path!r}")
+            # Consecutive mutations of one kind go in one statement; order is kept.
+            for kind, run in groupby(batch, type):
+                await self._apply(conn, kind, list(run), to_unix)
+
+    @staticmethod
+    async def _apply(conn: aiosqlite.Connection, kind: type, run: list[Any], to_unix: Any) -> None:
+        if kind is TaskSubmitted:
+            await conn.executemany(
+                _INSERT_TASK,
+                [
+                    (
+                        m.task_id, m.spec.pool, m.spec.kind, m.spec.key, m.spec.payload,
+                        encode_task_options(m.spec), m.status.value,
+                        to_unix(m.submitted_ns), to_unix(m.submitted_ns),
+                    )
+                    for m in run
+                ],
+            )  # fmt: skip
+        elif kind is TaskUpdated:
+            await conn.executemany(_UPDATE_TASK, [_update_row(m, to_unix) for m in run])
+        elif kind is CancelRequested:
+            await conn.executemany(
+                _REQUEST_CANCEL, [(sanitize_message(m.message), m.task_id) for m in run]
+            )
+        elif kind is ScheduleSaved:
+            await conn.executemany(
+                _SAVE_SCHEDULE,
+                [
+                    (
+                        m.schedule.spec.name, encode_schedule_spec(m.schedule.spec),
+                        to_unix(m.schedule.next_ns), int(m.schedule.paused),
+                        m.schedule.last_task_id,
+                    )
+                    for m in run
+                ],
+            )  # fmt: skip
+        elif kind is ScheduleRemoved:
+            await conn.executemany(
+                "DELETE FROM cronoq_schedules WHERE name = ?", [(m.name,) for m in run]
+            )
+        else:
+            raise StoreFatal(f"unknown mutation {kind.__name__}")
+
+    # --- recovery -------------------------------------------------------------------------
+
+    async def recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
+        return await self._shielded(self._recover(epoch, time_base, retention_ns))
+
+    async def _recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
+        self._time_base = time_base
+        to_engine = time_base.to_engine
+        tasks: list[TaskRecord] = []
+        quarantined: list[tuple[int, str]] = []
+        schedules: list[ScheduleRecord] = []
+        async with self._transaction("recovering") as conn:
+            async with conn.execute(
+                "SELECT epoch, holder, max_task_id FROM cronoq_leader WHERE id = 1"
+            ) as cursor:
+                row = await cursor.fetchone()
+            assert row is not None
+            if (row[0], row[1]) != (epoch, self._holder):
+                raise Fenced(f"epoch {epoch} does not hold the lease of {self._path!r}")
+            max_task_id = int(row[2])
+            horizon = time.time_ns() - retention_ns
+            async with conn.execute(_RECOVER, {"horizon": horizon}) as cursor:
+                async for task_row in cursor:
+                    try:
+                        tasks.append(_task_record(task_row, to_engine))
+                    except (ValueError, TypeError) as exc:
+                        quarantined.append((task_row[0], f"quarantined: undecodable row ({exc})"))
+            now = time.time_ns()
+            await conn.executemany(
+                "UPDATE cronoq_tasks SET status = 'failed', message = ?, updated_ns = ?, "
+                "finished_ns = COALESCE(finished_ns, ?) WHERE id = ?",
+                [(reason, now, now, task_id) for task_id, reason in quarantined],
+            )
+            async with conn.execute(
+                "SELECT name, spec, next_ns, paused, last_task_id FROM cronoq_schedules"
+            ) as cursor:
+                async for name, spec, next_ns, paused, last_task_id in cursor:
+                    try:
+                        schedules.append(
+                            ScheduleRecord(
+                                decode_schedule_spec(name, spec),
+                                to_engine(next_ns),
+                                bool(paused),
+                                last_task_id,
+                            )
+                        )
+                    except ValueError:
+                        log.exception("schedule %r cannot be decoded; it is skipped", name)
+        for task_id, reason in quarantined:
+            log.error("task %d %s", task_id, reason)
+        return RecoveredState(max_task_id, tasks, schedules, quarantined)
+
+    # --- lookups --------------------------------------------------------------------------
+
+    async def load_output(self, task_id: int) -> bytes | None:
+        rows = await self._read("SELECT output FROM cronoq_tasks WHERE id = ?", (task_id,))
+        return bytes(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    async def get_task(self, task_id: int) -> TaskRecord | None:
+        return await self._lookup("id = ?", task_id)
+
+    async def get_task_by_key(self, key: str) -> TaskRecord | None:
+        return await self._lookup("key = ? ORDER BY id DESC LIMIT 1", key)
+
+    async def _lookup(self, where: str, value: object) -> TaskRecord | None:
+        rows = await self._read(
+            f"SELECT {_TASK_COLUMNS}, output FROM cronoq_tasks WHERE {where}", (value,)
+        )
+        if not rows:
+            return None
+        *columns, output = rows[0]
+        record = _task_record(columns, self._time_base.to_engine)
+        if output is None:
+            return record
+        return TaskRecord(
+            record.task_id, record.spec, record.status, record.attempt, record.message,
+            record.submitted_ns, record.updated_ns, record.due_ns, record.cancel_requested,
+            bytes(output),
+        )  # fmt: skip
+
+    # --- pruning and shutdown -------------------------------------------------------------
+
+    async def prune(self, horizon_unix_ns: int) -> int:
+        """Delete tasks finished before the horizon, a batch per transaction; return how many.
+
+        The id high-water mark lives in ``cronoq_leader``, so ids stay unique after pruning.
+        """
+        deleted = 0
+        while True:
+            count = await self._shielded(self._prune_batch(horizon_unix_ns))
+            deleted += count
+            if count < self._config.prune_batch:
+                return deleted
+            await asyncio.sleep(0)  # let a waiting commit take the lock between batches
+
+    async def _prune_batch(self, horizon_unix_ns: int) -> int:
+        async with self._transaction("pruning") as conn:
+            cursor = await conn.execute(
+                "DELETE FROM cronoq_tasks WHERE id IN (SELECT id FROM cronoq_tasks "
+                "WHERE finished_ns < ? LIMIT ?)",
+                (horizon_unix_ns, self._config.prune_batch),
+            )
+            return cursor.rowcount
+
+    async def _prune_regularly(self) -> None:
+        config = self._config
+        while True:
+            try:
+                await self.prune(time.time_ns() - round(config.keep_finished * NS))
+            except StoreError as exc:
+                log.warning("pruning failed, trying later: %s", exc)
+            await asyncio.sleep(config.prune_interval)
+
+    async def abandon(self) -> None:
+        """Stop as a killed process would: no release, the lease simply runs out (for tests)."""
+        self._step_down()
+        await self._close_connection()
+
+    async def close(self) -> None:
+        await self.release_leadership()
+        await self._close_connection()
+
+    async def _close_connection(self) -> None:
+        if self._closed:
+            return
+        async with self._lock:
+            self._closed = True
+            await self._conn.close()
+
+
+def _update_row(m: TaskUpdated, to_unix: Any) -> tuple[Any, ...]:
+    at = to_unix(m.at_ns)
+    return (
+        m.status.value,
+        m.attempt,
+        sanitize_message(m.message),
+        at,
+        None if m.due_ns is None else to_unix(m.due_ns),
+        at if m.status.is_terminal else None,
+        m.output,
+        m.task_id,
+    )
+
+
+def _task_record(row: Iterable[Any], to_engine: Any) -> TaskRecord:
+    (task_id, pool, kind, key, payload, options, status, attempt, message, submitted_ns,
+     updated_ns, due_ns, cancel_requested) = row  # fmt: skip
+    if not isinstance(attempt, int) or not isinstance(message, str):
+        raise ValueError(f"attempt {attempt!r} or message {message!r} has the wrong type")
+    return TaskRecord(
+        task_id=task_id,
+        spec=decode_task_spec(pool, kind, key, payload, options),
+        status=Status(status),
+        attempt=attempt,
+        message=message,
+        submitted_ns=to_engine(submitted_ns),
+        updated_ns=to_engine(updated_ns),
+        due_ns=None if due_ns is None else to_engine(due_ns),
+        cancel_requested=bool(cancel_requested),
+    )

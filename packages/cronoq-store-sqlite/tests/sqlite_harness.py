@@ -1,0 +1,131 @@
+"""The SQLite store's conformance harness, with short timings, for every test module here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from cronoq.store import Store
+from cronoq_conformance import Capability, StoreHarness
+from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig
+
+# Short timings: a crashed leader's lease runs out in 0.6 s; a held write lock is reported as
+# Unavailable after 0.1 s.
+FAST = SqliteStoreConfig(lock_poll=0.05, lease_renew=0.2, lease_ttl=0.6, busy_timeout=0.1)
+
+
+class SqliteHarness(StoreHarness):
+    capabilities = frozenset(Capability)
+    leadership_timeout = FAST.lease_ttl + FAST.lock_poll + 2.0
+
+    def __init__(self, path: Path, config: SqliteStoreConfig = FAST) -> None:
+        self.path = path
+        self.config = config
+        self.opened: list[SqliteStore] = []
+        self._blocker: sqlite3.Connection | None = None
+
+    async def open(self) -> Store:
+        store = await SqliteStore.open(self.path, self.config)
+        self.opened.append(store)
+        return store
+
+    @staticmethod
+    def _sqlite(instance: Store) -> SqliteStore:
+        assert isinstance(instance, SqliteStore)
+        return instance
+
+    async def crash(self, instance: Store) -> None:
+        await self._sqlite(instance).abandon()
+
+    def _backdoor(self) -> sqlite3.Connection:
+        """A connection outside the store, as another program editing the file would be.
+
+        Use it from a thread (``_outside``): blocking the event loop on SQLite's lock while the
+        store's own transaction needs the loop to finish would deadlock.
+        """
+        return sqlite3.connect(self.path, isolation_level=None, timeout=5, check_same_thread=False)
+
+    async def _outside(self, sql: str, *params: object) -> None:
+        def run() -> None:
+            with contextlib.closing(self._backdoor()) as conn:
+                conn.execute(sql, params)
+
+        await asyncio.to_thread(run)
+
+    async def set_available(self, instance: Store, available: bool) -> None:
+        # Holding SQLite's write lock from elsewhere makes the store's writes time out BUSY.
+        if not available and self._blocker is None:
+            blocker = self._backdoor()
+            await asyncio.to_thread(blocker.execute, "BEGIN IMMEDIATE")
+            self._blocker = blocker
+        elif available and self._blocker is not None:
+            self._blocker.close()  # closing rolls the transaction back and frees the lock
+            self._blocker = None
+
+    async def fail_next_commit_midway(self, instance: Store) -> None:
+        # A temporary trigger on the store's own connection aborts the first task update of
+        # the next batch, after its inserts ran; a Python flag makes it fire only once.
+        armed = [True]
+
+        def fire() -> bool:
+            fired, armed[0] = armed[0], False
+            return fired
+
+        conn = self._sqlite(instance)._conn
+        await conn.create_function("cronoq_test_fault", 0, fire)
+        await conn.execute(
+            "CREATE TEMP TRIGGER IF NOT EXISTS cronoq_test_fault BEFORE UPDATE ON "
+            "main.cronoq_tasks WHEN cronoq_test_fault() "
+            "BEGIN SELECT RAISE(ABORT, 'injected fault in the middle of a batch'); END"
+        )
+
+    async def corrupt_task(self, instance: Store, task_id: int) -> None:
+        await self._outside("UPDATE cronoq_tasks SET options = '{broken' WHERE id = ?", task_id)
+
+    async def set_schema_newer(self, instance: Store) -> None:
+        await self._outside("UPDATE cronoq_schema_version SET version = version + 100")
+
+    async def prune(self, instance: Store, horizon_unix_ns: int) -> None:
+        await self._sqlite(instance).prune(horizon_unix_ns)
+
+    async def run_in_other_process(self, code: str) -> str:
+        script = SCRIPT.format(
+            path=str(self.path), config=repr(self.config), body=textwrap.indent(code, "    ")
+        )
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    async def close_all(self) -> None:
+        if self._blocker is not None:
+            self._blocker.close()
+            self._blocker = None
+        for store in self.opened:
+            await store.close()
+
+
+SCRIPT = """
+import asyncio
+import contextlib
+from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig
+
+async def open_store():
+    return await SqliteStore.open({path!r}, {config})
+
+async def main():
+{body}
+
+asyncio.run(main())
+"""
