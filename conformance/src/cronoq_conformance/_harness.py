@@ -77,6 +77,9 @@ class StoreHarness(ABC):
         raise NotImplementedError
 
     async def run_in_other_process(self, code: str) -> str:
-        """Run ``code`` (a Python snippet that may use ``await open_store()``) in another
-        process and return what it printed."""
+        """Run ``code`` in another process and return what it printed.
+
+        ``code`` is the body of an ``async def``: it may use ``asyncio`` and
+        ``await open_store()``, which opens an instance of this cluster in that process.
+        """
         raise NotImplementedError

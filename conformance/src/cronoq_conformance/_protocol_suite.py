@@ -441,6 +441,37 @@ class StoreSuite:
         assert state.max_task_id == 0
         await stores[0].commit(epoch, [submitted(1, now_ns())])
 
+    async def test_leadership_is_exclusive_across_processes(self, cluster: StoreHarness) -> None:
+        self.require(cluster, Capability.SECOND_PROCESS)
+        store = await cluster.open()
+        await store.acquire_leadership()
+        probe = (
+            "store = await open_store()\n"
+            "try:\n"
+            "    await asyncio.wait_for(store.acquire_leadership(), {timeout})\n"
+            "    print('acquired')\n"
+            "except TimeoutError:\n"
+            "    print('waited')\n"
+            "await store.close()\n"
+        )
+        assert (await cluster.run_in_other_process(probe.format(timeout=0.5))).split() == ["waited"]
+        await store.release_leadership()
+        timeout = cluster.leadership_timeout
+        assert (await cluster.run_in_other_process(probe.format(timeout=timeout))).split() == [
+            "acquired"
+        ]
+
+    async def test_two_processes_migrating_an_empty_cluster_at_once_both_succeed(
+        self, cluster: StoreHarness
+    ) -> None:
+        self.require(cluster, Capability.SECOND_PROCESS)
+        opening = "store = await open_store()\nprint('opened')\nawait store.close()\n"
+        outputs = await asyncio.gather(*(cluster.run_in_other_process(opening) for _ in range(2)))
+        assert [o.split() for o in outputs] == [["opened"], ["opened"]]
+        epoch, state = await self.lead(await cluster.open())
+        assert epoch >= 1
+        assert state.max_task_id == 0
+
     async def test_unavailable_is_reported_and_the_store_works_again(
         self, cluster: StoreHarness
     ) -> None:
