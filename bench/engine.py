@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable
 from typing import Any
 
-from cronoq import MemoryStore, Pool, Scheduler, TaskContext, TaskRequest
+from _common import end_to_end, median_of, row
+
+from cronoq import MemoryStore
 from cronoq._engine import (
     AttemptReport,
     AttemptSucceeded,
@@ -34,36 +34,6 @@ from cronoq._engine import (
     SubmitTasks,
 )
 from cronoq._model import NS_PER_S, TaskSpec
-
-
-async def _noop(ctx: TaskContext, payload: Any) -> None:
-    return None
-
-
-async def end_to_end(n: int, *, batch: bool, submitters: int = 100) -> float:
-    """Tasks per second from the first submission to the last committed completion."""
-    pool = Pool("default", _noop, concurrency=1000)
-    async with Scheduler([pool], store=MemoryStore(), seed=1) as sched:
-        start = time.perf_counter()
-        if batch:
-            ids: list[int] = []
-            for offset in range(0, n, 1000):
-                size = min(1000, n - offset)
-                ids += await sched.submit_many([TaskRequest("noop")] * size)
-        else:
-            per = n // submitters
-
-            async def submitter() -> list[int]:
-                return [await sched.submit("noop") for _ in range(per)]
-
-            chunks = await asyncio.gather(*(submitter() for _ in range(submitters)))
-            ids = [i for chunk in chunks for i in chunk]
-        # Waiting on every id would measure the waits; the tasks run in id order within one
-        # pool, so once the last id is committed as finished, every earlier one is too.
-        for task_id in sorted(ids)[-1000:]:
-            await sched.wait(task_id)
-        elapsed = time.perf_counter() - start
-    return len(ids) / elapsed
 
 
 def engine_transitions(n: int) -> float:
@@ -115,9 +85,8 @@ def memory_per_idle_task(n: int) -> float:
     return (after - before) / n
 
 
-def _median(runs: int, measure: Callable[[], float]) -> tuple[float, list[float]]:
-    values = [measure() for _ in range(runs)]
-    return statistics.median(values), values
+async def memory() -> MemoryStore:
+    return MemoryStore()
 
 
 def main() -> int:
@@ -135,13 +104,13 @@ def main() -> int:
         (
             f"(a) end to end, submit_many, {n_e2e:,} tasks",
             "tasks/s",
-            lambda: asyncio.run(end_to_end(n_e2e, batch=True)),
+            lambda: asyncio.run(end_to_end(memory, n_e2e, batch=True)),
             30_000,
         ),
         (
             f"(a) end to end, single submits x100, {n_e2e:,} tasks",
             "tasks/s",
-            lambda: asyncio.run(end_to_end(n_e2e, batch=False)),
+            lambda: asyncio.run(end_to_end(memory, n_e2e, batch=False)),
             None,
         ),
         (
@@ -152,14 +121,12 @@ def main() -> int:
         ),
     ]
     for label, unit, measure, target in rows:
-        median, values = _median(rounds, measure)
-        shown = ", ".join(f"{v:,.0f}" for v in values)
+        median, values = median_of(rounds, measure)
         goal = f"  target >= {target:,} ({median / target:.2f}x)" if target else ""
-        print(f"{label:<52} {median:>12,.0f} {unit} [{shown}]{goal}")
-    median, values = _median(max(1, rounds // 2), lambda: memory_per_idle_task(n_memory))
-    shown = ", ".join(f"{v:,.0f}" for v in values)
+        row(label, median, unit, values, goal)
+    median, values = median_of(max(1, rounds // 2), lambda: memory_per_idle_task(n_memory))
     label = f"(c) memory per idle task, {n_memory:,} tasks"
-    print(f"{label:<52} {median:>12,.0f} bytes [{shown}]  target <= 600 ({median / 600:.2f}x)")
+    row(label, median, "bytes", values, f"  target <= 600 ({median / 600:.2f}x)")
     return 0
 
 
