@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -36,13 +35,13 @@ class TaskContext:
     tags: tuple[str, ...]
     name: str | None
     deadline: datetime | None
-    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
     cancel_reason: str | None = None
+    """Set when cancellation is requested; thread functions should poll ``cancelled``."""
 
     @property
     def cancelled(self) -> bool:
-        """True once cancellation was requested. Thread functions should poll it."""
-        return self._cancelled.is_set()
+        """True once cancellation was requested (a plain attribute read: safe from a thread)."""
+        return self.cancel_reason is not None
 
 
 TaskFunction = Callable[[TaskContext, Any], Awaitable[Any]] | Callable[[TaskContext, Any], Any]
@@ -107,7 +106,6 @@ class LocalExecutor:
             return
         task, ctx = entry
         ctx.cancel_reason = reason
-        ctx._cancelled.set()
         if self._is_async:
             task.cancel(reason)
 

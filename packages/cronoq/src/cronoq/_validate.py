@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from cronoq._codecs import Codec, encode_with
 from cronoq._model import (
+    DEFAULT_RETRY,
     NS_PER_S,
     CatchUpPolicy,
     MissPolicy,
@@ -49,6 +50,8 @@ def optional_text(value: object, what: str, *, max_length: int = MAX_NAME_LENGTH
 
 
 def tags(value: object) -> tuple[str, ...]:
+    if value == () or value == []:
+        return ()
     if isinstance(value, str) or not isinstance(value, Iterable):
         raise InvalidArgument(f"tags must be a list or tuple of str, got {type(value).__name__}")
     result = tuple(text(tag, "tag") for tag in value)
@@ -127,7 +130,7 @@ def enum_value(value: object, kind: type[_Policy], what: str) -> _Policy:
 
 def retry(value: object) -> RetryPolicy:
     if value is None:
-        return RetryPolicy()
+        return DEFAULT_RETRY
     if not isinstance(value, RetryPolicy):
         raise InvalidArgument(f"retry must be a RetryPolicy, got {type(value).__name__}")
     return value
@@ -141,6 +144,8 @@ def payload(codec: Codec, value: Any, max_bytes: int) -> bytes:
 
 
 def dependencies(value: object) -> tuple[int, ...]:
+    if value == () or value == []:
+        return ()
     if isinstance(value, str | bytes) or not isinstance(value, Iterable):
         raise InvalidArgument(f"after must be a list of task ids, got {type(value).__name__}")
     ids = tuple(value)
