@@ -1,6 +1,10 @@
-"""PostgreSQL store for cronoq.
+"""cronoq-store-postgres: replicas sharing one PostgreSQL schema, one of them leading.
 
-Will hold `PgStore` and `PgStoreConfig`; not implemented yet.
+Leadership is a session-level advisory lock derived from the schema, held on a dedicated
+connection; taking it bumps a fencing epoch that every commit re-checks in its transaction.
 """
 
-__all__: list[str] = []
+from cronoq_store_postgres._config import PgStoreConfig
+from cronoq_store_postgres._store import PgStore
+
+__all__ = ["PgStore", "PgStoreConfig"]

@@ -16,9 +16,9 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from itertools import groupby
-from typing import Any, TypeVar
+from typing import Any
 
 import aiosqlite
 
@@ -41,6 +41,7 @@ from cronoq.store import (
     encode_schedule_spec,
     encode_task_options,
     sanitize_message,
+    shielded,
 )
 from cronoq_store_sqlite._config import SqliteStoreConfig
 from cronoq_store_sqlite._errors import classify
@@ -49,7 +50,6 @@ from cronoq_store_sqlite._schema import configure, migrate, prepare_file
 __all__ = ["SqliteStore"]
 
 log = logging.getLogger("cronoq.sqlite")
-_T = TypeVar("_T")
 NS = 1_000_000_000
 
 _TASK_COLUMNS = (
@@ -147,7 +147,7 @@ class SqliteStore:
     async def _transaction(self, doing: str) -> AsyncIterator[aiosqlite.Connection]:
         """A write transaction: BEGIN IMMEDIATE ... COMMIT, rolled back on any failure.
 
-        Callers run it shielded (``_shielded``): aiosqlite cannot take back a statement it
+        Callers run it ``shielded``: aiosqlite cannot take back a statement it
         queued, so a cancellation between BEGIN and COMMIT would leave the connection inside a
         transaction that holds the write lock forever.
         """
@@ -171,16 +171,8 @@ class SqliteStore:
             if self._conn.in_transaction:
                 await self._conn.execute("ROLLBACK")
 
-    @staticmethod
-    async def _shielded(operation: Coroutine[Any, Any, _T]) -> _T:
-        """Run ``operation`` to its end even if the caller is cancelled (a commit timeout)."""
-        task = asyncio.ensure_future(operation)
-        # Its outcome still matters to nobody once the caller is gone: do not warn about it.
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        return await asyncio.shield(task)
-
     async def _read(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
-        return await self._shielded(self._read_now(sql, params))
+        return await shielded(self._read_now(sql, params))
 
     async def _read_now(self, sql: str, params: Sequence[Any] | dict[str, Any]) -> list[Any]:
         async with self._lock:
@@ -199,7 +191,7 @@ class SqliteStore:
     async def acquire_leadership(self) -> Lease:
         while True:
             try:
-                epoch = await self._shielded(self._try_take_lease())
+                epoch = await shielded(self._try_take_lease())
             except Unavailable as exc:
                 log.debug("lease check failed, trying again: %s", exc)
                 epoch = None
@@ -242,7 +234,7 @@ class SqliteStore:
         while True:
             await asyncio.sleep(config.lease_renew)
             try:
-                renewed = await self._shielded(self._extend_lease())
+                renewed = await shielded(self._extend_lease())
             except Unavailable as exc:
                 if time.monotonic() < valid_until:
                     log.warning("lease renewal failed, trying again: %s", exc)
@@ -283,7 +275,7 @@ class SqliteStore:
         epoch = self._epoch
         self._step_down()
         with contextlib.suppress(Unavailable):
-            await self._shielded(self._release_lease(epoch))
+            await shielded(self._release_lease(epoch))
 
     async def _release_lease(self, epoch: int) -> None:
         async with self._transaction("releasing the lease") as conn:
@@ -296,7 +288,7 @@ class SqliteStore:
     # --- commit ---------------------------------------------------------------------------
 
     async def commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
-        await self._shielded(self._commit(epoch, batch))
+        await shielded(self._commit(epoch, batch))
 
     async def _commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
         to_unix = self._time_base.to_unix
@@ -357,7 +349,7 @@ class SqliteStore:
     # --- recovery -------------------------------------------------------------------------
 
     async def recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
-        return await self._shielded(self._recover(epoch, time_base, retention_ns))
+        return await shielded(self._recover(epoch, time_base, retention_ns))
 
     async def _recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
         self._time_base = time_base
@@ -443,7 +435,7 @@ class SqliteStore:
         """
         deleted = 0
         while True:
-            count = await self._shielded(self._prune_batch(horizon_unix_ns))
+            count = await shielded(self._prune_batch(horizon_unix_ns))
             deleted += count
             if count < self._config.prune_batch:
                 return deleted

@@ -20,9 +20,10 @@ Obligations of every store (each one is checked by the conformance kit):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from cronoq._model import RetryPolicy, ScheduleSpec, Status, TaskSpec, TaskTemplate
 from cronoq._rows import (
@@ -60,7 +61,25 @@ __all__ = [
     "encode_schedule_spec",
     "encode_task_options",
     "sanitize_message",
+    "shielded",
 ]
+
+_T = TypeVar("_T")
+
+
+async def shielded(operation: Coroutine[Any, Any, _T]) -> _T:
+    """Run a store operation to its end even if the caller is cancelled.
+
+    The driver cancels a commit that outlives ``commit_timeout`` and then rebuilds its memory
+    from the store. A store that runs its operations shielded, one at a time behind a lock,
+    guarantees that the cancelled commit has finished (landed or not) before that rebuild reads
+    anything, so memory never misses a batch that landed late. It also keeps drivers such as
+    aiosqlite, which cannot take back a queued statement, from leaving a transaction open.
+    """
+    task = asyncio.ensure_future(operation)
+    # Nobody may be left to read its outcome: do not warn about an unretrieved exception.
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
+    return await asyncio.shield(task)
 
 
 def sanitize_message(message: str) -> str:

@@ -1,0 +1,152 @@
+"""Leadership through a session-level advisory lock held on a dedicated connection.
+
+Traps this module avoids, each covered by a test:
+
+- Advisory locks stack: polling stops once the lock is held, or one unlock would not free it.
+- A lock session that dies (``pg_terminate_backend``, a server restart) means stepping down at
+  once, through asyncpg's termination listener, not after the timeout.
+- A leader frozen by SIGSTOP keeps its TCP session open: the session's ``idle_session_timeout``
+  lets the server end it (and free the lock) after ``session_timeout``; the leader's keepalive
+  query keeps it from ever being idle that long while alive.
+- ``tcp_user_timeout`` and the keepalive settings bound how long the server keeps a vanished
+  leader's session; a query timeout bounds every call on ours.
+- A dead connection is abandoned with ``terminate()``: a graceful close would wait on it.
+- A transaction-pooling PgBouncer runs each statement on any server session, so the lock would
+  not stay with us: a second statement must still see it in ``pg_locks``, or we refuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import asyncpg
+
+from cronoq.errors import StoreFatal
+from cronoq_store_postgres._config import PgStoreConfig
+from cronoq_store_postgres._errors import CLASSIFIED
+
+log = logging.getLogger("cronoq.postgres")
+
+
+def session_settings(config: PgStoreConfig) -> dict[str, str]:
+    """Server-side settings that bound how long PostgreSQL keeps a vanished client's session."""
+    timeout_ms = round(config.session_timeout * 1000)
+    interval = max(1, round(config.keepalive))
+    return {
+        "tcp_user_timeout": str(timeout_ms),
+        "tcp_keepalives_idle": str(interval),
+        "tcp_keepalives_interval": str(interval),
+        "tcp_keepalives_count": str(max(1, round(config.session_timeout / interval))),
+    }
+
+
+class LockSession:
+    def __init__(self, dsn: str, config: PgStoreConfig, key: int) -> None:
+        self._dsn = dsn
+        self._config = config
+        self._key = key
+        self._conn: asyncpg.Connection | None = None
+        self._keepalive: asyncio.Task[None] | None = None
+        self.lost = asyncio.Event()
+
+    async def acquire(self) -> None:
+        """Block until this session holds the lock; then watch the session."""
+        while True:
+            try:
+                if await self._try_lock():
+                    break
+            except CLASSIFIED as exc:
+                log.debug("advisory lock attempt failed, trying again: %s", exc)
+                self._drop_connection()
+            await asyncio.sleep(self._config.lock_poll)
+        self.lost = asyncio.Event()
+        self._keepalive = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _try_lock(self) -> bool:
+        if self._conn is None or self._conn.is_closed():
+            config = self._config
+            self._conn = await asyncpg.connect(
+                self._dsn,
+                command_timeout=config.session_timeout,
+                timeout=config.session_timeout,
+                server_settings={
+                    **session_settings(config),
+                    "idle_session_timeout": str(round(config.session_timeout * 1000)),
+                    "application_name": "cronoq-leader-lock",
+                },
+            )
+        conn = self._conn
+        if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", self._key):
+            return False
+        key = self._key & 0xFFFFFFFFFFFFFFFF
+        visible = await conn.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND pid = pg_backend_pid() AND classid::bigint = $1 AND objid::bigint = $2 "
+            "AND objsubid = 1",
+            key >> 32,
+            key & 0xFFFFFFFF,
+        )
+        if visible != 1:
+            self._drop_connection()
+            raise StoreFatal(
+                "the advisory lock taken by one statement is not held by the next one's "
+                "session: a transaction-pooling proxy (PgBouncer?) is between cronoq and "
+                "PostgreSQL. Connect the store directly, or through session pooling."
+            )
+        conn.add_termination_listener(self._on_terminated)
+        return True
+
+    def _on_terminated(self, conn: object) -> None:
+        log.warning("the advisory lock session was terminated: stepping down")
+        self._step_down()
+
+    async def _watch(self) -> None:
+        """Keep the session busy and check it answers; step down when it stops answering."""
+        config = self._config
+        answered = time.monotonic()
+        while self._conn is not None:
+            await asyncio.sleep(config.keepalive)
+            remaining = config.session_timeout - (time.monotonic() - answered)
+            try:
+                async with asyncio.timeout(max(remaining, 0.001)):
+                    await self._conn.fetchval("SELECT 1")
+            except CLASSIFIED as exc:  # TimeoutError is among them
+                if isinstance(exc, TimeoutError) or time.monotonic() - answered >= (
+                    config.session_timeout
+                ):
+                    log.warning("the advisory lock session stopped answering: %r", exc)
+                    self._step_down()
+                    return
+                continue
+            answered = time.monotonic()
+
+    def _step_down(self) -> None:
+        self.lost.set()
+        current = asyncio.current_task()
+        if self._keepalive is not None and self._keepalive is not current:
+            self._keepalive.cancel()
+        self._keepalive = None
+        self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and not conn.is_closed():
+            conn.remove_termination_listener(self._on_terminated)
+            conn.terminate()
+
+    async def release(self) -> None:
+        """Unlock and close, so a standby takes over at once."""
+        conn = self._conn
+        if conn is not None and not conn.is_closed():
+            conn.remove_termination_listener(self._on_terminated)
+            with contextlib.suppress(*CLASSIFIED, TimeoutError):
+                async with asyncio.timeout(self._config.keepalive):
+                    await conn.execute("SELECT pg_advisory_unlock_all()")
+        self._step_down()
+
+    def abandon(self) -> None:
+        """Drop the session without unlocking, as a killed process would."""
+        self._step_down()

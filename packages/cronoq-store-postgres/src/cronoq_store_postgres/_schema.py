@@ -1,0 +1,97 @@
+"""Names, lock keys and migrations of one cluster's schema."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TypeAlias
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from cronoq.errors import StoreFatal
+
+# A plain connection or one borrowed from a pool: both run the statements alike.
+Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
+
+SCHEMA_VERSION = 1
+
+
+def quote_ident(name: str) -> str:
+    """A safely quoted identifier: the schema name is never interpolated raw."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def lock_key(purpose: str, schema: str) -> int:
+    """A 64-bit advisory lock key derived from the schema, so clusters share no lock."""
+    digest = hashlib.sha256(f"cronoq:{purpose}:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def _migrations(s: str) -> list[list[str]]:
+    """Entry i moves the schema from version i to i + 1; ``s`` is the quoted schema."""
+    return [
+        [
+            f"""CREATE TABLE {s}.cronoq_leader (
+                id integer PRIMARY KEY CHECK (id = 1),
+                epoch bigint NOT NULL,
+                max_task_id bigint NOT NULL
+            )""",
+            f"INSERT INTO {s}.cronoq_leader VALUES (1, 0, 0)",
+            f"""CREATE TABLE {s}.cronoq_tasks (
+                id bigint PRIMARY KEY,
+                pool text NOT NULL,
+                kind text NOT NULL,
+                key text,
+                payload bytea NOT NULL,
+                options text NOT NULL,
+                after_ids bigint[] NOT NULL,
+                status text NOT NULL,
+                attempt integer NOT NULL,
+                message text NOT NULL,
+                submitted_ns bigint NOT NULL,
+                updated_ns bigint NOT NULL,
+                due_ns bigint,
+                finished_ns bigint,
+                cancel_requested boolean NOT NULL DEFAULT false,
+                output bytea
+            )""",
+            f"CREATE INDEX cronoq_tasks_key ON {s}.cronoq_tasks (key, id) WHERE key IS NOT NULL",
+            f"CREATE INDEX cronoq_tasks_live ON {s}.cronoq_tasks (id) WHERE finished_ns IS NULL",
+            f"""CREATE INDEX cronoq_tasks_finished ON {s}.cronoq_tasks (finished_ns)
+                WHERE finished_ns IS NOT NULL""",
+            f"""CREATE TABLE {s}.cronoq_schedules (
+                name text PRIMARY KEY,
+                spec text NOT NULL,
+                next_ns bigint NOT NULL,
+                paused boolean NOT NULL,
+                last_task_id bigint
+            )""",
+        ],
+    ]
+
+
+async def migrate(conn: Connection, schema: str) -> None:
+    """Create or upgrade the schema under a transaction-scoped advisory lock, so instances
+    that connect at once migrate one after the other; refuse a newer schema."""
+    s = quote_ident(schema)
+    migrations = _migrations(s)
+    assert len(migrations) == SCHEMA_VERSION
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key("migrate", schema))
+        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {s}.cronoq_schema_version (version integer NOT NULL)"
+        )
+        version = await conn.fetchval(f"SELECT version FROM {s}.cronoq_schema_version")
+        if version is None:
+            await conn.execute(f"INSERT INTO {s}.cronoq_schema_version VALUES (0)")
+            version = 0
+        if version > SCHEMA_VERSION:
+            raise StoreFatal(
+                f"the schema {schema!r} is at version {version}, newer than this build of "
+                f"cronoq-store-postgres supports ({SCHEMA_VERSION}); upgrade it"
+            )
+        for step in range(version, SCHEMA_VERSION):
+            for statement in migrations[step]:
+                await conn.execute(statement)
+            await conn.execute(f"UPDATE {s}.cronoq_schema_version SET version = $1", step + 1)

@@ -1,0 +1,446 @@
+"""PgStore: the ``Store`` protocol over PostgreSQL, through asyncpg.
+
+Every batch is one transaction of bulk ``unnest`` statements. The epoch is re-checked in the
+same transaction by an ``UPDATE ... WHERE epoch = $1`` on the leader row, whose row lock makes a
+concurrent takeover (which bumps that row) wait until the commit is over, or fail it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from itertools import groupby
+from typing import Any
+
+import asyncpg
+
+from cronoq.errors import Fenced, InvalidArgument, StoreError, StoreFatal, Unavailable
+from cronoq.store import (
+    CancelRequested,
+    Lease,
+    Mutation,
+    RecoveredState,
+    ScheduleRecord,
+    ScheduleRemoved,
+    ScheduleSaved,
+    Status,
+    TaskRecord,
+    TaskSubmitted,
+    TaskUpdated,
+    TimeBase,
+    decode_schedule_spec,
+    decode_task_spec,
+    encode_schedule_spec,
+    encode_task_options,
+    sanitize_message,
+    shielded,
+)
+from cronoq_store_postgres._config import PgStoreConfig
+from cronoq_store_postgres._errors import CLASSIFIED, CLASSIFIED_OR_BAD_DSN, classify
+from cronoq_store_postgres._leader import LockSession, session_settings
+from cronoq_store_postgres._schema import Connection, lock_key, migrate, quote_ident
+
+__all__ = ["PgStore"]
+
+log = logging.getLogger("cronoq.postgres")
+NS = 1_000_000_000
+_TASK_COLUMNS = (
+    "id, pool, kind, key, payload, options, status, attempt, message, submitted_ns, "
+    "updated_ns, due_ns, cancel_requested"
+)
+
+
+class _Sql:
+    """The statements of one schema, built once with the quoted schema name."""
+
+    def __init__(self, schema: str) -> None:
+        s = quote_ident(schema)
+        self.fence = (
+            f"UPDATE {s}.cronoq_leader SET max_task_id = GREATEST(max_task_id, $2) "
+            "WHERE id = 1 AND epoch = $1"
+        )
+        self.bump_epoch = f"UPDATE {s}.cronoq_leader SET epoch = epoch + 1 RETURNING epoch"
+        self.leader = f"SELECT epoch, max_task_id FROM {s}.cronoq_leader WHERE id = 1"
+        self.insert_tasks = f"""
+            INSERT INTO {s}.cronoq_tasks (id, pool, kind, key, payload, options, after_ids,
+                status, attempt, message, submitted_ns, updated_ns)
+            SELECT u.id, u.pool, u.kind, u.key, u.payload, u.options, u.after::bigint[],
+                u.status, 0, 'submitted', u.at, u.at
+            FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bytea[],
+                $6::text[], $7::text[], $8::text[], $9::bigint[])
+                AS u(id, pool, kind, key, payload, options, after, status, at)
+            ON CONFLICT (id) DO NOTHING"""
+        self.update_tasks = f"""
+            UPDATE {s}.cronoq_tasks AS t SET status = u.status, attempt = u.attempt,
+                message = u.message, updated_ns = u.at, due_ns = u.due,
+                finished_ns = u.finished, output = u.output
+            FROM unnest($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::bigint[],
+                $6::bigint[], $7::bigint[], $8::bytea[])
+                AS u(id, status, attempt, message, at, due, finished, output)
+            WHERE t.id = u.id"""
+        self.request_cancel = f"""
+            UPDATE {s}.cronoq_tasks AS t SET cancel_requested = true, message = u.message
+            FROM unnest($1::bigint[], $2::text[]) AS u(id, message) WHERE t.id = u.id"""
+        self.save_schedules = f"""
+            INSERT INTO {s}.cronoq_schedules (name, spec, next_ns, paused, last_task_id)
+            SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::boolean[],
+                $5::bigint[])
+            ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, next_ns = excluded.next_ns,
+                paused = excluded.paused, last_task_id = excluded.last_task_id"""
+        self.remove_schedules = f"DELETE FROM {s}.cronoq_schedules WHERE name = ANY($1::text[])"
+        self.recover = f"""
+            SELECT {_TASK_COLUMNS} FROM {s}.cronoq_tasks
+            WHERE finished_ns IS NULL OR finished_ns >= $1 OR id IN (
+                SELECT unnest(after_ids) FROM {s}.cronoq_tasks WHERE finished_ns IS NULL)
+            ORDER BY id"""
+        self.quarantine = f"""
+            UPDATE {s}.cronoq_tasks SET status = 'failed', message = u.reason, updated_ns = $3,
+                finished_ns = COALESCE(finished_ns, $3)
+            FROM unnest($1::bigint[], $2::text[]) AS u(id, reason)
+            WHERE {s}.cronoq_tasks.id = u.id"""
+        self.schedules = (
+            f"SELECT name, spec, next_ns, paused, last_task_id FROM {s}.cronoq_schedules"
+        )
+        self.lookup = f"SELECT {_TASK_COLUMNS}, output FROM {s}.cronoq_tasks WHERE "
+        self.output = f"SELECT output FROM {s}.cronoq_tasks WHERE id = $1"
+        self.prune = f"""
+            DELETE FROM {s}.cronoq_tasks WHERE id IN (
+                SELECT id FROM {s}.cronoq_tasks WHERE finished_ns < $1 LIMIT $2)"""
+
+
+def _last_per(run: list[Any], key: Callable[[Any], object]) -> list[Any]:
+    """One statement updates a row once: keep the last mutation of each row (it carries all
+    the columns it sets, so it alone gives the state after the whole run)."""
+    return list({key(m): m for m in run}.values())
+
+
+class PgStore:
+    """PostgreSQL store: replicas on one schema elect a leader by advisory lock."""
+
+    def __init__(self, dsn: str, pool: asyncpg.Pool, config: PgStoreConfig) -> None:
+        self._dsn = dsn
+        self._pool = pool
+        self._config = config
+        self._sql = _Sql(config.schema)
+        self._lock_session = LockSession(dsn, config, lock_key("leader", config.schema))
+        self._serial = asyncio.Lock()
+        self._epoch: int | None = None
+        self._time_base = TimeBase()
+        self._pruning: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @classmethod
+    async def connect(cls, dsn: str, config: PgStoreConfig | None = None) -> PgStore:
+        """Connect a pool, and create or migrate the schema."""
+        config = config if config is not None else PgStoreConfig()
+        if not isinstance(config, PgStoreConfig):
+            raise InvalidArgument(f"config must be a PgStoreConfig, got {config!r}")
+        if not isinstance(dsn, str) or not dsn or "\x00" in dsn:
+            raise InvalidArgument("dsn must be a non-empty str without NUL")
+        try:
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=1,
+                max_size=config.pool_size,
+                command_timeout=config.command_timeout,
+                timeout=config.session_timeout,
+                server_settings={
+                    **session_settings(config),
+                    "lock_timeout": str(round(config.lock_timeout * 1000)),
+                    "application_name": "cronoq",
+                },
+            )
+        except CLASSIFIED_OR_BAD_DSN as exc:
+            raise classify(exc, "connecting") from exc
+        try:
+            async with pool.acquire() as conn:
+                await migrate(conn, config.schema)
+        except StoreError:
+            await pool.close()
+            raise
+        except CLASSIFIED as exc:
+            await pool.close()
+            raise classify(exc, f"migrating the schema {config.schema!r}") from exc
+        return cls(dsn, pool, config)
+
+    @property
+    def config(self) -> PgStoreConfig:
+        return self._config
+
+    # --- leadership -----------------------------------------------------------------------
+
+    async def acquire_leadership(self) -> Lease:
+        while True:
+            self._check_open()
+            await self._lock_session.acquire()
+            # The epoch is bumped, and committed, before this leader reads anything.
+            try:
+                epoch = await shielded(self._bump_epoch())
+                break
+            except Unavailable as exc:
+                log.warning("could not bump the epoch, giving the lock back: %s", exc)
+                await self._lock_session.release()
+                await asyncio.sleep(self._config.lock_poll)
+        self._epoch = epoch
+        self._pruning = asyncio.get_running_loop().create_task(self._prune_regularly())
+        return Lease(epoch)
+
+    async def _bump_epoch(self) -> int:
+        async with self._serial:
+            try:
+                async with self._pool.acquire() as conn:
+                    epoch = await conn.fetchval(self._sql.bump_epoch)
+            except CLASSIFIED as exc:
+                raise classify(exc, "bumping the epoch") from exc
+        return int(epoch)
+
+    async def leadership_lost(self) -> None:
+        await self._lock_session.lost.wait()
+
+    async def release_leadership(self) -> None:
+        self._stop_leading()
+        await self._lock_session.release()
+
+    def _stop_leading(self) -> None:
+        self._epoch = None
+        if self._pruning is not None:
+            self._pruning.cancel()
+            self._pruning = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable("this PgStore is closed")
+
+    def _check_leading(self, epoch: int) -> None:
+        if self._lock_session.lost.is_set() or self._epoch != epoch:
+            raise Fenced(f"epoch {epoch} no longer leads the schema {self._config.schema!r}")
+
+    # --- commit ---------------------------------------------------------------------------
+
+    async def commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
+        self._check_leading(epoch)
+        await shielded(self._commit(epoch, batch))
+
+    async def _commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
+        high = max((m.task_id for m in batch if isinstance(m, TaskSubmitted)), default=0)
+        async with self._serial:
+            self._check_open()
+            try:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    status = await conn.execute(self._sql.fence, epoch, high)
+                    if status != "UPDATE 1":
+                        raise Fenced(f"epoch {epoch} was superseded by a newer leader")
+                    for kind, run in groupby(batch, type):
+                        await self._apply(conn, kind, list(run))
+            except CLASSIFIED as exc:
+                raise classify(exc, "committing a batch") from exc
+
+    async def _apply(self, conn: Connection, kind: type, run: list[Any]) -> None:
+        sql = self._sql
+        to_unix = self._time_base.to_unix
+        if kind is TaskSubmitted:
+            specs = [m.spec for m in run]
+            await conn.execute(
+                sql.insert_tasks,
+                [m.task_id for m in run],
+                [s.pool for s in specs],
+                [s.kind for s in specs],
+                [s.key for s in specs],
+                [s.payload for s in specs],
+                [encode_task_options(s) for s in specs],
+                ["{" + ",".join(map(str, s.after)) + "}" for s in specs],
+                [m.status.value for m in run],
+                [to_unix(m.submitted_ns) for m in run],
+            )
+        elif kind is TaskUpdated:
+            run = _last_per(run, lambda m: m.task_id)
+            await conn.execute(
+                sql.update_tasks,
+                [m.task_id for m in run],
+                [m.status.value for m in run],
+                [m.attempt for m in run],
+                [sanitize_message(m.message) for m in run],
+                [to_unix(m.at_ns) for m in run],
+                [None if m.due_ns is None else to_unix(m.due_ns) for m in run],
+                [to_unix(m.at_ns) if m.status.is_terminal else None for m in run],
+                [m.output for m in run],
+            )
+        elif kind is CancelRequested:
+            run = _last_per(run, lambda m: m.task_id)
+            await conn.execute(
+                sql.request_cancel,
+                [m.task_id for m in run],
+                [sanitize_message(m.message) for m in run],
+            )
+        elif kind is ScheduleSaved:
+            records = [m.schedule for m in _last_per(run, lambda m: m.schedule.spec.name)]
+            await conn.execute(
+                sql.save_schedules,
+                [r.spec.name for r in records],
+                [encode_schedule_spec(r.spec) for r in records],
+                [to_unix(r.next_ns) for r in records],
+                [r.paused for r in records],
+                [r.last_task_id for r in records],
+            )
+        elif kind is ScheduleRemoved:
+            await conn.execute(sql.remove_schedules, [m.name for m in run])
+        else:
+            raise StoreFatal(f"unknown mutation {kind.__name__}")
+
+    # --- recovery -------------------------------------------------------------------------
+
+    async def recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
+        self._check_leading(epoch)
+        return await shielded(self._recover(epoch, time_base, retention_ns))
+
+    async def _recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
+        self._time_base = time_base
+        to_engine = time_base.to_engine
+        sql = self._sql
+        tasks: list[TaskRecord] = []
+        quarantined: list[tuple[int, str]] = []
+        schedules: list[ScheduleRecord] = []
+        async with self._serial:
+            self._check_open()
+            try:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    row = await conn.fetchrow(sql.leader)
+                    if row is None or row["epoch"] != epoch:
+                        raise Fenced(f"epoch {epoch} is not the schema's current epoch")
+                    max_task_id = int(row["max_task_id"])
+                    for task_row in await conn.fetch(sql.recover, time.time_ns() - retention_ns):
+                        try:
+                            tasks.append(_task_record(task_row, to_engine))
+                        except (ValueError, TypeError) as exc:
+                            reason = f"quarantined: undecodable row ({exc})"
+                            quarantined.append((task_row["id"], reason))
+                    if quarantined:
+                        await conn.execute(
+                            sql.quarantine,
+                            [task_id for task_id, _ in quarantined],
+                            [reason for _, reason in quarantined],
+                            time.time_ns(),
+                        )
+                    for name, spec, next_ns, paused, last_task_id in await conn.fetch(
+                        sql.schedules
+                    ):
+                        try:
+                            schedule = decode_schedule_spec(name, spec)
+                        except ValueError:
+                            log.exception("schedule %r cannot be decoded; it is skipped", name)
+                            continue
+                        schedules.append(
+                            ScheduleRecord(schedule, to_engine(next_ns), paused, last_task_id)
+                        )
+            except CLASSIFIED as exc:
+                raise classify(exc, "recovering") from exc
+        for task_id, reason in quarantined:
+            log.error("task %d %s", task_id, reason)
+        return RecoveredState(max_task_id, tasks, schedules, quarantined)
+
+    # --- lookups --------------------------------------------------------------------------
+
+    async def _fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+        self._check_open()
+        try:
+            async with self._pool.acquire() as conn:
+                return list(await conn.fetch(sql, *args))
+        except CLASSIFIED as exc:
+            raise classify(exc, "reading") from exc
+
+    async def load_output(self, task_id: int) -> bytes | None:
+        rows = await self._fetch(self._sql.output, task_id)
+        return rows[0]["output"] if rows else None
+
+    async def get_task(self, task_id: int) -> TaskRecord | None:
+        return await self._lookup("id = $1", task_id)
+
+    async def get_task_by_key(self, key: str) -> TaskRecord | None:
+        return await self._lookup("key = $1 ORDER BY id DESC LIMIT 1", key)
+
+    async def _lookup(self, where: str, value: object) -> TaskRecord | None:
+        rows = await self._fetch(self._sql.lookup + where, value)
+        if not rows:
+            return None
+        record = _task_record(rows[0], self._time_base.to_engine)
+        output = rows[0]["output"]
+        if output is None:
+            return record
+        return TaskRecord(
+            record.task_id, record.spec, record.status, record.attempt, record.message,
+            record.submitted_ns, record.updated_ns, record.due_ns, record.cancel_requested,
+            output,
+        )  # fmt: skip
+
+    # --- pruning and shutdown -------------------------------------------------------------
+
+    async def prune(self, horizon_unix_ns: int) -> int:
+        """Delete tasks finished before the horizon, a batch per transaction; return how many.
+
+        The id high-water mark lives in ``cronoq_leader``, so ids stay unique after pruning.
+        """
+        deleted = 0
+        while True:
+            count = await shielded(self._prune_batch(horizon_unix_ns))
+            deleted += count
+            if count < self._config.prune_batch:
+                return deleted
+
+    async def _prune_batch(self, horizon_unix_ns: int) -> int:
+        async with self._serial:
+            self._check_open()
+            try:
+                async with self._pool.acquire() as conn:
+                    status = await conn.execute(
+                        self._sql.prune, horizon_unix_ns, self._config.prune_batch
+                    )
+            except CLASSIFIED as exc:
+                raise classify(exc, "pruning") from exc
+        return int(status.split()[-1])
+
+    async def _prune_regularly(self) -> None:
+        config = self._config
+        while True:
+            try:
+                await self.prune(time.time_ns() - round(config.keep_finished * NS))
+            except StoreError as exc:
+                log.warning("pruning failed, trying later: %s", exc)
+            await asyncio.sleep(config.prune_interval)
+
+    def abandon(self) -> None:
+        """Drop every connection without unlocking, as a killed process would (for tests)."""
+        self._stop_leading()
+        self._lock_session.abandon()
+        self._closed = True
+        self._pool.terminate()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        await self.release_leadership()
+        self._closed = True
+        with contextlib.suppress(*CLASSIFIED, TimeoutError):
+            async with asyncio.timeout(self._config.keepalive):
+                await self._pool.close()
+        self._pool.terminate()
+
+
+def _task_record(row: asyncpg.Record, to_engine: Callable[[int], int]) -> TaskRecord:
+    attempt, message = row["attempt"], row["message"]
+    if not isinstance(attempt, int) or not isinstance(message, str):
+        raise ValueError(f"attempt {attempt!r} or message {message!r} has the wrong type")
+    due = row["due_ns"]
+    return TaskRecord(
+        task_id=row["id"],
+        spec=decode_task_spec(row["pool"], row["kind"], row["key"], row["payload"], row["options"]),
+        status=Status(row["status"]),
+        attempt=attempt,
+        message=message,
+        submitted_ns=to_engine(row["submitted_ns"]),
+        updated_ns=to_engine(row["updated_ns"]),
+        due_ns=None if due is None else to_engine(due),
+        cancel_requested=row["cancel_requested"],
+    )

@@ -1,0 +1,167 @@
+"""The PostgreSQL store's conformance harness: each test gets a schema of its own.
+
+PostgreSQL is found at ``CRONOQ_TEST_PG_DSN`` (default: the local server, database ``test``).
+When it is unreachable the tests skip with a one-line reason, unless
+``CRONOQ_REQUIRE_POSTGRES=1`` (set by CI), which turns that into a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import asyncpg
+import pytest
+
+from cronoq.store import Store
+from cronoq_conformance import Capability, StoreHarness
+from cronoq_store_postgres import PgStore, PgStoreConfig
+from cronoq_store_postgres._schema import quote_ident
+
+DSN = os.environ.get("CRONOQ_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+FAST = PgStoreConfig(
+    lock_poll=0.05, keepalive=0.2, session_timeout=2.0, lock_timeout=0.2, command_timeout=5.0
+)
+
+
+async def require_postgres() -> None:
+    """Skip (or, with CRONOQ_REQUIRE_POSTGRES=1, fail) when PostgreSQL is unreachable."""
+    try:
+        conn = await asyncpg.connect(DSN, timeout=5)
+    except (OSError, asyncpg.PostgresError) as exc:
+        reason = f"PostgreSQL unreachable at {DSN}: {exc}"
+        if os.environ.get("CRONOQ_REQUIRE_POSTGRES") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    await conn.close()
+
+
+def new_schema() -> str:
+    return f"cronoq_test_{uuid.uuid4().hex[:12]}"
+
+
+async def drop_schema(schema: str) -> None:
+    conn = await asyncpg.connect(DSN)
+    try:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {quote_ident(schema)} CASCADE")
+    finally:
+        await conn.close()
+
+
+class PgHarness(StoreHarness):
+    capabilities = frozenset(Capability)
+    leadership_timeout = 3.0
+
+    def __init__(self, schema: str, config: PgStoreConfig = FAST) -> None:
+        self.schema = schema
+        self.config = dataclasses.replace(config, schema=schema)
+        self.opened: list[PgStore] = []
+        self._blocker: asyncpg.Connection | None = None
+
+    async def open(self) -> Store:
+        store = await PgStore.connect(DSN, self.config)
+        self.opened.append(store)
+        return store
+
+    @staticmethod
+    def _pg(instance: Store) -> PgStore:
+        assert isinstance(instance, PgStore)
+        return instance
+
+    async def crash(self, instance: Store) -> None:
+        self._pg(instance).abandon()
+
+    async def _outside(self, *statements: str) -> None:
+        """Statements from another session, as an administrator's would be."""
+        conn = await asyncpg.connect(DSN)
+        try:
+            for statement in statements:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    async def set_available(self, instance: Store, available: bool) -> None:
+        # Another session holding the leader row makes every commit wait for it until the
+        # store's lock_timeout: the server is reachable but cannot serve, as under contention.
+        if not available and self._blocker is None:
+            blocker = await asyncpg.connect(DSN)
+            await blocker.execute("BEGIN")
+            await blocker.execute(
+                f"SELECT * FROM {quote_ident(self.schema)}.cronoq_leader FOR UPDATE"
+            )
+            self._blocker = blocker
+        elif available and self._blocker is not None:
+            await self._blocker.close()
+            self._blocker = None
+
+    async def fail_next_commit_midway(self, instance: Store) -> None:
+        # A sequence is not transactional: the trigger fires once even though the failed
+        # transaction (and anything else it did) is rolled back.
+        s = quote_ident(self.schema)
+        await self._outside(
+            f"CREATE SEQUENCE {s}.cronoq_test_fault",
+            f"""CREATE FUNCTION {s}.cronoq_test_fault() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    IF nextval('{s}.cronoq_test_fault') = 1 THEN
+                        RAISE EXCEPTION 'injected fault in the middle of a batch';
+                    END IF;
+                    RETURN NEW;
+                END $$""",
+            f"""CREATE TRIGGER cronoq_test_fault BEFORE UPDATE ON {s}.cronoq_tasks
+                FOR EACH ROW EXECUTE FUNCTION {s}.cronoq_test_fault()""",
+        )
+
+    async def corrupt_task(self, instance: Store, task_id: int) -> None:
+        await self._outside(
+            f"UPDATE {quote_ident(self.schema)}.cronoq_tasks SET options = '{{broken' "
+            f"WHERE id = {int(task_id)}"
+        )
+
+    async def set_schema_newer(self, instance: Store) -> None:
+        await self._outside(
+            f"UPDATE {quote_ident(self.schema)}.cronoq_schema_version SET version = version + 100"
+        )
+
+    async def prune(self, instance: Store, horizon_unix_ns: int) -> None:
+        await self._pg(instance).prune(horizon_unix_ns)
+
+    async def run_in_other_process(self, code: str) -> str:
+        script = SCRIPT.format(
+            dsn=DSN, config=repr(self.config), body=textwrap.indent(code, "    ")
+        )
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    async def close_all(self) -> None:
+        if self._blocker is not None:
+            await self._blocker.close()
+            self._blocker = None
+        for store in self.opened:
+            await store.close()
+
+
+SCRIPT = """
+import asyncio
+from cronoq_store_postgres import PgStore, PgStoreConfig
+
+async def open_store():
+    return await PgStore.connect({dsn!r}, {config})
+
+async def main():
+{body}
+
+asyncio.run(main())
+"""

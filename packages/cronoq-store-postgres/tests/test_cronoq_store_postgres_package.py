@@ -1,7 +1,0 @@
-from pathlib import Path
-
-import cronoq_store_postgres
-
-
-def test_package_is_installed_with_type_information() -> None:
-    assert (Path(cronoq_store_postgres.__file__).parent / "py.typed").is_file()
