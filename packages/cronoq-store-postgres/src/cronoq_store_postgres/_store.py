@@ -1,8 +1,9 @@
 """PgStore: the ``Store`` protocol over PostgreSQL, through asyncpg.
 
-Every batch is one transaction of bulk ``unnest`` statements. The epoch is re-checked in the
-same transaction by an ``UPDATE ... WHERE epoch = $1`` on the leader row, whose row lock makes a
-concurrent takeover (which bumps that row) wait until the commit is over, or fail it.
+Every batch is ONE statement (one round trip): the batch is folded into the final state of each
+row it touches (``collapse_batch``) and written with ``unnest`` arrays, every part gated on an
+``UPDATE ... WHERE epoch = $2`` of the leader row. That row lock makes a concurrent takeover
+(which bumps the row) wait until the commit is over.
 """
 
 from __future__ import annotations
@@ -12,36 +13,29 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from itertools import groupby
-from typing import Any
 
 import asyncpg
 
-from cronoq.errors import Fenced, InvalidArgument, StoreError, StoreFatal, Unavailable
+from cronoq.errors import Fenced, InvalidArgument, StoreError, Unavailable
 from cronoq.store import (
-    CancelRequested,
     Lease,
     Mutation,
     RecoveredState,
     ScheduleRecord,
-    ScheduleRemoved,
-    ScheduleSaved,
     Status,
     TaskRecord,
-    TaskSubmitted,
-    TaskUpdated,
     TimeBase,
+    collapse_batch,
     decode_schedule_spec,
     decode_task_spec,
     encode_schedule_spec,
     encode_task_options,
-    sanitize_message,
     shielded,
 )
 from cronoq_store_postgres._config import PgStoreConfig
 from cronoq_store_postgres._errors import CLASSIFIED, CLASSIFIED_OR_BAD_DSN, classify
 from cronoq_store_postgres._leader import LockSession, session_settings
-from cronoq_store_postgres._schema import Connection, lock_key, migrate, quote_ident
+from cronoq_store_postgres._schema import lock_key, migrate, quote_ident
 
 __all__ = ["PgStore"]
 
@@ -58,39 +52,58 @@ class _Sql:
 
     def __init__(self, schema: str) -> None:
         s = quote_ident(schema)
-        self.fence = (
-            f"UPDATE {s}.cronoq_leader SET max_task_id = GREATEST(max_task_id, $2) "
-            "WHERE id = 1 AND epoch = $1"
-        )
         self.bump_epoch = f"UPDATE {s}.cronoq_leader SET epoch = epoch + 1 RETURNING epoch"
         self.leader = f"SELECT epoch, max_task_id FROM {s}.cronoq_leader WHERE id = 1"
-        self.insert_tasks = f"""
-            INSERT INTO {s}.cronoq_tasks (id, pool, kind, key, payload, options, after_ids,
-                status, attempt, message, submitted_ns, updated_ns)
-            SELECT u.id, u.pool, u.kind, u.key, u.payload, u.options, u.after::bigint[],
-                u.status, 0, 'submitted', u.at, u.at
-            FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bytea[],
-                $6::text[], $7::text[], $8::text[], $9::bigint[])
-                AS u(id, pool, kind, key, payload, options, after, status, at)
-            ON CONFLICT (id) DO NOTHING"""
-        self.update_tasks = f"""
-            UPDATE {s}.cronoq_tasks AS t SET status = u.status, attempt = u.attempt,
-                message = u.message, updated_ns = u.at, due_ns = u.due,
-                finished_ns = u.finished, output = u.output
-            FROM unnest($1::bigint[], $2::text[], $3::integer[], $4::text[], $5::bigint[],
-                $6::bigint[], $7::bigint[], $8::bytea[])
-                AS u(id, status, attempt, message, at, due, finished, output)
-            WHERE t.id = u.id"""
-        self.request_cancel = f"""
-            UPDATE {s}.cronoq_tasks AS t SET cancel_requested = true, message = u.message
-            FROM unnest($1::bigint[], $2::text[]) AS u(id, message) WHERE t.id = u.id"""
-        self.save_schedules = f"""
-            INSERT INTO {s}.cronoq_schedules (name, spec, next_ns, paused, last_task_id)
-            SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::boolean[],
-                $5::bigint[])
-            ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, next_ns = excluded.next_ns,
-                paused = excluded.paused, last_task_id = excluded.last_task_id"""
-        self.remove_schedules = f"DELETE FROM {s}.cronoq_schedules WHERE name = ANY($1::text[])"
+        # One statement per batch: atomic on its own, one round trip. Every part is gated on
+        # the fence, so a stale epoch writes nothing; the fence's row lock makes a takeover's
+        # epoch bump wait until this statement is over.
+        self.commit = f"""
+            WITH fence AS (
+                UPDATE {s}.cronoq_leader SET max_task_id = GREATEST(max_task_id, $1)
+                WHERE id = 1 AND epoch = $2 RETURNING epoch
+            ), new_tasks AS (
+                INSERT INTO {s}.cronoq_tasks (id, pool, kind, key, payload, options, after_ids,
+                    status, attempt, message, submitted_ns, updated_ns, due_ns, finished_ns,
+                    output, cancel_requested)
+                SELECT u.id, u.pool, u.kind, u.key, u.payload, u.options, u.after::bigint[],
+                    u.status, u.attempt, u.message, u.submitted, u.updated, u.due, u.finished,
+                    u.output, u.cancel
+                FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[], $7::bytea[],
+                    $8::text[], $9::text[], $10::text[], $11::integer[], $12::text[],
+                    $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[], $17::bytea[],
+                    $18::boolean[])
+                    AS u(id, pool, kind, key, payload, options, after, status, attempt, message,
+                        submitted, updated, due, finished, output, cancel)
+                WHERE EXISTS (SELECT FROM fence)
+                ON CONFLICT (id) DO NOTHING
+            ), changed AS (
+                UPDATE {s}.cronoq_tasks AS t SET
+                    status = COALESCE(u.status, t.status),
+                    attempt = CASE WHEN u.status IS NULL THEN t.attempt ELSE u.attempt END,
+                    message = u.message,
+                    updated_ns = CASE WHEN u.status IS NULL THEN t.updated_ns ELSE u.updated END,
+                    due_ns = CASE WHEN u.status IS NULL THEN t.due_ns ELSE u.due END,
+                    finished_ns = CASE WHEN u.status IS NULL THEN t.finished_ns
+                        ELSE u.finished END,
+                    output = CASE WHEN u.status IS NULL THEN t.output ELSE u.output END,
+                    cancel_requested = t.cancel_requested OR u.cancel
+                FROM unnest($19::bigint[], $20::text[], $21::integer[], $22::text[],
+                    $23::bigint[], $24::bigint[], $25::bigint[], $26::bytea[], $27::boolean[])
+                    AS u(id, status, attempt, message, updated, due, finished, output, cancel)
+                WHERE t.id = u.id AND EXISTS (SELECT FROM fence)
+            ), saved AS (
+                INSERT INTO {s}.cronoq_schedules (name, spec, next_ns, paused, last_task_id)
+                SELECT * FROM unnest($28::text[], $29::text[], $30::bigint[], $31::boolean[],
+                    $32::bigint[])
+                WHERE EXISTS (SELECT FROM fence)
+                ON CONFLICT (name) DO UPDATE SET spec = excluded.spec,
+                    next_ns = excluded.next_ns, paused = excluded.paused,
+                    last_task_id = excluded.last_task_id
+            ), removed AS (
+                DELETE FROM {s}.cronoq_schedules
+                WHERE name = ANY($33::text[]) AND EXISTS (SELECT FROM fence)
+            )
+            SELECT count(*) FROM fence"""
         self.recover = f"""
             SELECT {_TASK_COLUMNS} FROM {s}.cronoq_tasks
             WHERE finished_ns IS NULL OR finished_ns >= $1 OR id IN (
@@ -109,12 +122,6 @@ class _Sql:
         self.prune = f"""
             DELETE FROM {s}.cronoq_tasks WHERE id IN (
                 SELECT id FROM {s}.cronoq_tasks WHERE finished_ns < $1 LIMIT $2)"""
-
-
-def _last_per(run: list[Any], key: Callable[[Any], object]) -> list[Any]:
-    """One statement updates a row once: keep the last mutation of each row (it carries all
-    the columns it sets, so it alone gives the state after the whole run)."""
-    return list({key(m): m for m in run}.values())
 
 
 class PgStore:
@@ -225,70 +232,57 @@ class PgStore:
         await shielded(self._commit(epoch, batch))
 
     async def _commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
-        high = max((m.task_id for m in batch if isinstance(m, TaskSubmitted)), default=0)
+        rows = collapse_batch(batch)
+        to_unix = self._time_base.to_unix
+
+        def unix(ns: int | None) -> int | None:
+            return None if ns is None else to_unix(ns)
+
+        new, changes, saved = rows.new_tasks, rows.changes, rows.saved_schedules
+        arguments = (
+            rows.max_task_id,
+            epoch,
+            [t.task_id for t in new],
+            [t.spec.pool for t in new],
+            [t.spec.kind for t in new],
+            [t.spec.key for t in new],
+            [t.spec.payload for t in new],
+            [encode_task_options(t.spec) for t in new],
+            ["{" + ",".join(map(str, t.spec.after)) + "}" for t in new],
+            [t.status.value for t in new],
+            [t.attempt for t in new],
+            [t.message for t in new],
+            [to_unix(t.submitted_ns) for t in new],
+            [to_unix(t.updated_ns) for t in new],
+            [unix(t.due_ns) for t in new],
+            [unix(t.finished_ns) for t in new],
+            [t.output for t in new],
+            [t.cancel_requested for t in new],
+            [c.task_id for c in changes],
+            [None if c.status is None else c.status.value for c in changes],
+            [c.attempt for c in changes],
+            [c.message for c in changes],
+            [to_unix(c.updated_ns) for c in changes],
+            [unix(c.due_ns) for c in changes],
+            [unix(c.finished_ns) for c in changes],
+            [c.output for c in changes],
+            [c.cancel_requested for c in changes],
+            [r.spec.name for r in saved],
+            [encode_schedule_spec(r.spec) for r in saved],
+            [to_unix(r.next_ns) for r in saved],
+            [r.paused for r in saved],
+            [r.last_task_id for r in saved],
+            rows.removed_schedules,
+        )
         async with self._serial:
             self._check_open()
             try:
-                async with self._pool.acquire() as conn, conn.transaction():
-                    status = await conn.execute(self._sql.fence, epoch, high)
-                    if status != "UPDATE 1":
-                        raise Fenced(f"epoch {epoch} was superseded by a newer leader")
-                    for kind, run in groupby(batch, type):
-                        await self._apply(conn, kind, list(run))
+                async with self._pool.acquire() as conn:
+                    fenced = await conn.fetchval(self._sql.commit, *arguments) == 0
             except CLASSIFIED as exc:
                 raise classify(exc, "committing a batch") from exc
-
-    async def _apply(self, conn: Connection, kind: type, run: list[Any]) -> None:
-        sql = self._sql
-        to_unix = self._time_base.to_unix
-        if kind is TaskSubmitted:
-            specs = [m.spec for m in run]
-            await conn.execute(
-                sql.insert_tasks,
-                [m.task_id for m in run],
-                [s.pool for s in specs],
-                [s.kind for s in specs],
-                [s.key for s in specs],
-                [s.payload for s in specs],
-                [encode_task_options(s) for s in specs],
-                ["{" + ",".join(map(str, s.after)) + "}" for s in specs],
-                [m.status.value for m in run],
-                [to_unix(m.submitted_ns) for m in run],
-            )
-        elif kind is TaskUpdated:
-            run = _last_per(run, lambda m: m.task_id)
-            await conn.execute(
-                sql.update_tasks,
-                [m.task_id for m in run],
-                [m.status.value for m in run],
-                [m.attempt for m in run],
-                [sanitize_message(m.message) for m in run],
-                [to_unix(m.at_ns) for m in run],
-                [None if m.due_ns is None else to_unix(m.due_ns) for m in run],
-                [to_unix(m.at_ns) if m.status.is_terminal else None for m in run],
-                [m.output for m in run],
-            )
-        elif kind is CancelRequested:
-            run = _last_per(run, lambda m: m.task_id)
-            await conn.execute(
-                sql.request_cancel,
-                [m.task_id for m in run],
-                [sanitize_message(m.message) for m in run],
-            )
-        elif kind is ScheduleSaved:
-            records = [m.schedule for m in _last_per(run, lambda m: m.schedule.spec.name)]
-            await conn.execute(
-                sql.save_schedules,
-                [r.spec.name for r in records],
-                [encode_schedule_spec(r.spec) for r in records],
-                [to_unix(r.next_ns) for r in records],
-                [r.paused for r in records],
-                [r.last_task_id for r in records],
-            )
-        elif kind is ScheduleRemoved:
-            await conn.execute(sql.remove_schedules, [m.name for m in run])
-        else:
-            raise StoreFatal(f"unknown mutation {kind.__name__}")
+        if fenced:
+            raise Fenced(f"epoch {epoch} was superseded by a newer leader")
 
     # --- recovery -------------------------------------------------------------------------
 

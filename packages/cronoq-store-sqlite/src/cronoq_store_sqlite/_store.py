@@ -17,30 +17,24 @@ import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Sequence
-from itertools import groupby
 from typing import Any
 
 import aiosqlite
 
 from cronoq.errors import Fenced, InvalidArgument, StoreError, StoreFatal, Unavailable
 from cronoq.store import (
-    CancelRequested,
     Lease,
     Mutation,
     RecoveredState,
     ScheduleRecord,
-    ScheduleRemoved,
-    ScheduleSaved,
     Status,
     TaskRecord,
-    TaskSubmitted,
-    TaskUpdated,
     TimeBase,
+    collapse_batch,
     decode_schedule_spec,
     decode_task_spec,
     encode_schedule_spec,
     encode_task_options,
-    sanitize_message,
     shielded,
 )
 from cronoq_store_sqlite._config import SqliteStoreConfig
@@ -69,16 +63,23 @@ _RECOVER = f"""
 """
 _INSERT_TASK = """
     INSERT INTO cronoq_tasks (id, pool, kind, key, payload, options, status, attempt, message,
-                              submitted_ns, updated_ns)
-    VALUES (?, ?, ?, ?, ?, ?, ?, 0, 'submitted', ?, ?)
+        submitted_ns, updated_ns, due_ns, finished_ns, output, cancel_requested)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
     ON CONFLICT (id) DO NOTHING
 """
-_UPDATE_TASK = """
-    UPDATE cronoq_tasks SET status = ?, attempt = ?, message = ?, updated_ns = ?, due_ns = ?,
-                            finished_ns = ?, output = ?
-    WHERE id = ?
+# A change with no status is a cancellation request alone: the status columns stay.
+_CHANGE_TASK = """
+    UPDATE cronoq_tasks SET
+        status = COALESCE(:status, status),
+        attempt = CASE WHEN :status IS NULL THEN attempt ELSE :attempt END,
+        message = :message,
+        updated_ns = CASE WHEN :status IS NULL THEN updated_ns ELSE :updated END,
+        due_ns = CASE WHEN :status IS NULL THEN due_ns ELSE :due END,
+        finished_ns = CASE WHEN :status IS NULL THEN finished_ns ELSE :finished END,
+        output = CASE WHEN :status IS NULL THEN output ELSE :output END,
+        cancel_requested = cancel_requested OR :cancel
+    WHERE id = :id
 """
-_REQUEST_CANCEL = "UPDATE cronoq_tasks SET cancel_requested = 1, message = ? WHERE id = ?"
 _SAVE_SCHEDULE = """
     INSERT INTO cronoq_schedules (name, spec, next_ns, paused, last_task_id)
     VALUES (?, ?, ?, ?, ?)
@@ -291,60 +292,69 @@ class SqliteStore:
         await shielded(self._commit(epoch, batch))
 
     async def _commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
+        rows = collapse_batch(batch)
         to_unix = self._time_base.to_unix
-        high = max((m.task_id for m in batch if isinstance(m, TaskSubmitted)), default=0)
+
+        def unix(ns: int | None) -> int | None:
+            return None if ns is None else to_unix(ns)
+
         async with self._transaction("committing a batch") as conn:
             # Fencing and the id high-water mark in one statement, inside the write lock.
             cursor = await conn.execute(
                 "UPDATE cronoq_leader SET max_task_id = MAX(max_task_id, ?) "
                 "WHERE id = 1 AND epoch = ? AND holder = ?",
-                (high, epoch, self._holder),
+                (rows.max_task_id, epoch, self._holder),
             )
             if cursor.rowcount != 1:
                 self._step_down()
                 raise Fenced(f"epoch {epoch} no longer holds the lease of {self._path!r}")
-            # Consecutive mutations of one kind go in one statement; order is kept.
-            for kind, run in groupby(batch, type):
-                await self._apply(conn, kind, list(run), to_unix)
-
-    @staticmethod
-    async def _apply(conn: aiosqlite.Connection, kind: type, run: list[Any], to_unix: Any) -> None:
-        if kind is TaskSubmitted:
-            await conn.executemany(
-                _INSERT_TASK,
-                [
-                    (
-                        m.task_id, m.spec.pool, m.spec.kind, m.spec.key, m.spec.payload,
-                        encode_task_options(m.spec), m.status.value,
-                        to_unix(m.submitted_ns), to_unix(m.submitted_ns),
-                    )
-                    for m in run
-                ],
-            )  # fmt: skip
-        elif kind is TaskUpdated:
-            await conn.executemany(_UPDATE_TASK, [_update_row(m, to_unix) for m in run])
-        elif kind is CancelRequested:
-            await conn.executemany(
-                _REQUEST_CANCEL, [(sanitize_message(m.message), m.task_id) for m in run]
-            )
-        elif kind is ScheduleSaved:
-            await conn.executemany(
-                _SAVE_SCHEDULE,
-                [
-                    (
-                        m.schedule.spec.name, encode_schedule_spec(m.schedule.spec),
-                        to_unix(m.schedule.next_ns), int(m.schedule.paused),
-                        m.schedule.last_task_id,
-                    )
-                    for m in run
-                ],
-            )  # fmt: skip
-        elif kind is ScheduleRemoved:
-            await conn.executemany(
-                "DELETE FROM cronoq_schedules WHERE name = ?", [(m.name,) for m in run]
-            )
-        else:
-            raise StoreFatal(f"unknown mutation {kind.__name__}")
+            if rows.new_tasks:
+                await conn.executemany(
+                    _INSERT_TASK,
+                    [
+                        (
+                            t.task_id, t.spec.pool, t.spec.kind, t.spec.key, t.spec.payload,
+                            encode_task_options(t.spec), t.status.value, t.attempt, t.message,
+                            to_unix(t.submitted_ns), to_unix(t.updated_ns), unix(t.due_ns),
+                            unix(t.finished_ns), t.output, t.cancel_requested,
+                        )
+                        for t in rows.new_tasks
+                    ],
+                )  # fmt: skip
+            if rows.changes:
+                await conn.executemany(
+                    _CHANGE_TASK,
+                    [
+                        {
+                            "id": c.task_id,
+                            "status": None if c.status is None else c.status.value,
+                            "attempt": c.attempt,
+                            "message": c.message,
+                            "updated": to_unix(c.updated_ns),
+                            "due": unix(c.due_ns),
+                            "finished": unix(c.finished_ns),
+                            "output": c.output,
+                            "cancel": c.cancel_requested,
+                        }
+                        for c in rows.changes
+                    ],
+                )
+            if rows.saved_schedules:
+                await conn.executemany(
+                    _SAVE_SCHEDULE,
+                    [
+                        (
+                            r.spec.name, encode_schedule_spec(r.spec), to_unix(r.next_ns),
+                            r.paused, r.last_task_id,
+                        )
+                        for r in rows.saved_schedules
+                    ],
+                )  # fmt: skip
+            if rows.removed_schedules:
+                await conn.executemany(
+                    "DELETE FROM cronoq_schedules WHERE name = ?",
+                    [(name,) for name in rows.removed_schedules],
+                )
 
     # --- recovery -------------------------------------------------------------------------
 
@@ -474,20 +484,6 @@ class SqliteStore:
         async with self._lock:
             self._closed = True
             await self._conn.close()
-
-
-def _update_row(m: TaskUpdated, to_unix: Any) -> tuple[Any, ...]:
-    at = to_unix(m.at_ns)
-    return (
-        m.status.value,
-        m.attempt,
-        sanitize_message(m.message),
-        at,
-        None if m.due_ns is None else to_unix(m.due_ns),
-        at if m.status.is_terminal else None,
-        m.output,
-        m.task_id,
-    )
 
 
 def _task_record(row: Iterable[Any], to_engine: Any) -> TaskRecord:

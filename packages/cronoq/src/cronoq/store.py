@@ -25,7 +25,18 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from cronoq._collapse import CollapsedBatch, NewTask, TaskChange, collapse_batch
 from cronoq._model import RetryPolicy, ScheduleSpec, Status, TaskSpec, TaskTemplate
+from cronoq._mutations import (
+    CancelRequested,
+    Mutation,
+    ScheduleRecord,
+    ScheduleRemoved,
+    ScheduleSaved,
+    TaskSubmitted,
+    TaskUpdated,
+    sanitize_message,
+)
 from cronoq._rows import (
     decode_schedule_spec,
     decode_task_spec,
@@ -36,9 +47,11 @@ from cronoq.errors import Fenced, StoreError, StoreFatal, Unavailable
 
 __all__ = [
     "CancelRequested",
+    "CollapsedBatch",
     "Fenced",
     "Lease",
     "Mutation",
+    "NewTask",
     "RecoveredState",
     "RetryPolicy",
     "ScheduleRecord",
@@ -49,6 +62,7 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreFatal",
+    "TaskChange",
     "TaskRecord",
     "TaskSpec",
     "TaskSubmitted",
@@ -56,6 +70,7 @@ __all__ = [
     "TaskUpdated",
     "TimeBase",
     "Unavailable",
+    "collapse_batch",
     "decode_schedule_spec",
     "decode_task_spec",
     "encode_schedule_spec",
@@ -82,11 +97,6 @@ async def shielded(operation: Coroutine[Any, Any, _T]) -> _T:
     return await asyncio.shield(task)
 
 
-def sanitize_message(message: str) -> str:
-    """NUL cannot live in PostgreSQL text; every store replaces it so all behave alike."""
-    return message.replace("\x00", "\ufffd")
-
-
 @dataclass(frozen=True, slots=True)
 class TimeBase:
     """Maps engine time onto Unix nanoseconds: ``unix = engine + unix_nanos_at_zero``.
@@ -108,74 +118,6 @@ class Lease:
     """Leadership held by one store instance, stamped with its fencing epoch."""
 
     epoch: int
-
-
-# --- mutations: what a step persists -------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TaskSubmitted:
-    """A new task row. ``status`` is its first status (waiting, scheduled or ready)."""
-
-    task_id: int
-    spec: TaskSpec
-    status: Status
-    submitted_ns: int
-
-
-@dataclass(frozen=True, slots=True)
-class TaskUpdated:
-    """A persisted status change: running, retrying or terminal.
-
-    ``due_ns`` is when a retrying task may start its next attempt; ``output`` is set only for
-    succeeded tasks; ``at_ns`` is the time of the change (the finish time when terminal).
-    """
-
-    task_id: int
-    status: Status
-    attempt: int
-    message: str
-    at_ns: int
-    due_ns: int | None = None
-    output: bytes | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CancelRequested:
-    """A running task was asked to stop; recovery ends it cancelled instead of retrying it.
-
-    Stores set the cancellation flag and the message; ``updated_ns`` keeps the attempt's start,
-    from which its timeout counts.
-    """
-
-    task_id: int
-    at_ns: int
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleRecord:
-    """A schedule's definition and progress: next occurrence, pause, last task created."""
-
-    spec: ScheduleSpec
-    next_ns: int
-    paused: bool = False
-    last_task_id: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleSaved:
-    """Insert or replace the schedule row named ``schedule.spec.name``."""
-
-    schedule: ScheduleRecord
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleRemoved:
-    name: str
-
-
-Mutation = TaskSubmitted | TaskUpdated | CancelRequested | ScheduleSaved | ScheduleRemoved
 
 
 # --- what recovery and lookups return --------------------------------------------------------

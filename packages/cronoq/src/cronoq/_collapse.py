@@ -1,0 +1,105 @@
+"""Fold a batch of mutations into the final state of each row it touches.
+
+A SQL store can then write a whole batch with one insert, one update, one upsert and one
+delete, each touching a row at most once, as one statement demands, and in any order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cronoq._model import Status, TaskSpec
+from cronoq._mutations import (
+    CancelRequested,
+    Mutation,
+    ScheduleRecord,
+    ScheduleRemoved,
+    ScheduleSaved,
+    TaskSubmitted,
+    TaskUpdated,
+    sanitize_message,
+)
+
+__all__ = ["CollapsedBatch", "NewTask", "TaskChange", "collapse_batch"]
+
+
+@dataclass(slots=True)
+class NewTask:
+    """A task submitted in this batch, in the state the batch leaves it."""
+
+    task_id: int
+    spec: TaskSpec
+    status: Status
+    attempt: int
+    message: str
+    submitted_ns: int
+    updated_ns: int
+    due_ns: int | None = None
+    finished_ns: int | None = None
+    output: bytes | None = None
+    cancel_requested: bool = False
+
+
+@dataclass(slots=True)
+class TaskChange:
+    """The last status change of an existing task in this batch, and whether cancellation was
+    requested. ``status`` is None when only a cancellation was requested: the status columns
+    keep their values then."""
+
+    task_id: int
+    message: str
+    status: Status | None = None
+    attempt: int = 0
+    updated_ns: int = 0
+    due_ns: int | None = None
+    finished_ns: int | None = None
+    output: bytes | None = None
+    cancel_requested: bool = False
+
+
+@dataclass(slots=True)
+class CollapsedBatch:
+    new_tasks: list[NewTask]
+    changes: list[TaskChange]
+    saved_schedules: list[ScheduleRecord]
+    removed_schedules: list[str]
+    max_task_id: int
+    """Highest id submitted in the batch, 0 if none."""
+
+
+def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
+    """Messages come out sanitized (NUL as U+FFFD); times are left as given."""
+    new: dict[int, NewTask] = {}
+    changes: dict[int, TaskChange] = {}
+    schedules: dict[str, ScheduleRecord | None] = {}
+    for mutation in batch:
+        match mutation:
+            case TaskSubmitted(task_id, spec, status, at):
+                new[task_id] = NewTask(task_id, spec, status, 0, "submitted", at, at)
+            case TaskUpdated(task_id, status, attempt, message, at, due, output):
+                row: NewTask | TaskChange = new.get(task_id) or changes.setdefault(
+                    task_id, TaskChange(task_id, "")
+                )
+                row.status = status
+                row.attempt = attempt
+                row.message = sanitize_message(message)
+                row.updated_ns = at
+                row.due_ns = due
+                row.finished_ns = at if status.is_terminal else None
+                row.output = output
+            case CancelRequested(task_id, _, message):
+                row = new.get(task_id) or changes.setdefault(task_id, TaskChange(task_id, ""))
+                row.cancel_requested = True
+                row.message = sanitize_message(message)
+            case ScheduleSaved(record):
+                schedules[record.spec.name] = record
+            case ScheduleRemoved(name):
+                schedules[name] = None
+    return CollapsedBatch(
+        new_tasks=list(new.values()),
+        changes=list(changes.values()),
+        saved_schedules=[r for r in schedules.values() if r is not None],
+        removed_schedules=[name for name, r in schedules.items() if r is None],
+        max_task_id=max(new, default=0),
+    )

@@ -1,0 +1,91 @@
+"""The mutations a step persists, as plain frozen values (re-exported by ``cronoq.store``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cronoq._model import ScheduleSpec, Status, TaskSpec
+
+__all__ = [
+    "CancelRequested",
+    "Mutation",
+    "ScheduleRecord",
+    "ScheduleRemoved",
+    "ScheduleSaved",
+    "TaskSubmitted",
+    "TaskUpdated",
+    "sanitize_message",
+]
+
+
+def sanitize_message(message: str) -> str:
+    """NUL cannot live in PostgreSQL text; every store replaces it so all behave alike."""
+    return message.replace("\x00", "\ufffd")
+
+
+# --- mutations: what a step persists -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSubmitted:
+    """A new task row. ``status`` is its first status (waiting, scheduled or ready)."""
+
+    task_id: int
+    spec: TaskSpec
+    status: Status
+    submitted_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskUpdated:
+    """A persisted status change: running, retrying or terminal.
+
+    ``due_ns`` is when a retrying task may start its next attempt; ``output`` is set only for
+    succeeded tasks; ``at_ns`` is the time of the change (the finish time when terminal).
+    """
+
+    task_id: int
+    status: Status
+    attempt: int
+    message: str
+    at_ns: int
+    due_ns: int | None = None
+    output: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    """A running task was asked to stop; recovery ends it cancelled instead of retrying it.
+
+    Stores set the cancellation flag and the message; ``updated_ns`` keeps the attempt's start,
+    from which its timeout counts.
+    """
+
+    task_id: int
+    at_ns: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    """A schedule's definition and progress: next occurrence, pause, last task created."""
+
+    spec: ScheduleSpec
+    next_ns: int
+    paused: bool = False
+    last_task_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSaved:
+    """Insert or replace the schedule row named ``schedule.spec.name``."""
+
+    schedule: ScheduleRecord
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRemoved:
+    name: str
+
+
+Mutation = TaskSubmitted | TaskUpdated | CancelRequested | ScheduleSaved | ScheduleRemoved
