@@ -31,6 +31,7 @@ class Member:
     path: Path
     import_name: str
     dependencies: frozenset[str]
+    test_dependencies: frozenset[str]
 
 
 def _read_members() -> dict[str, Member]:
@@ -40,11 +41,17 @@ def _read_members() -> dict[str, Member]:
     for member_dir in root["tool"]["uv"]["workspace"]["members"]:
         project = tomllib.loads((ROOT / member_dir / "pyproject.toml").read_text())["project"]
         name = canonicalize_name(project["name"])
+        pyproject = tomllib.loads((ROOT / member_dir / "pyproject.toml").read_text())
+        # A package's tests may need more than the package: its `test` dependency group.
+        test_only = pyproject.get("dependency-groups", {}).get("test", [])
         members[name] = Member(
             path=ROOT / member_dir,
             import_name=name.replace("-", "_"),
             dependencies=frozenset(
                 canonicalize_name(Requirement(dep).name) for dep in project.get("dependencies", [])
+            ),
+            test_dependencies=frozenset(
+                canonicalize_name(Requirement(dep).name) for dep in test_only
             ),
         )
     return members
@@ -53,10 +60,11 @@ def _read_members() -> dict[str, Member]:
 MEMBERS = _read_members()
 
 
-def _with_local_dependencies(name: str) -> list[Path]:
-    """The directory of package `name` and of the workspace packages it requires, transitively."""
+def _with_local_dependencies(*names: str) -> list[Path]:
+    """The directories of these packages and of the workspace packages they require,
+    transitively."""
     found: dict[str, Path] = {}
-    pending = [name]
+    pending = list(names)
     while pending:
         current = pending.pop()
         if current not in found:
@@ -93,10 +101,14 @@ def types(session: nox.Session) -> None:
 @nox.session(python=TEST_PYTHONS)
 @nox.parametrize("package", list(MEMBERS), ids=list(MEMBERS))
 def tests(session: nox.Session, package: str) -> None:
-    """One package's tests with only that package and its declared dependencies installed."""
+    """One package's tests with only that package, its declared dependencies and its `test`
+    dependency group installed."""
     # Editable, so the tests always see the current source (uv caches wheels built from a path).
-    editables = [arg for path in _with_local_dependencies(package) for arg in ("-e", str(path))]
-    _install_locked(session, *editables, "pytest", "pytest-asyncio", "hypothesis")
+    test_deps = MEMBERS[package].test_dependencies
+    local = _with_local_dependencies(package, *(d for d in test_deps if d in MEMBERS))
+    editables = [arg for path in local for arg in ("-e", str(path))]
+    third_party = sorted(d for d in test_deps if d not in MEMBERS)
+    _install_locked(session, *editables, *third_party, "pytest", "pytest-asyncio", "hypothesis")
     tests_dir = MEMBERS[package].path / "tests"
     # Exit code 5: no tests collected, for a package that has none yet.
     session.run("pytest", str(tests_dir), *session.posargs, success_codes=[0, 5])
