@@ -125,7 +125,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     async def _start(self) -> None:
         self.store = store = CrashingStore(await self.harness.open())
         self.sched = sched = Scheduler(
-            [Pool("default", _noop, concurrency=4)], store=store, commit_timeout=1.0, seed=5
+            [Pool("default", _noop, concurrency=4)], store=store, commit_timeout=30.0, seed=5
         )
         store.on_crash = sched.abort
         await asyncio.wait_for(sched.start(), self.harness.leadership_timeout + 5)

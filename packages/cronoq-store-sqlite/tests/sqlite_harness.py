@@ -14,9 +14,9 @@ from cronoq.store import Store
 from cronoq_conformance import Capability, StoreHarness
 from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig
 
-# Short timings: a crashed leader's lease runs out in 0.6 s; a held write lock is reported as
+# Short timings: a crashed leader's lease runs out in 1 s; a held write lock is reported as
 # Unavailable after 0.1 s.
-FAST = SqliteStoreConfig(lock_poll=0.05, lease_renew=0.2, lease_ttl=0.6, busy_timeout=0.1)
+FAST = SqliteStoreConfig(lock_poll=0.05, lease_renew=0.25, lease_ttl=1.0, busy_timeout=0.1)
 
 
 class SqliteHarness(StoreHarness):
