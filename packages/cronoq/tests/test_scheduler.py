@@ -282,3 +282,26 @@ async def test_calls_after_close_raise_scheduler_stopped(recorder: Recorder) -> 
     await sched.close()
     with pytest.raises(SchedulerStopped):
         await sched.submit("echo", b"x")
+
+
+async def test_close_lets_running_attempts_finish_and_starts_no_new_ones(
+    recorder: Recorder,
+) -> None:
+    store = MemoryStore()
+    first = Scheduler([Pool("default", recorder, concurrency=1)], store=store, codec=JsonCodec())
+    await first.start()
+    running = await first.submit("block", None)
+    queued = await first.submit("echo", 1)
+    await recorder.started.wait()
+    closing = asyncio.create_task(first.close(timeout=5))
+    await asyncio.sleep(0)  # let close() begin: from here on, nothing new may start
+    recorder.release.set()
+    await closing
+    assert [c[0] for c in recorder.calls] == [running]
+
+    async with Scheduler(
+        [Pool("default", recorder)], store=store.connect_another(), codec=JsonCodec()
+    ) as second:
+        finished = await second.get(running)
+        assert (finished.status, finished.attempt) == (Status.SUCCEEDED, 1)
+        assert (await second.wait(queued, timeout=5)).attempt == 1

@@ -63,6 +63,7 @@ class Driver:
         self._watch: asyncio.Task[None] | None = None
         self._accepting = False
         self._stopping = False
+        self._draining = False
         self._committing: StepResult | None = None
         self._last_unavailable: BaseException | None = None
         self.stopped = asyncio.Event()
@@ -88,8 +89,11 @@ class Driver:
         if self._task is None or self.stopped.is_set():
             return
         self._accepting = False
-        for executor in self._executors.values():
-            await executor.drain(drain_timeout)
+        # No new attempt may start while the running ones are given their time to finish.
+        self._draining = True
+        if self._engine is not None:
+            self._engine.stop_dispatching()
+        await asyncio.gather(*(e.drain(drain_timeout) for e in self._executors.values()))
         self._stopping = True
         self._wake()
         await self.stopped.wait()
@@ -132,13 +136,14 @@ class Driver:
 
     async def _run(self) -> None:
         try:
-            while not self._stopping:
+            while True:
                 if not self._inbox:
+                    if self._stopping:
+                        break  # every report of the drained attempts is committed
                     await self._wakeup.wait()
                 self._wakeup.clear()
-                if self._stopping:
-                    break
-                await self._turn()
+                if self._inbox or not self._stopping:
+                    await self._turn()
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a bug or a fatal store error: stop loudly, not silently
@@ -248,6 +253,8 @@ class Driver:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _RETRY_MAX_S)
                 continue
+            if self._draining:
+                engine.stop_dispatching()
             self._engine = engine
             self._release(first)
             return

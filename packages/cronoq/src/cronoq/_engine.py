@@ -392,6 +392,7 @@ class Engine:
         self._timers: list[tuple[int, int]] = []
         self._schedule_timers: list[tuple[int, str]] = []
         self._rng = random.Random(config.seed)
+        self._dispatching = True
         self._now = 0
         self._out = StepResult()
 
@@ -409,6 +410,10 @@ class Engine:
     @property
     def finished_count(self) -> int:
         return len(self._finished)
+
+    def stop_dispatching(self) -> None:
+        """Start no more attempts (a graceful shutdown); everything else goes on."""
+        self._dispatching = False
 
     def running_tokens(self) -> set[AttemptToken]:
         return {t.token(self.epoch) for t in self._tasks.values() if t.status is Status.RUNNING}
@@ -910,6 +915,8 @@ class Engine:
             self._arm(task)
 
     def _dispatch_ready(self) -> None:
+        if not self._dispatching:
+            return
         for pool in self._pools.values():
             ready = pool.ready
             limit = pool.config.concurrency
