@@ -12,24 +12,26 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import asyncpg
 
 from cronoq.errors import Fenced, InvalidArgument, StoreError, Unavailable
 from cronoq.store import (
+    RECOVERY_COLUMNS,
+    TASK_COLUMNS,
     Lease,
     Mutation,
     RecoveredState,
     ScheduleRecord,
-    Status,
     TaskRecord,
     TimeBase,
     collapse_batch,
     decode_schedule_spec,
-    decode_task_spec,
+    decode_task_record,
     encode_schedule_spec,
     encode_task_options,
+    prune_in_batches,
     shielded,
 )
 from cronoq_store_postgres._config import PgStoreConfig
@@ -41,10 +43,6 @@ __all__ = ["PgStore"]
 
 log = logging.getLogger("cronoq.postgres")
 NS = 1_000_000_000
-_TASK_COLUMNS = (
-    "id, pool, kind, key, payload, options, status, attempt, message, submitted_ns, "
-    "updated_ns, due_ns, cancel_requested"
-)
 
 
 class _Sql:
@@ -105,7 +103,7 @@ class _Sql:
             )
             SELECT count(*) FROM fence"""
         self.recover = f"""
-            SELECT {_TASK_COLUMNS} FROM {s}.cronoq_tasks
+            SELECT {RECOVERY_COLUMNS} FROM {s}.cronoq_tasks
             WHERE finished_ns IS NULL OR finished_ns >= $1 OR id IN (
                 SELECT unnest(after_ids) FROM {s}.cronoq_tasks WHERE finished_ns IS NULL)
             ORDER BY id"""
@@ -117,7 +115,7 @@ class _Sql:
         self.schedules = (
             f"SELECT name, spec, next_ns, paused, last_task_id FROM {s}.cronoq_schedules"
         )
-        self.lookup = f"SELECT {_TASK_COLUMNS}, output FROM {s}.cronoq_tasks WHERE "
+        self.lookup = f"SELECT {TASK_COLUMNS} FROM {s}.cronoq_tasks WHERE "
         self.output = f"SELECT output FROM {s}.cronoq_tasks WHERE id = $1"
         self.prune = f"""
             DELETE FROM {s}.cronoq_tasks WHERE id IN (
@@ -307,7 +305,7 @@ class PgStore:
                     max_task_id = int(row["max_task_id"])
                     for task_row in await conn.fetch(sql.recover, time.time_ns() - retention_ns):
                         try:
-                            tasks.append(_task_record(task_row, to_engine))
+                            tasks.append(decode_task_record(task_row, to_engine, with_output=False))
                         except (ValueError, TypeError) as exc:
                             reason = f"quarantined: undecodable row ({exc})"
                             quarantined.append((task_row["id"], reason))
@@ -359,15 +357,7 @@ class PgStore:
         rows = await self._fetch(self._sql.lookup + where, value)
         if not rows:
             return None
-        record = _task_record(rows[0], self._time_base.to_engine)
-        output = rows[0]["output"]
-        if output is None:
-            return record
-        return TaskRecord(
-            record.task_id, record.spec, record.status, record.attempt, record.message,
-            record.submitted_ns, record.updated_ns, record.due_ns, record.cancel_requested,
-            output,
-        )  # fmt: skip
+        return decode_task_record(rows[0], self._time_base.to_engine, with_output=True)
 
     # --- pruning and shutdown -------------------------------------------------------------
 
@@ -376,12 +366,9 @@ class PgStore:
 
         The id high-water mark lives in ``cronoq_leader``, so ids stay unique after pruning.
         """
-        deleted = 0
-        while True:
-            count = await shielded(self._prune_batch(horizon_unix_ns))
-            deleted += count
-            if count < self._config.prune_batch:
-                return deleted
+        return await prune_in_batches(
+            lambda: shielded(self._prune_batch(horizon_unix_ns)), self._config.prune_batch
+        )
 
     async def _prune_batch(self, horizon_unix_ns: int) -> int:
         async with self._serial:
@@ -420,21 +407,3 @@ class PgStore:
             async with asyncio.timeout(self._config.keepalive):
                 await self._pool.close()
         self._pool.terminate()
-
-
-def _task_record(row: asyncpg.Record, to_engine: Callable[[int], int]) -> TaskRecord:
-    attempt, message = row["attempt"], row["message"]
-    if not isinstance(attempt, int) or not isinstance(message, str):
-        raise ValueError(f"attempt {attempt!r} or message {message!r} has the wrong type")
-    due = row["due_ns"]
-    return TaskRecord(
-        task_id=row["id"],
-        spec=decode_task_spec(row["pool"], row["kind"], row["key"], row["payload"], row["options"]),
-        status=Status(row["status"]),
-        attempt=attempt,
-        message=message,
-        submitted_ns=to_engine(row["submitted_ns"]),
-        updated_ns=to_engine(row["updated_ns"]),
-        due_ns=None if due is None else to_engine(due),
-        cancel_requested=row["cancel_requested"],
-    )

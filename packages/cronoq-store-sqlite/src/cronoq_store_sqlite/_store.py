@@ -16,25 +16,27 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import aiosqlite
 
 from cronoq.errors import Fenced, InvalidArgument, StoreError, StoreFatal, Unavailable
 from cronoq.store import (
+    RECOVERY_COLUMNS,
+    TASK_COLUMNS,
     Lease,
     Mutation,
     RecoveredState,
     ScheduleRecord,
-    Status,
     TaskRecord,
     TimeBase,
     collapse_batch,
     decode_schedule_spec,
-    decode_task_spec,
+    decode_task_record,
     encode_schedule_spec,
     encode_task_options,
+    prune_in_batches,
     shielded,
 )
 from cronoq_store_sqlite._config import SqliteStoreConfig
@@ -46,13 +48,9 @@ __all__ = ["SqliteStore"]
 log = logging.getLogger("cronoq.sqlite")
 NS = 1_000_000_000
 
-_TASK_COLUMNS = (
-    "id, pool, kind, key, payload, options, status, attempt, message, submitted_ns, "
-    "updated_ns, due_ns, cancel_requested"
-)
 # A row whose options are not valid JSON must not break the whole recovery query.
 _RECOVER = f"""
-    SELECT {_TASK_COLUMNS} FROM cronoq_tasks
+    SELECT {RECOVERY_COLUMNS} FROM cronoq_tasks
     WHERE finished_ns IS NULL OR finished_ns >= :horizon OR id IN (
         SELECT j.value FROM cronoq_tasks AS c,
             json_each(CASE WHEN json_valid(c.options) THEN c.options ELSE '{{}}' END, '$.after')
@@ -129,7 +127,7 @@ class SqliteStore:
                 busy_timeout_ms=round(config.busy_timeout * 1000),
                 journal_size_limit=config.journal_size_limit,
             )
-            await migrate(conn)
+            await _migrate_patiently(conn, config)
         except sqlite3.Error as exc:
             await conn.close()
             raise classify(exc, f"configuring {path!r}") from exc
@@ -380,7 +378,7 @@ class SqliteStore:
             async with conn.execute(_RECOVER, {"horizon": horizon}) as cursor:
                 async for task_row in cursor:
                     try:
-                        tasks.append(_task_record(task_row, to_engine))
+                        tasks.append(decode_task_record(task_row, to_engine, with_output=False))
                     except (ValueError, TypeError) as exc:
                         quarantined.append((task_row[0], f"quarantined: undecodable row ({exc})"))
             now = time.time_ns()
@@ -421,20 +419,10 @@ class SqliteStore:
         return await self._lookup("key = ? ORDER BY id DESC LIMIT 1", key)
 
     async def _lookup(self, where: str, value: object) -> TaskRecord | None:
-        rows = await self._read(
-            f"SELECT {_TASK_COLUMNS}, output FROM cronoq_tasks WHERE {where}", (value,)
-        )
+        rows = await self._read(f"SELECT {TASK_COLUMNS} FROM cronoq_tasks WHERE {where}", (value,))
         if not rows:
             return None
-        *columns, output = rows[0]
-        record = _task_record(columns, self._time_base.to_engine)
-        if output is None:
-            return record
-        return TaskRecord(
-            record.task_id, record.spec, record.status, record.attempt, record.message,
-            record.submitted_ns, record.updated_ns, record.due_ns, record.cancel_requested,
-            bytes(output),
-        )  # fmt: skip
+        return decode_task_record(rows[0], self._time_base.to_engine, with_output=True)
 
     # --- pruning and shutdown -------------------------------------------------------------
 
@@ -443,13 +431,9 @@ class SqliteStore:
 
         The id high-water mark lives in ``cronoq_leader``, so ids stay unique after pruning.
         """
-        deleted = 0
-        while True:
-            count = await shielded(self._prune_batch(horizon_unix_ns))
-            deleted += count
-            if count < self._config.prune_batch:
-                return deleted
-            await asyncio.sleep(0)  # let a waiting commit take the lock between batches
+        return await prune_in_batches(
+            lambda: shielded(self._prune_batch(horizon_unix_ns)), self._config.prune_batch
+        )
 
     async def _prune_batch(self, horizon_unix_ns: int) -> int:
         async with self._transaction("pruning") as conn:
@@ -486,19 +470,15 @@ class SqliteStore:
             await self._conn.close()
 
 
-def _task_record(row: Iterable[Any], to_engine: Any) -> TaskRecord:
-    (task_id, pool, kind, key, payload, options, status, attempt, message, submitted_ns,
-     updated_ns, due_ns, cancel_requested) = row  # fmt: skip
-    if not isinstance(attempt, int) or not isinstance(message, str):
-        raise ValueError(f"attempt {attempt!r} or message {message!r} has the wrong type")
-    return TaskRecord(
-        task_id=task_id,
-        spec=decode_task_spec(pool, kind, key, payload, options),
-        status=Status(status),
-        attempt=attempt,
-        message=message,
-        submitted_ns=to_engine(submitted_ns),
-        updated_ns=to_engine(updated_ns),
-        due_ns=None if due_ns is None else to_engine(due_ns),
-        cancel_requested=bool(cancel_requested),
-    )
+async def _migrate_patiently(conn: aiosqlite.Connection, config: SqliteStoreConfig) -> None:
+    """Instances opened together contend for the write lock: opening waits its turn (a short
+    ``busy_timeout`` is for commits, which the scheduler retries, not for opening)."""
+    give_up = time.monotonic() + max(5.0, 10 * config.busy_timeout)
+    while True:
+        try:
+            await migrate(conn)
+            return
+        except Unavailable:
+            if time.monotonic() >= give_up:
+                raise
+            await asyncio.sleep(config.lock_poll)

@@ -12,6 +12,7 @@ __all__ = [
     "ScheduleRecord",
     "ScheduleRemoved",
     "ScheduleSaved",
+    "TaskRecord",
     "TaskSubmitted",
     "TaskUpdated",
     "sanitize_message",
@@ -89,3 +90,23 @@ class ScheduleRemoved:
 
 
 Mutation = TaskSubmitted | TaskUpdated | CancelRequested | ScheduleSaved | ScheduleRemoved
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """A task as persisted. ``output`` is filled by lookups, never by ``recover``."""
+
+    task_id: int
+    spec: TaskSpec
+    status: Status
+    attempt: int
+    message: str
+    submitted_ns: int
+    updated_ns: int
+    due_ns: int | None = None
+    cancel_requested: bool = False
+    output: bytes | None = None
+
+    @property
+    def finished_ns(self) -> int | None:
+        return self.updated_ns if self.status.is_terminal else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cronoq._model import (
@@ -18,18 +19,32 @@ from cronoq._model import (
     OverlapPolicy,
     RetryPolicy,
     ScheduleSpec,
+    Status,
     TaskSpec,
     TaskTemplate,
 )
+from cronoq._mutations import TaskRecord
 
 __all__ = [
+    "RECOVERY_COLUMNS",
+    "TASK_COLUMNS",
     "decode_schedule_spec",
+    "decode_task_record",
     "decode_task_spec",
     "encode_schedule_spec",
     "encode_task_options",
 ]
 
 _DEFAULT_SPEC = TaskSpec("", "", b"")
+
+_COLUMNS = (
+    "id, pool, kind, key, payload, options, status, attempt, message, submitted_ns, "
+    "updated_ns, due_ns, cancel_requested"
+)
+TASK_COLUMNS = f"{_COLUMNS}, output"
+"""The columns ``decode_task_record`` takes, in order (the SQL stores name them alike)."""
+RECOVERY_COLUMNS = f"{_COLUMNS}, NULL"
+"""The same, without reading outputs: recovery leaves them in the store."""
 _OPTIONAL_INTS = ("start_at_ns", "deadline_ns", "timeout_ns")
 
 
@@ -179,4 +194,26 @@ def _schedule(name: str, data: dict[str, Any]) -> ScheduleSpec:
         overlap=OverlapPolicy(data["overlap"]),
         catch_up=CatchUpPolicy(data["catch_up"]),
         grace_ns=_typed(data, "grace_ns", int, 0),
+    )
+
+
+def decode_task_record(
+    row: Iterable[Any], to_engine: Callable[[int], int], *, with_output: bool
+) -> TaskRecord:
+    """A ``TaskRecord`` from the values of ``TASK_COLUMNS``; ``ValueError`` if malformed."""
+    (task_id, pool, kind, key, payload, options, status, attempt, message, submitted_ns,
+     updated_ns, due_ns, cancel_requested, output) = row  # fmt: skip
+    if not isinstance(attempt, int) or not isinstance(message, str):
+        raise ValueError(f"attempt {attempt!r} or message {message!r} has the wrong type")
+    return TaskRecord(
+        task_id=task_id,
+        spec=decode_task_spec(pool, kind, key, payload, options),
+        status=Status(status),
+        attempt=attempt,
+        message=message,
+        submitted_ns=to_engine(submitted_ns),
+        updated_ns=to_engine(updated_ns),
+        due_ns=None if due_ns is None else to_engine(due_ns),
+        cancel_requested=bool(cancel_requested),
+        output=bytes(output) if with_output and output is not None else None,
     )

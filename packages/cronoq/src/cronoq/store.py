@@ -21,7 +21,7 @@ Obligations of every store (each one is checked by the conformance kit):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -33,12 +33,16 @@ from cronoq._mutations import (
     ScheduleRecord,
     ScheduleRemoved,
     ScheduleSaved,
+    TaskRecord,
     TaskSubmitted,
     TaskUpdated,
     sanitize_message,
 )
 from cronoq._rows import (
+    RECOVERY_COLUMNS,
+    TASK_COLUMNS,
     decode_schedule_spec,
+    decode_task_record,
     decode_task_spec,
     encode_schedule_spec,
     encode_task_options,
@@ -46,6 +50,8 @@ from cronoq._rows import (
 from cronoq.errors import Fenced, StoreError, StoreFatal, Unavailable
 
 __all__ = [
+    "RECOVERY_COLUMNS",
+    "TASK_COLUMNS",
     "CancelRequested",
     "CollapsedBatch",
     "Fenced",
@@ -72,14 +78,28 @@ __all__ = [
     "Unavailable",
     "collapse_batch",
     "decode_schedule_spec",
+    "decode_task_record",
     "decode_task_spec",
     "encode_schedule_spec",
     "encode_task_options",
+    "prune_in_batches",
     "sanitize_message",
     "shielded",
 ]
 
 _T = TypeVar("_T")
+
+
+async def prune_in_batches(delete_batch: Callable[[], Awaitable[int]], batch_size: int) -> int:
+    """Call ``delete_batch`` (one short transaction deleting at most ``batch_size`` finished
+    rows) until it deletes fewer; return the total. Commits get the store between batches."""
+    deleted = 0
+    while True:
+        count = await delete_batch()
+        deleted += count
+        if count < batch_size:
+            return deleted
+        await asyncio.sleep(0)
 
 
 async def shielded(operation: Coroutine[Any, Any, _T]) -> _T:
@@ -121,26 +141,6 @@ class Lease:
 
 
 # --- what recovery and lookups return --------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class TaskRecord:
-    """A task as persisted. ``output`` is filled by lookups, never by ``recover``."""
-
-    task_id: int
-    spec: TaskSpec
-    status: Status
-    attempt: int
-    message: str
-    submitted_ns: int
-    updated_ns: int
-    due_ns: int | None = None
-    cancel_requested: bool = False
-    output: bytes | None = None
-
-    @property
-    def finished_ns(self) -> int | None:
-        return self.updated_ns if self.status.is_terminal else None
 
 
 @dataclass(frozen=True, slots=True)
