@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import errno
 import os
 import sqlite3
 import stat
+import time
+from typing import Any
 
 import aiosqlite
 
@@ -68,14 +71,30 @@ def prepare_file(path: str) -> None:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
         for name in (path, f"{path}-wal", f"{path}-shm"):
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 mode = stat.S_IMODE(os.stat(name).st_mode)
                 if mode & 0o077:
                     os.chmod(name, mode & 0o700)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise StoreFatal(
+                    f"cannot restrict {name!r} to its owner (mode 0600): {exc.strerror}"
+                ) from exc
     except OSError as exc:
         raise StoreFatal(f"cannot create the SQLite database {path!r}: {exc.strerror}") from exc
     else:
         os.close(fd)
+    # SQLite must write the file and create its -wal and -shm files beside it; without that it
+    # only says "unable to open database file".
+    directory = os.path.dirname(os.path.abspath(path))
+    for target in (path, directory):
+        if not os.access(target, os.W_OK):
+            read_only = os.statvfs(target).f_flag & os.ST_RDONLY
+            why = os.strerror(errno.EROFS if read_only else errno.EACCES)
+            raise StoreFatal(
+                f"cannot use the SQLite database {path!r}: {target!r} is not writable ({why})"
+            )
 
 
 async def configure(
@@ -83,8 +102,8 @@ async def configure(
 ) -> None:
     """Per-connection settings; ``synchronous`` is read back, since a wrong one loses data."""
     await conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms:d}")
-    async with conn.execute("PRAGMA journal_mode = WAL") as cursor:
-        row = await cursor.fetchone()
+    # Opening waits its turn longer than a commit waits for the lock (which the scheduler retries).
+    row = await _switch_to_wal(conn, max(5.0, 10 * busy_timeout_ms / 1000))
     if row is None or str(row[0]).lower() != "wal":
         raise StoreFatal(f"SQLite refused WAL journaling (journal_mode is {row!r})")
     wanted = 2 if full_sync else 1  # FULL: the WAL is synced at every commit; NORMAL: not
@@ -95,6 +114,26 @@ async def configure(
         raise StoreFatal(f"PRAGMA synchronous is {row!r}, expected {wanted}")
     await conn.execute(f"PRAGMA journal_size_limit = {journal_size_limit:d}")
     await conn.execute("PRAGMA foreign_keys = OFF")
+
+
+async def _switch_to_wal(conn: aiosqlite.Connection, timeout: float) -> Any:
+    """``PRAGMA journal_mode = WAL``, retried while another connection switches a new file too.
+
+    The switch upgrades a read lock to a write lock; when two connections try it at once, SQLite
+    answers one of them SQLITE_BUSY at once, without the busy handler (waiting could deadlock).
+    """
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            async with conn.execute("PRAGMA journal_mode = WAL") as cursor:
+                return await cursor.fetchone()
+        except sqlite3.OperationalError as exc:
+            busy = getattr(exc, "sqlite_errorname", "") == "SQLITE_BUSY"
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.05)
 
 
 async def migrate(conn: aiosqlite.Connection) -> None:
