@@ -12,6 +12,10 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     TimeoutError,
     asyncpg.PostgresConnectionError,
     asyncpg.InterfaceError,
+    # A connection the server ended (a FATAL ErrorResponse) between two of our statements is
+    # left in a state asyncpg refuses to use, and says so with this error: e.g. when the pool
+    # resets it on release, right after the statement that committed a batch.
+    asyncpg.InternalClientError,
     asyncpg.SerializationError,
     asyncpg.DeadlockDetectedError,
     asyncpg.LockNotAvailableError,

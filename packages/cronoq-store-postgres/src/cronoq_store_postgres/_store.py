@@ -27,6 +27,7 @@ from cronoq.store import (
     TaskRecord,
     TimeBase,
     collapse_batch,
+    decode_looked_up_record,
     decode_schedule_spec,
     decode_task_record,
     encode_schedule_spec,
@@ -111,7 +112,8 @@ class _Sql:
             UPDATE {s}.cronoq_tasks SET status = 'failed', message = u.reason, updated_ns = $3,
                 finished_ns = COALESCE(finished_ns, $3)
             FROM unnest($1::bigint[], $2::text[]) AS u(id, reason)
-            WHERE {s}.cronoq_tasks.id = u.id"""
+            WHERE {s}.cronoq_tasks.id = u.id
+                AND EXISTS (SELECT FROM {s}.cronoq_leader WHERE id = 1 AND epoch = $4)"""
         self.schedules = (
             f"SELECT name, spec, next_ns, paused, last_task_id FROM {s}.cronoq_schedules"
         )
@@ -120,6 +122,14 @@ class _Sql:
         self.prune = f"""
             DELETE FROM {s}.cronoq_tasks WHERE id IN (
                 SELECT id FROM {s}.cronoq_tasks WHERE finished_ns < $1 LIMIT $2)"""
+
+
+class _Connection(asyncpg.Connection):
+    def get_reset_query(self) -> str:
+        # Pooled connections keep no session state (no LISTEN, no advisory lock, no SET):
+        # skip the reset query, a round trip per release, i.e. per commit. An open transaction
+        # is still rolled back on release.
+        return ""
 
 
 class PgStore:
@@ -150,6 +160,7 @@ class PgStore:
                 dsn,
                 min_size=1,
                 max_size=config.pool_size,
+                connection_class=_Connection,
                 command_timeout=config.command_timeout,
                 timeout=config.session_timeout,
                 server_settings={
@@ -298,27 +309,34 @@ class PgStore:
         async with self._serial:
             self._check_open()
             try:
-                async with self._pool.acquire() as conn, conn.transaction():
-                    row = await conn.fetchrow(sql.leader)
-                    if row is None or row["epoch"] != epoch:
-                        raise Fenced(f"epoch {epoch} is not the schema's current epoch")
-                    max_task_id = int(row["max_task_id"])
-                    for task_row in await conn.fetch(sql.recover, time.time_ns() - retention_ns):
+                async with self._pool.acquire() as conn:
+                    # Only reads inside the transaction: it takes no row lock, so a leader
+                    # frozen in it (SIGSTOP, a partition) holds up no successor.
+                    async with conn.transaction():
+                        row = await conn.fetchrow(sql.leader)
+                        if row is None or row["epoch"] != epoch:
+                            raise Fenced(f"epoch {epoch} is not the schema's current epoch")
+                        max_task_id = int(row["max_task_id"])
+                        task_rows = await conn.fetch(sql.recover, time.time_ns() - retention_ns)
+                        schedule_rows = await conn.fetch(sql.schedules)
+                    for task_row in task_rows:
                         try:
                             tasks.append(decode_task_record(task_row, to_engine, with_output=False))
                         except (ValueError, TypeError) as exc:
                             reason = f"quarantined: undecodable row ({exc})"
                             quarantined.append((task_row["id"], reason))
                     if quarantined:
-                        await conn.execute(
+                        # One autocommit statement, gated on the epoch: no lock outlives it.
+                        status = await conn.execute(
                             sql.quarantine,
                             [task_id for task_id, _ in quarantined],
                             [reason for _, reason in quarantined],
                             time.time_ns(),
+                            epoch,
                         )
-                    for name, spec, next_ns, paused, last_task_id in await conn.fetch(
-                        sql.schedules
-                    ):
+                        if status == "UPDATE 0":
+                            raise Fenced(f"epoch {epoch} was superseded while recovering")
+                    for name, spec, next_ns, paused, last_task_id in schedule_rows:
                         try:
                             schedule = decode_schedule_spec(name, spec)
                         except ValueError:
@@ -357,7 +375,7 @@ class PgStore:
         rows = await self._fetch(self._sql.lookup + where, value)
         if not rows:
             return None
-        return decode_task_record(rows[0], self._time_base.to_engine, with_output=True)
+        return decode_looked_up_record(rows[0], self._time_base.to_engine)
 
     # --- pruning and shutdown -------------------------------------------------------------
 
@@ -384,7 +402,7 @@ class PgStore:
 
     async def _prune_regularly(self) -> None:
         config = self._config
-        while True:
+        while not self._lock_session.lost.is_set():
             try:
                 await self.prune(time.time_ns() - round(config.keep_finished * NS))
             except StoreError as exc:

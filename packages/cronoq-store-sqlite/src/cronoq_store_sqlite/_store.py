@@ -32,6 +32,7 @@ from cronoq.store import (
     TaskRecord,
     TimeBase,
     collapse_batch,
+    decode_looked_up_record,
     decode_schedule_spec,
     decode_task_record,
     encode_schedule_spec,
@@ -422,7 +423,7 @@ class SqliteStore:
         rows = await self._read(f"SELECT {TASK_COLUMNS} FROM cronoq_tasks WHERE {where}", (value,))
         if not rows:
             return None
-        return decode_task_record(rows[0], self._time_base.to_engine, with_output=True)
+        return decode_looked_up_record(rows[0], self._time_base.to_engine)
 
     # --- pruning and shutdown -------------------------------------------------------------
 
@@ -446,7 +447,7 @@ class SqliteStore:
 
     async def _prune_regularly(self) -> None:
         config = self._config
-        while True:
+        while not self._lost.is_set():
             try:
                 await self.prune(time.time_ns() - round(config.keep_finished * NS))
             except StoreError as exc:

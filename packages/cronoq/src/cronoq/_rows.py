@@ -24,10 +24,12 @@ from cronoq._model import (
     TaskTemplate,
 )
 from cronoq._mutations import TaskRecord
+from cronoq.errors import StoreFatal
 
 __all__ = [
     "RECOVERY_COLUMNS",
     "TASK_COLUMNS",
+    "decode_looked_up_record",
     "decode_schedule_spec",
     "decode_task_record",
     "decode_task_spec",
@@ -217,3 +219,15 @@ def decode_task_record(
         cancel_requested=bool(cancel_requested),
         output=bytes(output) if with_output and output is not None else None,
     )
+
+
+def decode_looked_up_record(row: Iterable[Any], to_engine: Callable[[int], int]) -> TaskRecord:
+    """``decode_task_record`` with the output, for lookups: a row that cannot be decoded (one
+    recovery quarantined) is a ``StoreFatal`` that names it, not a decoder's traceback."""
+    values = list(row)
+    try:
+        return decode_task_record(values, to_engine, with_output=True)
+    except (ValueError, TypeError) as exc:
+        raise StoreFatal(
+            f"task {values[0]} cannot be decoded (recovery quarantines such rows): {exc}"
+        ) from exc

@@ -41,6 +41,7 @@ from cronoq._mutations import (
 from cronoq._rows import (
     RECOVERY_COLUMNS,
     TASK_COLUMNS,
+    decode_looked_up_record,
     decode_schedule_spec,
     decode_task_record,
     decode_task_spec,
@@ -77,6 +78,7 @@ __all__ = [
     "TimeBase",
     "Unavailable",
     "collapse_batch",
+    "decode_looked_up_record",
     "decode_schedule_spec",
     "decode_task_record",
     "decode_task_spec",
