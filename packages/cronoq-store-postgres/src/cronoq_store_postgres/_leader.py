@@ -139,6 +139,12 @@ class LockSession:
 
     async def release(self) -> None:
         """Unlock and close, so a standby takes over at once."""
+        # The keepalive must not run a query on the session while the unlock does.
+        watch, self._keepalive = self._keepalive, None
+        if watch is not None and watch is not asyncio.current_task():
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
         conn = self._conn
         if conn is not None and not conn.is_closed():
             conn.remove_termination_listener(self._on_terminated)

@@ -69,8 +69,7 @@ class Driver:
         self.stopped = asyncio.Event()
         self.lost = asyncio.Event()
         self.failure: BaseException | None = None
-        self.steps = 0
-        self.commits = 0
+        self.commits = 0  # committed steps, for tests and diagnostics
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -159,7 +158,6 @@ class Driver:
         inputs = list(self._inbox)
         self._inbox.clear()
         result = engine.step(self._clock(), inputs)
-        self.steps += 1
         if result.mutations:
             self._committing = result
             committed = await self._commit(result.mutations)

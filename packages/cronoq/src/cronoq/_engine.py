@@ -407,10 +407,6 @@ class Engine:
     def live_count(self) -> int:
         return len(self._tasks)
 
-    @property
-    def finished_count(self) -> int:
-        return len(self._finished)
-
     def stop_dispatching(self) -> None:
         """Start no more attempts (a graceful shutdown); everything else goes on."""
         self._dispatching = False

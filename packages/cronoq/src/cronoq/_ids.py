@@ -12,7 +12,6 @@ from cronoq.errors import StoreFatal
 SEQUENCE_BITS = 40
 EPOCH_BITS = 63 - SEQUENCE_BITS
 MAX_EPOCH = (1 << EPOCH_BITS) - 1
-MAX_SEQUENCE = (1 << SEQUENCE_BITS) - 1
 
 
 def first_id(epoch: int, high_water_mark: int) -> int:
