@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import asyncpg
 
@@ -323,12 +323,9 @@ class PgStore:
                         max_task_id = int(row["max_task_id"])
                         task_rows = await conn.fetch(sql.recover, time.time_ns() - retention_ns)
                         schedule_rows = await conn.fetch(sql.schedules)
-                    for task_row in task_rows:
-                        try:
-                            tasks.append(decode_task_record(task_row, to_engine, with_output=False))
-                        except (ValueError, TypeError) as exc:
-                            reason = f"quarantined: undecodable row ({exc})"
-                            quarantined.append((task_row["id"], reason))
+                    # Decoding a million rows takes seconds: off the loop, so the lock
+                    # session's keepalive keeps answering meanwhile.
+                    tasks, quarantined = await asyncio.to_thread(_decode_rows, task_rows, to_engine)
                     if quarantined:
                         # One autocommit statement, gated on the epoch: no lock outlives it.
                         status = await conn.execute(
@@ -429,3 +426,16 @@ class PgStore:
             async with asyncio.timeout(self._config.keepalive):
                 await self._pool.close()
         self._pool.terminate()
+
+
+def _decode_rows(
+    rows: list[asyncpg.Record], to_engine: Callable[[int], int]
+) -> tuple[list[TaskRecord], list[tuple[int, str]]]:
+    tasks: list[TaskRecord] = []
+    quarantined: list[tuple[int, str]] = []
+    for row in rows:
+        try:
+            tasks.append(decode_task_record(row, to_engine, with_output=False))
+        except (ValueError, TypeError) as exc:
+            quarantined.append((row["id"], f"quarantined: undecodable row ({exc})"))
+    return tasks, quarantined

@@ -238,8 +238,10 @@ class Driver:
                 state = await self._store.recover(
                     self._epoch, TimeBase(), self._config.retention_ns
                 )
-                engine, first = Engine.recover(
-                    self._config, self._epoch, self._clock(), state, adopt
+                # A recovery of a million tasks takes seconds of pure work: off the loop, so
+                # the store's leadership keepalives keep running meanwhile.
+                engine, first = await asyncio.to_thread(
+                    Engine.recover, self._config, self._epoch, self._clock(), state, adopt
                 )
                 if first.mutations and not await self._commit(first.mutations):
                     raise Unavailable("could not commit the recovery step")
