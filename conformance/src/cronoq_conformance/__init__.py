@@ -16,7 +16,7 @@ See docs/stores/writing-a-store.md.
 """
 
 from cronoq_conformance._engine_suite import EngineSuite
-from cronoq_conformance._harness import Capability, StoreHarness
+from cronoq_conformance._harness import Capability, StoreHarness, run_in_python
 from cronoq_conformance._protocol_suite import StoreSuite
 from cronoq_conformance._simulation import SimulationSuite
 
@@ -27,6 +27,7 @@ __all__ = [
     "StoreConformance",
     "StoreHarness",
     "StoreSuite",
+    "run_in_python",
 ]
 
 

@@ -8,12 +8,16 @@ an undeclared one, and checks that every declared one really works.
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import subprocess
+import sys
+import textwrap
 from abc import ABC, abstractmethod
 
 from cronoq.store import Store
 
-__all__ = ["Capability", "StoreHarness"]
+__all__ = ["Capability", "StoreHarness", "run_in_python"]
 
 
 class Capability(enum.Enum):
@@ -83,3 +87,31 @@ class StoreHarness(ABC):
         ``await open_store()``, which opens an instance of this cluster in that process.
         """
         raise NotImplementedError
+
+
+async def run_in_python(open_store_source: str, code: str, timeout: float = 60.0) -> str:
+    """Run ``code`` as the body of an ``async def`` in a new Python process; return its output.
+
+    ``open_store_source`` is Python source defining ``async def open_store()`` (with its
+    imports); ``asyncio`` is imported. A harness's ``run_in_other_process`` is usually this call.
+    """
+    script = "\n".join(
+        [
+            "import asyncio",
+            textwrap.dedent(open_store_source),
+            "async def main():",
+            textwrap.indent(textwrap.dedent(code), "    ") or "    pass",
+            "asyncio.run(main())",
+        ]
+    )
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"the other process failed:\n{result.stderr}")
+    return result.stdout

@@ -7,19 +7,15 @@ When it is unreachable the tests skip with a one-line reason, unless
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import os
-import subprocess
-import sys
-import textwrap
 import uuid
 
 import asyncpg
 import pytest
 
 from cronoq.store import Store
-from cronoq_conformance import Capability, StoreHarness
+from cronoq_conformance import Capability, StoreHarness, run_in_python
 from cronoq_store_postgres import PgStore, PgStoreConfig
 from cronoq_store_postgres._schema import quote_ident
 
@@ -131,19 +127,12 @@ class PgHarness(StoreHarness):
         await self._pg(instance).prune(horizon_unix_ns)
 
     async def run_in_other_process(self, code: str) -> str:
-        script = SCRIPT.format(
-            dsn=DSN, config=repr(self.config), body=textwrap.indent(code, "    ")
+        return await run_in_python(
+            "from cronoq_store_postgres import PgStore, PgStoreConfig\n"
+            "async def open_store():\n"
+            f"    return await PgStore.connect({DSN!r}, {self.config!r})\n",
+            code,
         )
-        result = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
 
     async def close_all(self) -> None:
         if self._blocker is not None:
@@ -151,17 +140,3 @@ class PgHarness(StoreHarness):
             self._blocker = None
         for store in self.opened:
             await store.close()
-
-
-SCRIPT = """
-import asyncio
-from cronoq_store_postgres import PgStore, PgStoreConfig
-
-async def open_store():
-    return await PgStore.connect({dsn!r}, {config})
-
-async def main():
-{body}
-
-asyncio.run(main())
-"""

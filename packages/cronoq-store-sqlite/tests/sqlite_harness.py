@@ -5,13 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 from cronoq.store import Store
-from cronoq_conformance import Capability, StoreHarness
+from cronoq_conformance import Capability, StoreHarness, run_in_python
 from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig
 
 # Short timings: a crashed leader's lease runs out in 1 s; a held write lock is reported as
@@ -94,19 +91,12 @@ class SqliteHarness(StoreHarness):
         await self._sqlite(instance).prune(horizon_unix_ns)
 
     async def run_in_other_process(self, code: str) -> str:
-        script = SCRIPT.format(
-            path=str(self.path), config=repr(self.config), body=textwrap.indent(code, "    ")
+        return await run_in_python(
+            "from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig\n"
+            "async def open_store():\n"
+            f"    return await SqliteStore.open({str(self.path)!r}, {self.config!r})\n",
+            code,
         )
-        result = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout
 
     async def close_all(self) -> None:
         if self._blocker is not None:
@@ -114,18 +104,3 @@ class SqliteHarness(StoreHarness):
             self._blocker = None
         for store in self.opened:
             await store.close()
-
-
-SCRIPT = """
-import asyncio
-import contextlib
-from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig
-
-async def open_store():
-    return await SqliteStore.open({path!r}, {config})
-
-async def main():
-{body}
-
-asyncio.run(main())
-"""
