@@ -79,6 +79,21 @@ def not_lock(link: Link) -> bool:
     return not link.is_lock_session
 
 
+async def standby_leads(starting: asyncio.Future[None], within: float, otherwise: str) -> None:
+    """Wait for the standby's start; if it never leads, fail naming the sessions left idle in
+    a transaction (what holds it back)."""
+    try:
+        async with asyncio.timeout(within):
+            await starting
+    except TimeoutError:
+        stuck = await query(
+            "SELECT pid, state, now() - state_change AS idle_for, left(query, 70) AS query "
+            "FROM pg_stat_activity WHERE application_name = 'cronoq' "
+            "AND state LIKE 'idle in transaction%'"
+        )
+        pytest.fail(f"the standby never led: {otherwise}. Sessions idle in a transaction: {stuck}")
+
+
 async def test_database_runs_with_synchronous_commit_on() -> None:
     await require_postgres()
     rows = await query("SHOW synchronous_commit")
@@ -214,19 +229,12 @@ async def _blackhole_scenario(schema: str, proxy: PgProxy, mid_commit: bool) -> 
 
         # The standby leads once the server has dropped the old lock session (its
         # idle_session_timeout is session_timeout): not before, and not much later.
-        try:
-            async with asyncio.timeout(2 * cfg.session_timeout + 2.0):
-                await starting_b
-        except TimeoutError:
-            stuck = await query(
-                "SELECT pid, state, now() - state_change AS idle_for, left(query, 60) AS query "
-                "FROM pg_stat_activity WHERE application_name = 'cronoq' "
-                "AND state LIKE 'idle in transaction%'"
-            )
-            pytest.fail(
-                "the standby never led: the frozen leader's transaction still holds the "
-                f"cronoq_leader row lock, so every epoch bump hits lock_timeout: {stuck}"
-            )
+        await standby_leads(
+            starting_b,
+            2 * cfg.session_timeout + 2.0,
+            "the frozen leader's transaction still holds the cronoq_leader row lock, so every "
+            "epoch bump hits lock_timeout",
+        )
         led = time.monotonic() - lock_link.last_forwarded
         assert led >= cfg.session_timeout - 0.05, led
         assert led < cfg.session_timeout + 1.5, led
@@ -405,20 +413,12 @@ async def test_leader_frozen_while_quarantining_does_not_keep_the_standby_out(
         starts.append(starting_b)
         async with asyncio.timeout(cfg.session_timeout + 2.0):
             await store_a.leadership_lost()
-        try:
-            async with asyncio.timeout(2 * cfg.session_timeout + 2.0):
-                await starting_b
-        except TimeoutError:
-            stuck = await query(
-                "SELECT pid, state, now() - state_change AS idle_for, left(query, 70) AS query "
-                "FROM pg_stat_activity WHERE application_name = 'cronoq' "
-                "AND state LIKE 'idle in transaction%'"
-            )
-            pytest.fail(
-                "the standby never led: the frozen leader's recovery transaction still holds "
-                "the quarantined row's lock, so the standby's recovery hits lock_timeout on "
-                f"it again and again. Sessions left idle in a transaction: {stuck}"
-            )
+        await standby_leads(
+            starting_b,
+            2 * cfg.session_timeout + 2.0,
+            "the frozen leader's recovery transaction still holds the quarantined row's lock, "
+            "so the standby's recovery hits lock_timeout on it again and again",
+        )
         [row] = await query(
             f"SELECT status, message FROM {quote_ident(schema)}.cronoq_tasks WHERE id = $1",
             broken.task_id,
