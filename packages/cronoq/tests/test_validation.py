@@ -107,6 +107,14 @@ async def test_submit_many_rejects_the_whole_batch(sched: Scheduler) -> None:
     await assert_nothing_applied(sched)
 
 
+async def test_submit_many_takes_an_iterable_of_requests(sched: Scheduler) -> None:
+    with pytest.raises(InvalidArgument, match="iterable of TaskRequest, got int"):
+        await sched.submit_many(5)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="expected a TaskRequest, got str"):
+        await sched.submit_many(["job"])  # type: ignore[list-item]
+    await assert_nothing_applied(sched)
+
+
 async def test_payload_size_limit() -> None:
     async with Scheduler([Pool("default", noop)], max_payload_bytes=10) as sched:
         with pytest.raises(PayloadError, match="11 bytes encoded; the limit is 10"):
@@ -192,6 +200,10 @@ def test_retry_policy_validation() -> None:
 def test_scheduler_construction_validation() -> None:
     with pytest.raises(InvalidArgument, match="at least one Pool"):
         Scheduler([])
+    with pytest.raises(InvalidArgument, match="pools must be a list of Pool, got str"):
+        Scheduler("default")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="pools must be Pool instances"):
+        Scheduler(["default"])  # type: ignore[list-item]
     with pytest.raises(InvalidArgument, match="pool names must be unique"):
         Scheduler([Pool("a", noop), Pool("a", noop)])
     with pytest.raises(InvalidArgument, match="concurrency must be between 1 and"):

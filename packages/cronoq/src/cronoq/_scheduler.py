@@ -178,11 +178,13 @@ class Scheduler:
     ) -> None:
         if isinstance(pools, Pool):
             pools = [pools]
+        if isinstance(pools, str) or not isinstance(pools, Sequence):
+            raise InvalidArgument(f"pools must be a list of Pool, got {type(pools).__name__}")
         if not pools:
             raise InvalidArgument("a Scheduler needs at least one Pool")
-        names = [p.name for p in pools]
         if not all(isinstance(p, Pool) for p in pools):
             raise InvalidArgument("pools must be Pool instances")
+        names = [p.name for p in pools]
         if len(set(names)) != len(names):
             raise InvalidArgument(f"pool names must be unique, got {names}")
         self._codec: Codec = codec if codec is not None else BytesCodec()
@@ -309,6 +311,10 @@ class Scheduler:
 
     async def submit_many(self, requests: Iterable[TaskRequest]) -> list[int]:
         """Submit several tasks in one step: all are accepted, or none is."""
+        if isinstance(requests, str | bytes) or not isinstance(requests, Iterable):
+            raise InvalidArgument(
+                f"submit_many takes an iterable of TaskRequest, got {type(requests).__name__}"
+            )
         now = time.time_ns()
         specs = [self._spec(r, now) for r in requests]
         if not specs:
