@@ -17,6 +17,7 @@ from cronoq.errors import (
     SchedulerError,
     SchedulerStopped,
     TaskError,
+    WaitTimedOut,
 )
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "TaskInfo",
     "TaskRequest",
     "TaskSummary",
+    "WaitTimedOut",
     "preview",
 ]
 

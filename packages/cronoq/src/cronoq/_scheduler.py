@@ -33,7 +33,6 @@ from cronoq._engine import (
     SubmitResult,
     SubmitTasks,
     TaskSummary,
-    WaitTask,
 )
 from cronoq._executors import LocalExecutor, TaskFunction
 from cronoq._memory import MemoryStore
@@ -198,7 +197,9 @@ class Scheduler:
             max_live_tasks=max_live_tasks,
             seed=seed,
         )
-        executors = {p.name: LocalExecutor(p.executor, self._codec) for p in pools}
+        executors = {
+            p.name: LocalExecutor(p.executor, self._codec, p.concurrency, p.name) for p in pools
+        }
         self._pools = frozenset(names)
         self._driver = Driver(
             config,
@@ -225,15 +226,18 @@ class Scheduler:
         await self._driver.start()
 
     async def close(self, timeout: float = 10.0) -> None:
-        """Stop taking calls, let running attempts finish for up to ``timeout`` seconds, stop.
+        """Stop taking calls, let running attempts finish for up to ``timeout`` seconds, commit
+        their outcomes and release leadership; returns within ``timeout`` plus one second.
 
         Attempts still running after that are abandoned: the next leader retries them.
         """
         await self._driver.stop(check.duration_ns(timeout, "timeout") / NS_PER_S)
-        await self._store.release_leadership()
 
     def abort(self) -> None:
-        """Stop at once without committing or releasing anything, as if the process died."""
+        """Stop at once, as if the process died: nothing more is committed, running attempts
+        are cancelled and abandoned (the next leader retries them), waiting callers get
+        ``SchedulerStopped``. Leadership is released in the background so that a standby takes
+        over at once; ``await close()`` afterwards waits for that release."""
         self._driver.abort()
 
     async def leadership_lost(self) -> None:
@@ -328,8 +332,19 @@ class Scheduler:
     async def get(self, task_id: int) -> TaskInfo:
         """The task with this id. Raises TaskNotFound if it is unknown or pruned."""
         check.integer(task_id, "task_id", 1, 2**63 - 1)
-        found = await self._call(lambda f: GetTask(task_id, f))
+        try:
+            found = await self._call(lambda f: GetTask(task_id, f))
+        except TaskNotFound:
+            return await self._stored(task_id)
         return await self._info(found, task_id)
+
+    async def _stored(self, task_id: int) -> TaskInfo:
+        """A task memory no longer holds (finished before the retention) but the store keeps
+        until ``keep_finished``."""
+        record = await self._store.get_task(task_id)
+        if record is None:
+            raise TaskNotFound(f"no task {task_id}")
+        return self._decode(record)
 
     async def get_by_key(self, key: str) -> TaskInfo | None:
         """The task holding ``key`` (live or finished within the retention), or None."""
@@ -341,12 +356,19 @@ class Scheduler:
         return await self._info(found, None)
 
     async def wait(self, task_id: int, timeout: float | None = None) -> TaskInfo:
-        """Wait until the task is terminal; return it with its output."""
+        """Wait until the task is terminal; return it with its output.
+
+        ``timeout`` (seconds) bounds the wait for a live task: past it, ``WaitTimedOut`` (a
+        ``TimeoutError``) is raised and the task carries on. A finished task is returned even
+        with ``timeout=0``. Raises ``SchedulerStopped`` if the scheduler stops meanwhile.
+        """
         check.integer(task_id, "task_id", 1, 2**63 - 1)
         seconds = None if timeout is None else check.duration_ns(timeout, "timeout") / NS_PER_S
-        async with asyncio.timeout(seconds):
-            found = await self._call(lambda f: WaitTask(task_id, f))
-        return await self._info(found, task_id)
+        try:
+            found = await self._driver.wait(task_id, seconds)
+        except TaskNotFound:
+            return await self._stored(task_id)
+        return await self._info(found, task_id)  # type: ignore[arg-type]
 
     async def _info(self, found: TaskRecord | TaskSummary, task_id: int | None) -> TaskInfo:
         if isinstance(found, TaskRecord):
@@ -416,7 +438,10 @@ class Scheduler:
         Finished: nothing changes and its final status is returned."""
         check.integer(task_id, "task_id", 1, 2**63 - 1)
         check.text(reason, "reason", max_length=4096)
-        result: Status = await self._call(lambda f: CancelTask(task_id, reason, f))
+        try:
+            result: Status = await self._call(lambda f: CancelTask(task_id, reason, f))
+        except TaskNotFound:
+            return (await self._stored(task_id)).status  # finished long ago: nothing to do
         return result
 
     # --- schedules ------------------------------------------------------------------------

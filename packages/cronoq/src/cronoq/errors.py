@@ -25,6 +25,7 @@ __all__ = [
     "UnknownDependency",
     "UnknownPool",
     "UnknownTimeZone",
+    "WaitTimedOut",
 ]
 
 
@@ -66,6 +67,10 @@ class TaskNotFound(CronoqError, LookupError):
 
 class ScheduleNotFound(CronoqError, LookupError):
     """No schedule with this name is known."""
+
+
+class WaitTimedOut(CronoqError, TimeoutError):
+    """``wait(timeout=...)`` gave up: the task is still live (it carries on)."""
 
 
 class SchedulerError(CronoqError):
