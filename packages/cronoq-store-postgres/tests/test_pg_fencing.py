@@ -76,21 +76,18 @@ async def lock_leader_row(schema: str) -> asyncpg.Connection:
     return blocker
 
 
-async def waiting_for_a_lock() -> int:
-    """How many of the store's pool sessions wait for a lock (here: the leader row)."""
+async def running_statements(schema: str, waiting_for_a_lock: bool = False) -> int:
+    """How many statements of the store on the schema's tables are running (or waiting for a
+    lock: here, the leader row). Other tests may use the same server: only this schema's
+    statements count."""
     rows = await query(
-        "SELECT count(*) AS n FROM pg_stat_activity "
-        "WHERE application_name = 'cronoq' AND wait_event_type = 'Lock'"
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name = 'cronoq' "
+        "AND state = 'active' AND strpos(query, $1) > 0 "
+        "AND (NOT $2 OR wait_event_type IS NOT DISTINCT FROM 'Lock')",
+        quote_ident(schema) + ".cronoq_",
+        waiting_for_a_lock,
     )
     return int(rows[0]["n"])
-
-
-async def at_least_waiting(count: int) -> bool:
-    return await waiting_for_a_lock() >= count
-
-
-async def none_waiting() -> bool:
-    return await waiting_for_a_lock() == 0
 
 
 async def test_a_commit_whose_connection_broke_cannot_land_after_recovery_has_read(
@@ -114,7 +111,14 @@ async def test_a_commit_whose_connection_broke_cannot_land_after_recovery_has_re
         blocker = await lock_leader_row(schema)
 
         orphan = asyncio.ensure_future(store.commit(lease.epoch, [task(first_id, "orphan")]))
-        await wait_until(lambda: at_least_waiting(1), 5.0, "the batch waits on the row")
+
+        async def waiting(count: int) -> bool:
+            return await running_statements(schema, waiting_for_a_lock=True) >= count
+
+        async def none_running() -> bool:
+            return await running_statements(schema) == 0
+
+        await wait_until(lambda: waiting(1), 5.0, "the batch waits on the row")
 
         def runs_the_batch(link: Link) -> bool:
             return not link.is_lock_session and writes_a_batch(link, link.last_statement)
@@ -128,13 +132,13 @@ async def test_a_commit_whose_connection_broke_cannot_land_after_recovery_has_re
         async def recovery_read_or_queued() -> bool:
             # Either recovery reads at once (the orphan still waiting), or it waits for the
             # orphan's outcome behind the same row.
-            return recovering.done() or await at_least_waiting(2)
+            return recovering.done() or await waiting(2)
 
         await wait_until(recovery_read_or_queued, 5.0, "recovery either read or queued")
         await blocker.close()  # the orphan gets the row now: it commits, or is fenced out
         blocker = None
         state = await recovering
-        await wait_until(none_waiting, 5.0, "the orphaned statement is over")
+        await wait_until(none_running, 5.0, "the orphaned statement is over")
 
         landed = await rows_with_key(schema, "orphan")
         recovered = [t.task_id for t in state.tasks]
