@@ -45,6 +45,7 @@ from cronoq.store import (
     shielded,
 )
 from cronoq_store_postgres._config import PgStoreConfig
+from cronoq_store_postgres._direct import verify_direct
 from cronoq_store_postgres._errors import CLASSIFIED, CLASSIFIED_OR_BAD_DSN, classify
 from cronoq_store_postgres._leader import LockSession, session_settings
 from cronoq_store_postgres._schema import Connection, lock_key, migrate, quote_ident
@@ -214,6 +215,11 @@ class PgStore:
             "plan_cache_mode": "force_custom_plan",
         }
 
+        async def verify(conn: asyncpg.Connection) -> None:
+            # The whole store must reach PostgreSQL directly, not only its lock session: a
+            # pooler would drop the settings above as well (docs/stores/postgres.md).
+            await verify_direct(conn, settings, "a connection of the store's pool")
+
         try:
             pool = await asyncpg.create_pool(
                 dsn,
@@ -223,6 +229,7 @@ class PgStore:
                 command_timeout=config.command_timeout,
                 timeout=config.session_timeout,
                 server_settings={**settings, "application_name": "cronoq"},
+                init=verify,
             )
         except CLASSIFIED_OR_BAD_DSN as exc:
             raise classify(exc, "connecting") from exc
