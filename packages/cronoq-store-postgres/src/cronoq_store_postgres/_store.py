@@ -55,6 +55,7 @@ __all__ = ["PgStore"]
 log = logging.getLogger("cronoq.postgres")
 NS = 1_000_000_000
 _T = TypeVar("_T")
+ID_CLASH = "id of a new task already taken:"
 
 
 class _Sql:
@@ -81,23 +82,18 @@ class _Sql:
         # One statement per batch: atomic on its own, one round trip. Every part is gated on
         # the fence, so a stale epoch or generation writes nothing; the fence's row lock makes
         # a takeover's epoch bump wait until this statement is over. A new task whose id holds
-        # another task (ids are never reused: a bug, or a restored backup) fails the whole
-        # batch rather than being dropped by ON CONFLICT; the same batch applied again (the
-        # driver retries one whose outcome it did not learn) is no clash.
+        # another task (ids are never reused: a bug, or a restored backup) must fail the whole
+        # batch, not be dropped by ON CONFLICT; the same batch applied again (the driver
+        # retries one whose outcome it did not learn) is no clash. SQL has no RAISE: the clash
+        # casts a message to integer, and the error carries it. A join against the table
+        # before the insert would do the same, at the cost of a hash of the whole table once
+        # it grows (measured: 500-task batches took 55 ms instead of 31 ms at 20,000 rows).
         self.commit = f"""
-            WITH clash AS (
-                SELECT t.id FROM {s}.cronoq_tasks AS t
-                JOIN unnest($3::bigint[], $4::text[], $5::text[], $6::text[], $13::bigint[])
-                    AS u(id, pool, kind, key, submitted) ON t.id = u.id
-                WHERE (t.pool, t.kind, t.key, t.submitted_ns)
-                    IS DISTINCT FROM (u.pool, u.kind, u.key, u.submitted)
-            ), fence AS (
+            WITH fence AS (
                 UPDATE {s}.cronoq_leader SET max_task_id = GREATEST(max_task_id, $1)
-                WHERE id = 1 AND epoch = $2 AND generation = $34
-                    AND NOT EXISTS (SELECT FROM clash)
-                RETURNING epoch
+                WHERE id = 1 AND epoch = $2 AND generation = $34 RETURNING epoch
             ), new_tasks AS (
-                INSERT INTO {s}.cronoq_tasks (id, pool, kind, key, payload, options, after_ids,
+                INSERT INTO {s}.cronoq_tasks AS t (id, pool, kind, key, payload, options, after_ids,
                     status, attempt, message, submitted_ns, updated_ns, due_ns, finished_ns,
                     output, cancel_requested)
                 SELECT u.id, u.pool, u.kind, u.key, u.payload, u.options, u.after::bigint[],
@@ -110,7 +106,11 @@ class _Sql:
                     AS u(id, pool, kind, key, payload, options, after, status, attempt, message,
                         submitted, updated, due, finished, output, cancel)
                 WHERE EXISTS (SELECT FROM fence)
-                ON CONFLICT (id) DO NOTHING
+                ON CONFLICT (id) DO UPDATE
+                    SET attempt = ('{ID_CLASH} ' || excluded.id)::integer
+                    WHERE (t.pool, t.kind, t.key, t.submitted_ns)
+                        IS DISTINCT FROM (excluded.pool, excluded.kind, excluded.key,
+                            excluded.submitted_ns)
             ), changed AS (
                 UPDATE {s}.cronoq_tasks AS t SET
                     status = COALESCE(u.status, t.status),
@@ -138,7 +138,7 @@ class _Sql:
                 DELETE FROM {s}.cronoq_schedules
                 WHERE name = ANY($33::text[]) AND EXISTS (SELECT FROM fence)
             )
-            SELECT (SELECT count(*) FROM fence) AS written, (SELECT min(id) FROM clash) AS clash"""
+            SELECT count(*) FROM fence"""
         self.recover = f"""
             SELECT {RECOVERY_COLUMNS} FROM {s}.cronoq_tasks
             WHERE finished_ns IS NULL OR finished_ns >= $1 OR id IN (
@@ -388,18 +388,21 @@ class PgStore:
         )
         async with self._serial:
 
-            async def write(conn: Connection) -> asyncpg.Record | None:
-                return await conn.fetchrow(self._sql.commit, *arguments, self._generation)
+            async def write(conn: Connection) -> int:
+                try:
+                    return int(await conn.fetchval(self._sql.commit, *arguments, self._generation))
+                except asyncpg.InvalidTextRepresentationError as exc:
+                    if ID_CLASH not in str(exc):
+                        raise
+                    task_id = str(exc).split(ID_CLASH, 1)[1].strip(' "')
+                    raise StoreFatal(
+                        f"task id {task_id} already holds another task: the batch that reuses "
+                        "it was not written. Ids are never reused, so the schema was changed "
+                        "behind the store's back (a restored backup?) or this is a bug."
+                    ) from exc
 
-            row = await self._write(epoch, "committing a batch", write)
-        assert row is not None
-        if row["clash"] is not None:
-            raise StoreFatal(
-                f"task id {row['clash']} already holds another task: the batch that reuses it "
-                "was not written. Ids are never reused, so the schema was changed behind the "
-                "store's back (a restored backup?) or this is a bug."
-            )
-        if row["written"] == 0:
+            written = await self._write(epoch, "committing a batch", write)
+        if written == 0:
             raise Fenced(f"epoch {epoch} was superseded by a newer leader")
 
     # --- recovery -------------------------------------------------------------------------
