@@ -10,7 +10,7 @@ and session pooling.
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -75,7 +75,8 @@ async def assert_no_lock_left_and_a_direct_instance_leads(schema: str, cfg: PgSt
     assert await lock_holders(schema) == []
     direct = await PgStore.connect(DSN, cfg)
     try:
-        lease = await direct.acquire_leadership()
+        async with asyncio.timeout(cfg.lock_poll + 2.0):
+            lease = await direct.acquire_leadership()
         await direct.recover(lease.epoch, TimeBase(), HOUR_NS)
     finally:
         await direct.close()
@@ -170,7 +171,7 @@ async def test_a_plain_tcp_proxy_and_a_unix_socket_are_accepted(schema: str) -> 
     unix_dsn = f"postgresql://postgres@/{dbname}?host={socket_dir}&port={upstream[1]}"
     try:
         for dsn in (proxy.dsn(DSN), unix_dsn):
-            cfg = dataclasses.replace(config(schema))
+            cfg = config(schema)
             store = await PgStore.connect(dsn, cfg)
             try:
                 lease = await store.acquire_leadership()
