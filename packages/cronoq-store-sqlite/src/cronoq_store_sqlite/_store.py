@@ -136,7 +136,7 @@ class SqliteStore:
                 try:
                     conn = await aiosqlite.connect(path, isolation_level=None)
                 except sqlite3.Error as exc:
-                    raise classify(exc, f"opening {path!r}") from exc
+                    raise classify(exc, "opening", path) from exc
                 opened.append(conn)
                 await configure(
                     conn,
@@ -144,10 +144,10 @@ class SqliteStore:
                     busy_timeout_ms=round(config.busy_timeout * 1000),
                     journal_size_limit=config.journal_size_limit,
                 )
-            await _migrate_patiently(opened[0], config)
+            await _migrate_patiently(opened[0], config, path)
         except sqlite3.Error as exc:
             await _close_all(opened)
-            raise classify(exc, f"configuring {path!r}") from exc
+            raise classify(exc, "configuring", path) from exc
         except BaseException:
             await _close_all(opened)
             raise
@@ -183,7 +183,7 @@ class SqliteStore:
                     await _roll_back(conn)
                     raise
             except sqlite3.Error as exc:
-                raise classify(exc, doing) from exc
+                raise classify(exc, doing, self._path) from exc
 
     async def _fence(self, conn: aiosqlite.Connection, epoch: int, max_task_id: int = 0) -> None:
         """Inside a write transaction: go on only if ``epoch`` and this holder still hold the
@@ -191,6 +191,10 @@ class SqliteStore:
         ``BEGIN IMMEDIATE`` on, keeps another instance from taking over before COMMIT, so a
         fenced instance writes nothing, even one that does not know yet (paused past its
         lease and resumed)."""
+        if epoch != self._epoch:
+            # This instance stepped down (or never led): nothing of it may land, even while
+            # the lease row, not yet taken over, still names it.
+            self._fenced(epoch)
         cursor = await conn.execute(
             "UPDATE cronoq_leader SET max_task_id = MAX(max_task_id, ?) "
             "WHERE id = 1 AND epoch = ? AND holder = ?",
@@ -223,7 +227,7 @@ class SqliteStore:
             try:
                 return list(await conn.execute_fetchall(sql, params))
             except sqlite3.Error as exc:
-                raise classify(exc, "reading") from exc
+                raise classify(exc, "reading", self._path) from exc
 
     def _check_open(self) -> None:
         if self._closed:
@@ -282,12 +286,14 @@ class SqliteStore:
                 if time.monotonic() < valid_until:
                     log.warning("lease renewal failed, trying again: %s", exc)
                     continue
-                renewed = False
-            except StoreFatal:
-                log.exception("lease renewal failed")
-                renewed = False
+                log.warning("leadership lost: the lease ran out while renewal failed (%s)", exc)
+                self._step_down()
+                return
+            except StoreFatal as exc:
+                self._stop_on_fatal(exc)
+                return
             if not renewed:
-                log.warning("leadership lost: the lease of %s was taken over", self._path)
+                log.warning("leadership lost: the lease of %r was taken over", self._path)
                 self._step_down()
                 return
             valid_until = time.monotonic() + config.lease_ttl
@@ -299,6 +305,13 @@ class SqliteStore:
                 (time.time_ns() + round(self._config.lease_ttl * NS), self._epoch, self._holder),
             )
             return cursor.rowcount == 1
+
+    def _stop_on_fatal(self, exc: StoreFatal) -> None:
+        """A background write (renewal, pruning) failed for good: a read-only, corrupt or
+        unreachable file is not retried. Stop leading, so the scheduler stops, and leave the
+        lease to run out as a crash would: writing its release would likely fail the same way."""
+        log.error("leadership given up: %s", exc)
+        self._step_down()
 
     def _step_down(self) -> None:
         self._epoch = None
@@ -411,7 +424,7 @@ class SqliteStore:
             ) as cursor:
                 row = await cursor.fetchone()
             assert row is not None
-            if (row[0], row[1]) != (epoch, self._holder):
+            if (row[0], row[1]) != (epoch, self._holder) or epoch != self._epoch:
                 self._fenced(epoch)
             max_task_id = int(row[2])
             horizon = time.time_ns() - retention_ns
@@ -498,6 +511,9 @@ class SqliteStore:
                 await self.prune(time.time_ns() - round(config.keep_finished * NS))
             except Fenced:
                 return  # stepped down: the new leader prunes
+            except StoreFatal as exc:
+                self._stop_on_fatal(exc)
+                return
             except StoreError as exc:
                 log.warning("pruning failed, trying later: %s", exc)
             await asyncio.sleep(config.prune_interval)
@@ -532,13 +548,15 @@ async def _close_all(connections: Sequence[aiosqlite.Connection]) -> None:
             await conn.close()
 
 
-async def _migrate_patiently(conn: aiosqlite.Connection, config: SqliteStoreConfig) -> None:
+async def _migrate_patiently(
+    conn: aiosqlite.Connection, config: SqliteStoreConfig, path: str
+) -> None:
     """Instances opened together contend for the write lock: opening waits its turn (a short
     ``busy_timeout`` is for commits, which the scheduler retries, not for opening)."""
     give_up = time.monotonic() + max(5.0, 10 * config.busy_timeout)
     while True:
         try:
-            await migrate(conn)
+            await migrate(conn, path)
             return
         except Unavailable:
             if time.monotonic() >= give_up:
