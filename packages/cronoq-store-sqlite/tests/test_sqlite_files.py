@@ -195,10 +195,11 @@ async def test_synchronous_follows_full_sync_on_each_stores_own_connection(
     synced = await SqliteStore.open(db, replace(FAST, full_sync=True))
     unsynced = await SqliteStore.open(db, replace(FAST, full_sync=False))
     try:
-        assert list(await synced._conn.execute_fetchall("PRAGMA synchronous")) == [(2,)]
-        assert list(await unsynced._conn.execute_fetchall("PRAGMA synchronous")) == [(1,)]
-        for store in (synced, unsynced):
-            assert list(await store._conn.execute_fetchall("PRAGMA journal_mode")) == [("wal",)]
+        # Both connections of each: the lease one writes the epoch, which must be durable too.
+        for store, wanted in ((synced, 2), (unsynced, 1)):
+            for conn in (store._conn, store._lease_conn):
+                assert list(await conn.execute_fetchall("PRAGMA synchronous")) == [(wanted,)]
+                assert list(await conn.execute_fetchall("PRAGMA journal_mode")) == [("wal",)]
     finally:
         await unsynced.close()
         await synced.close()
