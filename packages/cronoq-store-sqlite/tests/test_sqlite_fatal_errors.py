@@ -30,11 +30,14 @@ DAY_NS = 24 * 3600 * 1_000_000_000
 # Long enough that a fatal error retried as if transient would be seen to hang.
 COMMIT_TIMEOUT = 30.0
 PROMPTLY = 5.0
+# Nothing here is old enough to be pruned: a deletion writes pages the tests smash, and
+# make_database's finished rows must stay.
+KEEP = replace(FAST, keep_finished=365 * 24 * 3600.0)
 
 
 async def make_database(db: Path, tasks: int = 300) -> None:
     """A real cronoq database: live tasks and tasks that finished long ago (prunable)."""
-    store = await SqliteStore.open(db, replace(FAST, keep_finished=365 * 24 * 3600.0))
+    store = await SqliteStore.open(db, KEEP)
     try:
         epoch = (await store.acquire_leadership()).epoch
         old = time.time_ns() - 30 * DAY_NS
@@ -72,24 +75,33 @@ def smash_header(db: Path) -> None:
         file.write(b"this is not a SQLite header".ljust(100, b"\x00"))
 
 
-def checkpoint(db: Path) -> None:
-    """Move every page out of the WAL into the file, so that smashing the file hits them."""
-    with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as conn:
-        [(busy, _, _)] = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-    assert busy == 0, "the checkpoint could not complete"
+def smash_behind_the_store(db: Path, name: str) -> None:
+    """Smash a page of a file the store has open, so that its next read of the page fails.
 
-
-def touch_schema_version(db: Path) -> None:
-    """A write from another connection: every connection of the store drops its page cache at
-    its next transaction and reads the pages from the file again."""
-    with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as conn:
+    The page must be in the file, not in the WAL (a checkpoint moves it there), and no writer
+    may put a sound copy of it in the WAL before the store reads it again: the smashing happens
+    under SQLite's write lock, into an empty WAL, and a write then makes every connection drop
+    its page cache at its next transaction.
+    """
+    size, page = root_page(db, name)
+    with contextlib.closing(sqlite3.connect(db, isolation_level=None, timeout=5)) as conn:
+        for _ in range(100):
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.execute("BEGIN IMMEDIATE")
+            if os.stat(f"{db}-wal").st_size == 0:
+                break
+            conn.execute("ROLLBACK")  # a writer came between the checkpoint and the lock
+        else:
+            raise AssertionError("the WAL never emptied: a reader holds an old snapshot")
+        with open(db, "r+b") as file:
+            file.seek((page - 1) * size)
+            file.write(b"\xa5" * size)
         conn.execute("UPDATE cronoq_schema_version SET version = version")
+        conn.execute("COMMIT")
 
 
 async def smash_while_open(db: Path, name: str) -> None:
-    await asyncio.to_thread(checkpoint, db)
-    await asyncio.to_thread(smash_page, db, name)
-    await asyncio.to_thread(touch_schema_version, db)
+    await asyncio.to_thread(smash_behind_the_store, db, name)
 
 
 def says_fatal(error: BaseException, db: Path, code: str) -> None:
@@ -283,7 +295,7 @@ async def test_a_corrupt_table_fails_the_start_instead_of_being_retried(tmp_path
     db = tmp_path / "table.db"
     await make_database(db)
     smash_page(db, "cronoq_tasks")
-    store = await SqliteStore.open(db, FAST)  # the schema is intact: opening works
+    store = await SqliteStore.open(db, KEEP)  # the schema is intact: opening works
     scheduler = Scheduler([Pool("default", noop)], store=store, commit_timeout=COMMIT_TIMEOUT)
     try:
         with pytest.raises(StoreFatal) as raised:
@@ -300,7 +312,7 @@ async def test_corruption_met_by_a_commit_stops_the_scheduler_with_that_error(
 ) -> None:
     db = tmp_path / "running.db"
     await make_database(db)
-    store = await SqliteStore.open(db, FAST)
+    store = await SqliteStore.open(db, KEEP)
     scheduler = Scheduler([Pool("default", noop)], store=store, commit_timeout=COMMIT_TIMEOUT)
     try:
         await scheduler.start()
@@ -328,9 +340,9 @@ async def test_a_fatal_error_in_background_pruning_gives_up_leadership(
 ) -> None:
     db = tmp_path / "prune.db"
     await make_database(db)
-    # Prune often, with a horizon the old rows are past: the pruning reads the index of
-    # finished tasks, which is what gets smashed (commits of live tasks never read it).
-    config = replace(FAST, prune_interval=0.05, keep_finished=3600.0)
+    # Prune often. Each pruning reads the index of finished tasks, which is what gets smashed
+    # (commits of live tasks never read it); with KEEP it finds nothing to delete.
+    config = replace(KEEP, prune_interval=0.05)
     store = await SqliteStore.open(db, config)
     try:
         epoch = (await store.acquire_leadership()).epoch
@@ -357,7 +369,7 @@ async def test_a_fatal_error_renewing_the_lease_gives_up_leadership_and_says_why
 ) -> None:
     db = tmp_path / "lease.db"
     await make_database(db)
-    store = await SqliteStore.open(db, FAST)
+    store = await SqliteStore.open(db, KEEP)
     try:
         await store.acquire_leadership()
         with caplog.at_level(logging.WARNING, logger="cronoq.sqlite"):

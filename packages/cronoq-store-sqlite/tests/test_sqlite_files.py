@@ -197,9 +197,10 @@ async def test_synchronous_follows_full_sync_on_each_stores_own_connection(
     try:
         # Both connections of each: the lease one writes the epoch, which must be durable too.
         for store, wanted in ((synced, 2), (unsynced, 1)):
-            for conn in (store._conn, store._lease_conn):
-                assert list(await conn.execute_fetchall("PRAGMA synchronous")) == [(wanted,)]
-                assert list(await conn.execute_fetchall("PRAGMA journal_mode")) == [("wal",)]
+            for connection in (store._conn, store._lease_conn):
+                pragma = connection.execute_fetchall
+                assert list(await pragma("PRAGMA synchronous")) == [(wanted,)]
+                assert list(await pragma("PRAGMA journal_mode")) == [("wal",)]
     finally:
         await unsynced.close()
         await synced.close()
