@@ -86,8 +86,10 @@ class AdmissionRejected(SchedulerError):
 class TaskError(CronoqError):
     """Raised by an executor to fail an attempt with control over the retry.
 
-    ``retryable=False`` dead-letters the task at once; ``retry_after`` (seconds)
-    overrides the backoff before the next attempt.
+    ``retryable=False`` dead-letters the task at once; ``retry_after`` (seconds, at most ten
+    years) overrides the backoff before the next attempt. Bad arguments raise
+    :class:`InvalidArgument` here, in the executor, so they fail the attempt with that message
+    instead of reaching the scheduler.
     """
 
     def __init__(
@@ -97,12 +99,45 @@ class TaskError(CronoqError):
         retryable: bool = True,
         retry_after: float | None = None,
     ) -> None:
+        if not isinstance(message, str):
+            raise InvalidArgument(f"TaskError message must be a str, got {type(message).__name__}")
+        if not isinstance(retryable, bool):
+            raise InvalidArgument(f"retryable must be a bool, got {type(retryable).__name__}")
         super().__init__(message)
-        if retry_after is not None and not retry_after >= 0:
-            raise InvalidArgument(f"retry_after must be >= 0 seconds, got {retry_after!r}")
         self.message = message
         self.retryable = retryable
-        self.retry_after = retry_after
+        self._retry_after_ns = _retry_after_ns(retry_after)
+        self._retry_after = retry_after
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds before the next attempt, as given; None: the policy's backoff."""
+        return self._retry_after
+
+    @property
+    def retry_after_ns(self) -> int | None:
+        """``retry_after`` in nanoseconds, checked when the error was made."""
+        return self._retry_after_ns
+
+
+# Duplicated from _validate (which imports this module): ten years, like RetryPolicy's maximum.
+_MAX_RETRY_AFTER_S = 10 * 366 * 24 * 3600
+
+
+def _retry_after_ns(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(
+            f"retry_after must be seconds (int or float) or None, got {type(value).__name__}"
+        )
+    # inf would leave the task running forever with its pool slot taken; compared before any
+    # conversion, since float(10**400) raises OverflowError. NaN fails the comparison.
+    if not 0 <= value <= _MAX_RETRY_AFTER_S:
+        huge = isinstance(value, int) and value.bit_length() > 64  # no 4300-digit messages
+        given = f"an int of {value.bit_length()} bits" if huge else repr(value)
+        raise InvalidArgument(f"retry_after must be 0..{_MAX_RETRY_AFTER_S} seconds, got {given}")
+    return round(value * 1_000_000_000)
 
 
 class StoreError(CronoqError):
