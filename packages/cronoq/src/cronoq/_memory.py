@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from itertools import count
 from typing import TypeVar
 
-from cronoq._model import NS_PER_S
+from cronoq import _validate as check
 from cronoq.errors import Fenced, StoreFatal, Unavailable
 from cronoq.store import (
     CancelRequested,
@@ -214,7 +214,10 @@ class MemoryStore:
     def __init__(
         self, *, keep_finished: float = 3600.0, _cluster: MemoryCluster | None = None
     ) -> None:
-        self._cluster = _cluster or MemoryCluster(int(keep_finished * NS_PER_S))
+        if _cluster is None:
+            # Checked like every duration: "a" * 1e9 would build a 1.9 GB string, inf overflows.
+            _cluster = MemoryCluster(check.duration_ns(keep_finished, "keep_finished"))
+        self._cluster = _cluster
         self._id = next(self._cluster.instance_ids)
         self._epoch: int | None = None
         self._lost = asyncio.Event()
