@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
@@ -33,6 +33,7 @@ from cronoq._engine import (
     Engine,
     EngineConfig,
     PoolConfig,
+    SubmitResult,
     SubmitTasks,
     _seconds,
 )
@@ -434,10 +435,10 @@ class Counted:
         self.item = item
         self.taken = 0
 
-    def __iter__(self) -> Counted:
+    def __iter__(self) -> Iterator[Any]:
         return self
 
-    def __next__(self) -> object:
+    def __next__(self) -> Any:
         self.taken += 1
         return self.item
 
@@ -474,8 +475,8 @@ async def test_endless_and_huge_iterables_are_refused_while_iterating(sched: Sch
 @pytest.mark.parametrize(
     ("retry_after", "message"),
     [
-        ("5", "retry_after must be seconds (int or float) or None, got str"),
-        (True, "retry_after must be seconds (int or float) or None, got bool"),
+        ("5", "retry_after must be seconds (int or float), a timedelta or None, got str"),
+        (True, "retry_after must be seconds (int or float), a timedelta or None, got bool"),
         (float("inf"), "retry_after must be 0..316224000 seconds, got inf"),
         (float("nan"), "retry_after must be 0..316224000 seconds, got nan"),
         (1e12, "retry_after must be 0..316224000 seconds, got 1000000000000.0"),
@@ -493,6 +494,7 @@ def test_task_error_keeps_a_good_retry_after() -> None:
     error = TaskError("x", retry_after=1.5)
     assert (error.retry_after, error.retry_after_ns) == (1.5, 1_500_000_000)
     assert TaskError("x").retry_after_ns is None
+    assert TaskError("x", retry_after=timedelta(minutes=2)).retry_after_ns == 120 * NS_PER_S
     with pytest.raises(InvalidArgument, match="retryable must be a bool, got str"):
         TaskError("x", retryable="no")  # type: ignore[arg-type]
 
@@ -556,27 +558,35 @@ async def test_lone_surrogates_are_refused_by_every_entry_point(sched: Scheduler
     assert [t.status for t in await sched.list()] == [Status.SCHEDULED]
 
 
-class RaisingZone(tzinfo):
+class HostileZone(tzinfo):
+    def dst(self, dt: datetime | None) -> None:
+        return None
+
+    def tzname(self, dt: datetime | None) -> None:
+        return None
+
+
+class RaisingZone(HostileZone):
     def utcoffset(self, dt: datetime | None) -> timedelta:
         raise RuntimeError("no offset today")
 
 
-class StringZone(tzinfo):
+class StringZone(HostileZone):
     def utcoffset(self, dt: datetime | None) -> timedelta:
         return "+01:00"  # type: ignore[return-value]
 
 
-class DayLongZone(tzinfo):
+class DayLongZone(HostileZone):
     def utcoffset(self, dt: datetime | None) -> timedelta:
         return timedelta(hours=25)
 
 
-class NoneZone(tzinfo):
+class NoneZone(HostileZone):
     def utcoffset(self, dt: datetime | None) -> None:
         return None
 
 
-class DriftingZone(tzinfo):
+class DriftingZone(HostileZone):
     """A different offset at each call: cronoq asks once, so the task gets one of them."""
 
     def __init__(self) -> None:
@@ -743,13 +753,17 @@ async def test_replace_keeps_an_operators_pause(sched: Scheduler) -> None:
 T0 = 1_700_000_000 * NS_PER_S
 
 
-def _submit(engine: Engine, count: int) -> object:
+def _submit(engine: Engine, count: int) -> list[SubmitResult] | BaseException:
     reply_to = object()
     specs = [TaskSpec(pool="default", kind="job", payload=b"") for _ in range(count)]
     result = engine.step(T0, [SubmitTasks(specs, reply_to)])
     [value] = [value for to, value in result.replies if to is reply_to]
-    if not isinstance(value, BaseException):
-        assert len([m for m in result.mutations if isinstance(m, TaskSubmitted)]) == count
+    created = [m.task_id for m in result.mutations if isinstance(m, TaskSubmitted)]
+    if isinstance(value, BaseException):
+        assert created == [], "a refused batch created nothing"
+        return value
+    assert isinstance(value, list)
+    assert [r.task_id for r in value] == created
     return value
 
 
@@ -760,17 +774,23 @@ def test_the_id_counter_stops_at_the_end_of_its_epoch() -> None:
     epoch = 3
     last = ((epoch + 1) << SEQUENCE_BITS) - 1
     engine = Engine(config, epoch, high_water_mark=last - 2)  # a rebuild: 2 ids left
-    with pytest.raises(SchedulerError, match=f"epoch 3 has issued every task id .*{last}"):
-        raise _submit(engine, 3)  # type: ignore[misc]
-    [first, second] = _submit(engine, 2)  # type: ignore[misc]
-    assert (first.task_id, second.task_id) == (last - 1, last)
+    refused = _submit(engine, 3)
+    assert isinstance(refused, SchedulerError)
+    assert str(refused) == (
+        f"epoch 3 has issued every task id of its range (up to {last}); "
+        "restart the scheduler so that it leads under a new epoch"
+    )
+    accepted = _submit(engine, 2)
+    assert isinstance(accepted, list)
+    assert [r.task_id for r in accepted] == [last - 1, last]
     assert epoch_of(last) == epoch
     assert isinstance(_submit(engine, 1), SchedulerError)
     assert engine.high_water_mark == last
     # The last epoch's range ends at the largest 63-bit id.
     final = Engine(config, MAX_EPOCH, high_water_mark=2**63 - 2)
-    [result] = _submit(final, 1)  # type: ignore[misc]
-    assert result.task_id == 2**63 - 1
+    issued = _submit(final, 1)
+    assert isinstance(issued, list)
+    assert [r.task_id for r in issued] == [2**63 - 1]
     assert isinstance(_submit(final, 1), SchedulerError)
 
 

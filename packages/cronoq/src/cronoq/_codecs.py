@@ -59,8 +59,10 @@ class JsonCodec:
     def decode(self, data: bytes) -> Any:
         try:
             return json.loads(data)
-        except (ValueError, RecursionError) as exc:
-            raise PayloadError(f"JsonCodec cannot decode {len(data)} bytes: {exc}") from exc
+        # TypeError: not bytes at all; RecursionError: "[[[[..." deeper than the stack.
+        except (TypeError, ValueError, RecursionError) as exc:
+            what = f"{len(data)} bytes" if isinstance(data, bytes) else type(data).__name__
+            raise PayloadError(f"JsonCodec cannot decode {what}: {exc}") from exc
 
 
 def encode_with(codec: Codec, value: Any, what: str) -> bytes:

@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from itertools import count
 from typing import TypeVar
 
@@ -212,8 +213,13 @@ class MemoryStore:
     """An in-process store (see the module docstring)."""
 
     def __init__(
-        self, *, keep_finished: float = 3600.0, _cluster: MemoryCluster | None = None
+        self,
+        *,
+        keep_finished: float | timedelta = 3600.0,
+        _cluster: MemoryCluster | None = None,
     ) -> None:
+        """``keep_finished``: seconds (or a timedelta, up to ten years) before finished tasks
+        are pruned."""
         if _cluster is None:
             # Checked like every duration: "a" * 1e9 would build a 1.9 GB string, inf overflows.
             _cluster = MemoryCluster(check.duration_ns(keep_finished, "keep_finished"))

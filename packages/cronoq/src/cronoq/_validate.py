@@ -117,6 +117,8 @@ def bounded(
 
 
 def tags(value: object) -> tuple[str, ...]:
+    if type(value) is tuple and not value:
+        return ()  # the default, on the path of every submission
     return tuple(
         bounded(value, "tags", "a list or tuple of str", MAX_TAGS, lambda tag: text(tag, "tag"))
     )
@@ -240,6 +242,8 @@ def _dependency(task_id: object) -> int:
 
 
 def dependencies(value: object) -> tuple[int, ...]:
+    if type(value) is tuple and not value:
+        return ()  # the default, on the path of every submission
     ids = bounded(value, "after", "a list of task ids", MAX_DEPENDENCIES, _dependency)
     return tuple(dict.fromkeys(ids))
 

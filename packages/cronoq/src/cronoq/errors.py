@@ -6,6 +6,8 @@ already catch ``ValueError`` for bad input keep working.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 __all__ = [
     "AdmissionRejected",
     "CronoqError",
@@ -97,7 +99,7 @@ class TaskError(CronoqError):
         message: str,
         *,
         retryable: bool = True,
-        retry_after: float | None = None,
+        retry_after: float | timedelta | None = None,
     ) -> None:
         if not isinstance(message, str):
             raise InvalidArgument(f"TaskError message must be a str, got {type(message).__name__}")
@@ -110,7 +112,7 @@ class TaskError(CronoqError):
         self._retry_after = retry_after
 
     @property
-    def retry_after(self) -> float | None:
+    def retry_after(self) -> float | timedelta | None:
         """Seconds before the next attempt, as given; None: the policy's backoff."""
         return self._retry_after
 
@@ -127,15 +129,19 @@ _MAX_RETRY_AFTER_S = 10 * 366 * 24 * 3600
 def _retry_after_ns(value: object) -> int | None:
     if value is None:
         return None
+    if isinstance(value, timedelta):  # like every other duration of the API
+        value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidArgument(
-            f"retry_after must be seconds (int or float) or None, got {type(value).__name__}"
+            "retry_after must be seconds (int or float), a timedelta or None, got "
+            f"{type(value).__name__}"
         )
     # inf would leave the task running forever with its pool slot taken; compared before any
     # conversion, since float(10**400) raises OverflowError. NaN fails the comparison.
     if not 0 <= value <= _MAX_RETRY_AFTER_S:
-        huge = isinstance(value, int) and value.bit_length() > 64  # no 4300-digit messages
-        given = f"an int of {value.bit_length()} bits" if huge else repr(value)
+        given = repr(value)
+        if isinstance(value, int) and value.bit_length() > 64:  # no 4300-digit messages
+            given = f"an int of {value.bit_length()} bits"
         raise InvalidArgument(f"retry_after must be 0..{_MAX_RETRY_AFTER_S} seconds, got {given}")
     return round(value * 1_000_000_000)
 
