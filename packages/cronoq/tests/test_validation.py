@@ -51,7 +51,7 @@ from cronoq.errors import (
     UnknownPool,
     UnknownTimeZone,
 )
-from cronoq.store import TaskSubmitted, TaskUpdated
+from cronoq.store import TaskSubmitted, TaskUpdated, sanitize_message
 
 
 async def noop(ctx: TaskContext, payload: Any) -> None:
@@ -798,3 +798,28 @@ def test_a_high_water_mark_of_a_later_epoch_is_fatal() -> None:
     config = EngineConfig([PoolConfig("default", 10)])
     with pytest.raises(StoreFatal, match="belongs to epoch 4, after this leader's epoch 3"):
         Engine(config, 3, high_water_mark=4 << SEQUENCE_BITS | 5)
+
+
+def test_stores_keep_nul_and_lone_surrogates_of_messages_as_replacement_characters() -> None:
+    assert sanitize_message("a\x00b") == "a\ufffdb"
+    assert sanitize_message("no such file: \udcff.txt") == "no such file: \ufffd.txt"
+    assert sanitize_message("\ud83d\ude00 \U0001f600 \u00e9") == "\ufffd\ufffd \U0001f600 \u00e9"
+    assert sanitize_message("plain") == "plain"
+
+
+async def test_a_lone_surrogate_in_a_failure_message_does_not_reach_the_store() -> None:
+    """Item 9, the other way in: an exception message (from a file name, say) is not input the
+    API can refuse; SQLite then refused the commit and the scheduler stopped."""
+
+    async def fails(ctx: TaskContext, payload: Any) -> None:
+        raise RuntimeError("no such file: \udcff.txt")
+
+    store = MemoryStore()
+    async with Scheduler([Pool("default", fails)], store=store) as sched:
+        task_id = await sched.submit("job", retry=RetryPolicy.exponential(1))
+        assert (await sched.wait(task_id, timeout=5)).status is Status.FAILED
+        record = await store.get_task(task_id)
+        assert record is not None
+        expected = "attempt 1 failed: RuntimeError: no such file: \ufffd.txt; no attempts left"
+        assert record.message == expected
+        assert sched.running

@@ -14,9 +14,11 @@ from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
     InvalidArgument,
+    PayloadError,
     SchedulerError,
     SchedulerStopped,
     TaskError,
+    UnknownPool,
 )
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "MemoryStore",
     "MissPolicy",
     "OverlapPolicy",
+    "PayloadError",
     "Pool",
     "RetryPolicy",
     "ScheduleInfo",
@@ -42,6 +45,7 @@ __all__ = [
     "TaskInfo",
     "TaskRequest",
     "TaskSummary",
+    "UnknownPool",
     "preview",
 ]
 
