@@ -747,7 +747,7 @@ def test_fixed_start_missed_beyond_grace_with_skip_is_cancelled() -> None:
     result = run_to(engine, start + 61 * S)
     assert result.mutations == [
         TaskUpdated(
-            task_id, Status.CANCELLED, 0, "skipped: fixed start missed by 61s", start + 61 * S
+            task_id, Status.CANCELLED, 0, "skipped: fixed start missed by 1m1s", start + 61 * S
         )
     ]
     assert result.dispatches == []
@@ -775,7 +775,7 @@ def test_fixed_start_already_missed_at_submission_with_skip_is_cancelled() -> No
     task = spec(start_at_ns=T0 - 2 * MINUTE, miss_policy=MissPolicy.SKIP, grace_ns=MINUTE)
     [task_id], result = submit_step(engine, T0, task)
     assert updates(result) == [
-        TaskUpdated(task_id, Status.CANCELLED, 0, "skipped: fixed start missed by 120s", T0)
+        TaskUpdated(task_id, Status.CANCELLED, 0, "skipped: fixed start missed by 2m", T0)
     ]
     assert result.dispatches == []
 
@@ -1788,7 +1788,7 @@ def test_fixed_start_that_passed_during_downtime_applies_its_miss_policy(
     [update] = updates(first)
     assert (update.task_id, update.status) == (task_id, expected)
     if expected is Status.CANCELLED:
-        assert update.message == "skipped: fixed start missed by 120s"
+        assert update.message == "skipped: fixed start missed by 2m"
 
 
 def test_overlap_guard_holds_across_recovery() -> None:

@@ -14,9 +14,11 @@ from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
     InvalidArgument,
+    PayloadError,
     SchedulerError,
     SchedulerStopped,
     TaskError,
+    UnknownPool,
     WaitTimedOut,
 )
 
@@ -31,6 +33,7 @@ __all__ = [
     "MemoryStore",
     "MissPolicy",
     "OverlapPolicy",
+    "PayloadError",
     "Pool",
     "RetryPolicy",
     "ScheduleInfo",
@@ -43,6 +46,7 @@ __all__ = [
     "TaskInfo",
     "TaskRequest",
     "TaskSummary",
+    "UnknownPool",
     "WaitTimedOut",
     "preview",
 ]

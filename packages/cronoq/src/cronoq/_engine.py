@@ -16,12 +16,13 @@ in its queue without counting, one that ended meanwhile keeps its slot until it 
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cronoq._cron import CronSchedule
-from cronoq._ids import first_id
+from cronoq._ids import first_id, last_id
 from cronoq._model import (
     LEGAL_TRANSITIONS,
     NS_PER_S,
@@ -37,6 +38,7 @@ from cronoq.errors import (
     CronoqError,
     DuplicateSchedule,
     ScheduleNotFound,
+    SchedulerError,
     TaskNotFound,
     UnknownDependency,
     UnknownPool,
@@ -86,7 +88,30 @@ __all__ = [
 
 
 def _seconds(ns: int) -> str:
-    return f"{ns / NS_PER_S:g}s"
+    """A duration for people: two significant digits below ten seconds (``0.62s``, ``1.5s``),
+    then whole seconds (``42s``), minutes and seconds (``1m30s``), hours and minutes (``2h5m``),
+    days and hours (``3d4h``)."""
+    s = ns / NS_PER_S
+    if ns <= 0:
+        return "0s"
+    if s < 10:
+        digits = 1 - math.floor(math.log10(s))
+        rounded = round(s, digits)
+        if rounded < 10:  # 9.96 rounds to 10: written as whole seconds below
+            return f"{rounded:.{max(digits, 0)}f}".rstrip("0").rstrip(".") + "s"
+    # Each unit is chosen on the rounded value, so 59.6s reads 1m and 3599.7s reads 1h.
+    seconds = round(s)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        m, sec = divmod(seconds, 60)
+        return f"{m}m{sec}s" if sec else f"{m}m"
+    minutes = round(s / 60)
+    if minutes < 24 * 60:
+        h, m = divmod(minutes, 60)
+        return f"{h}h{m}m" if m else f"{h}h"
+    d, h = divmod(round(s / 3600), 24)
+    return f"{d}d{h}h" if h else f"{d}d"
 
 
 # --- configuration ------------------------------------------------------------------------
@@ -416,6 +441,7 @@ class Engine:
         self.config = config
         self.epoch = epoch
         self._next_id = first_id(epoch, high_water_mark)
+        self._last_id = last_id(epoch)  # ids past it would belong to the next epoch
         self._pools = {p.name: _Pool(p) for p in config.pools}
         self._tasks: dict[int, _Task] = {}
         self._finished: dict[int, TaskSummary] = {}
@@ -584,6 +610,8 @@ class Engine:
                     f"pool {name!r} has {pool.live} live tasks; {count} more would exceed "
                     f"its max_live={cap}"
                 )
+        if self._next_id + total_new - 1 > self._last_id:
+            return self._ids_exhausted()
         results: list[SubmitResult] = []
         for spec in specs:
             if spec.key is not None and (existing := self._keys.get(spec.key)) is not None:
@@ -592,7 +620,15 @@ class Engine:
             results.append(SubmitResult(self._create(spec).id, created=True))
         return results
 
+    def _ids_exhausted(self) -> SchedulerError:
+        return SchedulerError(
+            f"epoch {self.epoch} has issued every task id of its range (up to {self._last_id}); "
+            "restart the scheduler so that it leads under a new epoch"
+        )
+
     def _create(self, spec: TaskSpec) -> _Task:
+        # Callers check first (all or nothing); this guards the invariant ids rely on.
+        assert self._next_id <= self._last_id, self._ids_exhausted()
         task = _Task(self._next_id, spec, self._now)
         self._next_id += 1
         self._tasks[task.id] = task
@@ -909,7 +945,8 @@ class Engine:
         record = ScheduleRecord(
             spec,
             next_ns,
-            paused=False,
+            # A redeploy that re-registers its schedules must not undo an operator's pause.
+            paused=existing.paused if existing else False,
             last_task_id=existing.last_task_id if existing else None,
         )
         self._schedules[spec.name] = schedule = _Schedule(record, cron)
@@ -954,7 +991,8 @@ class Engine:
             )
             # A recovered schedule may name a pool no longer configured: its occurrences are
             # skipped (the schedule stays listed) rather than breaking every step.
-            runnable = spec.template.pool in self._pools
+            # Without ids left (see _ids.py) an occurrence is skipped like one whose pool left.
+            runnable = spec.template.pool in self._pools and self._next_id <= self._last_id
             if (
                 runnable
                 and not overlapping

@@ -150,7 +150,7 @@ class LocalExecutor:
 
     async def _attempt(self, payload: bytes, ctx: TaskContext) -> AttemptSucceeded | AttemptFailed:
         try:
-            value = self._codec.decode(payload)
+            value = None if payload == b"" else self._codec.decode(payload)  # b"": no payload
         except Exception as exc:
             return AttemptFailed(f"payload could not be decoded: {exc!r}", retryable=False)
         try:
@@ -160,7 +160,7 @@ class LocalExecutor:
                 loop = asyncio.get_running_loop()
                 result = await loop.run_in_executor(self._threads, self._fn, ctx, value)
         except TaskError as exc:
-            retry_after = None if exc.retry_after is None else int(exc.retry_after * NS_PER_S)
+            retry_after = exc.retry_after_ns  # bounded when the TaskError was made
             return AttemptFailed(exc.message, exc.retryable, retry_after)
         except asyncio.CancelledError:
             raise
