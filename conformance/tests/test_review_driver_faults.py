@@ -213,8 +213,7 @@ async def test_an_unchanged_schedule_save_does_not_acknowledge_a_lost_submission
         stored = await memory.get_task(outcome)
         later = await sched.submit("job", b"later")
         assert stored is not None, (
-            f"task {outcome} was acknowledged but never stored; "
-            f"the next submission got id {later}"
+            f"task {outcome} was acknowledged but never stored; the next submission got id {later}"
         )
     assert isinstance(outcome, SchedulerError)
 
