@@ -630,26 +630,31 @@ class StoreSuite:
         self, cluster: StoreHarness
     ) -> None:
         self.require(cluster, Capability.PRIVATE_FILES)
+        directory = cluster.store_directory()
+
+        def open_to_others(when: str) -> None:
+            files = [p for p in directory.rglob("*") if p.is_file()]
+            assert files, f"the store created no file under {directory}"
+            readable = {
+                str(p.relative_to(directory)): oct(stat.S_IMODE(p.stat().st_mode))
+                for p in files
+                if p.stat().st_mode & 0o077
+            }
+            assert readable == {}, f"files open to group or others {when}: {readable}"
+
         # A permissive umask, so that a store relying on the environment's shows here.
         previous = os.umask(0o022)
         try:
             first = await cluster.open()
             epoch, _ = await self.lead(first)
             await first.commit(epoch, [submitted(i, now_ns(), payload=b"secret") for i in (1, 2)])
+            open_to_others("after the first instance's first commit")
             second = await cluster.open()
             await cluster.crash(first)
             await self.lead(second)
         finally:
             os.umask(previous)
-        directory = cluster.store_directory()
-        files = [p for p in directory.rglob("*") if p.is_file()]
-        assert files, f"the store created no file under {directory}"
-        readable = {
-            str(p.relative_to(directory)): oct(stat.S_IMODE(p.stat().st_mode))
-            for p in files
-            if p.stat().st_mode & 0o077
-        }
-        assert readable == {}, f"files open to group or others: {readable}"
+        open_to_others("after a takeover")
 
     async def test_unavailable_is_reported_and_the_store_works_again(
         self, cluster: StoreHarness

@@ -21,8 +21,9 @@ What every history must keep (``_Checks`` gathers the violations; each names its
 - never two attempts of one task run at once in one scheduler (attempts of a scheduler that
   crashed or closed may outlive it in this process; a real process would have ended them);
 - a success reported to a running scheduler is applied: the task ends succeeded with that
-  attempt, or, if it has a per-attempt timeout, a newer attempt exists (the timeout raced it);
-  exempt: reports a crash may have dropped, and those after a graceful close's drain time;
+  attempt, and no later attempt runs; exempt: an attempt with a per-attempt timeout that ran
+  near it (the timeout may have come first), one that saw a cancellation, reports a crash may
+  have dropped, and those after a graceful close's drain time;
 - a cancellation the caller was told about reaches the running attempt;
 - every ``wait()`` resolves or fails with a ``CronoqError``: within a bound after its scheduler
   stops (close, abort), and once its task is finished;
@@ -826,8 +827,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                 gen_deadline = self.drain_deadlines.get(e.generation)
                 if gen_deadline is not None and e.ended > gen_deadline:
                     continue  # after the drain time of a graceful close: abandoned
-                if meta.timed and info.attempt > e.attempt:
-                    continue  # its timeout fired before the report: stale
+                if meta.timed and (
+                    info.attempt > e.attempt or e.ended - e.started > ATTEMPT_TIMEOUT_S / 2
+                ):
+                    continue  # its timeout may have fired before the report: stale
                 if (info.status, info.attempt) != (Status.SUCCEEDED, e.attempt):
                     self.violations.append(
                         f"attempt {e.attempt} of task {info.task_id} succeeded, yet the task is "
