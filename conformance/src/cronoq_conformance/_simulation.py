@@ -294,7 +294,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         try:
             if self.gen is not None and self.sched.running:
                 self._settle()
-                self.run(self.sched.close(timeout=1.0))
+                self.bounded(self.sched.close(timeout=1.0), 1.0 + CLOSE_MARGIN + 5, "close")
             self.gate.set()
             self.run(self.harness.close_all())
             self._report_violations()
