@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 from cronoq import MemoryStore
 from cronoq.store import Store
@@ -59,6 +60,9 @@ class MemoryHarness(StoreHarness):
 
 
 class TestMemoryStore(StoreConformance):
+    # Memory histories take milliseconds a step: more and longer ones, for the same time.
+    simulation_settings = settings(max_examples=20, stateful_step_count=16, deadline=None)
+
     @pytest.fixture
     def harness(self) -> StoreHarness:
         return MemoryHarness()

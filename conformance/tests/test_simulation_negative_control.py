@@ -76,8 +76,6 @@ class Machine(SchedulerMachine):
     crash_between_steps = _not_a_rule
     cancel = _not_a_rule
     close_gracefully_and_restart = _not_a_rule
-    close_during_a_dispatching_commit = _not_a_rule
-    close_while_the_store_is_down = _not_a_rule
     start_waiting = _not_a_rule
 
 
