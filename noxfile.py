@@ -114,6 +114,26 @@ def tests(session: nox.Session, package: str) -> None:
     session.run("pytest", str(tests_dir), *session.posargs, success_codes=[0, 5])
 
 
+@nox.session(python="3.11")
+def fuzz(session: nox.Session) -> None:
+    """The fuzz suite of cronoq's public API with many examples, and how many inputs it checked.
+
+    CRONOQ_FUZZ_PROFILE picks the Hypothesis profile of packages/cronoq/tests/test_fuzz_api.py:
+    `fuzz` (the default here: 600 examples per entry point, over 10,000 inputs), `quick` (what
+    the ordinary test run uses) or `probe` (no shrinking).
+    """
+    cronoq = MEMBERS["cronoq"].path
+    _install_locked(session, "-e", str(cronoq), "pytest", "pytest-asyncio", "hypothesis")
+    profile = os.environ.get("CRONOQ_FUZZ_PROFILE", "fuzz")
+    session.run(
+        "pytest",
+        str(cronoq / "tests" / "test_fuzz_api.py"),
+        "-q",
+        *session.posargs,
+        env={"CRONOQ_FUZZ_PROFILE": profile},
+    )
+
+
 @nox.session
 def build(session: nox.Session) -> None:
     """Build every sdist and wheel without workspace sources, install the wheels, import them."""

@@ -7,13 +7,17 @@ import contextlib
 import errno
 import os
 import re
+import shutil
 import sqlite3
 import stat
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+import sqlite_files_workload
 from sqlite_harness import FAST
 from sqlite_mounts import MountFailed, is_root, remount_read_only, tmpfs
 
@@ -31,6 +35,17 @@ def umask_022() -> Iterator[None]:
     old = os.umask(0o022)
     try:
         yield
+    finally:
+        os.umask(old)
+
+
+@pytest.fixture
+def umask(request: pytest.FixtureRequest) -> Iterator[int]:
+    """The usual umask, or none at all: under either, a plain ``sqlite3`` creates 0644 files."""
+    value: int = request.param
+    old = os.umask(value)
+    try:
+        yield value
     finally:
         os.umask(old)
 
@@ -94,6 +109,80 @@ async def test_existing_0644_database_and_journals_become_0600(
         hand.close()
 
 
+def every_mode(directory: Path) -> dict[str, int]:
+    """The permission bits of every file in ``directory``, whatever its name."""
+    return {p.name: stat.S_IMODE(p.stat().st_mode) for p in directory.iterdir()}
+
+
+@unix_only
+@pytest.mark.parametrize("umask", [0o022, 0o000], indirect=True, ids=["umask-022", "umask-000"])
+async def test_every_file_of_the_store_is_0600_whatever_the_umask(
+    tmp_path: Path, umask: int
+) -> None:
+    directory = tmp_path / "db"
+    directory.mkdir()
+    db = directory / "cronoq.db"
+    seen: dict[str, dict[str, int]] = {}
+
+    async def check(stage: str) -> None:
+        seen[stage] = every_mode(directory)
+
+    await sqlite_files_workload.run(db, check)
+    seen["closed"] = every_mode(directory)
+    in_use = {"cronoq.db": 0o600, "cronoq.db-wal": 0o600, "cronoq.db-shm": 0o600}
+    # The last connection to close checkpoints and removes the journals.
+    assert seen == {
+        "new file, opened": in_use,
+        "new file, used": in_use,
+        "existing file, opened": in_use,
+        "existing file, used": in_use,
+        "closed": {"cronoq.db": 0o600},
+    }
+
+
+_TRACED_OPEN = re.compile(r'\b(?:openat\(\w+, |open\(|creat\()"([^"]+)", ([A-Z_|]+)(?:, (0\d+))?')
+
+
+@unix_only
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+@pytest.mark.parametrize("umask", [0o022, 0o000], ids=["umask-022", "umask-000"])
+async def test_no_file_is_ever_created_readable_by_others_even_for_an_instant(
+    tmp_path: Path, umask: int
+) -> None:
+    # Some files live only for a moment (the rollback journal of the switch to WAL), so the
+    # modes on disk afterwards cannot show them: trace every file creation of a process that
+    # runs the store's whole workload.
+    directory = tmp_path / "db"
+    directory.mkdir()
+    db = directory / "cronoq.db"
+    trace = tmp_path / "trace.txt"
+    argv = ["strace", "-f", "-qq", "-e", "trace=open,openat,creat", "-o", str(trace)]
+    argv += [sys.executable, str(Path(sqlite_files_workload.__file__)), str(db), f"{umask:o}"]
+    done = await asyncio.to_thread(
+        subprocess.run, argv, capture_output=True, text=True, timeout=120, check=False
+    )
+    if done.returncode != 0 and "ptrace" in done.stderr:
+        pytest.skip(f"strace cannot trace here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    created: dict[str, list[tuple[str, int]]] = {}
+    for match in _TRACED_OPEN.finditer(trace.read_text()):
+        path, flags, mode = match.groups()
+        if Path(path).parent == directory and ("O_CREAT" in flags or "creat(" in match[0]):
+            created.setdefault(Path(path).name, []).append((flags, int(mode or "0", 8)))
+    # The test saw what it claims to check: the database, both WAL files and the journal.
+    names = {"cronoq.db", "cronoq.db-journal", "cronoq.db-wal", "cronoq.db-shm"}
+    assert set(created) == names, created
+    # The database is created by the store itself, exclusively and owner-only; SQLite's own
+    # opens of it (mode 0644 & ~umask, were it to create it) come after, on an existing file.
+    first_flags, first_mode = created.pop("cronoq.db")[0]
+    assert "O_EXCL" in first_flags and first_mode == 0o600, (first_flags, oct(first_mode))
+    readable = {
+        name: [oct(mode) for _, mode in opens if mode & 0o077] for name, opens in created.items()
+    }
+    assert all(not modes for modes in readable.values()), f"created readable by others: {readable}"
+    assert every_mode(directory) == {"cronoq.db": 0o600}
+
+
 # --- pragmas ----------------------------------------------------------------------------------
 
 
@@ -106,10 +195,12 @@ async def test_synchronous_follows_full_sync_on_each_stores_own_connection(
     synced = await SqliteStore.open(db, replace(FAST, full_sync=True))
     unsynced = await SqliteStore.open(db, replace(FAST, full_sync=False))
     try:
-        assert list(await synced._conn.execute_fetchall("PRAGMA synchronous")) == [(2,)]
-        assert list(await unsynced._conn.execute_fetchall("PRAGMA synchronous")) == [(1,)]
-        for store in (synced, unsynced):
-            assert list(await store._conn.execute_fetchall("PRAGMA journal_mode")) == [("wal",)]
+        # Both connections of each: the lease one writes the epoch, which must be durable too.
+        for store, wanted in ((synced, 2), (unsynced, 1)):
+            for connection in (store._conn, store._lease_conn):
+                pragma = connection.execute_fetchall
+                assert list(await pragma("PRAGMA synchronous")) == [(wanted,)]
+                assert list(await pragma("PRAGMA journal_mode")) == [("wal",)]
     finally:
         await unsynced.close()
         await synced.close()

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import cronoq
 from cronoq._cron import CronSchedule
 from cronoq.errors import InvalidArgument, InvalidCron, UnknownTimeZone
 
@@ -86,6 +87,107 @@ def test_day_of_month_or_day_of_week() -> None:
     # Both day fields restricted: either matches (Vixie cron). Feb 30 never exists,
     # so only the Mondays of February fire; 2026-02-02 is a Monday.
     assert sched("0 0 30 2 1").preview(ns(2026, 1, 1), 2) == [ns(2026, 2, 2), ns(2026, 2, 9)]
+
+
+# 2026-01-01 is a Thursday; its Mondays are the 5th, 12th, 19th and 26th.
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        # Neither field starts with "*": a day matches if either does.
+        ("0 0 1,15 * MON", [ns(2026, 1, 5), ns(2026, 1, 12), ns(2026, 1, 15), ns(2026, 1, 19)]),
+        ("0 0 1-31 * MON", [ns(2026, 1, 2), ns(2026, 1, 3), ns(2026, 1, 4), ns(2026, 1, 5)]),
+        # One field starts with "*" (Vixie's DOM_STAR / DOW_STAR): a day must match both, so
+        # */2 keeps the Mondays that fall on odd days.
+        ("0 0 */2 * MON", [ns(2026, 1, 5), ns(2026, 1, 19), ns(2026, 2, 9), ns(2026, 2, 23)]),
+        # The 15th on a Sunday, Tuesday, Thursday or Saturday (dow */2 = 0,2,4,6).
+        ("0 0 15 * */2", [ns(2026, 1, 15), ns(2026, 2, 15), ns(2026, 3, 15), ns(2026, 8, 15)]),
+        # "?" is unrestricted, like "*".
+        ("0 0 ? * MON", [ns(2026, 1, 5), ns(2026, 1, 12), ns(2026, 1, 19), ns(2026, 1, 26)]),
+        ("0 0 1 * ?", [ns(2026, 2, 1), ns(2026, 3, 1), ns(2026, 4, 1), ns(2026, 5, 1)]),
+        # L, W and # take part in the rule like any other value: OR here...
+        ("0 0 1 * FRI#2", [ns(2026, 1, 9), ns(2026, 2, 1), ns(2026, 2, 13), ns(2026, 3, 1)]),
+        ("0 0 15W * MON", [ns(2026, 1, 5), ns(2026, 1, 12), ns(2026, 1, 15), ns(2026, 1, 19)]),
+        ("0 0 L * L1", [ns(2026, 1, 26), ns(2026, 1, 31), ns(2026, 2, 23), ns(2026, 2, 28)]),
+        # ...and AND here: the second Friday falling on the 1st, 11th, 21st or 31st, and the
+        # last day of the month falling on a Sunday.
+        ("0 0 */10 * 5#2", [ns(2026, 9, 11), ns(2026, 12, 11)]),
+        ("0 0 L * */7", [ns(2026, 5, 31), ns(2027, 1, 31)]),
+    ],
+)
+def test_day_fields_combine_as_in_vixie_cron(expression: str, expected: list[int]) -> None:
+    assert sched(expression).preview(ns(2026, 1, 1), len(expected)) == expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "after", "expected"),
+    [
+        # Daily at 21:13, not every hour.
+        ("13 21-21 * * *", ns(2026, 1, 1), [ns(2026, 1, 1, 21, 13), ns(2026, 1, 2, 21, 13)]),
+        # May only, not January.
+        ("0 0 * 5-5 *", ns(2026, 1, 1), [ns(2026, 5, 1), ns(2026, 5, 2)]),
+        ("0 0 1 MAR-mar *", ns(2026, 1, 1), [ns(2026, 3, 1), ns(2027, 3, 1)]),
+        # Tuesdays only, not every day; 7-7 is Sunday.
+        ("0 0 * * 2-2", ns(2026, 1, 1), [ns(2026, 1, 6), ns(2026, 1, 13)]),
+        ("0 0 * * 7-7", ns(2026, 1, 1), [ns(2026, 1, 4), ns(2026, 1, 11)]),
+        ("0-0 0 * * *", ns(2026, 1, 1, 0, 0, 1), [ns(2026, 1, 2), ns(2026, 1, 3)]),
+        # A step over one value is that value.
+        ("10-10/5 * * * *", ns(2026, 1, 1), [ns(2026, 1, 1, 0, 10), ns(2026, 1, 1, 1, 10)]),
+        ("0 0 5-5/2 * *", ns(2026, 1, 1), [ns(2026, 1, 5), ns(2026, 2, 5)]),
+        (
+            "30-30 0 12 * * *",
+            ns(2026, 1, 1),
+            [ns(2026, 1, 1, 12, 0, 30), ns(2026, 1, 2, 12, 0, 30)],
+        ),
+    ],
+)
+def test_range_with_equal_ends_is_one_value(
+    expression: str, after: int, expected: list[int]
+) -> None:
+    assert sched(expression).preview(after, len(expected)) == expected
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        # Day-of-week runs 0-7 as in cronie and Vixie cron, so 1/2 reaches 7, Sunday.
+        ("0 0 * * 1/2", [ns(2026, 1, 2), ns(2026, 1, 4), ns(2026, 1, 5), ns(2026, 1, 7)]),
+        ("0 0 * * 1-7/2", [ns(2026, 1, 2), ns(2026, 1, 4), ns(2026, 1, 5), ns(2026, 1, 7)]),
+        ("0 0 * * sat/7", [ns(2026, 1, 3), ns(2026, 1, 10), ns(2026, 1, 17), ns(2026, 1, 24)]),
+        # A plain weekday listed next to an nth one keeps its meaning: every Friday.
+        ("0 0 * * 5,5#2", [ns(2026, 1, 2), ns(2026, 1, 9), ns(2026, 1, 16), ns(2026, 1, 23)]),
+        # Wrapping ranges count on across the end of the field.
+        ("0 0 * * FRI-MON", [ns(2026, 1, 2), ns(2026, 1, 3), ns(2026, 1, 4), ns(2026, 1, 5)]),
+        (
+            "0 22-1 * * *",
+            [ns(2026, 1, 1, 1), ns(2026, 1, 1, 22), ns(2026, 1, 1, 23), ns(2026, 1, 2)],
+        ),
+        ("0 0 1 nov-feb *", [ns(2026, 2, 1), ns(2026, 11, 1), ns(2026, 12, 1), ns(2027, 1, 1)]),
+        (
+            "50-10/15 * * * *",
+            [
+                ns(2026, 1, 1, 0, 5),
+                ns(2026, 1, 1, 0, 50),
+                ns(2026, 1, 1, 1, 5),
+                ns(2026, 1, 1, 1, 50),
+            ],
+        ),
+    ],
+)
+def test_field_values(expression: str, expected: list[int]) -> None:
+    assert sched(expression).preview(ns(2026, 1, 1), len(expected)) == expected
+
+
+def test_nearest_weekday_stays_in_its_month() -> None:
+    # 2026-08-01 is a Saturday: Monday the 3rd, not Friday July 31; 2026-11-01 is a Sunday.
+    assert sched("0 0 1W * *").preview(ns(2026, 7, 15), 4) == [
+        ns(2026, 8, 3),
+        ns(2026, 9, 1),
+        ns(2026, 10, 1),
+        ns(2026, 11, 2),
+    ]
+    # 2026-05-31 is a Sunday: Friday the 29th, not Monday June 1. A day the month lacks
+    # stands for its last day: June 30 (a Tuesday).
+    assert sched("0 0 31W * *").preview(ns(2026, 5, 1), 2) == [ns(2026, 5, 29), ns(2026, 6, 30)]
 
 
 def test_rare_expressions_are_found() -> None:
@@ -202,6 +304,10 @@ def test_replace_revalidates() -> None:
         ("* * * foo *", "invalid cron expression '* * * foo *'"),
         ("0 0 * * mon#6", "invalid cron expression '0 0 * * mon#6'"),
         ("5-1/x * * * *", "invalid cron expression '5-1/x * * * *'"),
+        # croniter lets these through (it does not check a range's low end); cronoq does not.
+        ("* * 0-0 * *", "day-of-month element '0-0' has 0, outside 1-31"),
+        ("* * 2-0 * 1", "day-of-month element '2-0' has 0, outside 1-31"),
+        ("0 0 0 * 7-0 *", "month element '7-0' has 0, outside 1-12"),
         ("0 0 30 2 *", "cron expression '0 0 30 2 *' never matches"),
         ("0 0 31 4,6,9,11 *", "cron expression '0 0 31 4,6,9,11 *' never matches"),
         ("0 0 0 31 2 *", "cron expression '0 0 0 31 2 *' never matches"),
@@ -295,10 +401,27 @@ def test_edges_of_int64_range() -> None:
     assert sched("* * * * *").next_after(0) == 60 * NS
     # int64 nanoseconds end at 2262-04-11T23:47:16.854775807Z.
     assert sched("0 0 1 4 *").next_after(ns(2262, 1, 1)) == ns(2262, 4, 1)
-    with pytest.raises(InvalidArgument, match="beyond the int64 nanosecond range"):
+    beyond = re.escape("falls after 2262-04-11T23:47:16Z, the end of the int64 nanosecond range")
+    with pytest.raises(InvalidArgument, match=beyond):
         sched("0 0 1 5 *").next_after(ns(2262, 1, 1))
-    with pytest.raises(InvalidArgument, match="beyond the int64 nanosecond range"):
+    with pytest.raises(InvalidArgument, match=beyond):
         sched("* * * * *").next_after(2**63 - 1)
+    # The last whole second of the range is still an occurrence.
+    assert sched("16 47 23 11 4 *").next_after(ns(2262, 1, 1)) == ns(2262, 4, 11, 23, 47, 16)
+
+
+def test_public_preview_limits() -> None:
+    # cronoq.preview(after=...) accepts instants within ten years of now, like every instant
+    # the API takes; its occurrences must end before 2262 like every engine time.
+    now = datetime.now(UTC)
+    nine_years = now + timedelta(days=9 * 365)
+    assert cronoq.preview("0 0 1 1 *", n=1, after=nine_years)[0] > nine_years
+    with pytest.raises(InvalidArgument, match="more than ten years from now"):
+        cronoq.preview("0 0 1 1 *", after=now + timedelta(days=11 * 365))
+    with pytest.raises(InvalidArgument, match="more than ten years from now"):
+        cronoq.preview("0 0 1 1 *", after=now - timedelta(days=11 * 365))
+    with pytest.raises(InvalidArgument, match=re.escape("falls after 2262-04-11T23:47:16Z")):
+        cronoq.preview("0 0 1 1 *", n=300)
 
 
 # --- DST: America/New_York -----------------------------------------------------------

@@ -31,6 +31,7 @@ from cronoq._engine import (
     GetTask,
     GetTaskByKey,
     Heartbeat,
+    InFlight,
     Input,
     ListSchedules,
     ListTasks,
@@ -185,9 +186,9 @@ def recover(
     epoch: int,
     now: int,
     state: RecoveredState,
-    adopt: frozenset[AttemptToken] = frozenset(),
+    inflight: InFlight | None = None,
 ) -> tuple[Engine, StepResult]:
-    engine, first = Engine.recover(config, epoch, now, state, adopt)
+    engine, first = Engine.recover(config, epoch, now, state, inflight)
     seen = {row.task_id: (row.status, row.attempt) for row in state.tasks}
     seen.update((task_id, (Status.FAILED, 0)) for task_id, _ in state.quarantined)
     _PERSISTED[engine] = seen
@@ -360,9 +361,9 @@ class Log:
         config: EngineConfig,
         epoch: int,
         now: int,
-        adopt: frozenset[AttemptToken] = frozenset(),
+        inflight: InFlight | None = None,
     ) -> tuple[Engine, StepResult]:
-        engine, first = recover(config, epoch, now, self.state(now, config.retention_ns), adopt)
+        engine, first = recover(config, epoch, now, self.state(now, config.retention_ns), inflight)
         self.cluster.apply(first.mutations, TimeBase())
         return engine, first
 
@@ -746,7 +747,7 @@ def test_fixed_start_missed_beyond_grace_with_skip_is_cancelled() -> None:
     result = run_to(engine, start + 61 * S)
     assert result.mutations == [
         TaskUpdated(
-            task_id, Status.CANCELLED, 0, "skipped: fixed start missed by 61s", start + 61 * S
+            task_id, Status.CANCELLED, 0, "skipped: fixed start missed by 1m1s", start + 61 * S
         )
     ]
     assert result.dispatches == []
@@ -774,7 +775,7 @@ def test_fixed_start_already_missed_at_submission_with_skip_is_cancelled() -> No
     task = spec(start_at_ns=T0 - 2 * MINUTE, miss_policy=MissPolicy.SKIP, grace_ns=MINUTE)
     [task_id], result = submit_step(engine, T0, task)
     assert updates(result) == [
-        TaskUpdated(task_id, Status.CANCELLED, 0, "skipped: fixed start missed by 120s", T0)
+        TaskUpdated(task_id, Status.CANCELLED, 0, "skipped: fixed start missed by 2m", T0)
     ]
     assert result.dispatches == []
 
@@ -847,10 +848,12 @@ def test_deadline_cancels_the_running_attempt_and_fails_the_task() -> None:
     message = "deadline passed during attempt 1"
     assert result.cancels == [CancelAttempt(dispatch.token, "default", message)]
     assert updates(result)[0] == TaskUpdated(task_id, Status.FAILED, 1, message, T0 + 5 * S)
-    assert dispatched_ids(result) == [queued]  # the slot was freed
+    # The cancelled attempt keeps its slot until it stops: the pool's limit holds.
+    assert dispatched_ids(result) == []
     value, late = report(engine, T0 + 6 * S, dispatch, AttemptSucceeded(b"too late"))
     assert isinstance(value, StaleAttempt)
-    assert late.mutations == []
+    assert [u.task_id for u in updates(late)] == [queued]  # only the queued task starting
+    assert dispatched_ids(late) == [queued]  # the slot was freed when the attempt stopped
 
 
 def test_attempt_timeout_fails_the_attempt_retryably() -> None:
@@ -869,12 +872,15 @@ def test_attempt_timeout_fails_the_attempt_retryably() -> None:
             due_ns=T0 + 11 * S,
         )
     ]
-    second = only_dispatch(run_to(engine, T0 + 11 * S))
+    # The retry is due, but the timed-out attempt has not stopped yet: no second attempt
+    # may run beside it.
+    assert run_to(engine, T0 + 11 * S).dispatches == []
+    value, stopped = report(engine, T0 + 11 * S + 5, dispatch, AttemptFailed("timed out"))
+    assert isinstance(value, StaleAttempt)
+    second = only_dispatch(stopped)
     assert second.token.attempt == 2
     # The second attempt's timeout counts from its own start.
-    assert run_to(engine, T0 + 12 * S).next_wake_ns == T0 + 21 * S
-    value, _ = report(engine, T0 + 12 * S, dispatch, AttemptSucceeded(None))
-    assert isinstance(value, StaleAttempt)
+    assert run_to(engine, T0 + 12 * S).next_wake_ns == T0 + 21 * S + 5
 
 
 def test_timeout_of_the_last_attempt_dead_letters() -> None:
@@ -1716,7 +1722,9 @@ def test_adopted_attempt_keeps_running_after_a_rebuild() -> None:
     engine = make_engine(default=1)
     [_], result = log.submit(engine, T0, spec(timeout_ns=HOUR))
     dispatch = only_dispatch(result)
-    engine, first = log.recover(engine.config, 1, T0 + S, adopt=frozenset({dispatch.token}))
+    engine, first = log.recover(
+        engine.config, 1, T0 + S, InFlight(executing={dispatch.token: dispatch.spec.pool})
+    )
     assert first.mutations == []
     assert first.dispatches == []
     assert first.next_wake_ns == T0 + HOUR  # its timeout still counts from its start
@@ -1780,7 +1788,7 @@ def test_fixed_start_that_passed_during_downtime_applies_its_miss_policy(
     [update] = updates(first)
     assert (update.task_id, update.status) == (task_id, expected)
     if expected is Status.CANCELLED:
-        assert update.message == "skipped: fixed start missed by 120s"
+        assert update.message == "skipped: fixed start missed by 2m"
 
 
 def test_overlap_guard_holds_across_recovery() -> None:
@@ -1821,7 +1829,13 @@ def test_quarantined_ids_become_failed_entries() -> None:
     assert first.mutations == [
         TaskUpdated(EPOCH1 | 2, Status.FAILED, 0, f"dependency {bad} failed", T0)
     ]
-    assert get(engine, T0, bad) == TaskSummary(bad, Status.FAILED, 0, "", "", None, (), T0)
+    # A lookup answers with what is known (failed, and why), not a decoding error.
+    found = get(engine, T0, bad)
+    assert isinstance(found, TaskRecord)
+    assert (found.status, found.message) == (
+        Status.FAILED,
+        "quarantined: cannot decode the payload",
+    )
     assert cancel(engine, T0, bad)[0] is Status.FAILED
 
 
@@ -1993,7 +2007,9 @@ def test_adopted_attempt_gets_a_fresh_lease_on_rebuild() -> None:
     engine = make_engine(remote=PoolConfig("remote", 1, lease_ns=30 * S))
     [_], result = log.submit(engine, T0, spec(pool="remote"))
     dispatch = only_dispatch(result)
-    engine, first = log.recover(engine.config, 1, T0 + 20 * S, frozenset({dispatch.token}))
+    engine, first = log.recover(
+        engine.config, 1, T0 + 20 * S, InFlight(executing={dispatch.token: dispatch.spec.pool})
+    )
     assert first.next_wake_ns == T0 + 50 * S
 
 

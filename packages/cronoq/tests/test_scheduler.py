@@ -256,7 +256,7 @@ async def test_unavailable_store_fails_callers_then_recovers(recorder: Recorder)
         [Pool("default", recorder)], store=store, codec=JsonCodec(), commit_timeout=0.2
     ) as sched:
         store.set_available(False)
-        with pytest.raises(SchedulerError, match="did not accept the commit"):
+        with pytest.raises(SchedulerError, match="did not confirm the commit"):
             await sched.submit("echo", 1)
         store.set_available(True)
         task_id = await sched.submit("echo", 2)

@@ -25,12 +25,31 @@ _TRANSIENT: tuple[type[BaseException], ...] = (
     asyncpg.CrashShutdownError,
     asyncpg.TooManyConnectionsError,
 )
+POOLER_HINT = (
+    "A connection pooler (PgBouncer, pgcat, Odyssey, RDS Proxy...) or a proxy that drops "
+    "startup parameters seems to be between cronoq and PostgreSQL: through it the leader's "
+    "advisory lock can outlive the leader on a pooled server connection, so that no standby "
+    "ever leads, and the session settings that free a vanished leader's lock are lost. Point "
+    "the store's DSN at PostgreSQL itself (a plain TCP proxy or load balancer that gives each "
+    "client connection a server session of its own is fine); see docs/stores/postgres.md."
+)
+
 CLASSIFIED: tuple[type[BaseException], ...] = (*_TRANSIENT, asyncpg.PostgresError)
 CLASSIFIED_OR_BAD_DSN: tuple[type[BaseException], ...] = (*CLASSIFIED, ValueError)
 
 
+def rejects_startup_parameters(exc: BaseException) -> bool:
+    """PgBouncer's answer to the session settings the store sends at connection: a connection
+    error, but no retry will change the pooler's configuration."""
+    return isinstance(exc, asyncpg.PostgresError) and (
+        "unsupported startup parameter" in str(exc).lower()
+    )
+
+
 def classify(exc: BaseException, doing: str) -> StoreError:
     message = f"PostgreSQL failed while {doing}: {type(exc).__name__}: {exc}"
+    if rejects_startup_parameters(exc):
+        return StoreFatal(f"{message}. {POOLER_HINT}")
     if isinstance(exc, _TRANSIENT):
         return Unavailable(message)
     return StoreFatal(message)

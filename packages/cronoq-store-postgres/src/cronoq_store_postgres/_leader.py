@@ -11,8 +11,10 @@ Traps this module avoids, each covered by a test:
 - ``tcp_user_timeout`` and the keepalive settings bound how long the server keeps a vanished
   leader's session; a query timeout bounds every call on ours.
 - A dead connection is abandoned with ``terminate()``: a graceful close would wait on it.
-- A transaction-pooling PgBouncer runs each statement on any server session, so the lock would
-  not stay with us: a second statement must still see it in ``pg_locks``, or we refuse.
+- A pooler between us and PostgreSQL would keep the lock on a pooled server session after we
+  died, and drop the settings above: the session is checked (``verify_direct``) before it
+  takes the lock, so a refused one strands no lock either; a pooler's rejection of the
+  settings is no reason to try again.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ import time
 
 import asyncpg
 
-from cronoq.errors import StoreFatal
 from cronoq_store_postgres._config import PgStoreConfig
-from cronoq_store_postgres._errors import CLASSIFIED
+from cronoq_store_postgres._direct import verify_direct
+from cronoq_store_postgres._errors import CLASSIFIED, classify, rejects_startup_parameters
 
 log = logging.getLogger("cronoq.postgres")
 
@@ -40,6 +42,14 @@ def session_settings(config: PgStoreConfig) -> dict[str, str]:
         "tcp_keepalives_idle": str(interval),
         "tcp_keepalives_interval": str(interval),
         "tcp_keepalives_count": str(max(1, round(config.session_timeout / interval))),
+    }
+
+
+def lock_session_settings(config: PgStoreConfig) -> dict[str, str]:
+    """Those, and the server ending the session of a leader frozen for ``session_timeout``."""
+    return {
+        **session_settings(config),
+        "idle_session_timeout": str(round(config.session_timeout * 1000)),
     }
 
 
@@ -59,8 +69,10 @@ class LockSession:
                 if await self._try_lock():
                     break
             except CLASSIFIED as exc:
-                log.debug("advisory lock attempt failed, trying again: %s", exc)
                 self._drop_connection()
+                if rejects_startup_parameters(exc):
+                    raise classify(exc, "opening the advisory lock session") from exc
+                log.debug("advisory lock attempt failed, trying again: %s", exc)
             await asyncio.sleep(self._config.lock_poll)
         self.lost = asyncio.Event()
         self._keepalive = asyncio.get_running_loop().create_task(self._watch())
@@ -68,34 +80,21 @@ class LockSession:
     async def _try_lock(self) -> bool:
         if self._conn is None or self._conn.is_closed():
             config = self._config
+            settings = lock_session_settings(config)
             self._conn = await asyncpg.connect(
                 self._dsn,
                 command_timeout=config.session_timeout,
                 timeout=config.session_timeout,
-                server_settings={
-                    **session_settings(config),
-                    "idle_session_timeout": str(round(config.session_timeout * 1000)),
-                    "application_name": "cronoq-leader-lock",
-                },
+                server_settings={**settings, "application_name": "cronoq-leader-lock"},
             )
+            try:
+                await verify_direct(self._conn, settings, "the advisory lock session")
+            except BaseException:
+                self._drop_connection()
+                raise
         conn = self._conn
         if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", self._key):
             return False
-        key = self._key & 0xFFFFFFFFFFFFFFFF
-        visible = await conn.fetchval(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-            "AND pid = pg_backend_pid() AND classid::bigint = $1 AND objid::bigint = $2 "
-            "AND objsubid = 1",
-            key >> 32,
-            key & 0xFFFFFFFF,
-        )
-        if visible != 1:
-            self._drop_connection()
-            raise StoreFatal(
-                "the advisory lock taken by one statement is not held by the next one's "
-                "session: a transaction-pooling proxy (PgBouncer?) is between cronoq and "
-                "PostgreSQL. Connect the store directly, or through session pooling."
-            )
         conn.add_termination_listener(self._on_terminated)
         return True
 

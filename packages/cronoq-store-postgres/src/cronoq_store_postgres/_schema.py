@@ -13,7 +13,7 @@ from cronoq.errors import StoreFatal
 # A plain connection or one borrowed from a pool: both run the statements alike.
 Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def quote_ident(name: str) -> str:
@@ -66,6 +66,11 @@ def _migrations(s: str) -> list[list[str]]:
                 paused boolean NOT NULL,
                 last_task_id bigint
             )""",
+        ],
+        [
+            # A leader's fencing token within its epoch, bumped before it trusts the tables
+            # again after a write whose outcome it did not learn (see PgStore._settle).
+            f"ALTER TABLE {s}.cronoq_leader ADD COLUMN generation bigint NOT NULL DEFAULT 0",
         ],
     ]
 

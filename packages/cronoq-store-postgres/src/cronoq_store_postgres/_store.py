@@ -2,8 +2,16 @@
 
 Every batch is ONE statement (one round trip): the batch is folded into the final state of each
 row it touches (``collapse_batch``) and written with ``unnest`` arrays, every part gated on an
-``UPDATE ... WHERE epoch = $2`` of the leader row. That row lock makes a concurrent takeover
-(which bumps the row) wait until the commit is over.
+``UPDATE ... WHERE epoch = $2 AND generation = $34`` of the leader row. That row lock makes a
+concurrent takeover (which bumps the row) wait until the commit is over. Every other write
+(pruning, quarantine) is gated on the same row in its own statement.
+
+The generation fences this leader's own writes whose outcome it never learned. A statement
+whose connection broke or timed out may still be running on the server, and commit later; the
+first write after such a failure, and every ``recover()``, first raises the generation
+(``_settle``). That update queues behind the orphan if it holds the leader row, so the orphan
+is over before anything is read or written; if the orphan has not reached the row yet, its
+gate no longer matches, and it writes nothing.
 """
 
 from __future__ import annotations
@@ -12,11 +20,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import asyncpg
 
-from cronoq.errors import Fenced, InvalidArgument, StoreError, Unavailable
+from cronoq.errors import Fenced, InvalidArgument, StoreError, StoreFatal, Unavailable
 from cronoq.store import (
     RECOVERY_COLUMNS,
     TASK_COLUMNS,
@@ -36,14 +45,17 @@ from cronoq.store import (
     shielded,
 )
 from cronoq_store_postgres._config import PgStoreConfig
+from cronoq_store_postgres._direct import verify_direct
 from cronoq_store_postgres._errors import CLASSIFIED, CLASSIFIED_OR_BAD_DSN, classify
 from cronoq_store_postgres._leader import LockSession, session_settings
-from cronoq_store_postgres._schema import lock_key, migrate, quote_ident
+from cronoq_store_postgres._schema import Connection, lock_key, migrate, quote_ident
 
 __all__ = ["PgStore"]
 
 log = logging.getLogger("cronoq.postgres")
 NS = 1_000_000_000
+_T = TypeVar("_T")
+ID_CLASH = "id of a new task already taken:"
 
 
 class _Sql:
@@ -51,17 +63,37 @@ class _Sql:
 
     def __init__(self, schema: str) -> None:
         s = quote_ident(schema)
-        self.bump_epoch = f"UPDATE {s}.cronoq_leader SET epoch = epoch + 1 RETURNING epoch"
+        self.bump_epoch = (
+            f"UPDATE {s}.cronoq_leader SET epoch = epoch + 1 WHERE id = 1 "
+            "RETURNING epoch, generation"
+        )
+        # GREATEST: a raise that was itself left in doubt, landing late, takes nothing back.
+        self.settle = f"""
+            UPDATE {s}.cronoq_leader SET generation = GREATEST(generation, $2)
+            WHERE id = 1 AND epoch = $1 RETURNING generation"""
         self.leader = f"SELECT epoch, max_task_id FROM {s}.cronoq_leader WHERE id = 1"
+        # A shared lock on the leader row, for the writes that do not update it: a takeover's
+        # epoch bump waits until the statement is over, and a bump that came first (or a
+        # raised generation) leaves the fence empty (FOR KEY SHARE would let the bump through).
+        fence = f"""fence AS (
+                SELECT 1 FROM {s}.cronoq_leader
+                WHERE id = 1 AND epoch = $1 AND generation = $2 FOR SHARE
+            )"""
         # One statement per batch: atomic on its own, one round trip. Every part is gated on
-        # the fence, so a stale epoch writes nothing; the fence's row lock makes a takeover's
-        # epoch bump wait until this statement is over.
+        # the fence, so a stale epoch or generation writes nothing; the fence's row lock makes
+        # a takeover's epoch bump wait until this statement is over. A new task whose id holds
+        # another task (ids are never reused: a bug, or a restored backup) must fail the whole
+        # batch, not be dropped by ON CONFLICT; the same batch applied again (the driver
+        # retries one whose outcome it did not learn) is no clash. SQL has no RAISE: the clash
+        # casts a message to integer, and the error carries it. A join against the table
+        # before the insert would do the same, at the cost of a hash of the whole table once
+        # it grows (measured: 500-task batches took 55 ms instead of 31 ms at 20,000 rows).
         self.commit = f"""
             WITH fence AS (
                 UPDATE {s}.cronoq_leader SET max_task_id = GREATEST(max_task_id, $1)
-                WHERE id = 1 AND epoch = $2 RETURNING epoch
+                WHERE id = 1 AND epoch = $2 AND generation = $34 RETURNING epoch
             ), new_tasks AS (
-                INSERT INTO {s}.cronoq_tasks (id, pool, kind, key, payload, options, after_ids,
+                INSERT INTO {s}.cronoq_tasks AS t (id, pool, kind, key, payload, options, after_ids,
                     status, attempt, message, submitted_ns, updated_ns, due_ns, finished_ns,
                     output, cancel_requested)
                 SELECT u.id, u.pool, u.kind, u.key, u.payload, u.options, u.after::bigint[],
@@ -74,7 +106,11 @@ class _Sql:
                     AS u(id, pool, kind, key, payload, options, after, status, attempt, message,
                         submitted, updated, due, finished, output, cancel)
                 WHERE EXISTS (SELECT FROM fence)
-                ON CONFLICT (id) DO NOTHING
+                ON CONFLICT (id) DO UPDATE
+                    SET attempt = ('{ID_CLASH} ' || excluded.id)::integer
+                    WHERE (t.pool, t.kind, t.key, t.submitted_ns)
+                        IS DISTINCT FROM (excluded.pool, excluded.kind, excluded.key,
+                            excluded.submitted_ns)
             ), changed AS (
                 UPDATE {s}.cronoq_tasks AS t SET
                     status = COALESCE(u.status, t.status),
@@ -109,24 +145,33 @@ class _Sql:
                 SELECT unnest(after_ids) FROM {s}.cronoq_tasks WHERE finished_ns IS NULL)
             ORDER BY id"""
         self.quarantine = f"""
-            UPDATE {s}.cronoq_tasks SET status = 'failed', message = u.reason, updated_ns = $3,
-                finished_ns = COALESCE(finished_ns, $3)
-            FROM unnest($1::bigint[], $2::text[]) AS u(id, reason)
-            WHERE {s}.cronoq_tasks.id = u.id
-                AND EXISTS (SELECT FROM {s}.cronoq_leader WHERE id = 1 AND epoch = $4)"""
+            WITH {fence}, marked AS (
+                UPDATE {s}.cronoq_tasks SET status = 'failed', message = u.reason,
+                    updated_ns = $5, finished_ns = COALESCE(finished_ns, $5)
+                FROM unnest($3::bigint[], $4::text[]) AS u(id, reason)
+                WHERE {s}.cronoq_tasks.id = u.id AND EXISTS (SELECT FROM fence)
+            )
+            SELECT count(*) FROM fence"""
         self.schedules = (
             f"SELECT name, spec, next_ns, paused, last_task_id FROM {s}.cronoq_schedules"
         )
         self.lookup = f"SELECT {TASK_COLUMNS} FROM {s}.cronoq_tasks WHERE "
         self.output = f"SELECT output FROM {s}.cronoq_tasks WHERE id = $1"
         self.prune = f"""
-            DELETE FROM {s}.cronoq_tasks WHERE id IN (
-                SELECT id FROM {s}.cronoq_tasks WHERE finished_ns < $1 LIMIT $2)"""
+            WITH {fence}, pruned AS (
+                DELETE FROM {s}.cronoq_tasks WHERE id IN (
+                    SELECT id FROM {s}.cronoq_tasks WHERE finished_ns < $3 LIMIT $4)
+                    AND EXISTS (SELECT FROM fence)
+                RETURNING 1
+            )
+            SELECT (SELECT count(*) FROM fence) AS leading,
+                (SELECT count(*) FROM pruned) AS pruned"""
 
 
 class _Connection(asyncpg.Connection):
     def get_reset_query(self) -> str:
-        # Pooled connections keep no session state (no LISTEN, no advisory lock, no SET):
+        # Pooled connections keep no session state that matters (no LISTEN, no advisory lock;
+        # only the marker of verify_direct):
         # skip the reset query, a round trip per release, i.e. per commit. An open transaction
         # is still rolled back on release.
         return ""
@@ -143,6 +188,12 @@ class PgStore:
         self._lock_session = LockSession(dsn, config, lock_key("leader", config.schema))
         self._serial = asyncio.Lock()
         self._epoch: int | None = None
+        self._generation = 0
+        """The generation this leader's writes are gated on (see the module's docstring)."""
+        self._raised_to = 0
+        """The highest generation this leader asked for: each new raise asks for more."""
+        self._unsettled = False
+        """A write of this leader may still land: settle before the next one."""
         self._time_base = TimeBase()
         self._pruning: asyncio.Task[None] | None = None
         self._closed = False
@@ -155,6 +206,20 @@ class PgStore:
             raise InvalidArgument(f"config must be a PgStoreConfig, got {config!r}")
         if not isinstance(dsn, str) or not dsn or "\x00" in dsn:
             raise InvalidArgument("dsn must be a non-empty str without NUL")
+        settings = {
+            **session_settings(config),
+            "lock_timeout": str(round(config.lock_timeout * 1000)),
+            # A generic plan for the commit's join on unnest() scans the whole task table once
+            # it grows (measured: single-submit throughput fell from 19,836 to 8,705 tasks/s
+            # at 100,000 tasks): plan each statement for its arrays.
+            "plan_cache_mode": "force_custom_plan",
+        }
+
+        async def verify(conn: asyncpg.Connection) -> None:
+            # The whole store must reach PostgreSQL directly, not only its lock session: a
+            # pooler would drop the settings above as well (docs/stores/postgres.md).
+            await verify_direct(conn, settings, "a connection of the store's pool")
+
         try:
             pool = await asyncpg.create_pool(
                 dsn,
@@ -163,15 +228,8 @@ class PgStore:
                 connection_class=_Connection,
                 command_timeout=config.command_timeout,
                 timeout=config.session_timeout,
-                server_settings={
-                    **session_settings(config),
-                    "lock_timeout": str(round(config.lock_timeout * 1000)),
-                    # A generic plan for the commit's join on unnest() scans the whole task
-                    # table once it grows (measured: single-submit throughput fell from 19,836
-                    # to 8,705 tasks/s at 100,000 tasks): plan each statement for its arrays.
-                    "plan_cache_mode": "force_custom_plan",
-                    "application_name": "cronoq",
-                },
+                server_settings={**settings, "application_name": "cronoq"},
+                init=verify,
             )
         except CLASSIFIED_OR_BAD_DSN as exc:
             raise classify(exc, "connecting") from exc
@@ -212,10 +270,14 @@ class PgStore:
         async with self._serial:
             try:
                 async with self._pool.acquire() as conn:
-                    epoch = await conn.fetchval(self._sql.bump_epoch)
+                    row = await conn.fetchrow(self._sql.bump_epoch)
             except CLASSIFIED as exc:
                 raise classify(exc, "bumping the epoch") from exc
-        return int(epoch)
+            assert row is not None
+            # A write of an earlier epoch is fenced by the epoch: nothing to settle.
+            self._generation = self._raised_to = int(row["generation"])
+            self._unsettled = False
+        return int(row["epoch"])
 
     async def leadership_lost(self) -> None:
         await self._lock_session.lost.wait()
@@ -234,9 +296,46 @@ class PgStore:
         if self._closed:
             raise Unavailable("this PgStore is closed")
 
-    def _check_leading(self, epoch: int) -> None:
-        if self._lock_session.lost.is_set() or self._epoch != epoch:
+    def _check_leading(self, epoch: int | None) -> None:
+        if self._lock_session.lost.is_set() or epoch is None or self._epoch != epoch:
             raise Fenced(f"epoch {epoch} no longer leads the schema {self._config.schema!r}")
+
+    # --- writes ---------------------------------------------------------------------------
+
+    async def _write(
+        self, epoch: int, doing: str, statement: Callable[[Connection], Awaitable[_T]]
+    ) -> _T:
+        """Run one write of this leader, once no earlier write of it can still land.
+
+        Call with ``_serial`` held. A write that fails in flight leaves the store unsettled:
+        its statement may still be running on the server (the client timed out, or its
+        connection broke), and commit after we move on.
+        """
+        self._check_open()
+        try:
+            async with self._pool.acquire() as conn:
+                if self._unsettled:
+                    await self._settle(conn, epoch)
+                try:
+                    return await statement(conn)
+                except StoreError:
+                    raise
+                except BaseException:
+                    self._unsettled = True
+                    raise
+        except CLASSIFIED as exc:
+            raise classify(exc, doing) from exc
+
+    async def _settle(self, conn: Connection, epoch: int) -> None:
+        """Raise the generation: a write still in flight is over before this returns (it
+        holds the leader row, which this waits for), or can no longer write anything."""
+        self._unsettled = True
+        self._raised_to = max(self._raised_to, self._generation) + 1
+        generation = await conn.fetchval(self._sql.settle, epoch, self._raised_to)
+        if generation is None:
+            raise Fenced(f"epoch {epoch} was superseded by a newer leader")
+        self._generation = int(generation)
+        self._unsettled = False
 
     # --- commit ---------------------------------------------------------------------------
 
@@ -288,13 +387,22 @@ class PgStore:
             rows.removed_schedules,
         )
         async with self._serial:
-            self._check_open()
-            try:
-                async with self._pool.acquire() as conn:
-                    fenced = await conn.fetchval(self._sql.commit, *arguments) == 0
-            except CLASSIFIED as exc:
-                raise classify(exc, "committing a batch") from exc
-        if fenced:
+
+            async def write(conn: Connection) -> int:
+                try:
+                    return int(await conn.fetchval(self._sql.commit, *arguments, self._generation))
+                except asyncpg.InvalidTextRepresentationError as exc:
+                    if ID_CLASH not in str(exc):
+                        raise
+                    task_id = str(exc).split(ID_CLASH, 1)[1].strip(' "')
+                    raise StoreFatal(
+                        f"task id {task_id} already holds another task: the batch that reuses "
+                        "it was not written. Ids are never reused, so the schema was changed "
+                        "behind the store's back (a restored backup?) or this is a bug."
+                    ) from exc
+
+            written = await self._write(epoch, "committing a batch", write)
+        if written == 0:
             raise Fenced(f"epoch {epoch} was superseded by a newer leader")
 
     # --- recovery -------------------------------------------------------------------------
@@ -314,6 +422,8 @@ class PgStore:
             self._check_open()
             try:
                 async with self._pool.acquire() as conn:
+                    # Whatever this leader wrote, in doubt or not, is over before it reads.
+                    await self._settle(conn, epoch)
                     # Only reads inside the transaction: it takes no row lock, so a leader
                     # frozen in it (SIGSTOP, a partition) holds up no successor.
                     async with conn.transaction():
@@ -327,15 +437,20 @@ class PgStore:
                     # session's keepalive keeps answering meanwhile.
                     tasks, quarantined = await asyncio.to_thread(_decode_rows, task_rows, to_engine)
                     if quarantined:
-                        # One autocommit statement, gated on the epoch: no lock outlives it.
-                        status = await conn.execute(
-                            sql.quarantine,
-                            [task_id for task_id, _ in quarantined],
-                            [reason for _, reason in quarantined],
-                            time.time_ns(),
-                            epoch,
-                        )
-                        if status == "UPDATE 0":
+                        # One autocommit statement, gated on the leader row: no lock outlives it.
+                        try:
+                            leading = await conn.fetchval(
+                                sql.quarantine,
+                                epoch,
+                                self._generation,
+                                [task_id for task_id, _ in quarantined],
+                                [reason for _, reason in quarantined],
+                                time.time_ns(),
+                            )
+                        except BaseException:
+                            self._unsettled = True
+                            raise
+                        if leading == 0:
                             raise Fenced(f"epoch {epoch} was superseded while recovering")
                     for name, spec, next_ns, paused, last_task_id in schedule_rows:
                         try:
@@ -383,7 +498,9 @@ class PgStore:
     async def prune(self, horizon_unix_ns: int) -> int:
         """Delete tasks finished before the horizon, a batch per transaction; return how many.
 
-        The id high-water mark lives in ``cronoq_leader``, so ids stay unique after pruning.
+        Only the leader prunes: each batch is gated on its epoch, so a store that does not
+        lead, or no longer does, raises ``Fenced`` and deletes nothing. The id high-water mark
+        lives in ``cronoq_leader``, so ids stay unique after pruning.
         """
         return await prune_in_batches(
             lambda: shielded(self._prune_batch(horizon_unix_ns)), self._config.prune_batch
@@ -391,21 +508,30 @@ class PgStore:
 
     async def _prune_batch(self, horizon_unix_ns: int) -> int:
         async with self._serial:
-            self._check_open()
-            try:
-                async with self._pool.acquire() as conn:
-                    status = await conn.execute(
-                        self._sql.prune, horizon_unix_ns, self._config.prune_batch
-                    )
-            except CLASSIFIED as exc:
-                raise classify(exc, "pruning") from exc
-        return int(status.split()[-1])
+            epoch = self._epoch
+            self._check_leading(epoch)
+            assert epoch is not None
+
+            async def write(conn: Connection) -> asyncpg.Record | None:
+                return await conn.fetchrow(
+                    self._sql.prune, epoch, self._generation, horizon_unix_ns,
+                    self._config.prune_batch,
+                )  # fmt: skip
+
+            row = await self._write(epoch, "pruning", write)
+        assert row is not None
+        if row["leading"] == 0:
+            raise Fenced(f"epoch {epoch} was superseded: it prunes nothing")
+        return int(row["pruned"])
 
     async def _prune_regularly(self) -> None:
         config = self._config
         while not self._lock_session.lost.is_set():
             try:
                 await self.prune(time.time_ns() - round(config.keep_finished * NS))
+            except Fenced as exc:
+                log.warning("pruning stopped: %s", exc)
+                return
             except StoreError as exc:
                 log.warning("pruning failed, trying later: %s", exc)
             await asyncio.sleep(config.prune_interval)

@@ -136,7 +136,7 @@ async def _switch_to_wal(conn: aiosqlite.Connection, timeout: float) -> Any:
         pause = min(pause * 2, 0.05)
 
 
-async def migrate(conn: aiosqlite.Connection) -> None:
+async def migrate(conn: aiosqlite.Connection, path: str | None = None) -> None:
     """Bring the schema to SCHEMA_VERSION under the write lock, or refuse a newer one."""
     try:
         await conn.execute("BEGIN IMMEDIATE")
@@ -161,7 +161,7 @@ async def migrate(conn: aiosqlite.Connection) -> None:
                 await conn.execute("ROLLBACK")
             raise
     except sqlite3.Error as exc:
-        raise classify(exc, "migrating the schema") from exc
+        raise classify(exc, "migrating the schema", path) from exc
 
 
 async def _version(conn: aiosqlite.Connection) -> int:

@@ -1,10 +1,15 @@
 """SqliteStore: the ``Store`` protocol over one SQLite file (WAL), through aiosqlite.
 
-One connection per instance; every transaction holds ``self._lock`` so the lease renewal never
-interleaves with a commit on that connection. SQLite's own write lock serializes instances:
+Two connections per instance, each with its own lock, so that no transaction interleaves with
+another on one connection: the data connection commits, recovers, prunes and looks up; the lease
+connection takes, renews and releases the lease. The lease has its own connection so that its
+renewal goes on while a long recovery reads the data (a recovery of 500,000 tasks takes longer
+than the default lease): recovery is a read transaction, which in WAL mode never blocks the
+renewal's write. SQLite's own write lock serializes writers, of this instance and of others:
 write transactions start with ``BEGIN IMMEDIATE`` (implicit transactions are off), because a
 deferred transaction that reads and then writes fails with ``SQLITE_BUSY_SNAPSHOT`` without the
-busy handler ever running.
+busy handler ever running. Every write of task data is fenced by the epoch and holder inside
+its own write transaction (``_fence``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import aiosqlite
 
@@ -90,11 +95,19 @@ _SAVE_SCHEDULE = """
 class SqliteStore:
     """A durable store in one local SQLite file; processes sharing it elect one leader."""
 
-    def __init__(self, conn: aiosqlite.Connection, path: str, config: SqliteStoreConfig) -> None:
+    def __init__(
+        self,
+        conn: aiosqlite.Connection,
+        lease_conn: aiosqlite.Connection,
+        path: str,
+        config: SqliteStoreConfig,
+    ) -> None:
         self._conn = conn
+        self._lease_conn = lease_conn
         self._path = path
         self._config = config
         self._lock = asyncio.Lock()
+        self._lease_lock = asyncio.Lock()
         self._holder = uuid.uuid4().hex
         self._epoch: int | None = None
         self._lost = asyncio.Event()
@@ -117,25 +130,28 @@ class SqliteStore:
         if path == ":memory:" or path.startswith("file:"):
             raise InvalidArgument("SqliteStore needs a file path; use MemoryStore for memory")
         prepare_file(path)
+        opened: list[aiosqlite.Connection] = []
         try:
-            conn = await aiosqlite.connect(path, isolation_level=None)
+            for _ in range(2):  # the data connection, then the lease connection
+                try:
+                    conn = await aiosqlite.connect(path, isolation_level=None)
+                except sqlite3.Error as exc:
+                    raise classify(exc, "opening", path) from exc
+                opened.append(conn)
+                await configure(
+                    conn,
+                    full_sync=config.full_sync,
+                    busy_timeout_ms=round(config.busy_timeout * 1000),
+                    journal_size_limit=config.journal_size_limit,
+                )
+            await _migrate_patiently(opened[0], config, path)
         except sqlite3.Error as exc:
-            raise classify(exc, f"opening {path!r}") from exc
-        try:
-            await configure(
-                conn,
-                full_sync=config.full_sync,
-                busy_timeout_ms=round(config.busy_timeout * 1000),
-                journal_size_limit=config.journal_size_limit,
-            )
-            await _migrate_patiently(conn, config)
-        except sqlite3.Error as exc:
-            await conn.close()
-            raise classify(exc, f"configuring {path!r}") from exc
+            await _close_all(opened)
+            raise classify(exc, "configuring", path) from exc
         except BaseException:
-            await conn.close()
+            await _close_all(opened)
             raise
-        return cls(conn, path, config)
+        return cls(opened[0], opened[1], path, config)
 
     @property
     def path(self) -> str:
@@ -144,43 +160,74 @@ class SqliteStore:
     # --- transactions ---------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _transaction(self, doing: str) -> AsyncIterator[aiosqlite.Connection]:
-        """A write transaction: BEGIN IMMEDIATE ... COMMIT, rolled back on any failure.
+    async def _transaction(
+        self, doing: str, *, lease: bool = False, write: bool = True
+    ) -> AsyncIterator[aiosqlite.Connection]:
+        """A transaction on the data connection (or the lease one): ``BEGIN IMMEDIATE`` (a
+        write) or ``BEGIN`` (a read: one snapshot, no write lock) ... COMMIT, rolled back on
+        any failure.
 
         Callers run it ``shielded``: aiosqlite cannot take back a statement it
         queued, so a cancellation between BEGIN and COMMIT would leave the connection inside a
         transaction that holds the write lock forever.
         """
-        async with self._lock:
+        conn, lock = (self._lease_conn, self._lease_lock) if lease else (self._conn, self._lock)
+        async with lock:
             self._check_open()
-            conn = self._conn
             try:
-                await conn.execute("BEGIN IMMEDIATE")
+                await conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 try:
                     yield conn
                     await conn.execute("COMMIT")
                 except BaseException:
-                    await self._roll_back()
+                    await _roll_back(conn)
                     raise
             except sqlite3.Error as exc:
-                raise classify(exc, doing) from exc
+                raise classify(exc, doing, self._path) from exc
 
-    async def _roll_back(self) -> None:
-        # SQLite rolls some failures (a full disk, an I/O error) back by itself.
-        with contextlib.suppress(sqlite3.Error):
-            if self._conn.in_transaction:
-                await self._conn.execute("ROLLBACK")
+    async def _fence(self, conn: aiosqlite.Connection, epoch: int, max_task_id: int = 0) -> None:
+        """Inside a write transaction: go on only if ``epoch`` and this holder still hold the
+        lease (raising the id high-water mark on the way). SQLite's write lock, held from
+        ``BEGIN IMMEDIATE`` on, keeps another instance from taking over before COMMIT, so a
+        fenced instance writes nothing, even one that does not know yet (paused past its
+        lease and resumed)."""
+        if epoch != self._epoch:
+            # This instance stepped down (or never led): nothing of it may land, even while
+            # the lease row, not yet taken over, still names it.
+            self._fenced(epoch)
+        cursor = await conn.execute(
+            "UPDATE cronoq_leader SET max_task_id = MAX(max_task_id, ?) "
+            "WHERE id = 1 AND epoch = ? AND holder = ?",
+            (max_task_id, epoch, self._holder),
+        )
+        if cursor.rowcount != 1:
+            self._fenced(epoch)
 
-    async def _read(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[Any]:
-        return await shielded(self._read_now(sql, params))
+    def _fenced(self, epoch: int) -> NoReturn:
+        if epoch == self._epoch:
+            self._step_down()
+        raise Fenced(f"epoch {epoch} no longer holds the lease of {self._path!r}")
 
-    async def _read_now(self, sql: str, params: Sequence[Any] | dict[str, Any]) -> list[Any]:
-        async with self._lock:
+    def _leading_epoch(self, doing: str) -> int:
+        if self._epoch is None:
+            raise Fenced(f"cannot {doing}: this instance does not lead {self._path!r}")
+        return self._epoch
+
+    async def _read(
+        self, sql: str, params: Sequence[Any] | dict[str, Any] = (), *, lease: bool = False
+    ) -> list[Any]:
+        return await shielded(self._read_now(sql, params, lease))
+
+    async def _read_now(
+        self, sql: str, params: Sequence[Any] | dict[str, Any], lease: bool = False
+    ) -> list[Any]:
+        conn, lock = (self._lease_conn, self._lease_lock) if lease else (self._conn, self._lock)
+        async with lock:
             self._check_open()
             try:
-                return list(await self._conn.execute_fetchall(sql, params))
+                return list(await conn.execute_fetchall(sql, params))
             except sqlite3.Error as exc:
-                raise classify(exc, "reading") from exc
+                raise classify(exc, "reading", self._path) from exc
 
     def _check_open(self) -> None:
         if self._closed:
@@ -207,11 +254,11 @@ class SqliteStore:
         # Look first without the write lock: a standby must not contend with the leader's
         # commits every poll, nor hold a read transaction open between polls.
         [(holder, expires_ns)] = await self._read(
-            "SELECT holder, expires_ns FROM cronoq_leader WHERE id = 1"
+            "SELECT holder, expires_ns FROM cronoq_leader WHERE id = 1", lease=True
         )
         if holder is not None and expires_ns > time.time_ns():
             return None
-        async with self._transaction("taking the lease") as conn:
+        async with self._transaction("taking the lease", lease=True) as conn:
             async with conn.execute(
                 "SELECT epoch, holder, expires_ns FROM cronoq_leader WHERE id = 1"
             ) as cursor:
@@ -239,23 +286,32 @@ class SqliteStore:
                 if time.monotonic() < valid_until:
                     log.warning("lease renewal failed, trying again: %s", exc)
                     continue
-                renewed = False
-            except StoreFatal:
-                log.exception("lease renewal failed")
-                renewed = False
+                log.warning("leadership lost: the lease ran out while renewal failed (%s)", exc)
+                self._step_down()
+                return
+            except StoreFatal as exc:
+                self._stop_on_fatal(exc)
+                return
             if not renewed:
-                log.warning("leadership lost: the lease of %s was taken over", self._path)
+                log.warning("leadership lost: the lease of %r was taken over", self._path)
                 self._step_down()
                 return
             valid_until = time.monotonic() + config.lease_ttl
 
     async def _extend_lease(self) -> bool:
-        async with self._transaction("renewing the lease") as conn:
+        async with self._transaction("renewing the lease", lease=True) as conn:
             cursor = await conn.execute(
                 "UPDATE cronoq_leader SET expires_ns = ? WHERE id = 1 AND epoch = ? AND holder = ?",
                 (time.time_ns() + round(self._config.lease_ttl * NS), self._epoch, self._holder),
             )
             return cursor.rowcount == 1
+
+    def _stop_on_fatal(self, exc: StoreFatal) -> None:
+        """A background write (renewal, pruning) failed for good: a read-only, corrupt or
+        unreachable file is not retried. Stop leading, so the scheduler stops, and leave the
+        lease to run out as a crash would: writing its release would likely fail the same way."""
+        log.error("leadership given up: %s", exc)
+        self._step_down()
 
     def _step_down(self) -> None:
         self._epoch = None
@@ -278,7 +334,7 @@ class SqliteStore:
             await shielded(self._release_lease(epoch))
 
     async def _release_lease(self, epoch: int) -> None:
-        async with self._transaction("releasing the lease") as conn:
+        async with self._transaction("releasing the lease", lease=True) as conn:
             await conn.execute(
                 "UPDATE cronoq_leader SET holder = NULL, expires_ns = 0 "
                 "WHERE id = 1 AND epoch = ? AND holder = ?",
@@ -298,15 +354,7 @@ class SqliteStore:
             return None if ns is None else to_unix(ns)
 
         async with self._transaction("committing a batch") as conn:
-            # Fencing and the id high-water mark in one statement, inside the write lock.
-            cursor = await conn.execute(
-                "UPDATE cronoq_leader SET max_task_id = MAX(max_task_id, ?) "
-                "WHERE id = 1 AND epoch = ? AND holder = ?",
-                (rows.max_task_id, epoch, self._holder),
-            )
-            if cursor.rowcount != 1:
-                self._step_down()
-                raise Fenced(f"epoch {epoch} no longer holds the lease of {self._path!r}")
+            await self._fence(conn, epoch, rows.max_task_id)
             if rows.new_tasks:
                 await conn.executemany(
                     _INSERT_TASK,
@@ -366,14 +414,18 @@ class SqliteStore:
         tasks: list[TaskRecord] = []
         quarantined: list[tuple[int, str]] = []
         schedules: list[ScheduleRecord] = []
-        async with self._transaction("recovering") as conn:
+        # A read transaction: one snapshot of the file, and no write lock, so that the lease
+        # renewal (on its own connection) keeps the lease however long this takes. Nothing
+        # else writes tasks meanwhile: this instance leads, and its own commits wait for
+        # ``self._lock``.
+        async with self._transaction("recovering", write=False) as conn:
             async with conn.execute(
                 "SELECT epoch, holder, max_task_id FROM cronoq_leader WHERE id = 1"
             ) as cursor:
                 row = await cursor.fetchone()
             assert row is not None
-            if (row[0], row[1]) != (epoch, self._holder):
-                raise Fenced(f"epoch {epoch} does not hold the lease of {self._path!r}")
+            if (row[0], row[1]) != (epoch, self._holder) or epoch != self._epoch:
+                self._fenced(epoch)
             max_task_id = int(row[2])
             horizon = time.time_ns() - retention_ns
             async with conn.execute(_RECOVER, {"horizon": horizon}) as cursor:
@@ -382,12 +434,6 @@ class SqliteStore:
                         tasks.append(decode_task_record(task_row, to_engine, with_output=False))
                     except (ValueError, TypeError) as exc:
                         quarantined.append((task_row[0], f"quarantined: undecodable row ({exc})"))
-            now = time.time_ns()
-            await conn.executemany(
-                "UPDATE cronoq_tasks SET status = 'failed', message = ?, updated_ns = ?, "
-                "finished_ns = COALESCE(finished_ns, ?) WHERE id = ?",
-                [(reason, now, now, task_id) for task_id, reason in quarantined],
-            )
             async with conn.execute(
                 "SELECT name, spec, next_ns, paused, last_task_id FROM cronoq_schedules"
             ) as cursor:
@@ -403,6 +449,15 @@ class SqliteStore:
                         )
                     except ValueError:
                         log.exception("schedule %r cannot be decoded; it is skipped", name)
+        if quarantined:
+            async with self._transaction("quarantining undecodable rows") as conn:
+                await self._fence(conn, epoch)
+                now = time.time_ns()
+                await conn.executemany(
+                    "UPDATE cronoq_tasks SET status = 'failed', message = ?, updated_ns = ?, "
+                    "finished_ns = COALESCE(finished_ns, ?) WHERE id = ?",
+                    [(reason, now, now, task_id) for task_id, reason in quarantined],
+                )
         for task_id, reason in quarantined:
             log.error("task %d %s", task_id, reason)
         return RecoveredState(max_task_id, tasks, schedules, quarantined)
@@ -430,14 +485,18 @@ class SqliteStore:
     async def prune(self, horizon_unix_ns: int) -> int:
         """Delete tasks finished before the horizon, a batch per transaction; return how many.
 
-        The id high-water mark lives in ``cronoq_leader``, so ids stay unique after pruning.
+        Only the leader prunes: each batch is fenced like a commit, so an instance that lost
+        its lease (whether it knows or not) deletes nothing and gets ``Fenced``. The id
+        high-water mark lives in ``cronoq_leader``, so ids stay unique after pruning.
         """
+        epoch = self._leading_epoch("prune")
         return await prune_in_batches(
-            lambda: shielded(self._prune_batch(horizon_unix_ns)), self._config.prune_batch
+            lambda: shielded(self._prune_batch(epoch, horizon_unix_ns)), self._config.prune_batch
         )
 
-    async def _prune_batch(self, horizon_unix_ns: int) -> int:
+    async def _prune_batch(self, epoch: int, horizon_unix_ns: int) -> int:
         async with self._transaction("pruning") as conn:
+            await self._fence(conn, epoch)
             cursor = await conn.execute(
                 "DELETE FROM cronoq_tasks WHERE id IN (SELECT id FROM cronoq_tasks "
                 "WHERE finished_ns < ? LIMIT ?)",
@@ -450,6 +509,11 @@ class SqliteStore:
         while not self._lost.is_set():
             try:
                 await self.prune(time.time_ns() - round(config.keep_finished * NS))
+            except Fenced:
+                return  # stepped down: the new leader prunes
+            except StoreFatal as exc:
+                self._stop_on_fatal(exc)
+                return
             except StoreError as exc:
                 log.warning("pruning failed, trying later: %s", exc)
             await asyncio.sleep(config.prune_interval)
@@ -466,18 +530,33 @@ class SqliteStore:
     async def _close_connection(self) -> None:
         if self._closed:
             return
-        async with self._lock:
+        async with self._lock, self._lease_lock:
             self._closed = True
-            await self._conn.close()
+            await _close_all([self._conn, self._lease_conn])
 
 
-async def _migrate_patiently(conn: aiosqlite.Connection, config: SqliteStoreConfig) -> None:
+async def _roll_back(conn: aiosqlite.Connection) -> None:
+    # SQLite rolls some failures (a full disk, an I/O error) back by itself.
+    with contextlib.suppress(sqlite3.Error):
+        if conn.in_transaction:
+            await conn.execute("ROLLBACK")
+
+
+async def _close_all(connections: Sequence[aiosqlite.Connection]) -> None:
+    for conn in connections:
+        with contextlib.suppress(sqlite3.Error):
+            await conn.close()
+
+
+async def _migrate_patiently(
+    conn: aiosqlite.Connection, config: SqliteStoreConfig, path: str
+) -> None:
     """Instances opened together contend for the write lock: opening waits its turn (a short
     ``busy_timeout`` is for commits, which the scheduler retries, not for opening)."""
     give_up = time.monotonic() + max(5.0, 10 * config.busy_timeout)
     while True:
         try:
-            await migrate(conn)
+            await migrate(conn, path)
             return
         except Unavailable:
             if time.monotonic() >= give_up:

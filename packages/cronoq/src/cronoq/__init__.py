@@ -14,9 +14,12 @@ from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
     InvalidArgument,
+    PayloadError,
     SchedulerError,
     SchedulerStopped,
     TaskError,
+    UnknownPool,
+    WaitTimedOut,
 )
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "MemoryStore",
     "MissPolicy",
     "OverlapPolicy",
+    "PayloadError",
     "Pool",
     "RetryPolicy",
     "ScheduleInfo",
@@ -42,6 +46,8 @@ __all__ = [
     "TaskInfo",
     "TaskRequest",
     "TaskSummary",
+    "UnknownPool",
+    "WaitTimedOut",
     "preview",
 ]
 

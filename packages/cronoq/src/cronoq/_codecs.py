@@ -1,4 +1,12 @@
-"""Codecs turn payloads and outputs into the bytes a store keeps, and back."""
+"""Codecs turn payloads and outputs into the bytes a store keeps, and back.
+
+"No payload" is the same for every codec: ``None`` is stored as ``b""`` without calling the
+codec, and a stored ``b""`` payload reaches the task function (and ``TaskInfo.payload``) as
+``None``. So ``submit("kind")`` works with any codec, and JSON's ``null`` costs no bytes. With
+``BytesCodec`` this makes an empty ``b""`` payload arrive as ``None`` too: an empty payload is
+no payload. Outputs have their own "none" (a function that returns ``None`` stores no output),
+so they always go through the codec.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,9 @@ from typing import Any, Protocol, runtime_checkable
 from cronoq.errors import PayloadError
 
 __all__ = ["BytesCodec", "Codec", "JsonCodec"]
+
+NO_PAYLOAD = b""
+"""How every codec's "no payload" (``None``) is stored."""
 
 
 @runtime_checkable
@@ -41,14 +52,17 @@ class JsonCodec:
     def encode(self, value: Any) -> bytes:
         try:
             return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
-        except (TypeError, ValueError) as exc:
+        # RecursionError: a value nested deeper than the interpreter's recursion limit.
+        except (TypeError, ValueError, RecursionError) as exc:
             raise PayloadError(f"JsonCodec cannot encode this value: {exc}") from exc
 
     def decode(self, data: bytes) -> Any:
         try:
             return json.loads(data)
-        except ValueError as exc:
-            raise PayloadError(f"JsonCodec cannot decode {len(data)} bytes: {exc}") from exc
+        # TypeError: not bytes at all; RecursionError: "[[[[..." deeper than the stack.
+        except (TypeError, ValueError, RecursionError) as exc:
+            what = f"{len(data)} bytes" if isinstance(data, bytes) else type(data).__name__
+            raise PayloadError(f"JsonCodec cannot decode {what}: {exc}") from exc
 
 
 def encode_with(codec: Codec, value: Any, what: str) -> bytes:
@@ -65,3 +79,25 @@ def encode_with(codec: Codec, value: Any, what: str) -> bytes:
             "not bytes"
         )
     return data
+
+
+def encode_payload(codec: Codec, value: Any) -> bytes:
+    """A payload as stored: ``None`` (no payload) is ``b""`` whatever the codec."""
+    return NO_PAYLOAD if value is None else encode_with(codec, value, "payload")
+
+
+def decode_with(codec: Codec, data: bytes, what: str) -> Any:
+    """Decode through a user codec; whatever it raises becomes a PayloadError naming ``what``."""
+    try:
+        return codec.decode(data)
+    except PayloadError:
+        raise
+    except Exception as exc:
+        raise PayloadError(
+            f"{type(codec).__name__} cannot decode the {what} ({len(data)} bytes): {exc!r}"
+        ) from exc
+
+
+def decode_payload(codec: Codec, data: bytes) -> Any:
+    """A stored payload as the task function sees it: ``b""`` is ``None`` whatever the codec."""
+    return None if data == NO_PAYLOAD else decode_with(codec, data, "payload")

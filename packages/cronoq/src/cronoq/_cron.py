@@ -8,11 +8,33 @@ reads the clock and does no I/O beyond loading the zone's rules once.
 Cron syntax
     Five fields ``minute hour day-of-month month day-of-week``, or six fields
     with *seconds first* (Quartz/Spring style): ``second minute hour
-    day-of-month month day-of-week``. Everything croniter understands inside a
-    field is accepted (lists, ranges, steps, names, ``L``, ``W``, ``#``, ``?``).
-    When both day fields are restricted a day matches if *either* does (classic
-    Vixie cron). The aliases ``@yearly``, ``@annually``, ``@monthly``,
-    ``@weekly``, ``@daily``, ``@midnight`` and ``@hourly`` are accepted.
+    day-of-month month day-of-week``. croniter parses and validates the
+    expression; this module gives each field its meaning and finds the
+    occurrences itself, so the rules below hold whatever croniter's own
+    evaluation does. A field is a comma-separated list of:
+
+    * ``*``; ``n``; a range ``a-b``; any of those with a step ``/s``. ``a/s``
+      means ``a-max/s``. A range with equal ends is that one value (``5-5``
+      and ``5-5/2`` are ``5``). A range whose start is after its end wraps
+      around the end of the field (``FRI-MON``, hours ``22-2``) and a step
+      counts on across the wrap (minutes ``50-10/15`` are 50 and 5).
+    * Names: ``jan``-``dec`` and ``sun``-``sat``, any case, as values and
+      range ends. Day-of-week runs 0-7, 0 and 7 both Sunday, so ``1/2`` is
+      Mon, Wed, Fri and Sun (as in cronie).
+    * Day-of-month only: ``L`` (the last day), ``a-L``, and ``nW`` (the
+      weekday nearest day ``n`` inside its month; ``n`` past the month's end
+      means its last day; alone in the field). Day-of-week only: ``d#k`` (the
+      ``k``-th weekday ``d`` of the month, ``d`` may be a name range:
+      ``mon-fri#1``) and ``Ld`` (the last weekday ``d`` of the month).
+      ``?`` in either day field means ``*``.
+
+    Day-of-month and day-of-week combine as in Vixie cron: when either field
+    starts with ``*`` (or is ``?``) a day must match both, otherwise a day
+    matches if *either* does. So ``0 0 1,15 * MON`` runs on the 1st, the 15th
+    and every Monday, while ``0 0 */2 * MON`` runs on Mondays that fall on odd
+    days. ``L``, ``W``, ``#`` and ``Ld`` take part in that rule like any value.
+    The aliases ``@yearly``, ``@annually``, ``@monthly``, ``@weekly``,
+    ``@daily``, ``@midnight`` and ``@hourly`` are accepted.
 
     Rejected: the seven-field (year) form; ``@reboot`` (a durable schedule has
     no notion of a boot); hashed and random fields (``H``, ``R``), whose
@@ -38,13 +60,15 @@ Daylight-saving semantics
 
 Occurrences are whole seconds. An input with a sub-second part yields the first
 whole matching second strictly after it. Inputs must lie in ``[0, 2**63 - 1]``
-(the int64 nanosecond range) and so must results.
+(the int64 nanosecond range) and so must results: an occurrence after
+2262-04-11T23:47:16Z raises :class:`InvalidArgument` instead of wrapping.
 """
 
 from __future__ import annotations
 
-import copy
+import calendar
 import re
+from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -52,7 +76,7 @@ from functools import lru_cache
 from typing import Any, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import CroniterBadDateError, croniter
+from croniter import croniter
 
 from cronoq.errors import InvalidArgument, InvalidCron, UnknownTimeZone
 
@@ -74,6 +98,10 @@ _ONE_SECOND: Final = timedelta(seconds=1)
 _ASCII_SPACE: Final = " \t\n\r\f\v"
 _FIELD_RE: Final = re.compile(r"\S+", re.ASCII)
 _HASHED_RE: Final = re.compile(r"^[hr](\(\d+-\d+\))?(/\d+)?$", re.IGNORECASE | re.ASCII)
+# The special day forms, in the spellings croniter accepts (fields are lower-cased).
+_NEAREST_RE: Final = re.compile(r"^(?:(\d+)w|w(\d+))$", re.ASCII)
+_LAST_DOW_RE: Final = re.compile(r"^l(\d+)$", re.ASCII)
+_NTH_DOW_RE: Final = re.compile(r"^([a-z0-9]+(?:-[a-z0-9]+)?)#(\d+)$", re.ASCII)
 
 # Spelled out here rather than delegated, so the field-count check sees the expansion.
 _ALIASES: Final[dict[str, str]] = {
@@ -86,13 +114,54 @@ _ALIASES: Final[dict[str, str]] = {
     "@hourly": "0 * * * *",
 }
 
+_MONTH_NAMES: Final = {
+    name: number
+    for number, name in enumerate(
+        ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"),
+        start=1,
+    )
+}
+_DAY_NAMES: Final = {
+    name: number for number, name in enumerate(("sun", "mon", "tue", "wed", "thu", "fri", "sat"))
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Unit:
+    """One field's bounds; day-of-week runs to 7 (Sunday again), as in Vixie cron."""
+
+    name: str
+    low: int
+    high: int
+    names: dict[str, int] | None = None
+
+
+_SECOND: Final = _Unit("second", 0, 59)
+_MINUTE: Final = _Unit("minute", 0, 59)
+_HOUR: Final = _Unit("hour", 0, 23)
+_DOM: Final = _Unit("day-of-month", 1, 31)
+_MONTH: Final = _Unit("month", 1, 12, _MONTH_NAMES)
+_DOW: Final = _Unit("day-of-week", 0, 7, _DAY_NAMES)
+
+
+@dataclass(frozen=True, slots=True)
+class _Fields:
+    """What an expression matches, as cronoq reads it (module docstring)."""
+
+    seconds: tuple[int, ...]
+    minutes: tuple[int, ...]
+    hours: tuple[int, ...]
+    months: frozenset[int]
+    # Matching days of a month, indexed by (length - 28) * 7 + weekday of the 1st
+    # (0 = Sunday). Whether a day matches depends only on those two facts, so 28
+    # precomputed rows answer every month of every year.
+    month_days: tuple[tuple[int, ...], ...]
+
 
 @dataclass(frozen=True, slots=True)
 class _Compiled:
     zone: ZoneInfo
-    # Never iterated itself: each walk works on a shallow copy, so concurrent
-    # callers (threads included) never share croniter's mutable cursor.
-    template: croniter[datetime]
+    fields: _Fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,32 +215,31 @@ class CronSchedule:
 
     def _occurrences(self, after_ns: int) -> Iterator[int]:
         zone = self._compiled.zone
+        fields = self._compiled.fields
         after_s = after_ns // _NS_PER_S
         local = datetime.fromtimestamp(after_s, tz=zone)
-        resume = local.replace(tzinfo=None)
+        wall = local.replace(tzinfo=None)
         if local.fold:
             # after_ns is in the second pass of a repeated hour. Every wall time of
             # that hour fired (or will never fire) on the first pass, so resume at the
             # end of the repetition instead of skipping up to 3600 candidates. The
             # transition lies after this wall time's first pass and at or before now.
-            offset_before = _offset_s(zone, resume, fold=0)
+            offset_before = _offset_s(zone, wall, fold=0)
             offset_after = _utc_offset_s(local)
             transition = _transition(
                 zone, after_s - (offset_before - offset_after), after_s, offset_before
             )
             # Wall times from transition + offset_before on exist once again.
-            resume = _EPOCH + timedelta(seconds=transition + offset_before - 1)
+            wall = _EPOCH + timedelta(seconds=transition + offset_before - 1)
 
-        walker = copy.copy(self._compiled.template)
-        walker.set_current(resume, force=True)
         last = after_ns
         while True:
-            try:
-                wall = walker.get_next(datetime)
-            except CroniterBadDateError as exc:  # pragma: no cover - excluded by parse
+            found = _next_wall(fields, wall)
+            if found is None:  # pragma: no cover - excluded by parse
                 raise InvalidCron(
                     f"cron expression {self.expression!r} has no occurrence after {after_ns}"
-                ) from exc
+                )
+            wall = found
             instant_ns = _instant_s(zone, wall) * _NS_PER_S
             # Skipped: wall times that map to an instant already passed, which is how
             # gap coalescing and the repeated hour are kept from firing twice.
@@ -179,8 +247,8 @@ class CronSchedule:
                 continue
             if instant_ns > _MAX_NS:
                 raise InvalidArgument(
-                    f"next occurrence of {self.expression!r} after {after_ns} is beyond "
-                    f"the int64 nanosecond range"
+                    f"the next occurrence of {self.expression!r} after {after_ns} falls after "
+                    f"2262-04-11T23:47:16Z, the end of the int64 nanosecond range"
                 )
             last = instant_ns
             yield instant_ns
@@ -188,11 +256,13 @@ class CronSchedule:
 
 @lru_cache(maxsize=1024)
 def _compile(expression: str, timezone: str) -> _Compiled:
-    template = _parse_expression(expression)
-    return _Compiled(zone=_load_zone(timezone), template=template)
+    fields = _parse_expression(expression)
+    return _Compiled(zone=_load_zone(timezone), fields=fields)
 
 
-def _parse_expression(expression: str) -> croniter[datetime]:
+# Separately cached: one expression is often used in several zones.
+@lru_cache(maxsize=1024)
+def _parse_expression(expression: str) -> _Fields:
     if "\x00" in expression:
         raise InvalidCron(f"cron expression {expression!r} contains a NUL character")
     text = expression.strip(_ASCII_SPACE)
@@ -211,39 +281,250 @@ def _parse_expression(expression: str) -> croniter[datetime]:
             )
         text = _ALIASES[alias]
 
-    fields = _FIELD_RE.findall(text)
-    if len(fields) not in (5, 6):
+    words = _FIELD_RE.findall(text)
+    if len(words) not in (5, 6):
         raise InvalidCron(
-            f"cron expression {expression!r} has {len(fields)} fields; expected 5 "
+            f"cron expression {expression!r} has {len(words)} fields; expected 5 "
             f"(minute hour day-of-month month day-of-week) or 6 (second first)"
         )
-    for item in (part for f in fields for part in f.split(",")):
+    for item in (part for f in words for part in f.split(",")):
         if _HASHED_RE.match(item):
             raise InvalidCron(
                 f"cron expression {expression!r}: hashed/random field {item!r} is not supported"
             )
 
+    # croniter is the parser: what it rejects is invalid, with its explanation.
     try:
-        template = croniter(
-            text,
-            _CHECK_FROM,
-            ret_type=datetime,
-            max_years_between_matches=_CYCLE_YEARS,
-            second_at_beginning=len(fields) == 6,
-        )
+        croniter(text, _CHECK_FROM, ret_type=datetime, second_at_beginning=len(words) == 6)
     # croniter signals most bad input with CroniterBadCronError (a ValueError), but
     # some malformed fields escape as other built-in errors.
     except (ValueError, TypeError, LookupError, ArithmeticError) as exc:
         raise InvalidCron(f"invalid cron expression {expression!r}: {exc}") from exc
 
+    # croniter's own expansion is not used: it widens equal ranges to the whole
+    # field, ORs the day fields even when one starts with "*", and loses a plain
+    # weekday listed next to an nth one. cronoq reads the fields itself.
+    lowered = [word.lower() for word in words]
+    second, rest = (lowered[0], lowered[1:]) if len(lowered) == 6 else ("0", lowered)
+    minute, hour, dom, month, dow = rest
     try:
-        copy.copy(template).get_next(datetime)
-    except CroniterBadDateError as exc:
+        fields = _Fields(
+            seconds=tuple(sorted(_expand(second, _SECOND))),
+            minutes=tuple(sorted(_expand(minute, _MINUTE))),
+            hours=tuple(sorted(_expand(hour, _HOUR))),
+            months=frozenset(_expand(month, _MONTH)),
+            month_days=_month_table(dom, dow),
+        )
+    # croniter accepts a few things no field means: it does not check the low end of a
+    # range, so day-of-month "0-0" and month "7-0" reach here.
+    except _Unreadable as exc:
+        raise InvalidCron(
+            f"invalid cron expression {expression!r}: {exc.unit.name} element {exc.item!r} "
+            f"{exc.reason}"
+        ) from None
+
+    if _next_wall(fields, _CHECK_FROM) is None:
         raise InvalidCron(
             f"cron expression {expression!r} never matches: no date in a "
             f"{_CYCLE_YEARS}-year Gregorian cycle satisfies it"
-        ) from exc
-    return template
+        )
+    return fields
+
+
+class _Unreadable(Exception):
+    """An element of a field that croniter accepted but that means nothing to cronoq."""
+
+    def __init__(self, item: str, unit: _Unit, reason: str = "is not supported") -> None:
+        super().__init__(item)
+        self.item = item
+        self.unit = unit
+        self.reason = reason
+
+
+def _value(token: str, unit: _Unit, item: str) -> int:
+    if token.isdigit() and token.isascii():
+        number = int(token)
+    elif unit.names is not None and token in unit.names:
+        number = unit.names[token]
+    else:
+        raise _Unreadable(item, unit)
+    if not unit.low <= number <= unit.high:
+        raise _Unreadable(item, unit, f"has {number}, outside {unit.low}-{unit.high}")
+    return number
+
+
+def _expand(item_list: str, unit: _Unit) -> set[int]:
+    """The values of a field of plain elements (``*``, ``n``, ``a-b``, steps), as a set."""
+    values: set[int] = set()
+    for item in item_list.split(","):
+        values |= _plain(item, unit)
+    return values
+
+
+def _plain(item: str, unit: _Unit) -> set[int]:
+    base, slash, step_text = item.partition("/")
+    step = 1
+    if slash:
+        if not (step_text.isdigit() and step_text.isascii()) or int(step_text) == 0:
+            raise _Unreadable(item, unit)
+        step = int(step_text)
+    if base in ("*", "?"):
+        if base == "?" and slash:
+            raise _Unreadable(item, unit)
+        low, high = unit.low, unit.high
+    elif "-" in base:
+        low_text, high_text = base.split("-", 1)
+        low = _value(low_text, unit, item)
+        # "a-L" in day-of-month runs to the last day; days a month lacks never match.
+        high = 31 if unit is _DOM and high_text == "l" else _value(high_text, unit, item)
+    else:
+        low = _value(base, unit, item)
+        high = unit.high if slash else low
+    return _sequence(low, high, step, unit)
+
+
+def _sequence(low: int, high: int, step: int, unit: _Unit) -> set[int]:
+    if unit is _DOW:
+        if low > high:
+            # Only a wrapping range reads 7 as the Sunday it names; 5-7 stays plain.
+            low, high = low % 7, high % 7
+        span_low, span = 0, 7
+    else:
+        span_low, span = unit.low, unit.high - unit.low + 1
+    if low <= high:
+        values = set(range(low, high + 1, step))
+    else:
+        # A wrapping range: count on from low across the field's end to high.
+        length = (high - low) % span
+        values = {span_low + (low - span_low + k) % span for k in range(0, length + 1, step)}
+    return {v % 7 for v in values} if unit is _DOW else values
+
+
+@dataclass(frozen=True, slots=True)
+class _DayRule:
+    dom_days: frozenset[int]
+    dom_last: bool
+    dom_nearest: frozenset[int]
+    dow_days: frozenset[int]
+    dow_nth: frozenset[tuple[int, int]]
+    dow_last: frozenset[int]
+    # Vixie cron: both day fields must match when either starts with "*".
+    both: bool
+
+    def days(self, length: int, first_weekday: int) -> tuple[int, ...]:
+        """The matching days of a month of ``length`` days whose 1st is ``first_weekday``."""
+        dom = {d for d in self.dom_days if d <= length}
+        if self.dom_last:
+            dom.add(length)
+        dom |= {_nearest_weekday(n, length, first_weekday) for n in self.dom_nearest}
+        dow: set[int] = set()
+        for weekday in self.dow_days:
+            dow.update(range(_first_day(weekday, first_weekday), length + 1, 7))
+        for weekday, k in self.dow_nth:
+            nth = _first_day(weekday, first_weekday) + 7 * (k - 1)
+            if nth <= length:
+                dow.add(nth)
+        for weekday in self.dow_last:
+            first = _first_day(weekday, first_weekday)
+            dow.add(first + 7 * ((length - first) // 7))
+        return tuple(sorted(dom & dow if self.both else dom | dow))
+
+
+def _first_day(weekday: int, first_weekday: int) -> int:
+    """The first day of a month whose 1st is ``first_weekday`` that falls on ``weekday``."""
+    return 1 + (weekday - first_weekday) % 7
+
+
+def _nearest_weekday(target: int, length: int, first_weekday: int) -> int:
+    """The weekday (Mon-Fri) nearest day ``target``, inside a month of ``length`` days."""
+    target = min(target, length)
+    weekday = (first_weekday + target - 1) % 7  # 0 = Sunday
+    if weekday == 6:  # Saturday: the Friday before, or Monday if that leaves the month
+        return target - 1 if target > 1 else target + 2
+    if weekday == 0:  # Sunday: the Monday after, or Friday if that leaves the month
+        return target + 1 if target < length else target - 2
+    return target
+
+
+def _day_rule(dom: str, dow: str) -> _DayRule:
+    dom_days: set[int] = set()
+    dom_last = False
+    dom_nearest: set[int] = set()
+    for item in dom.split(","):
+        nearest = _NEAREST_RE.match(item)
+        if item == "l":
+            dom_last = True
+        elif nearest:
+            dom_nearest.add(_value(nearest.group(1) or nearest.group(2), _DOM, item))
+        else:
+            dom_days |= _plain(item, _DOM)
+    dow_days: set[int] = set()
+    dow_nth: set[tuple[int, int]] = set()
+    dow_last: set[int] = set()
+    for item in dow.split(","):
+        last = _LAST_DOW_RE.match(item)
+        nth = _NTH_DOW_RE.match(item)
+        if last:
+            dow_last.add(_value(last.group(1), _DOW, item) % 7)
+        elif nth:
+            k = int(nth.group(2))
+            if not 1 <= k <= 5:
+                raise _Unreadable(item, _DOW)
+            dow_nth |= {(d, k) for d in _plain(nth.group(1), _DOW)}
+        else:
+            dow_days |= _plain(item, _DOW)
+    return _DayRule(
+        dom_days=frozenset(dom_days),
+        dom_last=dom_last,
+        dom_nearest=frozenset(dom_nearest),
+        dow_days=frozenset(dow_days),
+        dow_nth=frozenset(dow_nth),
+        dow_last=frozenset(dow_last),
+        both=dom.startswith(("*", "?")) or dow.startswith(("*", "?")),
+    )
+
+
+def _month_table(dom: str, dow: str) -> tuple[tuple[int, ...], ...]:
+    rule = _day_rule(dom, dow)
+    return tuple(
+        rule.days(length, first_weekday) for length in range(28, 32) for first_weekday in range(7)
+    )
+
+
+def _first_time(
+    fields: _Fields, hour: int, minute: int, second: int
+) -> tuple[int, int, int] | None:
+    """The first (hour, minute, second) of a matching day at or after the one given."""
+    hours, minutes, seconds = fields.hours, fields.minutes, fields.seconds
+    for h in hours[bisect_left(hours, hour) :]:
+        same_hour = h == hour
+        for m in minutes[bisect_left(minutes, minute if same_hour else 0) :]:
+            floor = second if same_hour and m == minute else 0
+            i = bisect_left(seconds, floor)
+            if i < len(seconds):
+                return (h, m, seconds[i])
+    return None
+
+
+def _next_wall(fields: _Fields, after: datetime) -> datetime | None:
+    """The first matching wall time strictly after ``after`` (whole seconds).
+
+    ``None`` when nothing matches within a Gregorian cycle, which means never.
+    """
+    start = after.replace(microsecond=0) + _ONE_SECOND
+    year, month, day = start.year, start.month, start.day
+    clock: tuple[int, int, int] = (start.hour, start.minute, start.second)
+    for _ in range(_CYCLE_YEARS * 12 + 1):
+        if month in fields.months:
+            first_weekday, length = calendar.monthrange(year, month)  # 0 = Monday
+            days = fields.month_days[(length - 28) * 7 + (first_weekday + 1) % 7]
+            for d in days[bisect_left(days, day) :]:
+                found = _first_time(fields, *(clock if d == day else (0, 0, 0)))
+                if found is not None:
+                    return datetime(year, month, d, found[0], found[1], found[2])
+        year, month = (year + 1, 1) if month == 12 else (year, month + 1)
+        day, clock = 1, (0, 0, 0)
+    return None
 
 
 def _load_zone(name: str) -> ZoneInfo:

@@ -4,6 +4,10 @@ Each turn drains every queued input, runs one engine step, commits the step's mu
 store call (group commit: inputs that arrive during a commit form the next, larger step), and
 only then answers callers and dispatches attempts. Between turns it sleeps until the next input
 or the engine's next due time; it never polls.
+
+A commit that fails may still have landed. The driver then rebuilds the engine from the store,
+telling it which attempts it really released (:class:`InFlight`), re-applies the reports and
+reads of the failed step, and answers its writers by what the store shows (:func:`batch_landed`).
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 from cronoq._engine import (
     AttemptFailed,
@@ -22,14 +27,29 @@ from cronoq._engine import (
     AttemptToken,
     Engine,
     EngineConfig,
+    GetTask,
+    GetTaskByKey,
     Heartbeat,
+    InFlight,
     Input,
+    ListSchedules,
+    ListTasks,
     StepResult,
+    WaitTask,
+    WithdrawAttempts,
 )
 from cronoq._executors import Executor
 from cronoq._model import NS_PER_S
-from cronoq.errors import Fenced, SchedulerError, SchedulerStopped, Unavailable
-from cronoq.store import Mutation, Store, TimeBase
+from cronoq._reconcile import batch_landed
+from cronoq.errors import (
+    CronoqError,
+    Fenced,
+    SchedulerError,
+    SchedulerStopped,
+    Unavailable,
+    WaitTimedOut,
+)
+from cronoq.store import Mutation, RecoveredState, Store, TimeBase
 
 __all__ = ["Driver"]
 
@@ -37,6 +57,15 @@ log = logging.getLogger("cronoq")
 
 _RETRY_FIRST_S = 0.01
 _RETRY_MAX_S = 1.0
+_CLOSE_GRACE_S = 1.0
+"""How far past its timeout ``close`` may go to commit the last reports and release."""
+
+_READS = (GetTask, GetTaskByKey, WaitTask, ListTasks, ListSchedules)
+_REPORTS = (AttemptReport, Heartbeat)
+
+
+class _Closing(SchedulerStopped):
+    """The scheduler was closed while its store was unavailable."""
 
 
 class Driver:
@@ -58,14 +87,23 @@ class Driver:
         self._timer: asyncio.TimerHandle | None = None
         self._engine: Engine | None = None
         self._epoch = 0
-        self._inflight: set[AttemptToken] = set()
+        # Attempts released to executors that have not reported, and those a close left
+        # running: what a rebuild in this epoch must know (see InFlight).
+        self._executing: dict[AttemptToken, str] = {}
+        self._abandoned: set[AttemptToken] = set()
+        # Waiters taken from an engine being rebuilt, until the new one takes them over.
+        self._moving_waiters: list[tuple[int, object]] = []
         self._task: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._release_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # The scheduler's own thread work (decoding a recovery): never behind user threads.
+        self._work = ThreadPoolExecutor(1, thread_name_prefix="cronoq-scheduler")
         self._accepting = False
         self._stopping = False
         self._draining = False
         self._committing: StepResult | None = None
-        self._last_unavailable: BaseException | None = None
+        self._last_unavailable = ""
         self.stopped = asyncio.Event()
         self.lost = asyncio.Event()
         self.failure: BaseException | None = None
@@ -77,32 +115,59 @@ class Driver:
         """Lead, recover, commit recovery's bookkeeping, then serve."""
         lease = await self._store.acquire_leadership()
         self._epoch = lease.epoch
-        await self._rebuild(frozenset())
+        await self._rebuild(None)
         self._accepting = True
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run(), name="cronoq-driver")
         self._watch = loop.create_task(self._watch_leadership(), name="cronoq-leadership")
 
-    async def stop(self, drain_timeout: float) -> None:
-        """Stop taking calls, let running attempts finish (up to the timeout), then stop."""
+    async def stop(self, timeout: float) -> None:
+        """Stop taking calls, let running attempts finish until ``timeout``, commit their
+        reports, release leadership. Returns within ``timeout`` + ``_CLOSE_GRACE_S``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         if self._task is None or self.stopped.is_set():
+            await self._released_after_halt()
             return
         self._accepting = False
         # No new attempt may start while the running ones are given their time to finish.
         self._draining = True
         if self._engine is not None:
             self._engine.stop_dispatching()
-        await asyncio.gather(*(e.drain(drain_timeout) for e in self._executors.values()))
+        left = await asyncio.gather(*(e.drain(timeout) for e in self._executors.values()))
+        for tokens in left:
+            self._abandoned |= tokens
+            for token in tokens:
+                self._executing.pop(token, None)
         self._stopping = True
         self._wake()
-        await self.stopped.wait()
+        final = max(deadline, loop.time() + _CLOSE_GRACE_S)
+        try:
+            async with asyncio.timeout_at(final):
+                await self.stopped.wait()
+                await self._store.release_leadership()
+        except TimeoutError:
+            log.warning("close: the store did not take the last commit in time; stopping anyway")
+            self._halt(SchedulerStopped(f"the scheduler was closed (timeout {timeout:g}s)"))
+            self._cancel_tasks()
+            await self._released_after_halt(final)
 
     def abort(self) -> None:
-        """Stop at once, as if the process died: no commit, no release, attempts abandoned."""
+        """Stop at once, as if the process died: no commit, attempts abandoned. Leadership is
+        given up in the background, so that a standby need not wait for it to expire."""
         self._halt(SchedulerStopped("the scheduler was aborted"))
+        self._cancel_tasks()
+
+    def _cancel_tasks(self) -> None:
         for task in (self._task, self._watch):
             if task is not None:
                 task.cancel()
+
+    async def _released_after_halt(self, deadline: float | None = None) -> None:
+        if self._release_task is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(deadline):
+                    await asyncio.shield(self._release_task)
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -112,13 +177,25 @@ class Driver:
         self._inbox.append(item)
         self._wake()
 
+    def wait(self, task_id: int, timeout: float | None) -> asyncio.Future[object]:
+        """A future for the task's final record; ``timeout`` counts once it is known live."""
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self.call(WaitTask(task_id, future, timeout))
+        # A caller that gives up (timeout, cancellation) leaves nothing registered behind.
+        future.add_done_callback(lambda done: self._forget_waiter(task_id, done))
+        return future
+
+    def _forget_waiter(self, task_id: int, future: asyncio.Future[object]) -> None:
+        if self._engine is not None:
+            self._engine.drop_waiter(task_id, future)
+
     def failure_error(self) -> SchedulerStopped:
         if self.failure is not None:
             return SchedulerStopped(f"the scheduler stopped: {self.failure}")
         return SchedulerStopped("the scheduler is not running")
 
     def report(self, token: AttemptToken, outcome: AttemptSucceeded | AttemptFailed) -> None:
-        self._inflight.discard(token)
+        self._executing.pop(token, None)
         if not self.stopped.is_set():
             self._inbox.append(AttemptReport(token, outcome))
             self._wake()
@@ -145,30 +222,43 @@ class Driver:
                     await self._turn()
         except asyncio.CancelledError:
             raise
+        except Fenced as exc:
+            log.warning("cronoq stopped: another instance leads (%s)", exc)
+            self._halt(exc)
+            return
+        except _Closing as exc:
+            log.warning("cronoq stopped: %s", exc)
+            self._halt(exc)
+            return
         except BaseException as exc:  # a bug or a fatal store error: stop loudly, not silently
             log.exception("cronoq driver stopped")
             self._halt(exc)
             return
-        await self._store.release_leadership()
         self._halt(None)
+
+    def _take_inbox(self) -> list[Input]:
+        # A waiter whose caller already gave up is not worth registering.
+        inputs = [i for i in self._inbox if not (isinstance(i, WaitTask) and _done(i.reply_to))]
+        self._inbox.clear()
+        return inputs
 
     async def _turn(self) -> None:
         engine = self._engine
         assert engine is not None
-        inputs = list(self._inbox)
-        self._inbox.clear()
+        inputs = self._take_inbox()
         result = engine.step(self._clock(), inputs)
         if result.mutations:
             self._committing = result
             committed = await self._commit(result.mutations)
             self._committing = None
             if not committed:
-                await self._recover_from_failed_step(inputs, result)
+                await self._reconcile(inputs, result)
                 return
-        self._release(result)
+        self._release(result, inputs)
 
     async def _commit(self, batch: list[Mutation]) -> bool:
-        """Commit, retrying ``Unavailable`` until ``commit_timeout``; False if it never went in."""
+        """Commit, retrying ``Unavailable`` until ``commit_timeout``; False if the store never
+        confirmed it (it may still have landed)."""
         give_up = time.monotonic() + self._commit_timeout
         pause = _RETRY_FIRST_S
         while True:
@@ -178,7 +268,7 @@ class Driver:
                     await self._store.commit(self._epoch, batch)
             except (Unavailable, TimeoutError) as exc:
                 if time.monotonic() + pause >= give_up:
-                    self._last_unavailable = exc
+                    self._last_unavailable = str(exc) or "the commit timed out"
                     return False
                 log.warning("store unavailable, retrying the commit: %s", exc)
                 await asyncio.sleep(pause)
@@ -187,21 +277,32 @@ class Driver:
                 self.commits += 1
                 return True
 
-    def _release(self, result: StepResult) -> None:
+    def _release(self, result: StepResult, inputs: Iterable[Input] = ()) -> None:
         for reply_to, value in result.replies:
-            future: asyncio.Future[object] = reply_to  # type: ignore[assignment]
-            if future.done():
-                continue  # the caller gave up waiting
-            if isinstance(value, BaseException):
-                future.set_exception(value)
-            else:
-                future.set_result(value)
-        for dispatch in result.dispatches:
-            self._inflight.add(dispatch.token)
-            self._executors[dispatch.spec.pool].start(dispatch, self)
+            _resolve(reply_to, value)
+        if result.dispatches and self._draining:
+            # The close began while this step committed: these attempts never start here.
+            tokens = [d.token for d in result.dispatches]
+            self._inbox.append(WithdrawAttempts(tokens, "the scheduler was closing"))
+            self._wake()
+        else:
+            for dispatch in result.dispatches:
+                self._executing[dispatch.token] = dispatch.spec.pool
+                self._executors[dispatch.spec.pool].start(dispatch, self)
         for cancel in result.cancels:
             self._executors[cancel.pool].cancel(cancel.token, cancel.reason)
+        for item in inputs:
+            if isinstance(item, WaitTask) and item.timeout_s is not None:
+                self._arm_wait_timeout(item, item.timeout_s)
         self._set_timer(result.next_wake_ns)
+
+    def _arm_wait_timeout(self, item: WaitTask, timeout: float) -> None:
+        future: asyncio.Future[object] = item.reply_to  # type: ignore[assignment]
+        if future.done():
+            return
+        error = WaitTimedOut(f"task {item.task_id} did not finish within {timeout:g}s")
+        handle = asyncio.get_running_loop().call_later(timeout, _resolve, future, error)
+        future.add_done_callback(lambda _: handle.cancel())
 
     def _set_timer(self, wake_ns: int | None) -> None:
         if self._timer is not None:
@@ -214,39 +315,101 @@ class Driver:
 
     # --- faults ---------------------------------------------------------------------------
 
-    async def _recover_from_failed_step(self, inputs: list[Input], result: StepResult) -> None:
-        """The step never became durable: fail its callers and rebuild memory from the store."""
-        cause = self._last_unavailable
-        error = SchedulerError(
-            f"the store did not accept the commit within {self._commit_timeout:g}s ({cause}); "
-            "the operation was not applied and may be retried"
+    async def _reconcile(self, inputs: list[Input], result: StepResult) -> None:
+        """The store did not confirm the step, which may or may not have landed: rebuild from
+        what the store holds, then settle the step's inputs by what it shows."""
+        engine = self._engine
+        assert engine is not None
+        self._moving_waiters = engine.take_waiters()
+        reported = [i.token for i in (*inputs, *self._inbox) if isinstance(i, AttemptReport)]
+        inflight = InFlight(
+            executing=dict(self._executing),
+            reported=frozenset(reported),
+            abandoned=frozenset(self._abandoned),
         )
-        for reply_to, _ in result.replies:
-            self._fail(reply_to, error)
-        # Reports of attempts that ended are re-applied after the rebuild, not lost.
-        reports = [i for i in inputs if isinstance(i, AttemptReport)]
-        adopt = frozenset(self._inflight) | {r.token for r in reports}
-        await self._rebuild(adopt)
-        self._inbox.extendleft(reversed(reports))
+        writers = [
+            item
+            for item in inputs
+            if not isinstance(item, (*_READS, *_REPORTS, WithdrawAttempts))
+            and item.reply_to is not None
+        ]
+
+        def answer_writers(landed: bool | None) -> None:
+            if landed:
+                replies = {id(reply_to): value for reply_to, value in result.replies}
+                for item in writers:
+                    _resolve(item.reply_to, replies.get(id(item.reply_to)))
+                return
+            if landed is False:
+                outcome = "the operation was not applied and may be retried"
+            else:
+                outcome = "the store may have applied the operation: retry it with a key"
+            error = SchedulerError(
+                f"the store did not confirm the commit within {self._commit_timeout:g}s "
+                f"({self._last_unavailable}); {outcome}"
+            )
+            for item in writers:
+                _resolve(item.reply_to, error)
+
+        # Writers are told as soon as the store shows whether their step landed; if it is
+        # still down, or its recovery is slow, at once that it may have: no caller waits for
+        # the store to come back.
+        undecided = asyncio.get_running_loop().call_later(
+            self._commit_timeout, answer_writers, None
+        )
+        try:
+            state = await self._rebuild(inflight, lambda: answer_writers(None))
+        finally:
+            undecided.cancel()
+        landed = batch_landed(result.mutations, state)
+        answer_writers(landed)
+        again = [
+            item
+            for item in inputs
+            # Read again, or applied, by the rebuilt engine. A report of a step that landed is
+            # in the store already: applying it again would only find it stale.
+            if isinstance(item, _READS) or (isinstance(item, _REPORTS) and not landed)
+        ]
+        if landed:
+            for item in inputs:
+                if isinstance(item, _REPORTS):
+                    replies = {id(reply_to): value for reply_to, value in result.replies}
+                    _resolve(item.reply_to, replies.get(id(item.reply_to)))
+        again.extend(WaitTask(task_id, w) for task_id, w in self._moving_waiters)
+        self._moving_waiters = []
+        self._inbox.extendleft(reversed(again))
         self._wake()
 
-    async def _rebuild(self, adopt: frozenset[AttemptToken]) -> None:
+    async def _rebuild(
+        self, inflight: InFlight | None, on_unavailable: Callable[[], None] | None = None
+    ) -> RecoveredState:
         """(Re)load the engine from the store, retrying while it is unavailable."""
         pause = _RETRY_FIRST_S
+        loop = asyncio.get_running_loop()
         while True:
+            if self._stopping:
+                raise _Closing("the scheduler was closed while its store was unavailable")
             try:
                 state = await self._store.recover(
                     self._epoch, TimeBase(), self._config.retention_ns
                 )
                 # A recovery of a million tasks takes seconds of pure work: off the loop, so
                 # the store's leadership keepalives keep running meanwhile.
-                engine, first = await asyncio.to_thread(
-                    Engine.recover, self._config, self._epoch, self._clock(), state, adopt
+                engine, first = await loop.run_in_executor(
+                    self._work,
+                    Engine.recover,
+                    self._config,
+                    self._epoch,
+                    self._clock(),
+                    state,
+                    inflight,
                 )
                 if first.mutations and not await self._commit(first.mutations):
                     raise Unavailable("could not commit the recovery step")
             except Unavailable as exc:
                 log.warning("store unavailable while recovering: %s", exc)
+                if on_unavailable is not None:
+                    on_unavailable()
                 self._fail_waiting_callers(
                     SchedulerError(f"the store is unavailable while the scheduler recovers: {exc}")
                 )
@@ -257,29 +420,25 @@ class Driver:
                 engine.stop_dispatching()
             self._engine = engine
             self._release(first)
-            return
+            return state
 
     def _fail_waiting_callers(self, error: BaseException) -> None:
-        kept = [i for i in self._inbox if isinstance(i, AttemptReport | Heartbeat)]
+        kept = [i for i in self._inbox if isinstance(i, _REPORTS)]
         for item in self._inbox:
-            if not isinstance(item, AttemptReport | Heartbeat):
-                self._fail(item.reply_to, error)
+            if not isinstance(item, _REPORTS):
+                _resolve(item.reply_to, error)
         self._inbox = deque(kept)
-
-    @staticmethod
-    def _fail(reply_to: object, error: BaseException) -> None:
-        future: asyncio.Future[object] | None = reply_to  # type: ignore[assignment]
-        if future is not None and not future.done():
-            future.set_exception(error)
 
     async def _watch_leadership(self) -> None:
         await self._store.leadership_lost()
         if not self._stopping and not self.stopped.is_set():
+            log.warning("cronoq stopped: leadership was lost")
             self._halt(Fenced("leadership was lost"))
             if self._task is not None:
                 self._task.cancel()
 
     def _halt(self, failure: BaseException | None) -> None:
+        """Stop serving: every caller still waiting is answered, every attempt cancelled."""
         if self.stopped.is_set():
             return
         self._accepting = False
@@ -290,11 +449,44 @@ class Driver:
         self._fail_waiting_callers(error)
         if self._committing is not None:
             for reply_to, _ in self._committing.replies:
-                self._fail(reply_to, error)
+                _resolve(reply_to, error)
+        waiters = self._moving_waiters
+        if self._engine is not None:
+            waiters = [*waiters, *self._engine.take_waiters()]
+        for _, reply_to in waiters:
+            _resolve(reply_to, error)
         if self._timer is not None:
             self._timer.cancel()
         for executor in self._executors.values():
-            with contextlib.suppress(Exception):
-                for token in list(self._inflight):
+            for token in list(self._executing):
+                with contextlib.suppress(Exception):
                     executor.cancel(token, "the scheduler stopped")
+        self._work.shutdown(wait=False)
+        if failure is not None and self._loop is not None:
+            # As a crash would, but at once: a standby must not wait for a lease to expire.
+            # (abort() may be called from outside the loop: the release runs on it later.)
+            self._release_task = self._loop.create_task(
+                self._release_quietly(), name="cronoq-release"
+            )
         self.stopped.set()
+
+    async def _release_quietly(self) -> None:
+        try:
+            await self._store.release_leadership()
+        except CronoqError as exc:
+            log.warning("could not release leadership after stopping: %s", exc)
+
+
+def _done(reply_to: object) -> bool:
+    return isinstance(reply_to, asyncio.Future) and reply_to.done()
+
+
+def _resolve(reply_to: object, value: object) -> None:
+    """Answer a caller unless it is gone or already answered."""
+    future: asyncio.Future[object] | None = reply_to  # type: ignore[assignment]
+    if future is None or future.done():
+        return
+    if isinstance(value, BaseException):
+        future.set_exception(value)
+    else:
+        future.set_result(value)

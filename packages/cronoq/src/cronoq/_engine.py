@@ -7,18 +7,22 @@ next time the engine needs to be stepped. It never reads a clock, awaits or touc
 tests drive it with explicit times and simulations replay it exactly.
 
 If a commit fails, the driver discards the engine and rebuilds one from the store with
-:meth:`Engine.recover`: the engine itself never has to undo a step.
+:meth:`Engine.recover`: the engine itself never has to undo a step. A failed commit may still
+have landed, so that rebuild is told which attempts this process really released
+(:class:`InFlight`): an attempt the store shows running that no executor received is put back
+in its queue without counting, one that ended meanwhile keeps its slot until it stops.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cronoq._cron import CronSchedule
-from cronoq._ids import first_id
+from cronoq._ids import first_id, last_id
 from cronoq._model import (
     LEGAL_TRANSITIONS,
     NS_PER_S,
@@ -34,6 +38,7 @@ from cronoq.errors import (
     CronoqError,
     DuplicateSchedule,
     ScheduleNotFound,
+    SchedulerError,
     TaskNotFound,
     UnknownDependency,
     UnknownPool,
@@ -64,6 +69,7 @@ __all__ = [
     "GetTask",
     "GetTaskByKey",
     "Heartbeat",
+    "InFlight",
     "Input",
     "ListSchedules",
     "ListTasks",
@@ -77,11 +83,35 @@ __all__ = [
     "SubmitTasks",
     "TaskSummary",
     "WaitTask",
+    "WithdrawAttempts",
 ]
 
 
 def _seconds(ns: int) -> str:
-    return f"{ns / NS_PER_S:g}s"
+    """A duration for people: two significant digits below ten seconds (``0.62s``, ``1.5s``),
+    then whole seconds (``42s``), minutes and seconds (``1m30s``), hours and minutes (``2h5m``),
+    days and hours (``3d4h``)."""
+    s = ns / NS_PER_S
+    if ns <= 0:
+        return "0s"
+    if s < 10:
+        digits = 1 - math.floor(math.log10(s))
+        rounded = round(s, digits)
+        if rounded < 10:  # 9.96 rounds to 10: written as whole seconds below
+            return f"{rounded:.{max(digits, 0)}f}".rstrip("0").rstrip(".") + "s"
+    # Each unit is chosen on the rounded value, so 59.6s reads 1m and 3599.7s reads 1h.
+    seconds = round(s)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        m, sec = divmod(seconds, 60)
+        return f"{m}m{sec}s" if sec else f"{m}m"
+    minutes = round(s / 60)
+    if minutes < 24 * 60:
+        h, m = divmod(minutes, 60)
+        return f"{h}h{m}m" if m else f"{h}h"
+    d, h = divmod(round(s / 3600), 24)
+    return f"{d}d{h}h" if h else f"{d}d"
 
 
 # --- configuration ------------------------------------------------------------------------
@@ -199,6 +229,18 @@ class GetTaskByKey:
 class WaitTask:
     task_id: int
     reply_to: object
+    timeout_s: float | None = None
+    """For the driver: how long the caller waits once the task is known to be live."""
+
+
+@dataclass(frozen=True, slots=True)
+class WithdrawAttempts:
+    """Attempts dispatched by a committed step but never released to an executor (the
+    scheduler began closing meanwhile): back to their queue, not counted as used."""
+
+    tokens: Sequence[AttemptToken]
+    reason: str
+    reply_to: object = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +272,24 @@ Input = (
     | WaitTask
     | ListTasks
     | ListSchedules
+    | WithdrawAttempts
 )
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """What the process rebuilding an engine in its own epoch knows of the attempts it
+    released to executors (after a commit whose outcome is uncertain)."""
+
+    executing: Mapping[AttemptToken, str] = field(default_factory=dict)
+    """Released and still running (no report yet), with the pool each runs in."""
+    reported: frozenset[AttemptToken] = frozenset()
+    """Ended; their reports are applied again after the rebuild."""
+    abandoned: frozenset[AttemptToken] = frozenset()
+    """Released, then left running without a report (a graceful close that timed out)."""
+
+    def released(self, token: AttemptToken) -> bool:
+        return token in self.executing or token in self.reported or token in self.abandoned
 
 
 # --- outputs ------------------------------------------------------------------------------
@@ -382,12 +441,20 @@ class Engine:
         self.config = config
         self.epoch = epoch
         self._next_id = first_id(epoch, high_water_mark)
+        self._last_id = last_id(epoch)  # ids past it would belong to the next epoch
         self._pools = {p.name: _Pool(p) for p in config.pools}
         self._tasks: dict[int, _Task] = {}
         self._finished: dict[int, TaskSummary] = {}
         self._keys: dict[str, int] = {}
         self._dependents: dict[int, list[int]] = {}
-        self._waiters: dict[int, list[object]] = {}
+        # Per task, the callers waiting for it to finish, by identity (removable in O(1)).
+        self._waiters: dict[int, dict[int, object]] = {}
+        # Attempts told to stop (a timeout, a deadline) that have not reported yet: each keeps
+        # its pool slot, and its task starts no other attempt, until it does.
+        self._zombies: dict[int, tuple[AttemptToken, str]] = {}
+        self._deferred: set[int] = set()
+        """Ready tasks held back from dispatch while their previous attempt still runs."""
+        self._quarantined: dict[int, TaskRecord] = {}
         self._schedules: dict[str, _Schedule] = {}
         self._timers: list[tuple[int, int]] = []
         self._schedule_timers: list[tuple[int, str]] = []
@@ -414,6 +481,18 @@ class Engine:
     def running_tokens(self) -> set[AttemptToken]:
         return {t.token(self.epoch) for t in self._tasks.values() if t.status is Status.RUNNING}
 
+    def take_waiters(self) -> list[tuple[int, object]]:
+        """Remove and return every registered waiter as (task id, reply_to)."""
+        taken = [(task_id, w) for task_id, ws in self._waiters.items() for w in ws.values()]
+        self._waiters.clear()
+        return taken
+
+    def drop_waiter(self, task_id: int, reply_to: object) -> None:
+        """Forget a waiter whose caller gave up."""
+        waiters = self._waiters.get(task_id)
+        if waiters is not None and waiters.pop(id(reply_to), None) is not None and not waiters:
+            del self._waiters[task_id]
+
     def step(self, now_ns: int, inputs: Iterable[Input] = ()) -> StepResult:
         self._now = now_ns
         out = self._out  # may already hold the bookkeeping of a recovery (_restore)
@@ -435,17 +514,25 @@ class Engine:
         epoch: int,
         now_ns: int,
         state: RecoveredState,
-        adopt: frozenset[AttemptToken] = frozenset(),
+        inflight: InFlight | None = None,
     ) -> tuple[Engine, StepResult]:
         """Rebuild from recovered rows and run a first step.
 
-        ``adopt`` names attempts still running in this process (a rebuild after a failed commit,
-        same epoch): they keep running. Any other attempt that was running is lost: it counts as
-        used and is retried after backoff or dead-lettered. The returned step carries the
-        mutations of that bookkeeping; commit it before serving.
+        ``inflight`` is None when this epoch starts: every attempt the rows show running was
+        the previous leader's and is lost: it counts as used and is retried after backoff or
+        dead-lettered. It is given when the process rebuilds within its own epoch, after a
+        commit whose outcome is uncertain; then every running row is this epoch's, and:
+
+        - a row of an attempt still executing or reported keeps running (reports re-applied);
+        - a row of an attempt no executor received (its step landed although its commit
+          failed) goes back to its queue without counting;
+        - an executing attempt the rows no longer show as current (its timeout or deadline
+          landed) keeps its slot and is cancelled, and its task starts nothing until it stops.
+
+        The returned step carries the mutations of that bookkeeping; commit it before serving.
         """
         engine = cls(config, epoch, state.max_task_id)
-        engine._restore(now_ns, state, adopt)
+        engine._restore(now_ns, state, inflight)
         return engine, engine.step(now_ns)
 
     # --- input handling -------------------------------------------------------------------
@@ -479,6 +566,13 @@ class Engine:
                 self._reply(item.reply_to, self._remove_schedule(item.name))
             case ListSchedules():
                 self._reply(item.reply_to, [s.record() for s in self._schedules.values()])
+            case WithdrawAttempts():
+                for token in item.tokens:
+                    task = self._current_attempt(token)
+                    if task is not None:
+                        self._unstart(
+                            task, f"attempt {token.attempt} was not started: {item.reason}"
+                        )
 
     def _reply(self, reply_to: object, value: object) -> None:
         if reply_to is not None:
@@ -516,6 +610,8 @@ class Engine:
                     f"pool {name!r} has {pool.live} live tasks; {count} more would exceed "
                     f"its max_live={cap}"
                 )
+        if self._next_id + total_new - 1 > self._last_id:
+            return self._ids_exhausted()
         results: list[SubmitResult] = []
         for spec in specs:
             if spec.key is not None and (existing := self._keys.get(spec.key)) is not None:
@@ -524,7 +620,15 @@ class Engine:
             results.append(SubmitResult(self._create(spec).id, created=True))
         return results
 
+    def _ids_exhausted(self) -> SchedulerError:
+        return SchedulerError(
+            f"epoch {self.epoch} has issued every task id of its range (up to {self._last_id}); "
+            "restart the scheduler so that it leads under a new epoch"
+        )
+
     def _create(self, spec: TaskSpec) -> _Task:
+        # Callers check first (all or nothing); this guards the invariant ids rely on.
+        assert self._next_id <= self._last_id, self._ids_exhausted()
         task = _Task(self._next_id, spec, self._now)
         self._next_id += 1
         self._tasks[task.id] = task
@@ -560,8 +664,13 @@ class Engine:
         start = task.spec.start_at_ns
         return Status.SCHEDULED if start is not None and start > self._now else Status.READY
 
-    def _arm(self, task: _Task) -> None:
-        """Put a task whose dependencies are satisfied where it belongs: a timer or its queue."""
+    def _arm(self, task: _Task, *, check_miss: bool = True) -> None:
+        """Put a task whose dependencies are satisfied where it belongs: a timer or its queue.
+
+        ``check_miss``: whether its fixed start may have been missed; not for a task that a
+        leader already saw become ready on time (its row says ready), nor for an attempt that
+        was put back unstarted.
+        """
         spec = task.spec
         if task.status is Status.SCHEDULED:
             assert spec.start_at_ns is not None
@@ -569,7 +678,8 @@ class Engine:
             return
         start = spec.start_at_ns
         if (
-            start is not None
+            check_miss
+            and start is not None
             and task.attempt == 0  # the policy is about the first start, not a retry
             and spec.miss_policy is MissPolicy.SKIP
             and self._now > start + spec.grace_ns
@@ -615,6 +725,7 @@ class Engine:
     def _report(self, item: AttemptReport) -> None:
         task = self._current_attempt(item.token)
         if task is None:
+            self._end_zombie(item.token)
             self._reply(item.reply_to, StaleAttempt(f"attempt {item.token} is not current"))
             return
         self._pools[task.spec.pool].running -= 1
@@ -627,6 +738,50 @@ class Engine:
         else:
             self._attempt_failed(task, outcome.message, outcome.retryable, outcome.retry_after_ns)
         self._reply(item.reply_to, None)
+
+    def _end_zombie(self, token: AttemptToken) -> None:
+        """A stopped attempt finally reported: free its slot and let its task go on."""
+        zombie = self._zombies.get(token.task_id)
+        if zombie is None or zombie[0] != token:
+            return
+        del self._zombies[token.task_id]
+        pool = self._pools.get(zombie[1])
+        if pool is not None:
+            pool.running -= 1
+        if token.task_id in self._deferred:
+            self._deferred.discard(token.task_id)
+            task = self._tasks[token.task_id]
+            heapq.heappush(self._pools[task.spec.pool].ready, (-task.spec.priority, task.id))
+
+    def _stop_attempt(self, task: _Task, reason: str) -> None:
+        """Cancel the running attempt of ``task``, which the engine is ending on its own.
+
+        A local attempt keeps its slot until it reports (Python cannot kill a thread, and an
+        async function may ignore its cancellation): the pool's limit and "one attempt of a
+        task at a time" hold for attempts that outlive their timeout. A leased (remote) attempt
+        frees its slot at once: its worker may be gone and would never report.
+        """
+        token = task.token(self.epoch)
+        pool = self._pools[task.spec.pool]
+        self._out.cancels.append(CancelAttempt(token, task.spec.pool, reason))
+        if pool.config.lease_ns is None:
+            self._zombies[task.id] = (token, task.spec.pool)
+        else:
+            pool.running -= 1
+
+    def _unstart(self, task: _Task, message: str) -> None:
+        """Put back a dispatched attempt that no executor received: it does not count."""
+        self._pools[task.spec.pool].running -= 1
+        task.attempt -= 1
+        # RUNNING -> READY is not a transition of the task's life: the attempt never began.
+        task.status = Status.READY
+        task.message = message
+        task.updated_ns = self._now
+        task.wake_ns = None
+        self._out.mutations.append(
+            TaskUpdated(task.id, Status.READY, task.attempt, message, self._now)
+        )
+        self._arm(task, check_miss=False)
 
     def _heartbeat(self, item: Heartbeat) -> None:
         task = self._current_attempt(item.token)
@@ -684,10 +839,11 @@ class Engine:
             if pool is not None:  # None only for a recovered task whose pool was removed
                 pool.live -= 1
             self._finished[task.id] = task.summary()
+            self._deferred.discard(task.id)
             waiters = self._waiters.pop(task.id, None)
             if waiters:
                 record = task.record(output)
-                for reply_to in waiters:
+                for reply_to in waiters.values():
                     self._reply(reply_to, record)
             for child_id in self._dependents.pop(task.id, ()):
                 child = self._tasks.get(child_id)
@@ -698,6 +854,7 @@ class Engine:
                     if child.pending == 0:
                         self._transition(child, self._initial_status(child), child.message)
                         self._arm(child)
+                        self._persist_status(child)
                 else:
                     child_status, child_message = self._parent_verdict(task.id, status)
                     pending.append((child, child_status, child_message, None))
@@ -712,6 +869,15 @@ class Engine:
         status, message = self._parent_verdict(parent_id, parent_status)
         self._finish(task, status, message)
 
+    def _persist_status(self, task: _Task) -> None:
+        """Persist a move out of waiting or scheduled, so that a restart knows the task became
+        ready on time and does not apply its miss policy to it."""
+        if task.status.is_terminal:
+            return  # _arm finished it, and persisted that
+        self._out.mutations.append(
+            TaskUpdated(task.id, task.status, task.attempt, task.message, self._now)
+        )
+
     def _transition(self, task: _Task, status: Status, message: str) -> None:
         if status not in LEGAL_TRANSITIONS[task.status]:
             raise AssertionError(f"illegal transition {task.status} -> {status} of task {task.id}")
@@ -725,6 +891,9 @@ class Engine:
         task = self._tasks.get(task_id)
         if task is not None:
             return task.record()
+        quarantined = self._quarantined.get(task_id)
+        if quarantined is not None:
+            return quarantined
         done = self._finished.get(task_id)
         if done is not None:
             return done
@@ -732,7 +901,7 @@ class Engine:
 
     def _wait(self, item: WaitTask) -> None:
         if item.task_id in self._tasks:
-            self._waiters.setdefault(item.task_id, []).append(item.reply_to)
+            self._waiters.setdefault(item.task_id, {})[id(item.reply_to)] = item.reply_to
         else:
             self._reply(item.reply_to, self._get(item.task_id))
 
@@ -776,7 +945,8 @@ class Engine:
         record = ScheduleRecord(
             spec,
             next_ns,
-            paused=False,
+            # A redeploy that re-registers its schedules must not undo an operator's pause.
+            paused=existing.paused if existing else False,
             last_task_id=existing.last_task_id if existing else None,
         )
         self._schedules[spec.name] = schedule = _Schedule(record, cron)
@@ -821,7 +991,8 @@ class Engine:
             )
             # A recovered schedule may name a pool no longer configured: its occurrences are
             # skipped (the schedule stays listed) rather than breaking every step.
-            runnable = spec.template.pool in self._pools
+            # Without ids left (see _ids.py) an occurrence is skipped like one whose pool left.
+            runnable = spec.template.pool in self._pools and self._next_id <= self._last_id
             if (
                 runnable
                 and not overlapping
@@ -887,14 +1058,13 @@ class Engine:
         deadline_passed = spec.deadline_ns is not None and self._now >= spec.deadline_ns
         status = task.status
         if status is Status.RUNNING:
-            self._pools[spec.pool].running -= 1
-            token = task.token(self.epoch)
             if deadline_passed:
                 message = f"deadline passed during attempt {task.attempt}"
-                self._out.cancels.append(CancelAttempt(token, spec.pool, message))
+                self._stop_attempt(task, message)
                 self._finish(task, Status.FAILED, message)
                 return
             if task.cancel_requested:
+                self._stop_attempt(task, task.message)
                 self._finish(task, Status.CANCELLED, task.message)
                 return
             timeout = spec.timeout_ns
@@ -902,11 +1072,15 @@ class Engine:
                 reason = f"timed out after {_seconds(timeout)}"
             else:
                 reason = "lost: its worker stopped heartbeating"
-            self._out.cancels.append(CancelAttempt(token, spec.pool, reason))
+            self._stop_attempt(task, reason)
             self._attempt_failed(task, reason, retryable=True, retry_after_ns=None)
         elif deadline_passed:
             self._finish(task, Status.FAILED, "deadline passed before the task could start")
-        elif status is Status.SCHEDULED or status is Status.RETRYING:
+        elif status is Status.SCHEDULED:
+            self._transition(task, Status.READY, task.message)
+            self._arm(task)  # a leader stalled past the grace missed the start too
+            self._persist_status(task)
+        elif status is Status.RETRYING:
             self._transition(task, Status.READY, task.message)
             self._arm(task)
 
@@ -921,6 +1095,9 @@ class Engine:
                 task = self._tasks.get(task_id)
                 if task is None or task.status is not Status.READY:
                     continue  # cancelled or failed while queued
+                if task_id in self._zombies:
+                    self._deferred.add(task_id)  # re-queued when the old attempt reports
+                    continue
                 task.attempt += 1
                 message = f"attempt {task.attempt} started"
                 self._transition(task, Status.RUNNING, message)
@@ -932,6 +1109,7 @@ class Engine:
                 self._out.dispatches.append(Dispatch(task.token(self.epoch), task.spec))
 
     def _next_wake(self) -> int | None:
+        self._compact_heaps()
         # Drop stale heads so a cancelled task's timer does not cause a useless wake-up.
         tasks, schedules = self._timers, self._schedule_timers
         while tasks and self._tasks.get(tasks[0][1], _NO_TASK).wake_ns != tasks[0][0]:
@@ -941,6 +1119,30 @@ class Engine:
         return self._earliest(
             tasks[0][0] if tasks else None, schedules[0][0] if schedules else None
         )
+
+    def _compact_heaps(self) -> None:
+        """Rebuild a heap once most of its entries are stale (their task finished or moved
+        on), so that memory follows the live tasks, not every timer ever set. Each rebuild
+        is linear and follows as many stale pushes: amortised O(1) per entry."""
+        live = len(self._tasks)
+        if len(self._timers) > 2 * live + 1024:
+            self._timers = [
+                (t.wake_ns, t.id) for t in self._tasks.values() if t.wake_ns is not None
+            ]
+            heapq.heapify(self._timers)
+        if len(self._schedule_timers) > 2 * len(self._schedules) + 1024:
+            self._schedule_timers = [
+                (s.next_ns, name) for name, s in self._schedules.items() if not s.paused
+            ]
+            heapq.heapify(self._schedule_timers)
+        for pool in self._pools.values():
+            if len(pool.ready) > 2 * pool.live + 1024:
+                pool.ready = [
+                    entry
+                    for entry in pool.ready
+                    if (t := self._tasks.get(entry[1])) is not None and t.status is Status.READY
+                ]
+                heapq.heapify(pool.ready)
 
     def _schedule_due(self, due: int, name: str) -> bool:
         schedule = self._schedules.get(name)
@@ -955,6 +1157,7 @@ class Engine:
             if summary.finished_ns is not None and summary.finished_ns >= horizon:
                 break
             del finished[task_id]
+            self._quarantined.pop(task_id, None)
             if summary.key is not None and self._keys.get(summary.key) == task_id:
                 del self._keys[summary.key]
 
@@ -963,7 +1166,7 @@ class Engine:
 
     # --- recovery -------------------------------------------------------------------------
 
-    def _restore(self, now: int, state: RecoveredState, adopt: frozenset[AttemptToken]) -> None:
+    def _restore(self, now: int, state: RecoveredState, inflight: InFlight | None) -> None:
         self._now = now
         finished_rows = sorted(
             (r for r in state.tasks if r.status.is_terminal), key=lambda r: r.updated_ns
@@ -982,8 +1185,12 @@ class Engine:
             )
             if spec.key is not None:
                 self._keys[spec.key] = row.task_id
-        for task_id, _reason in state.quarantined:
+        for task_id, reason in state.quarantined:
             self._finished[task_id] = TaskSummary(task_id, Status.FAILED, 0, "", "", None, (), now)
+            # Lookups answer with what is known: failed, and why, not a decoding error.
+            self._quarantined[task_id] = TaskRecord(
+                task_id, _NO_TASK.spec, Status.FAILED, 0, f"quarantined: {reason}", now, now
+            )
         live_rows = [r for r in state.tasks if not r.status.is_terminal]
         for row in live_rows:
             task = _Task(row.task_id, row.spec, row.submitted_ns)
@@ -1012,11 +1219,33 @@ class Engine:
         for row in live_rows:
             restored = self._tasks.get(row.task_id)
             if restored is not None:  # a failed parent's cascade may have finished it already
-                self._restore_task(restored, row.due_ns, adopt)
+                self._restore_task(restored, row.due_ns, inflight)
+        if inflight is not None:
+            for token in inflight.executing:
+                self._restore_stopped_attempt(token, inflight)
 
-    def _restore_task(
-        self, task: _Task, due_ns: int | None, adopt: frozenset[AttemptToken]
-    ) -> None:
+    def _restore_stopped_attempt(self, token: AttemptToken, inflight: InFlight) -> None:
+        """An attempt of this process still executing: if the rows no longer show it as its
+        task's current attempt (its timeout, deadline or cancellation landed in an uncertain
+        commit), it is told to stop, and keeps its slot until it reports."""
+        task = self._tasks.get(token.task_id)
+        if task is not None and task.status is Status.RUNNING and task.attempt == token.attempt:
+            return  # adopted by _restore_task
+        reason = f"attempt {token.attempt} is no longer current"
+        if task is not None:
+            reason = task.message
+        elif (done := self._finished.get(token.task_id)) is not None:
+            reason = f"the task is {done.status}"
+        pool_name = inflight.executing[token]
+        pool = self._pools.get(pool_name)
+        if pool is None:
+            return
+        self._out.cancels.append(CancelAttempt(token, pool_name, reason))
+        if pool.config.lease_ns is None:
+            pool.running += 1
+            self._zombies[token.task_id] = (token, pool_name)
+
+    def _restore_task(self, task: _Task, due_ns: int | None, inflight: InFlight | None) -> None:
         spec = task.spec
         if spec.pool not in self._pools:
             # Its pool is no longer configured: fail it visibly rather than keep it forever.
@@ -1025,8 +1254,17 @@ class Engine:
         if task.status is Status.RUNNING:
             pool = self._pools[spec.pool]
             pool.running += 1
-            if task.token(self.epoch) in adopt:
+            token = task.token(self.epoch)
+            if inflight is not None and (token in inflight.executing or token in inflight.reported):
                 self._set_wake(task, self._running_wake(task))
+                if task.cancel_requested and token in inflight.executing:
+                    # The cancellation may have landed in the uncertain commit: deliver it.
+                    self._out.cancels.append(CancelAttempt(token, spec.pool, task.message))
+                return
+            if inflight is not None and not inflight.released(token):
+                self._unstart(
+                    task, f"attempt {task.attempt} was not started (its commit was uncertain)"
+                )
                 return
             pool.running -= 1
             if task.cancel_requested:
@@ -1046,5 +1284,8 @@ class Engine:
                 task.status = Status.WAITING
                 self._set_wake(task, spec.deadline_ns)
             else:
+                # A ready row became ready under a leader; only a start that was still ahead
+                # (scheduled, waiting) can have passed while no leader ran.
+                became_ready = task.status is Status.READY
                 task.status = self._initial_status(task)
-                self._arm(task)
+                self._arm(task, check_miss=not became_ready)

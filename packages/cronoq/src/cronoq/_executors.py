@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -36,7 +37,8 @@ class TaskContext:
     name: str | None
     deadline: datetime | None
     cancel_reason: str | None = None
-    """Set when cancellation is requested; thread functions should poll ``cancelled``."""
+    """Why the attempt is asked to stop (a cancel, a timeout, a deadline, a shutdown), once it
+    is; thread functions should poll ``cancelled`` and return."""
 
     @property
     def cancelled(self) -> bool:
@@ -64,15 +66,20 @@ class Executor(Protocol):
         """Ask the attempt to stop; it still reports (a cancelled failure, or its outcome)."""
         ...
 
-    async def drain(self, timeout: float) -> None:
-        """Wait up to ``timeout`` for running attempts, then stop the rest without reporting."""
+    async def drain(self, timeout: float) -> set[AttemptToken]:
+        """Wait up to ``timeout`` for running attempts; return (and stop, without reports) the
+        ones still running then. Returns within ``timeout``, whatever the attempts do."""
         ...
 
 
 class LocalExecutor:
-    """Runs ``async def fn(ctx, payload)`` on the loop, or a plain function in a thread."""
+    """Runs ``async def fn(ctx, payload)`` on the loop, or a plain function in a thread.
 
-    def __init__(self, fn: TaskFunction, codec: Codec) -> None:
+    Plain functions run on threads of this pool's own, as many as its concurrency: a pool's
+    queued work never waits for another pool's threads, nor for the scheduler's.
+    """
+
+    def __init__(self, fn: TaskFunction, codec: Codec, concurrency: int, name: str) -> None:
         self._fn = fn
         # A callable object with ``async def __call__`` is async too.
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
@@ -80,6 +87,11 @@ class LocalExecutor:
         )
         self._codec = codec
         self._running: dict[AttemptToken, tuple[asyncio.Task[None], TaskContext]] = {}
+        self._threads: ThreadPoolExecutor | None = None
+        if not self._is_async:
+            # A slot stays taken while a thread outlives its attempt's timeout (the engine
+            # holds it), so the pool never needs more threads than its concurrency.
+            self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix=f"cronoq-{name}")
 
     def start(self, dispatch: Dispatch, reporter: Reporter) -> None:
         spec = dispatch.spec
@@ -102,47 +114,53 @@ class LocalExecutor:
 
     def cancel(self, token: AttemptToken, reason: str) -> None:
         entry = self._running.get(token)
-        if entry is None:
+        if entry is None or entry[1].cancel_reason is not None:
             return
         task, ctx = entry
         ctx.cancel_reason = reason
         if self._is_async:
             task.cancel(reason)
 
-    async def drain(self, timeout: float) -> None:
-        tasks = [task for task, _ in self._running.values()]
-        if not tasks:
-            return
-        _, pending = await asyncio.wait(tasks, timeout=timeout)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
+    async def drain(self, timeout: float) -> set[AttemptToken]:
+        running = dict(self._running)
+        if running:
+            await asyncio.wait([task for task, _ in running.values()], timeout=timeout)
+        left = {token for token in running if token in self._running}
+        for token in left:
+            task, ctx = self._running.pop(token)
+            ctx.cancel_reason = ctx.cancel_reason or "the scheduler is closing"
+            task.cancel()  # a thread keeps running (Python cannot stop it), told by its ctx
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        return left
 
     async def _run(self, dispatch: Dispatch, ctx: TaskContext, reporter: Reporter) -> None:
         token = dispatch.token
         try:
             outcome = await self._attempt(dispatch.spec.payload, ctx)
         except asyncio.CancelledError:
-            if ctx.cancel_reason is None:
-                return  # the executor is being drained: the attempt is left for recovery
+            outcome = AttemptFailed(ctx.cancel_reason or "cancelled")
+        if self._running.pop(token, None) is None:
+            return  # abandoned by a drain: the attempt is left for the next leader
+        if ctx.cancel_reason is not None and isinstance(outcome, AttemptSucceeded):
+            # It returned after being asked to stop: as an async function interrupted by its
+            # cancellation would, the attempt ends cancelled (a thread cannot be interrupted).
             outcome = AttemptFailed(ctx.cancel_reason)
-        finally:
-            del self._running[token]
         reporter.report(token, outcome)
 
     async def _attempt(self, payload: bytes, ctx: TaskContext) -> AttemptSucceeded | AttemptFailed:
         try:
-            value = self._codec.decode(payload)
+            value = None if payload == b"" else self._codec.decode(payload)  # b"": no payload
         except Exception as exc:
             return AttemptFailed(f"payload could not be decoded: {exc!r}", retryable=False)
         try:
             if self._is_async:
                 result = await self._fn(ctx, value)
             else:
-                result = await asyncio.to_thread(self._fn, ctx, value)
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(self._threads, self._fn, ctx, value)
         except TaskError as exc:
-            retry_after = None if exc.retry_after is None else int(exc.retry_after * NS_PER_S)
+            retry_after = exc.retry_after_ns  # bounded when the TaskError was made
             return AttemptFailed(exc.message, exc.retryable, retry_after)
         except asyncio.CancelledError:
             raise

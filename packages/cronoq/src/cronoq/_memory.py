@@ -15,10 +15,11 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from itertools import count
 from typing import TypeVar
 
-from cronoq._model import NS_PER_S
+from cronoq import _validate as check
 from cronoq.errors import Fenced, StoreFatal, Unavailable
 from cronoq.store import (
     CancelRequested,
@@ -218,9 +219,17 @@ class MemoryStore:
     _paused_epoch: int | None = None
 
     def __init__(
-        self, *, keep_finished: float = 3600.0, _cluster: MemoryCluster | None = None
+        self,
+        *,
+        keep_finished: float | timedelta = 3600.0,
+        _cluster: MemoryCluster | None = None,
     ) -> None:
-        self._cluster = _cluster or MemoryCluster(int(keep_finished * NS_PER_S))
+        """``keep_finished``: seconds (or a timedelta, up to ten years) before finished tasks
+        are pruned."""
+        if _cluster is None:
+            # Checked like every duration: "a" * 1e9 would build a 1.9 GB string, inf overflows.
+            _cluster = MemoryCluster(check.duration_ns(keep_finished, "keep_finished"))
+        self._cluster = _cluster
         self._id = next(self._cluster.instance_ids)
         self._epoch: int | None = None
         self._lost = asyncio.Event()

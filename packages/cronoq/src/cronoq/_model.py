@@ -100,21 +100,22 @@ class RetryPolicy:
     jitter: float = 0.1
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int):
-            raise InvalidArgument("max_attempts must be an int")
+        # bool is an int subclass: RetryPolicy(jitter=True) is a mistake, not a jitter of 1.
+        _int_field(self.max_attempts, "max_attempts")
         if not 1 <= self.max_attempts <= 1000:
-            raise InvalidArgument(f"max_attempts must be 1..1000, got {self.max_attempts}")
-        if not (isinstance(self.initial_ns, int) and isinstance(self.max_ns, int)):
-            raise InvalidArgument("initial_ns and max_ns must be int nanoseconds")
+            raise InvalidArgument(f"max_attempts must be 1..1000, got {_shown(self.max_attempts)}")
+        _int_field(self.initial_ns, "initial_ns")
+        _int_field(self.max_ns, "max_ns")
         if not 0 <= self.initial_ns <= self.max_ns <= _TEN_YEARS_NS:
             raise InvalidArgument(
                 "backoff must satisfy 0 <= initial <= max <= ten years, got "
-                f"initial={self.initial_ns}ns max={self.max_ns}ns"
+                f"initial_ns={_shown(self.initial_ns)} max_ns={_shown(self.max_ns)}"
             )
-        if not (isinstance(self.multiplier, int | float) and 1.0 <= self.multiplier <= 100.0):
-            raise InvalidArgument(f"multiplier must be 1..100, got {self.multiplier!r}")
-        if not (isinstance(self.jitter, int | float) and 0.0 <= self.jitter <= 1.0):
-            raise InvalidArgument(f"jitter must be 0..1, got {self.jitter!r}")
+        # NaN fails both range checks, since every comparison with it is false.
+        if not (_is_number(self.multiplier) and 1.0 <= self.multiplier <= 100.0):
+            raise InvalidArgument(f"multiplier must be 1..100, got {_shown(self.multiplier)}")
+        if not (_is_number(self.jitter) and 0.0 <= self.jitter <= 1.0):
+            raise InvalidArgument(f"jitter must be 0..1, got {_shown(self.jitter)}")
 
     @classmethod
     def exponential(
@@ -126,23 +127,58 @@ class RetryPolicy:
         maximum: float = 300.0,
         jitter: float = 0.1,
     ) -> RetryPolicy:
-        """Build a policy from durations in seconds."""
-        for what, value in (("initial", initial), ("maximum", maximum)):
-            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise InvalidArgument(f"{what} must be finite seconds >= 0, got {value!r}")
+        """Build a policy from durations in seconds (each at most ten years)."""
         return cls(
             max_attempts,
-            round(initial * NS_PER_S),
+            _seconds_to_ns(initial, "initial"),
             multiplier,
-            round(maximum * NS_PER_S),
+            _seconds_to_ns(maximum, "maximum"),
             jitter,
         )
 
     def delay_ns(self, attempt: int, unit_random: float) -> int:
         """Backoff after failed ``attempt`` (1-based); ``unit_random`` is in [0, 1)."""
-        base = min(self.initial_ns * self.multiplier ** (attempt - 1), self.max_ns)
+        if self.initial_ns == 0:
+            base = 0.0
+        else:
+            try:
+                growth = float(self.multiplier) ** (attempt - 1)
+            except OverflowError:
+                # 100.0 ** 199 overflows a float; the delay is capped at max_ns long before.
+                growth = math.inf
+            base = min(self.initial_ns * growth, self.max_ns)
         spread = 1.0 + self.jitter * (2.0 * unit_random - 1.0)
         return max(0, int(base * spread))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _shown(value: object) -> str:
+    if not _is_number(value):
+        return type(value).__name__  # a repr of an arbitrary object may be huge or raise
+    # Ints of more than 4300 digits cannot be printed (ValueError); describe them instead.
+    if isinstance(value, int) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    return repr(value)
+
+
+def _int_field(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{what} must be an int, got {type(value).__name__}")
+
+
+def _seconds_to_ns(value: object, what: str) -> int:
+    if not _is_number(value):
+        raise InvalidArgument(f"{what} must be seconds (int or float), got {type(value).__name__}")
+    assert isinstance(value, int | float)
+    # Bounded before scaling: 10**400 has no float, and 1e300 * 1e9 is inf.
+    # math.isfinite(10**400) itself overflows: ints are finite, only floats need the check.
+    finite = isinstance(value, int) or math.isfinite(value)
+    if not (finite and 0 <= value <= _TEN_YEARS_NS // NS_PER_S):
+        raise InvalidArgument(f"{what} must be finite seconds in 0..ten years, got {_shown(value)}")
+    return round(value * NS_PER_S)
 
 
 DEFAULT_RETRY = RetryPolicy()

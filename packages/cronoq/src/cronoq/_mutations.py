@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from cronoq._model import ScheduleSpec, Status, TaskSpec
@@ -19,9 +20,17 @@ __all__ = [
 ]
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def sanitize_message(message: str) -> str:
-    """NUL cannot live in PostgreSQL text; every store replaces it so all behave alike."""
-    return message.replace("\x00", "\ufffd")
+    """NUL cannot live in PostgreSQL text, nor a lone surrogate in UTF-8 (an exception message
+    may hold one, from a file name say): every store replaces both with U+FFFD so all behave
+    alike, and a message never stops the scheduler at commit."""
+    message = message.replace("\x00", "\ufffd")
+    if message.isascii():
+        return message
+    return _SURROGATE.sub("\ufffd", message)
 
 
 # --- mutations: what a step persists -------------------------------------------------------

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from cronoq import _validate as check
-from cronoq._codecs import BytesCodec, Codec
+from cronoq._codecs import BytesCodec, Codec, decode_payload, decode_with
 from cronoq._cron import CronSchedule
 from cronoq._driver import Driver
 from cronoq._engine import (
@@ -33,7 +33,6 @@ from cronoq._engine import (
     SubmitResult,
     SubmitTasks,
     TaskSummary,
-    WaitTask,
 )
 from cronoq._executors import LocalExecutor, TaskFunction
 from cronoq._memory import MemoryStore
@@ -48,10 +47,36 @@ from cronoq._model import (
     TaskSpec,
     TaskTemplate,
 )
-from cronoq.errors import InvalidArgument, TaskNotFound
+from cronoq.errors import InvalidArgument, PayloadError, TaskNotFound, UnknownPool
 from cronoq.store import ScheduleRecord, Store, TaskRecord
 
 __all__ = ["Pool", "ScheduleInfo", "Scheduler", "TaskInfo", "TaskRequest"]
+
+# What a store must have for the Scheduler to run on it (cronoq.store.Store).
+_STORE_METHODS = (
+    "acquire_leadership",
+    "leadership_lost",
+    "release_leadership",
+    "recover",
+    "commit",
+    "load_output",
+    "get_task",
+    "get_task_by_key",
+    "close",
+)
+
+
+def _status(value: object) -> Status:
+    if isinstance(value, Status):
+        return value
+    if isinstance(value, str):
+        try:
+            return Status(value)
+        except ValueError:
+            pass
+    allowed = ", ".join(s.value for s in Status)
+    given = check.shown(value) if isinstance(value, str) else type(value).__name__
+    raise InvalidArgument(f"status must be among {allowed}, got {given}")
 
 
 def _utc(ns: int) -> datetime:
@@ -86,7 +111,8 @@ class TaskRequest:
     """One task to submit: the arguments of :meth:`Scheduler.submit`, for ``submit_many``."""
 
     kind: str
-    payload: Any = b""
+    payload: Any = None
+    """None: no payload, whatever the codec (stored as ``b""``; the function gets None)."""
     pool: str = "default"
     key: str | None = None
     tags: Sequence[str] = ()
@@ -187,6 +213,27 @@ class Scheduler:
         names = [p.name for p in pools]
         if len(set(names)) != len(names):
             raise InvalidArgument(f"pool names must be unique, got {names}")
+        # Checked now, not at start(): a str store or a list seed would otherwise fail in
+        # start() with AttributeError or TypeError, far from the mistake.
+        if codec is not None and (
+            isinstance(codec, type)  # JsonCodec instead of JsonCodec()
+            or not isinstance(codec, Codec)
+            or not (callable(codec.encode) and callable(codec.decode))
+        ):
+            raise InvalidArgument(
+                f"codec must have encode(value) -> bytes and decode(bytes), got "
+                f"{type(codec).__name__}"
+            )
+        if store is not None and not isinstance(store, Store):
+            missing = [
+                name for name in _STORE_METHODS if not callable(getattr(type(store), name, None))
+            ]
+            raise InvalidArgument(
+                f"store must implement cronoq.store.Store, got {type(store).__name__} "
+                f"(missing: {', '.join(missing)})"
+            )
+        if seed is not None:
+            check.integer(seed, "seed", -(2**64), 2**64)
         self._codec: Codec = codec if codec is not None else BytesCodec()
         self._store: Store = store if store is not None else MemoryStore()
         self._max_payload = check.integer(max_payload_bytes, "max_payload_bytes", 1, 1 << 31)
@@ -198,7 +245,9 @@ class Scheduler:
             max_live_tasks=max_live_tasks,
             seed=seed,
         )
-        executors = {p.name: LocalExecutor(p.executor, self._codec) for p in pools}
+        executors = {
+            p.name: LocalExecutor(p.executor, self._codec, p.concurrency, p.name) for p in pools
+        }
         self._pools = frozenset(names)
         self._driver = Driver(
             config,
@@ -225,15 +274,18 @@ class Scheduler:
         await self._driver.start()
 
     async def close(self, timeout: float = 10.0) -> None:
-        """Stop taking calls, let running attempts finish for up to ``timeout`` seconds, stop.
+        """Stop taking calls, let running attempts finish for up to ``timeout`` seconds, commit
+        their outcomes and release leadership; returns within ``timeout`` plus one second.
 
         Attempts still running after that are abandoned: the next leader retries them.
         """
         await self._driver.stop(check.duration_ns(timeout, "timeout") / NS_PER_S)
-        await self._store.release_leadership()
 
     def abort(self) -> None:
-        """Stop at once without committing or releasing anything, as if the process died."""
+        """Stop at once, as if the process died: nothing more is committed, running attempts
+        are cancelled and abandoned (the next leader retries them), waiting callers get
+        ``SchedulerStopped``. Leadership is released in the background so that a standby takes
+        over at once; ``await close()`` afterwards waits for that release."""
         self._driver.abort()
 
     async def leadership_lost(self) -> None:
@@ -264,14 +316,18 @@ class Scheduler:
         self._driver.call(make(future))
         return await future
 
-    def _spec(self, request: TaskRequest, now_ns: int) -> TaskSpec:
-        if not isinstance(request, TaskRequest):
-            raise InvalidArgument(f"expected a TaskRequest, got {type(request).__name__}")
-        pool = check.text(request.pool, "pool")
+    def _pool(self, value: object) -> str:
+        pool = check.text(value, "pool")
         if pool not in self._pools:
-            raise InvalidArgument(
+            raise UnknownPool(
                 f"unknown pool {pool!r}; configured: {', '.join(sorted(self._pools))}"
             )
+        return pool
+
+    def _spec(self, request: object, now_ns: int) -> TaskSpec:
+        if not isinstance(request, TaskRequest):
+            raise InvalidArgument(f"expected a TaskRequest, got {type(request).__name__}")
+        pool = self._pool(request.pool)
         start_at = check.optional_instant_ns(request.start_at, "start_at", now_ns)
         deadline = check.optional_instant_ns(request.deadline, "deadline", now_ns)
         if deadline is not None and start_at is not None and deadline <= start_at:
@@ -295,10 +351,11 @@ class Scheduler:
             after=check.dependencies(request.after),
         )
 
-    async def submit(self, kind: str, payload: Any = b"", **options: Any) -> int:
+    async def submit(self, kind: str, payload: Any = None, **options: Any) -> int:
         """Submit one task; return its id (the existing task's id if its key is held).
 
-        Options are the fields of :class:`TaskRequest`.
+        Options are the fields of :class:`TaskRequest`. ``payload=None`` means no payload, for
+        every codec: the function receives None.
         """
         try:
             request = TaskRequest(kind, payload, **options)
@@ -310,13 +367,19 @@ class Scheduler:
         return results[0].task_id
 
     async def submit_many(self, requests: Iterable[TaskRequest]) -> list[int]:
-        """Submit several tasks in one step: all are accepted, or none is."""
-        if isinstance(requests, str | bytes) or not isinstance(requests, Iterable):
-            raise InvalidArgument(
-                f"submit_many takes an iterable of TaskRequest, got {type(requests).__name__}"
-            )
+        """Submit several tasks in one step: all are accepted, or none is.
+
+        At most ``MAX_BATCH`` (100,000) per call; the iterable is read one request at a time,
+        so an endless one is refused after that many.
+        """
         now = time.time_ns()
-        specs = [self._spec(r, now) for r in requests]
+        specs = check.bounded(
+            requests,
+            "submit_many requests",
+            "an iterable of TaskRequest",
+            check.MAX_BATCH,
+            lambda request: self._spec(request, now),
+        )
         if not specs:
             return []
         return [r.task_id for r in await self._submit_specs(specs)]
@@ -328,8 +391,19 @@ class Scheduler:
     async def get(self, task_id: int) -> TaskInfo:
         """The task with this id. Raises TaskNotFound if it is unknown or pruned."""
         check.integer(task_id, "task_id", 1, 2**63 - 1)
-        found = await self._call(lambda f: GetTask(task_id, f))
+        try:
+            found = await self._call(lambda f: GetTask(task_id, f))
+        except TaskNotFound:
+            return await self._stored(task_id)
         return await self._info(found, task_id)
+
+    async def _stored(self, task_id: int) -> TaskInfo:
+        """A task memory no longer holds (finished before the retention) but the store keeps
+        until ``keep_finished``."""
+        record = await self._store.get_task(task_id)
+        if record is None:
+            raise TaskNotFound(f"no task {task_id}")
+        return self._decode(record)
 
     async def get_by_key(self, key: str) -> TaskInfo | None:
         """The task holding ``key`` (live or finished within the retention), or None."""
@@ -341,12 +415,19 @@ class Scheduler:
         return await self._info(found, None)
 
     async def wait(self, task_id: int, timeout: float | None = None) -> TaskInfo:
-        """Wait until the task is terminal; return it with its output."""
+        """Wait until the task is terminal; return it with its output.
+
+        ``timeout`` (seconds) bounds the wait for a live task: past it, ``WaitTimedOut`` (a
+        ``TimeoutError``) is raised and the task carries on. A finished task is returned even
+        with ``timeout=0``. Raises ``SchedulerStopped`` if the scheduler stops meanwhile.
+        """
         check.integer(task_id, "task_id", 1, 2**63 - 1)
         seconds = None if timeout is None else check.duration_ns(timeout, "timeout") / NS_PER_S
-        async with asyncio.timeout(seconds):
-            found = await self._call(lambda f: WaitTask(task_id, f))
-        return await self._info(found, task_id)
+        try:
+            found = await self._driver.wait(task_id, seconds)
+        except TaskNotFound:
+            return await self._stored(task_id)
+        return await self._info(found, task_id)  # type: ignore[arg-type]
 
     async def _info(self, found: TaskRecord | TaskSummary, task_id: int | None) -> TaskInfo:
         if isinstance(found, TaskRecord):
@@ -358,10 +439,25 @@ class Scheduler:
         return self._decode(record)
 
     def _decode(self, record: TaskRecord) -> TaskInfo:
+        """The record with payload and output decoded; PayloadError if the codec cannot.
+
+        Only a call about this task raises: the record stays as it is, and every other task,
+        ``list()`` and the scheduler carry on. The error says the task's status and message,
+        since a task whose payload cannot be decoded has failed for that reason.
+        """
         spec = record.spec
-        output = None
-        if record.output is not None and record.status is Status.SUCCEEDED:
-            output = self._codec.decode(record.output)
+        try:
+            payload = decode_payload(self._codec, spec.payload)
+            output = None
+            if record.output is not None and record.status is Status.SUCCEEDED:
+                output = decode_with(self._codec, record.output, "output")
+        except PayloadError as exc:
+            message = record.message
+            if len(message) > 200:
+                message = f"{message[:200]}..."
+            raise PayloadError(
+                f"task {record.task_id} ({record.status}: {message}): {exc}"
+            ) from exc
         return TaskInfo(
             task_id=record.task_id,
             status=record.status,
@@ -373,7 +469,7 @@ class Scheduler:
             tags=spec.tags,
             name=spec.name,
             priority=spec.priority,
-            payload=self._codec.decode(spec.payload),
+            payload=payload,
             output=output,
             submitted_at=_utc(record.submitted_ns),
             updated_at=_utc(record.updated_ns),
@@ -394,12 +490,12 @@ class Scheduler:
         """Tasks in memory (live, and finished within the retention), filtered."""
         statuses: frozenset[Status] | None = None
         if status is not None:
-            items = [status] if isinstance(status, str) else list(status)
-            try:
-                statuses = frozenset(Status(s) for s in items)
-            except ValueError:
-                allowed = ", ".join(s.value for s in Status)
-                raise InvalidArgument(f"status must be among {allowed}, got {status!r}") from None
+            items = [status] if isinstance(status, str) else status
+            # Read one at a time against a bound: status=itertools.repeat("ready") must not hang.
+            expected = "a Status, a str or an iterable of them"
+            statuses = frozenset(
+                check.bounded(items, "status", expected, check.MAX_STATUSES, _status)
+            )
         pool = check.optional_text(pool, "pool")
         kind = check.optional_text(kind, "kind")
         tag = check.optional_text(tag, "tag")
@@ -416,7 +512,10 @@ class Scheduler:
         Finished: nothing changes and its final status is returned."""
         check.integer(task_id, "task_id", 1, 2**63 - 1)
         check.text(reason, "reason", max_length=4096)
-        result: Status = await self._call(lambda f: CancelTask(task_id, reason, f))
+        try:
+            result: Status = await self._call(lambda f: CancelTask(task_id, reason, f))
+        except TaskNotFound:
+            return (await self._stored(task_id)).status  # finished long ago: nothing to do
         return result
 
     # --- schedules ------------------------------------------------------------------------
@@ -427,7 +526,7 @@ class Scheduler:
         cron: str,
         *,
         kind: str,
-        payload: Any = b"",
+        payload: Any = None,
         pool: str = "default",
         timezone: str = "UTC",
         tags: Sequence[str] = (),
@@ -438,16 +537,22 @@ class Scheduler:
         catch_up: CatchUpPolicy | str = CatchUpPolicy.COALESCE,
         grace: float | Any = 60.0,
         replace: bool = False,
+        **unknown: Any,
     ) -> ScheduleInfo:
-        """Create a recurring schedule (or replace one of that name with ``replace=True``)."""
-        pool = check.text(pool, "pool")
-        if pool not in self._pools:
-            raise InvalidArgument(
-                f"unknown pool {pool!r}; configured: {', '.join(sorted(self._pools))}"
-            )
+        """Create a recurring schedule (or replace one of that name with ``replace=True``).
+
+        Replacing keeps the schedule's pause: a redeploy that re-registers its schedules does
+        not resume one an operator paused.
+        """
+        if unknown:
+            # As submit does, instead of Python's TypeError for an unexpected keyword.
+            raise InvalidArgument(f"add_schedule got unknown options: {', '.join(sorted(unknown))}")
+        check.flag(replace, "replace")
+        name = check.text(name, "schedule name")
+        pool = self._pool(pool)
         parsed = CronSchedule.parse(cron, timezone)
         spec = ScheduleSpec(
-            name=check.text(name, "schedule name"),
+            name=name,
             cron=parsed.expression,
             timezone=parsed.timezone,
             template=TaskTemplate(
@@ -465,8 +570,6 @@ class Scheduler:
             catch_up=check.enum_value(catch_up, CatchUpPolicy, "catch_up"),
             grace_ns=check.duration_ns(grace, "grace"),
         )
-        if not isinstance(replace, bool):
-            raise InvalidArgument("replace must be a bool")
         record: ScheduleRecord = await self._call(lambda f: AddSchedule(spec, replace, f))
         return _schedule_info(record)
 

@@ -6,6 +6,8 @@ already catch ``ValueError`` for bad input keep working.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 __all__ = [
     "AdmissionRejected",
     "CronoqError",
@@ -25,6 +27,7 @@ __all__ = [
     "UnknownDependency",
     "UnknownPool",
     "UnknownTimeZone",
+    "WaitTimedOut",
 ]
 
 
@@ -68,6 +71,10 @@ class ScheduleNotFound(CronoqError, LookupError):
     """No schedule with this name is known."""
 
 
+class WaitTimedOut(CronoqError, TimeoutError):
+    """``wait(timeout=...)`` gave up: the task is still live (it carries on)."""
+
+
 class SchedulerError(CronoqError):
     """An operation could not be made durable, or the scheduler is not serving.
 
@@ -86,8 +93,10 @@ class AdmissionRejected(SchedulerError):
 class TaskError(CronoqError):
     """Raised by an executor to fail an attempt with control over the retry.
 
-    ``retryable=False`` dead-letters the task at once; ``retry_after`` (seconds)
-    overrides the backoff before the next attempt.
+    ``retryable=False`` dead-letters the task at once; ``retry_after`` (seconds, at most ten
+    years) overrides the backoff before the next attempt. Bad arguments raise
+    :class:`InvalidArgument` here, in the executor, so they fail the attempt with that message
+    instead of reaching the scheduler.
     """
 
     def __init__(
@@ -95,14 +104,51 @@ class TaskError(CronoqError):
         message: str,
         *,
         retryable: bool = True,
-        retry_after: float | None = None,
+        retry_after: float | timedelta | None = None,
     ) -> None:
+        if not isinstance(message, str):
+            raise InvalidArgument(f"TaskError message must be a str, got {type(message).__name__}")
+        if not isinstance(retryable, bool):
+            raise InvalidArgument(f"retryable must be a bool, got {type(retryable).__name__}")
         super().__init__(message)
-        if retry_after is not None and not retry_after >= 0:
-            raise InvalidArgument(f"retry_after must be >= 0 seconds, got {retry_after!r}")
         self.message = message
         self.retryable = retryable
-        self.retry_after = retry_after
+        self._retry_after_ns = _retry_after_ns(retry_after)
+        self._retry_after = retry_after
+
+    @property
+    def retry_after(self) -> float | timedelta | None:
+        """Seconds before the next attempt, as given; None: the policy's backoff."""
+        return self._retry_after
+
+    @property
+    def retry_after_ns(self) -> int | None:
+        """``retry_after`` in nanoseconds, checked when the error was made."""
+        return self._retry_after_ns
+
+
+# Duplicated from _validate (which imports this module): ten years, like RetryPolicy's maximum.
+_MAX_RETRY_AFTER_S = 10 * 366 * 24 * 3600
+
+
+def _retry_after_ns(value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, timedelta):  # like every other duration of the API
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(
+            "retry_after must be seconds (int or float), a timedelta or None, got "
+            f"{type(value).__name__}"
+        )
+    # inf would leave the task running forever with its pool slot taken; compared before any
+    # conversion, since float(10**400) raises OverflowError. NaN fails the comparison.
+    if not 0 <= value <= _MAX_RETRY_AFTER_S:
+        given = repr(value)
+        if isinstance(value, int) and value.bit_length() > 64:  # no 4300-digit messages
+            given = f"an int of {value.bit_length()} bits"
+        raise InvalidArgument(f"retry_after must be 0..{_MAX_RETRY_AFTER_S} seconds, got {given}")
+    return round(value * 1_000_000_000)
 
 
 class StoreError(CronoqError):

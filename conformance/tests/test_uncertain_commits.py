@@ -1,0 +1,484 @@
+"""The driver under faults (issue 9): commits that fail but land, reports that arrive while a
+commit fails, stops while callers wait. Each test is deterministic: faults are injected by
+``FaultyStore`` around a real ``MemoryStore``, and every wait is on an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+
+from cronoq import (
+    MemoryStore,
+    Pool,
+    RetryPolicy,
+    Scheduler,
+    SchedulerError,
+    SchedulerStopped,
+    Status,
+    TaskContext,
+    WaitTimedOut,
+)
+from cronoq.errors import StoreFatal
+from cronoq.store import Mutation
+from cronoq_conformance import CommitFault, FaultyStore
+
+ONCE = RetryPolicy(max_attempts=1)
+TWICE = RetryPolicy.exponential(2, initial=0.01, maximum=0.01, jitter=0.0)
+COMMIT_TIMEOUT = 0.3
+LANDING = [CommitFault.LANDS_AFTER_TIMEOUT, CommitFault.LANDS_THEN_UNAVAILABLE]
+ANY_FAULT = [*LANDING, CommitFault.UNAVAILABLE]
+
+
+class Executor:
+    """Records every attempt; kind "block" waits for ``release``; tracks overlap per task."""
+
+    def __init__(self) -> None:
+        self.entered: list[tuple[int, int]] = []
+        self.running: dict[int, int] = {}
+        self.max_overlap = 0
+        self.blocked = asyncio.Event()
+        self.release = asyncio.Event()
+        self.cancelled: list[tuple[int, int]] = []
+        self.ended = asyncio.Event()
+
+    async def __call__(self, ctx: TaskContext, payload: bytes) -> bytes:
+        self.entered.append((ctx.task_id, ctx.attempt))
+        self.running[ctx.task_id] = self.running.get(ctx.task_id, 0) + 1
+        self.max_overlap = max(self.max_overlap, self.running[ctx.task_id])
+        try:
+            if ctx.kind == "block" or (ctx.kind == "block-once" and ctx.attempt == 1):
+                self.blocked.set()
+                await self.release.wait()
+            return payload
+        except asyncio.CancelledError:
+            self.cancelled.append((ctx.task_id, ctx.attempt))
+            raise
+        finally:
+            self.running[ctx.task_id] -= 1
+            self.ended.set()
+
+    def attempts_of(self, task_id: int) -> list[int]:
+        return [attempt for tid, attempt in self.entered if tid == task_id]
+
+
+@pytest.fixture
+def executor() -> Executor:
+    return Executor()
+
+
+@pytest.fixture
+async def faulty(executor: Executor) -> AsyncIterator[tuple[Scheduler, FaultyStore]]:
+    store = FaultyStore(MemoryStore())
+    sched = Scheduler(
+        [Pool("default", executor, concurrency=1)],
+        store=store,
+        commit_timeout=COMMIT_TIMEOUT,
+        seed=3,
+    )
+    await sched.start()
+    try:
+        yield sched, store
+    finally:
+        executor.release.set()
+        await sched.close(timeout=1.0)
+
+
+def landed_kinds(store: FaultyStore) -> list[str]:
+    return [type(m).__name__ for batch in store.landed_uncertainly for m in batch]
+
+
+# --- 1. a report that arrives while a commit fails is applied ------------------------------
+
+
+@pytest.mark.parametrize("fault", ANY_FAULT)
+async def test_a_success_reported_while_a_commit_fails_is_applied(
+    faulty: tuple[Scheduler, FaultyStore], executor: Executor, fault: CommitFault
+) -> None:
+    sched, store = faulty
+    running = await sched.submit("block", b"done", retry=ONCE)
+    await executor.blocked.wait()
+    store.arm(fault)
+    other = asyncio.ensure_future(sched.submit("other", b"", key="other"))
+    await store.faulted.wait()  # that step's commit is failing now
+    executor.release.set()  # the running attempt succeeds meanwhile: its report queues
+    await executor.ended.wait()
+    [outcome] = await asyncio.gather(other, return_exceptions=True)
+    # The caller learns what the store shows: applied if it landed, not applied otherwise.
+    assert isinstance(outcome, SchedulerError if fault is CommitFault.UNAVAILABLE else int)
+    info = await sched.wait(running, timeout=5)
+    assert (info.status, info.attempt, info.output) == (Status.SUCCEEDED, 1, b"done")
+    assert executor.attempts_of(running) == [1]
+
+
+# --- 2. a commit that lands late does not burn the attempts it dispatched -------------------
+
+
+@pytest.mark.parametrize("fault", LANDING)
+async def test_a_commit_that_lands_late_does_not_burn_the_attempt_it_dispatched(
+    faulty: tuple[Scheduler, FaultyStore], executor: Executor, fault: CommitFault
+) -> None:
+    sched, store = faulty
+    store.arm(fault)
+    # The step that submits the task also starts its only attempt; its commit lands although
+    # the store never confirms it. The caller learns it landed, and the attempt runs once.
+    task_id = await sched.submit("job", b"ran", retry=ONCE)
+    assert "TaskSubmitted" in landed_kinds(store)
+    info = await sched.wait(task_id, timeout=5)
+    assert (info.status, info.attempt, info.output) == (Status.SUCCEEDED, 1, b"ran")
+    assert executor.attempts_of(task_id) == [1]
+
+
+async def test_a_caller_whose_commit_did_not_land_is_told_it_was_not_applied(
+    faulty: tuple[Scheduler, FaultyStore],
+) -> None:
+    sched, store = faulty
+    store.arm(CommitFault.UNAVAILABLE)
+    with pytest.raises(SchedulerError, match="was not applied and may be retried"):
+        await sched.submit("job", b"", key="k")
+    assert await sched.get_by_key("k") is None
+
+
+# --- 3. cancellations of a step that landed late reach the attempt ---------------------------
+
+
+@pytest.mark.parametrize("fault", LANDING)
+async def test_a_timeout_that_lands_late_stops_the_attempt_before_its_retry(
+    faulty: tuple[Scheduler, FaultyStore], executor: Executor, fault: CommitFault
+) -> None:
+    sched, store = faulty
+    task_id = await sched.submit("block-once", b"second", retry=TWICE, timeout=0.2)
+    await executor.blocked.wait()
+    store.arm(fault)  # the next commit is the timeout's
+    info = await sched.wait(task_id, timeout=10)
+    assert "TaskUpdated" in landed_kinds(store)
+    assert (info.status, info.attempt) == (Status.SUCCEEDED, 2)
+    assert executor.cancelled == [(task_id, 1)], "the timed-out attempt was never told to stop"
+    assert executor.max_overlap == 1, "two attempts of one task ran at once"
+
+
+@pytest.mark.parametrize("fault", LANDING)
+async def test_a_cancel_that_lands_late_reaches_the_attempt(
+    faulty: tuple[Scheduler, FaultyStore], executor: Executor, fault: CommitFault
+) -> None:
+    sched, store = faulty
+    task_id = await sched.submit("block", b"", retry=TWICE)
+    await executor.blocked.wait()
+    store.arm(fault)
+    assert await sched.cancel(task_id) is Status.RUNNING  # it landed: the caller is told so
+    info = await sched.wait(task_id, timeout=5)
+    assert info.status is Status.CANCELLED
+    assert executor.cancelled == [(task_id, 1)]
+
+
+# --- 4. waiters survive a rebuild, fail on a stop, and leave nothing behind -----------------
+
+
+async def test_a_waiter_survives_a_rebuild(
+    faulty: tuple[Scheduler, FaultyStore], executor: Executor
+) -> None:
+    sched, store = faulty
+    task_id = await sched.submit("block", b"out")
+    await executor.blocked.wait()
+    waiting = asyncio.ensure_future(sched.wait(task_id))
+    await asyncio.sleep(0)  # let the wait register
+    store.arm(CommitFault.UNAVAILABLE)
+    with pytest.raises(SchedulerError):
+        await sched.submit("other", b"")  # fails, and the engine is rebuilt
+    executor.release.set()
+    assert (await asyncio.wait_for(waiting, 5)).output == b"out"
+
+
+@pytest.mark.parametrize("stop", ["close", "abort", "fence"])
+async def test_waiters_fail_with_scheduler_stopped_when_the_scheduler_stops(
+    executor: Executor, stop: str
+) -> None:
+    store = MemoryStore()
+    sched = Scheduler([Pool("default", executor)], store=store, commit_timeout=COMMIT_TIMEOUT)
+    await sched.start()
+    task_id = await sched.submit("block", b"")
+    await executor.blocked.wait()
+    waiting = asyncio.ensure_future(sched.wait(task_id))
+    await asyncio.sleep(0)
+    if stop == "close":
+        await sched.close(timeout=0.05)
+    elif stop == "abort":
+        sched.abort()
+    else:
+        store.simulate_crash()
+        successor = store.connect_another()
+        await successor.acquire_leadership()
+        with pytest.raises(SchedulerStopped):
+            await sched.cancel(task_id)  # its commit is fenced
+        await sched.leadership_lost()
+    with pytest.raises(SchedulerStopped):
+        await asyncio.wait_for(waiting, 5)
+    await sched.close(timeout=0.1)
+
+
+async def test_a_wait_that_timed_out_leaves_nothing_behind(
+    faulty: tuple[Scheduler, FaultyStore], executor: Executor
+) -> None:
+    sched, _ = faulty
+    task_id = await sched.submit("block", b"")
+    await executor.blocked.wait()
+    for _ in range(200):
+        with pytest.raises(WaitTimedOut, match=f"task {task_id} did not finish within 0.001s"):
+            await sched.wait(task_id, timeout=0.001)
+    for _ in range(200):
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.001):
+                await sched.wait(task_id)
+    engine = sched._driver._engine  # white box: what the engine still holds for callers
+    assert engine is not None
+    assert engine.take_waiters() == []
+
+
+async def test_wait_with_a_zero_timeout_returns_a_finished_task(
+    faulty: tuple[Scheduler, FaultyStore], executor: Executor
+) -> None:
+    sched, _ = faulty
+    done = await sched.submit("job", b"x")
+    await sched.wait(done, timeout=5)
+    assert (await sched.wait(done, timeout=0)).status is Status.SUCCEEDED
+    live = await sched.submit("block", b"")
+    with pytest.raises(WaitTimedOut):
+        await sched.wait(live, timeout=0)
+
+
+# --- 5. close and abort are bounded and give leadership up ---------------------------------
+
+
+async def test_close_returns_while_the_store_is_down(executor: Executor) -> None:
+    store = MemoryStore()
+    sched = Scheduler([Pool("default", executor)], store=store, commit_timeout=0.1)
+    await sched.start()
+    store.set_available(False)
+    with pytest.raises(SchedulerError):
+        await sched.submit("job", b"")  # the engine is now rebuilding, retrying the store
+    started = time.monotonic()
+    await sched.close(timeout=0.2)
+    assert time.monotonic() - started < 0.2 + 1.5
+    assert not sched.running
+
+
+async def test_close_timeout_holds_for_an_attempt_that_ignores_cancellation() -> None:
+    stubborn_started = asyncio.Event()
+
+    async def stubborn(ctx: TaskContext, payload: bytes) -> None:
+        stubborn_started.set()
+        for _ in range(100):
+            try:
+                await asyncio.sleep(0.1)
+            except asyncio.CancelledError:
+                continue  # ignores every cancellation for 10 s
+
+    sched = Scheduler([Pool("default", stubborn)])
+    await sched.start()
+    await sched.submit("job", b"")
+    await stubborn_started.wait()
+    started = time.monotonic()
+    await sched.close(timeout=0.3)
+    assert time.monotonic() - started < 0.3 + 1.0
+
+
+class FatalStore(FaultyStore):
+    """Fails the next commit with StoreFatal once armed."""
+
+    fatal = False
+
+    async def commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
+        if self.fatal:
+            raise StoreFatal("injected: the database file is corrupt")
+        await super().commit(epoch, batch)
+
+
+@pytest.mark.parametrize("stop", ["abort", "fatal"])
+async def test_a_stop_without_close_gives_leadership_up_for_a_standby(
+    executor: Executor, stop: str
+) -> None:
+    first = MemoryStore()
+    store = FatalStore(first)
+    sched = Scheduler([Pool("default", executor)], store=store)
+    await sched.start()
+    standby = asyncio.ensure_future(first.connect_another().acquire_leadership())
+    await asyncio.sleep(0)
+    assert not standby.done()
+    if stop == "abort":
+        sched.abort()
+    else:
+        store.fatal = True
+        with pytest.raises(SchedulerStopped, match="corrupt"):
+            await sched.submit("job", b"")
+    await asyncio.wait_for(standby, 2)  # without the release it would wait forever
+    assert isinstance(sched.failure, SchedulerStopped | StoreFatal)
+
+
+async def test_fenced_logs_one_warning_line(
+    executor: Executor, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = MemoryStore()
+    sched = Scheduler([Pool("default", executor)], store=store)
+    await sched.start()
+    store.simulate_crash()
+    await store.connect_another().acquire_leadership()
+    with caplog.at_level(logging.WARNING, logger="cronoq"), pytest.raises(SchedulerStopped):
+        await sched.submit("job", b"")
+    records = [r for r in caplog.records if r.name == "cronoq"]
+    assert [r.levelno for r in records] == [logging.WARNING], records
+    assert records[0].exc_info is None
+    assert "another instance leads" in records[0].getMessage()
+
+
+# --- 6. no attempt starts during a graceful close -------------------------------------------
+
+
+class GatedStore(FaultyStore):
+    """Holds the next commit until ``gate`` opens (a slow commit that succeeds)."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.hold = False
+        self.held = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
+        if self.hold:
+            self.hold = False
+            self.held.set()
+            await self.gate.wait()
+        await super().commit(epoch, batch)
+
+
+async def test_no_attempt_starts_during_a_graceful_close(executor: Executor) -> None:
+    memory = MemoryStore()
+    store = GatedStore(memory)
+    sched = Scheduler([Pool("default", executor, concurrency=1)], store=store)
+    await sched.start()
+    first = await sched.submit("block", b"")
+    queued = await sched.submit("job", b"")
+    await executor.blocked.wait()
+    store.hold = True
+    executor.release.set()  # the first succeeds; the step that starts the queued one commits
+    await store.held.wait()
+    closing = asyncio.ensure_future(sched.close(timeout=1.0))
+    await asyncio.sleep(0)  # close() has begun draining: nothing runs
+    store.gate.set()
+    await closing
+    assert executor.attempts_of(first) == [1]
+    assert executor.attempts_of(queued) == [], "an attempt started during the close"
+    record = await memory.get_task(queued)
+    assert record is not None and (record.status, record.attempt) == (Status.READY, 0)
+    # The next leader starts it as its first attempt.
+    successor = Scheduler([Pool("default", executor)], store=memory.connect_another())
+    async with successor:
+        assert (await successor.wait(queued, timeout=5)).attempt == 1
+
+
+# --- 7. thread functions have threads of their own -----------------------------------------
+
+
+async def test_thread_tasks_run_beside_a_saturated_default_executor() -> None:
+    loop = asyncio.get_running_loop()
+    hold = threading.Event()
+    # Every thread of asyncio's default executor is stuck in someone else's work.
+    stuck = [loop.run_in_executor(None, hold.wait) for _ in range(64)]
+    barrier = threading.Barrier(10, timeout=5)
+
+    def work(ctx: TaskContext, payload: bytes) -> bytes:
+        barrier.wait()  # all ten run at once: each pool thread is its own
+        return payload
+
+    store = FaultyStore(MemoryStore())
+    try:
+        async with Scheduler(
+            [Pool("default", work, concurrency=10)], store=store, commit_timeout=COMMIT_TIMEOUT
+        ) as sched:
+            ids = [await sched.submit("job", b"ok", timeout=5) for _ in range(10)]
+            infos = [await sched.wait(i, timeout=10) for i in ids]
+            assert [(i.status, i.attempt) for i in infos] == [(Status.SUCCEEDED, 1)] * 10
+            # Recovery after a store blip needs no default-executor thread either.
+            store.arm(CommitFault.UNAVAILABLE)
+            with pytest.raises(SchedulerError):
+                await sched.submit("job", b"")
+            again = await sched.submit("job", b"again", key="after-blip")
+            barrier.reset()
+            barrier = threading.Barrier(1)
+            assert (await sched.wait(again, timeout=10)).status is Status.SUCCEEDED
+    finally:
+        hold.set()
+        await asyncio.gather(*stuck)
+
+
+async def test_a_timed_out_thread_keeps_its_slot_until_it_returns() -> None:
+    loop = asyncio.get_running_loop()
+    saw_cancel = asyncio.Event()
+    release = threading.Event()
+    overlap: list[int] = []
+    running = 0
+    lock = threading.Lock()
+
+    def work(ctx: TaskContext, payload: bytes) -> bytes:
+        nonlocal running
+        with lock:
+            running += 1
+            overlap.append(running)
+        try:
+            if payload == b"ok" and ctx.attempt == 1:
+                while not ctx.cancelled:
+                    time.sleep(0.002)
+                loop.call_soon_threadsafe(saw_cancel.set)
+                release.wait(5)  # far past its timeout
+            return payload
+        finally:
+            with lock:
+                running -= 1
+
+    async with Scheduler([Pool("default", work, concurrency=1)]) as sched:
+        task_id = await sched.submit("job", b"ok", retry=TWICE, timeout=0.05)
+        other = await sched.submit("job", b"other")
+        await saw_cancel.wait()
+        # The retry is due 10 ms after the timeout; an absence takes time to show.
+        await asyncio.sleep(0.2)
+        # Due, but held back: attempt 2 waits for attempt 1's thread, and so does the slot.
+        assert [(await sched.get(t)).attempt for t in (task_id, other)] == [1, 0]
+        release.set()
+        assert (await sched.wait(task_id, timeout=5)).attempt == 2
+        assert (await sched.wait(other, timeout=5)).status is Status.SUCCEEDED
+    assert max(overlap) == 1
+
+
+async def test_a_thread_that_sees_cancelled_and_returns_ends_cancelled() -> None:
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+
+    def work(ctx: TaskContext, payload: bytes) -> bytes:
+        loop.call_soon_threadsafe(started.set)
+        while not ctx.cancelled:
+            time.sleep(0.002)
+        return b"returned normally"
+
+    async with Scheduler([Pool("default", work)]) as sched:
+        task_id = await sched.submit("job", b"")
+        await started.wait()
+        assert await sched.cancel(task_id, "stop it") is Status.RUNNING
+        info = await sched.wait(task_id, timeout=5)
+        assert (info.status, info.message) == (Status.CANCELLED, "stop it")
+
+
+# --- 11. lookups past the in-memory retention fall back to the store ------------------------
+
+
+async def test_get_wait_and_cancel_find_a_task_past_the_retention(executor: Executor) -> None:
+    async with Scheduler([Pool("default", executor)], retention=0) as sched:
+        task_id = await sched.submit("job", b"kept")
+        await sched.wait(task_id, timeout=5)
+        await sched.submit("job", b"")  # a later step prunes it from memory
+        assert (await sched.get(task_id)).output == b"kept"
+        assert (await sched.wait(task_id, timeout=0)).status is Status.SUCCEEDED
+        assert await sched.cancel(task_id) is Status.SUCCEEDED

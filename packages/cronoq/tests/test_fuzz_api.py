@@ -1,0 +1,972 @@
+"""Fuzz every public entry point with bad input (issue 10).
+
+Each test drives one entry point with generated calls in which at least one argument is bad:
+wrong types, huge ints (``10**400``), extreme floats (``1e300``, ``-0.0``, NaN, infinities),
+booleans where numbers go, NUL and lone surrogates in strings, hostile ``tzinfo`` objects, and
+endless or huge iterables (``itertools.count()``, ``itertools.repeat(...)``,
+``range(1, 10**18)``). After every call it checks that
+
+- the call raised the documented ``CronoqError`` subclass (the table below, as in docs/api.md);
+- nothing was applied: the store committed nothing, ``list()`` and ``list_schedules()`` are
+  unchanged;
+- the scheduler still serves: a good submit and wait succeed.
+
+What each entry point raises (as docs/api.md says):
+
+- ``InvalidArgument``: ``Scheduler(...)``, ``Pool(...)``, ``RetryPolicy(...)``,
+  ``RetryPolicy.exponential``, ``TaskError(...)``, ``MemoryStore(...)``, ``get_by_key``,
+  ``list``, ``close(timeout=)``; ``submit`` and ``submit_many`` (also as ``UnknownPool``,
+  ``UnknownDependency``, ``PayloadError``); ``add_schedule`` and ``preview`` (also as
+  ``InvalidCron``, ``UnknownTimeZone``, ``UnknownPool``, ``PayloadError``).
+- ``InvalidArgument``, or ``TaskNotFound`` for an id never issued: ``get``, ``wait``, ``cancel``.
+- ``InvalidArgument``, or ``ScheduleNotFound``: ``pause_schedule``, ``resume_schedule``,
+  ``remove_schedule``.
+- ``PayloadError``: ``JsonCodec().encode`` and ``decode``.
+
+One running Scheduler (MemoryStore, JsonCodec) serves every example of a test function, on an
+event loop the test owns, so examples cost a few round trips each. The number of examples per
+entry point comes from a Hypothesis profile chosen by ``CRONOQ_FUZZ_PROFILE``: ``quick`` (the
+default run, 60), ``fuzz`` (``uv run nox -s fuzz``, 600), or ``probe`` (600, no shrinking: to
+see quickly which entry points another build gets wrong). The module prints how many inputs it
+checked, and in how long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import json
+import math
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from cronoq import (
+    CronoqError,
+    InvalidArgument,
+    JsonCodec,
+    MemoryStore,
+    Pool,
+    RetryPolicy,
+    Scheduler,
+    Status,
+    TaskContext,
+    TaskError,
+    TaskRequest,
+    preview,
+)
+from cronoq._memory import MemoryCluster
+from cronoq.errors import PayloadError, ScheduleNotFound, TaskNotFound
+
+# --- profiles ------------------------------------------------------------------------------
+
+settings.register_profile(
+    "quick",
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=600,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+# Stops at the first failing example, unshrunk: to check quickly that another build fails.
+settings.register_profile(
+    "probe",
+    max_examples=600,
+    deadline=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+PROFILE = os.environ.get("CRONOQ_FUZZ_PROFILE", "quick")
+# Used as a decorator, so that loading it changes no other module's Hypothesis settings.
+FUZZ = settings.get_profile(PROFILE)
+
+CHECKED: dict[str, int] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_inputs(request: pytest.FixtureRequest) -> Iterator[None]:
+    started = time.perf_counter()
+    yield
+    elapsed = time.perf_counter() - started
+    plugins = request.config.pluginmanager
+    reporter = plugins.get_plugin("terminalreporter")
+    capture = plugins.get_plugin("capturemanager")
+    line = (
+        f"cronoq fuzz, profile {PROFILE!r}: {sum(CHECKED.values()):,} bad inputs checked "
+        f"over {len(CHECKED)} entry points in {elapsed:.1f}s"
+    )
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():  # shown even when the tests pass
+            reporter.write_line("")
+            reporter.write_line(line)
+
+
+# --- the harness ---------------------------------------------------------------------------
+
+
+async def echo(ctx: TaskContext, payload: Any) -> Any:
+    return payload
+
+
+class Harness:
+    """One started Scheduler on a loop of its own, shared by the examples of one test."""
+
+    def __init__(self) -> None:
+        self.runner = asyncio.Runner()
+        self.store = MemoryStore()
+        self.sched = Scheduler(
+            [Pool("default", echo), Pool("other", echo)],
+            store=self.store,
+            codec=JsonCodec(),
+            max_payload_bytes=4096,
+        )
+        self.runner.run(self._start())
+        self.good = 0
+
+    async def _start(self) -> None:
+        await self.sched.start()
+        # Something for a wrongly applied call to change: a live task and a paused schedule.
+        self.live_task = await self.sched.submit("held", {"n": 0}, start_at=timedelta(hours=1))
+        # An explicit payload, so that the harness also runs on builds without "no payload".
+        await self.sched.add_schedule("nightly", "0 3 * * *", kind="job", payload={"n": 0})
+        await self.sched.pause_schedule("nightly")
+
+    def close(self) -> None:
+        self.runner.run(self.sched.close(timeout=1))
+        self.runner.close()
+
+    async def _state(self) -> tuple[object, ...]:
+        cluster: MemoryCluster = self.store._cluster
+        return (
+            cluster.commits,
+            await self.sched.list(),
+            await self.sched.list_schedules(),
+        )
+
+    def refuses(
+        self,
+        entry_point: str,
+        call: Callable[[], object],
+        expected: tuple[type[CronoqError], ...] = (InvalidArgument,),
+    ) -> None:
+        """``call`` (sync, or returning an awaitable) raises one of ``expected`` and changes
+        nothing; the scheduler then still runs a task."""
+        self.runner.run(self._refuses(call, expected))
+        CHECKED[entry_point] = CHECKED.get(entry_point, 0) + 1
+
+    async def _refuses(
+        self, call: Callable[[], object], expected: tuple[type[CronoqError], ...]
+    ) -> None:
+        before = await self._state()
+        try:
+            async with asyncio.timeout(10):  # a call that blocks fails the example, not the run
+                result = call()
+                if inspect.isawaitable(result):
+                    await result
+        except expected:
+            pass
+        except CronoqError as exc:
+            raise AssertionError(f"raised {type(exc).__name__}, expected {expected}") from exc
+        else:
+            raise AssertionError("bad input was accepted")
+        assert await self._state() == before, "a refused call applied something"
+        assert self.sched.running, self.sched.failure
+        self.good += 1
+        task_id = await self.sched.submit("job", {"n": self.good})
+        info = await self.sched.wait(task_id, timeout=10)
+        assert (info.status, info.output) == (Status.SUCCEEDED, {"n": self.good}), info
+
+
+@pytest.fixture
+def harness() -> Iterator[Harness]:
+    h = Harness()
+    yield h
+    h.close()
+
+
+# --- bad values ----------------------------------------------------------------------------
+
+TEN_YEARS_S = 10 * 366 * 24 * 3600
+HUGE_INTS = st.sampled_from([10**400, -(10**400), 2**63, -(2**63) - 1, 2**64, 2**1000])
+EXTREME_FLOATS = st.sampled_from([math.nan, math.inf, -math.inf, 1e300, -1e300, -1e-300])
+
+
+class HostileZone(tzinfo):
+    def dst(self, dt: datetime | None) -> None:
+        return None
+
+    def tzname(self, dt: datetime | None) -> None:
+        return None
+
+
+class RaisingZone(HostileZone):
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        raise RuntimeError("hostile")
+
+    def __repr__(self) -> str:
+        return "RaisingZone()"
+
+
+class WrongTypeZone(HostileZone):
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        return 3600  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return "WrongTypeZone()"
+
+
+class DayLongZone(HostileZone):
+    def utcoffset(self, dt: datetime | None) -> timedelta:
+        return timedelta(days=2)
+
+    def __repr__(self) -> str:
+        return "DayLongZone()"
+
+
+class NaiveZone(HostileZone):
+    def utcoffset(self, dt: datetime | None) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return "NaiveZone()"
+
+
+HOSTILE_ZONES = st.sampled_from([RaisingZone(), WrongTypeZone(), DayLongZone(), NaiveZone()])
+
+
+def endless() -> st.SearchStrategy[object]:
+    """Endless or huge iterables, fresh for every example (an iterator is used up)."""
+    return st.one_of(
+        st.builds(itertools.count),
+        st.builds(itertools.count, st.integers(1, 10)),
+        st.builds(lambda: itertools.repeat("t")),
+        st.builds(lambda: itertools.repeat(1)),
+        st.builds(lambda: range(1, 10**18)),
+        st.builds(lambda: range(10**400)),
+        st.builds(lambda: itertools.cycle(["a", "b"])),
+    )
+
+
+def wrong_types(
+    *, none: bool, numbers: bool = True, strings: bool = True
+) -> st.SearchStrategy[object]:
+    """Values of types no parameter of this kind takes."""
+    options: list[st.SearchStrategy[object]] = [
+        st.builds(object),
+        st.binary(max_size=8),
+        st.lists(st.integers(), max_size=3),
+        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+        st.frozensets(st.integers(), max_size=2),
+        st.complex_numbers(allow_nan=True),
+        endless(),
+        st.datetimes(),
+        st.builds(lambda: object),  # a class
+    ]
+    if none:
+        options.append(st.none())
+    if numbers:
+        options += [st.booleans(), st.integers(), st.floats(), HUGE_INTS, EXTREME_FLOATS]
+    if strings:
+        options.append(st.text(max_size=5))
+    return st.one_of(options)
+
+
+BAD_CHARS = st.sampled_from(["\x00", "\udcff", "\ud800", "\udfff", "\x00\udc80"])
+
+
+def bad_strings(max_length: int) -> st.SearchStrategy[str]:
+    """Strings no name, key, tag or kind may be: empty, NUL, lone surrogates, too long."""
+    return st.one_of(
+        st.just(""),
+        st.tuples(st.text(max_size=5), BAD_CHARS, st.text(max_size=5)).map("".join),
+        st.integers(max_length + 1, max_length + 50).map(lambda n: "k" * n),
+    )
+
+
+def bad_text(max_length: int = 255, *, optional: bool = False) -> st.SearchStrategy[object]:
+    return st.one_of(bad_strings(max_length), wrong_types(none=not optional, strings=False))
+
+
+def bad_int(low: int, high: int, *, optional: bool = False) -> st.SearchStrategy[object]:
+    return st.one_of(
+        st.integers(max_value=low - 1),
+        st.integers(min_value=high + 1),
+        HUGE_INTS,
+        st.booleans(),
+        st.floats(),
+        st.text(max_size=3),
+        wrong_types(none=not optional, numbers=False, strings=False),
+    )
+
+
+def bad_duration(*, allow_zero: bool = True, optional: bool = False) -> st.SearchStrategy[object]:
+    options: list[st.SearchStrategy[object]] = [
+        EXTREME_FLOATS,
+        HUGE_INTS.filter(lambda n: n > TEN_YEARS_S or n < 0),
+        st.integers(max_value=-1),
+        st.integers(min_value=TEN_YEARS_S + 1),
+        st.floats(max_value=-1e-9, allow_infinity=True),
+        st.floats(min_value=TEN_YEARS_S + 1.0),
+        st.timedeltas(max_value=timedelta(microseconds=-1)),
+        st.timedeltas(min_value=timedelta(days=3661)),
+        st.booleans(),
+        st.text(max_size=3),
+        wrong_types(none=not optional, numbers=False, strings=False),
+    ]
+    if not allow_zero:
+        options.append(st.sampled_from([0, 0.0, -0.0, timedelta(0), 1e-10]))
+    return st.one_of(options)
+
+
+def bad_instant(*, optional: bool = True) -> st.SearchStrategy[object]:
+    return st.one_of(
+        st.datetimes(),  # naive
+        st.datetimes(max_value=datetime(2000, 1, 1), timezones=st.just(UTC)),  # > 10 years ago
+        st.datetimes(min_value=datetime(2060, 1, 1), timezones=st.just(UTC)),
+        st.just(datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=23)))),
+        st.just(datetime.max.replace(tzinfo=timezone(timedelta(hours=-23)))),
+        st.builds(lambda zone: datetime(2030, 1, 1, tzinfo=zone), HOSTILE_ZONES),
+        bad_duration(optional=optional),
+        st.integers(),
+        st.floats(),
+    )
+
+
+def bad_ids() -> st.SearchStrategy[object]:
+    return st.one_of(
+        st.integers(max_value=0),
+        st.integers(min_value=2**63),
+        HUGE_INTS,
+        st.booleans(),
+        st.floats(),
+        st.text(max_size=3),
+        wrong_types(none=True, numbers=False, strings=False),
+    )
+
+
+def bad_after() -> st.SearchStrategy[object]:
+    return st.one_of(
+        endless(),
+        st.text(max_size=3),
+        st.binary(max_size=3),
+        st.integers(),
+        st.floats(),
+        st.none(),
+        st.builds(object),
+        st.lists(bad_ids(), min_size=1, max_size=3),
+        st.just([2**62]),  # well formed, but never issued: UnknownDependency
+        st.builds(lambda: list(range(1, 1002))),
+    )
+
+
+def bad_tags() -> st.SearchStrategy[object]:
+    return st.one_of(
+        endless(),
+        st.text(max_size=5),
+        st.binary(max_size=3),
+        st.integers(),
+        st.none(),
+        st.builds(object),
+        st.lists(st.one_of(bad_text(), st.just("ok")), min_size=1, max_size=4).filter(
+            lambda tags: tags != ["ok"] * len(tags)
+        ),
+        st.integers(65, 80).map(lambda n: ["t"] * n),
+    )
+
+
+def _circular() -> list[object]:
+    value: list[object] = []
+    value.append(value)
+    return value
+
+
+def _deep() -> list[object]:
+    value: list[object] = []
+    for _ in range(100_000):
+        value = [value]
+    return value
+
+
+def bad_payloads() -> st.SearchStrategy[object]:
+    """What JsonCodec cannot encode, or what is over the harness's 4096-byte limit."""
+    return st.one_of(
+        st.sampled_from([math.nan, math.inf, -math.inf]),
+        st.builds(lambda x: {"x": [x]}, st.sampled_from([math.nan, math.inf])),
+        st.binary(max_size=8),
+        st.builds(object),
+        st.frozensets(st.integers(), min_size=1, max_size=3),
+        st.complex_numbers(allow_nan=True),
+        st.datetimes(),
+        endless(),
+        st.builds(lambda: {(1, 2): 3}),
+        st.builds(_circular),
+        st.builds(_deep),
+        st.integers(4100, 6000).map(lambda n: "x" * n),
+    )
+
+
+def bad_enum(values: set[str]) -> st.SearchStrategy[object]:
+    return st.one_of(
+        st.text(max_size=8).filter(lambda v: v not in values),
+        bad_strings(20),
+        wrong_types(none=True, strings=False),
+    )
+
+
+def unknown_names(known: set[str]) -> st.SearchStrategy[str]:
+    return st.from_regex(r"[a-z][a-z_]{0,11}", fullmatch=True).filter(lambda n: n not in known)
+
+
+# --- composing calls -----------------------------------------------------------------------
+
+
+@st.composite
+def arguments(
+    draw: st.DrawFn,
+    good: dict[str, st.SearchStrategy[object]],
+    bad: dict[str, st.SearchStrategy[object]],
+) -> dict[str, object]:
+    """Keyword arguments with one to three bad values; the others good or left out."""
+    broken = draw(st.sets(st.sampled_from(sorted(bad)), min_size=1, max_size=3))
+    args: dict[str, object] = {}
+    for name in sorted(good.keys() | bad.keys()):
+        if name in broken:
+            args[name] = draw(bad[name])
+        elif name in good and draw(st.booleans()):
+            args[name] = draw(good[name])
+    return args
+
+
+def later() -> st.SearchStrategy[object]:
+    return st.sampled_from([timedelta(hours=1), datetime.now(UTC) + timedelta(hours=1)])
+
+
+TASK_GOOD: dict[str, st.SearchStrategy[object]] = {
+    "kind": st.sampled_from(["job", "other-kind", "\u00e9t\u00e9"]),
+    "payload": st.sampled_from([None, {"n": 1}, [1, "two"], "text"]),
+    "pool": st.sampled_from(["default", "other"]),
+    "key": st.builds(lambda: f"key-{uuid.uuid4()}"),
+    "tags": st.sampled_from([(), ["a"], ("a", "b")]),
+    "name": st.sampled_from([None, "a name"]),
+    "priority": st.integers(-10, 10),
+    "retry": st.sampled_from([None, RetryPolicy.exponential(2)]),
+    "start_at": later(),
+    "miss_policy": st.sampled_from(["run_late", "skip"]),
+    "grace": st.sampled_from([0, 5, 60.0, timedelta(seconds=3)]),
+    "deadline": st.sampled_from([None, timedelta(days=2)]),
+    "timeout": st.sampled_from([None, 30, timedelta(minutes=1)]),
+    "after": st.sampled_from([(), []]),
+}
+TASK_BAD: dict[str, st.SearchStrategy[object]] = {
+    "kind": bad_text(),
+    "payload": bad_payloads(),
+    "pool": st.one_of(bad_text(), unknown_names({"default", "other"})),
+    "key": bad_text(1024, optional=True),
+    "tags": bad_tags(),
+    "name": bad_text(optional=True),
+    "priority": bad_int(-(2**31 - 1), 2**31 - 1),
+    "retry": wrong_types(none=False),
+    "start_at": bad_instant(),
+    "miss_policy": bad_enum({"run_late", "skip"}),
+    "grace": bad_duration(),
+    "deadline": bad_instant(),
+    "timeout": bad_duration(allow_zero=False, optional=True),
+    "after": bad_after(),
+}
+TASK_FIELDS = set(TASK_GOOD)
+
+
+# --- the entry points ----------------------------------------------------------------------
+
+
+def test_fuzz_scheduler_constructor(harness: Harness) -> None:
+    good: dict[str, st.SearchStrategy[object]] = {
+        "store": st.builds(MemoryStore),
+        "codec": st.sampled_from([None, JsonCodec()]),
+        "commit_timeout": st.sampled_from([1, 30.0]),
+        "retention": st.sampled_from([0, 3600]),
+        "max_live_tasks": st.sampled_from([None, 10]),
+        "max_payload_bytes": st.sampled_from([1, 1024]),
+        "seed": st.sampled_from([None, 0, 7]),
+    }
+    bad: dict[str, st.SearchStrategy[object]] = {
+        "pools": st.one_of(
+            st.just([]),
+            st.text(max_size=5),
+            st.just([Pool("a", echo), Pool("a", echo)]),
+            st.lists(wrong_types(none=True), min_size=1, max_size=2),
+            wrong_types(none=True, strings=False).filter(lambda v: not isinstance(v, list)),
+        ),
+        "store": st.one_of(wrong_types(none=False), st.builds(lambda: MemoryCluster(0))),
+        "codec": st.one_of(
+            wrong_types(none=False, strings=True), st.just(JsonCodec), st.just(json)
+        ),
+        "commit_timeout": bad_duration(allow_zero=False),
+        "retention": bad_duration(),
+        "max_live_tasks": bad_int(1, 1 << 40, optional=True),
+        "max_payload_bytes": bad_int(1, 1 << 31),
+        "seed": st.one_of(
+            st.sampled_from([10**400, -(10**400), 2**64 + 1, -(2**64) - 1]),
+            st.floats(),
+            st.text(max_size=3),
+            st.booleans(),
+            wrong_types(none=False, numbers=False, strings=False),
+        ),
+    }
+
+    @FUZZ
+    @given(args=arguments(good, bad))
+    def check(args: dict[str, Any]) -> None:
+        pools = args.pop("pools", [Pool("default", echo)])
+        harness.refuses("Scheduler()", lambda: Scheduler(pools, **args))
+
+    check()
+
+
+def test_fuzz_pool(harness: Harness) -> None:
+    good: dict[str, st.SearchStrategy[object]] = {
+        "name": st.just("p"),
+        "executor": st.just(echo),
+        "concurrency": st.integers(1, 100),
+        "max_live": st.sampled_from([None, 5]),
+    }
+    bad: dict[str, st.SearchStrategy[object]] = {
+        "name": bad_text(),
+        "executor": wrong_types(none=True).filter(lambda v: not callable(v)),
+        "concurrency": bad_int(1, 1_000_000),
+        "max_live": bad_int(1, 1 << 40, optional=True),
+    }
+
+    @FUZZ
+    @given(args=arguments(good, bad))
+    def check(args: dict[str, Any]) -> None:
+        name = args.pop("name", "p")
+        executor = args.pop("executor", echo)
+        harness.refuses("Pool()", lambda: Pool(name, executor, **args))
+
+    check()
+
+
+def test_fuzz_submit(harness: Harness) -> None:
+    bad = dict(TASK_BAD)
+    # An option submit does not know: refused like a bad value, not with Python's TypeError.
+    bad["unknown option"] = unknown_names(TASK_FIELDS)
+
+    @FUZZ
+    @given(args=arguments(TASK_GOOD, bad), value=st.integers())
+    def check(args: dict[str, Any], value: int) -> None:
+        if "unknown option" in args:
+            args[str(args.pop("unknown option"))] = value
+        kind = args.pop("kind", "job")
+        harness.refuses("submit", lambda: harness.sched.submit(kind, **args))
+
+    check()
+
+
+def _request(fields: dict[str, Any]) -> TaskRequest:
+    return TaskRequest(**{"kind": "job", **fields})
+
+
+def test_fuzz_submit_many(harness: Harness) -> None:
+    good_request = TaskRequest("job", {"n": 1})
+    not_requests = st.one_of(
+        wrong_types(none=True).filter(lambda v: not isinstance(v, list | frozenset | dict)),
+        st.text(max_size=3),
+        st.builds(lambda: itertools.repeat("job")),
+        st.lists(st.one_of(st.just(good_request), wrong_types(none=True)), min_size=1).filter(
+            lambda items: any(not isinstance(i, TaskRequest) for i in items)
+        ),
+    )
+    # Endless good requests are refused after 100,000 of them (seconds each): rarely drawn.
+    endless_requests = st.sampled_from(range(40)).flatmap(
+        lambda i: st.builds(lambda: itertools.repeat(good_request)) if i == 39 else not_requests
+    )
+    requests_with_a_bad_one = st.tuples(
+        st.integers(0, 3), arguments(TASK_GOOD, TASK_BAD), st.integers(0, 3)
+    ).map(lambda t: [good_request] * t[0] + [_request(t[1])] + [good_request] * t[2])
+
+    @FUZZ
+    @given(requests=st.one_of(requests_with_a_bad_one, endless_requests))
+    def check(requests: Any) -> None:
+        harness.refuses("submit_many / TaskRequest", lambda: harness.sched.submit_many(requests))
+
+    check()
+
+
+def test_fuzz_get_wait_cancel(harness: Harness) -> None:
+    # Ids of epoch 1 start above 2**40: none of these was issued. A malformed id is an
+    # InvalidArgument, never a TaskNotFound: the error says which mistake it was.
+    never_issued = st.integers(1, 2**40).map(lambda n: (n, TaskNotFound))
+    malformed = bad_ids().map(lambda v: (v, InvalidArgument))
+
+    @FUZZ
+    @given(
+        which=st.sampled_from(["get", "wait", "cancel"]),
+        case=st.one_of(malformed, never_issued),
+    )
+    def check_ids(which: str, case: tuple[Any, type[CronoqError]]) -> None:
+        task_id, expected = case
+        call = getattr(harness.sched, which)
+        harness.refuses(which, lambda: call(task_id), (expected,))
+
+    @FUZZ
+    @given(timeout=bad_duration(optional=True))  # None: wait without a limit, which is good
+    def check_wait_timeout(timeout: Any) -> None:
+        task_id = harness.live_task
+        harness.refuses("wait", lambda: harness.sched.wait(task_id, timeout=timeout))
+
+    @FUZZ
+    @given(reason=bad_text(4096))
+    def check_cancel_reason(reason: Any) -> None:
+        task_id = harness.live_task
+        harness.refuses("cancel", lambda: harness.sched.cancel(task_id, reason))
+
+    check_ids()
+    check_wait_timeout()
+    check_cancel_reason()
+
+
+def test_fuzz_get_by_key(harness: Harness) -> None:
+    @FUZZ
+    @given(key=bad_text(1024))
+    def check(key: Any) -> None:
+        harness.refuses("get_by_key", lambda: harness.sched.get_by_key(key))
+
+    check()
+
+
+def test_fuzz_list(harness: Harness) -> None:
+    statuses = {s.value for s in Status}
+    good: dict[str, st.SearchStrategy[object]] = {
+        "status": st.sampled_from([None, "ready", ["running", Status.FAILED]]),
+        "pool": st.sampled_from([None, "default"]),
+        "kind": st.sampled_from([None, "job"]),
+        "tag": st.sampled_from([None, "a"]),
+        "limit": st.sampled_from([None, 1, 100]),
+    }
+    bad: dict[str, st.SearchStrategy[object]] = {
+        # Not None (no filter) and not an empty collection (a filter that matches nothing).
+        "status": st.one_of(
+            bad_enum(statuses).filter(lambda v: v is not None and v not in ([], {}, frozenset())),
+            st.lists(bad_enum(statuses).filter(lambda v: v is not None), min_size=1),
+            st.builds(lambda: itertools.repeat("ready")),
+        ),
+        "pool": bad_text(optional=True),
+        "kind": bad_text(optional=True),
+        "tag": bad_text(optional=True),
+        "limit": bad_int(1, 1 << 40, optional=True),
+    }
+
+    @FUZZ
+    @given(args=arguments(good, bad))
+    def check(args: dict[str, Any]) -> None:
+        harness.refuses("list", lambda: harness.sched.list(**args))
+
+    check()
+
+
+BAD_CRONS = st.one_of(
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "* * *",
+            "* * * * * * *",
+            "61 * * * *",
+            "* 24 * * *",
+            "* * 32 * *",
+            "* * * 13 *",
+            "* * * * 8",
+            "0 0 30 2 *",
+            "@reboot",
+            "@never",
+            "a b c d e",
+            "*/0 * * * *",
+            "1-/2 * * * *",
+            "H * * * *",
+            "0 0 31 4 *",
+            "5--6 * * * *",
+        ]
+    ),
+    st.tuples(st.text("0123456789*/,-", max_size=4), BAD_CHARS).map(
+        lambda t: f"{t[0]}{t[1]} * * * *"
+    ),
+    st.text("0123456789*/,-", min_size=1, max_size=6).map(lambda s: f"{s} ! * * *"),
+    wrong_types(none=True, strings=False),
+)
+BAD_ZONES = st.one_of(
+    st.sampled_from(
+        [
+            "",
+            "Mars/Olympus",
+            "../etc/passwd",
+            "/etc/localtime",
+            "localtime",
+            "right/UTC",
+            "UTC\x00",
+            "\udcff",
+            "America",
+            "Europe/",
+            "utc ",
+        ]
+    ),
+    st.from_regex(r"[A-Za-z/_]{1,12}", fullmatch=True).map(lambda s: f"{s}!"),
+    wrong_types(none=True, strings=False),
+)
+
+
+def test_fuzz_add_schedule(harness: Harness) -> None:
+    good: dict[str, st.SearchStrategy[object]] = {
+        "name": st.builds(lambda: f"s-{uuid.uuid4()}"),
+        "cron": st.sampled_from(["* * * * *", "0 0 1 1 *", "*/5 * * * * *"]),
+        "kind": st.just("job"),
+        "payload": st.sampled_from([None, {"n": 1}]),
+        "pool": st.sampled_from(["default", "other"]),
+        "timezone": st.sampled_from(["UTC", "Europe/Paris"]),
+        "tags": st.sampled_from([(), ["a"]]),
+        "priority": st.integers(-5, 5),
+        "retry": st.sampled_from([None, RetryPolicy.exponential(2)]),
+        "timeout": st.sampled_from([None, 30]),
+        "overlap": st.sampled_from(["skip", "allow"]),
+        "catch_up": st.sampled_from(["coalesce", "skip"]),
+        "grace": st.sampled_from([0, 60.0]),
+        "replace": st.booleans(),
+    }
+    bad: dict[str, st.SearchStrategy[object]] = {
+        "name": bad_text(),
+        "cron": BAD_CRONS,
+        "kind": bad_text(),
+        "payload": bad_payloads(),
+        "pool": st.one_of(bad_text(), unknown_names({"default", "other"})),
+        "timezone": BAD_ZONES,
+        "tags": bad_tags(),
+        "priority": bad_int(-(2**31 - 1), 2**31 - 1),
+        "retry": wrong_types(none=False),
+        "timeout": bad_duration(allow_zero=False, optional=True),
+        "overlap": bad_enum({"skip", "allow"}),
+        "catch_up": bad_enum({"coalesce", "skip"}),
+        "grace": bad_duration(),
+        "replace": wrong_types(none=True).filter(lambda v: not isinstance(v, bool)),
+        "unknown option": unknown_names(set()),
+    }
+
+    @FUZZ
+    @given(args=arguments(good, bad))
+    def check(args: dict[str, Any]) -> None:
+        if "unknown option" in args:
+            args[f"x_{args.pop('unknown option')}"] = 1
+        name = args.pop("name", f"s-{uuid.uuid4()}")
+        cron = args.pop("cron", "* * * * *")
+        kind = args.pop("kind", "job")
+        harness.refuses(
+            "add_schedule", lambda: harness.sched.add_schedule(name, cron, kind=kind, **args)
+        )
+
+    check()
+
+
+def test_fuzz_schedule_calls(harness: Harness) -> None:
+    @FUZZ
+    @given(
+        which=st.sampled_from(["pause_schedule", "resume_schedule", "remove_schedule"]),
+        case=st.one_of(
+            bad_text().map(lambda v: (v, InvalidArgument)),
+            unknown_names({"nightly"}).map(lambda v: (v, ScheduleNotFound)),
+        ),
+    )
+    def check(which: str, case: tuple[Any, type[CronoqError]]) -> None:
+        name, expected = case
+        call = getattr(harness.sched, which)
+        harness.refuses(which, lambda: call(name), (expected,))
+
+    check()
+
+
+def test_fuzz_preview(harness: Harness) -> None:
+    good: dict[str, st.SearchStrategy[object]] = {
+        "cron": st.sampled_from(["* * * * *", "0 0 29 2 *"]),
+        "timezone": st.sampled_from(["UTC", "America/New_York"]),
+        "n": st.integers(1, 20),
+        "after": st.sampled_from([None, datetime(2030, 1, 1, tzinfo=UTC)]),
+    }
+    bad: dict[str, st.SearchStrategy[object]] = {
+        "cron": BAD_CRONS,
+        "timezone": BAD_ZONES,
+        "n": bad_int(1, 10_000),
+        "after": bad_instant(optional=True).filter(lambda v: v is not None),
+    }
+
+    @FUZZ
+    @given(args=arguments(good, bad))
+    def check(args: dict[str, Any]) -> None:
+        cron = args.pop("cron", "* * * * *")
+        harness.refuses("preview", lambda: preview(cron, **args))
+
+    check()
+
+
+def test_fuzz_close_timeout(harness: Harness) -> None:
+    @FUZZ
+    @given(timeout=bad_duration())
+    def check(timeout: Any) -> None:
+        harness.refuses("close(timeout=)", lambda: harness.sched.close(timeout=timeout))
+
+    check()
+
+
+def test_fuzz_retry_policy(harness: Harness) -> None:
+    good: dict[str, st.SearchStrategy[object]] = {
+        "max_attempts": st.integers(1, 1000),
+        "initial_ns": st.just(1_000_000),
+        "multiplier": st.sampled_from([1, 2.0, 100]),
+        "max_ns": st.just(10**9),
+        "jitter": st.sampled_from([0, 0.5, 1.0]),
+    }
+    bad: dict[str, st.SearchStrategy[object]] = {
+        "max_attempts": bad_int(1, 1000),
+        "initial_ns": bad_int(0, 10**9),  # initial must not exceed max_ns
+        "multiplier": st.one_of(
+            st.floats().filter(lambda m: not 1 <= m <= 100),
+            st.integers(max_value=0),
+            HUGE_INTS,
+            st.booleans(),
+            wrong_types(none=True, numbers=False),
+        ),
+        "max_ns": bad_int(10**6, 10 * 366 * 24 * 3600 * 10**9),
+        "jitter": st.one_of(
+            st.floats().filter(lambda j: not 0 <= j <= 1),
+            st.integers(min_value=2),
+            HUGE_INTS,
+            st.booleans(),
+            wrong_types(none=True, numbers=False),
+        ),
+    }
+
+    @FUZZ
+    @given(args=arguments(good, bad))
+    def check(args: dict[str, Any]) -> None:
+        harness.refuses("RetryPolicy()", lambda: RetryPolicy(**args))
+
+    check()
+
+
+def test_fuzz_retry_policy_exponential(harness: Harness) -> None:
+    good: dict[str, st.SearchStrategy[object]] = {
+        "max_attempts": st.integers(1, 1000),
+        "initial": st.sampled_from([0, 0.5, 1]),
+        "multiplier": st.sampled_from([1, 3.0]),
+        "maximum": st.sampled_from([60, 3600.0]),
+        "jitter": st.sampled_from([0, 0.25]),
+    }
+    bad: dict[str, st.SearchStrategy[object]] = {
+        "max_attempts": bad_int(1, 1000),
+        "initial": bad_duration(),
+        "multiplier": st.one_of(
+            st.floats().filter(lambda m: not 1 <= m <= 100),
+            HUGE_INTS,
+            st.booleans(),
+            wrong_types(none=True, numbers=False),
+        ),
+        "maximum": bad_duration(),
+        "jitter": st.one_of(
+            st.floats().filter(lambda j: not 0 <= j <= 1),
+            HUGE_INTS,
+            st.booleans(),
+            wrong_types(none=True, numbers=False),
+        ),
+    }
+
+    @FUZZ
+    @given(args=arguments(good, bad))
+    def check(args: dict[str, Any]) -> None:
+        max_attempts = args.pop("max_attempts", 3)
+        harness.refuses(
+            "RetryPolicy.exponential", lambda: RetryPolicy.exponential(max_attempts, **args)
+        )
+
+    check()
+
+
+def test_fuzz_task_error(harness: Harness) -> None:
+    good: dict[str, st.SearchStrategy[object]] = {
+        "message": st.text(max_size=10),
+        "retryable": st.booleans(),
+        "retry_after": st.sampled_from([None, 0, 1.5, 3600, timedelta(minutes=1)]),
+    }
+    bad: dict[str, st.SearchStrategy[object]] = {
+        "message": wrong_types(none=True, strings=False),
+        "retryable": wrong_types(none=True).filter(lambda v: not isinstance(v, bool)),
+        "retry_after": bad_duration(optional=True),
+    }
+
+    @FUZZ
+    @given(args=arguments(good, bad))
+    def check(args: dict[str, Any]) -> None:
+        message = args.pop("message", "failed")
+        harness.refuses("TaskError()", lambda: TaskError(message, **args))
+
+    check()
+
+
+def test_fuzz_memory_store(harness: Harness) -> None:
+    @FUZZ
+    @given(keep_finished=bad_duration())
+    def check(keep_finished: Any) -> None:
+        harness.refuses("MemoryStore()", lambda: MemoryStore(keep_finished=keep_finished))
+
+    check()
+
+
+def test_fuzz_json_codec(harness: Harness) -> None:
+    codec = JsonCodec()
+    not_json = st.one_of(
+        st.binary(max_size=20).map(lambda b: b"\xff" + b),
+        st.binary(max_size=20).map(lambda b: b"{" + b),
+        st.just(b""),
+        st.just(b"[" * 100_000),
+        st.just(b"NaN!"),
+        wrong_types(none=True, strings=False).filter(lambda v: not isinstance(v, bytes)),
+    )
+
+    @FUZZ
+    @given(value=bad_payloads().filter(lambda v: not isinstance(v, str)), data=not_json)
+    def check(value: Any, data: Any) -> None:
+        harness.refuses("JsonCodec.encode", lambda: codec.encode(value), (PayloadError,))
+        harness.refuses("JsonCodec.decode", lambda: codec.decode(data), (PayloadError,))
+
+    check()
+
+
+def test_the_fuzz_harness_notices_what_it_should() -> None:
+    """The checks can fail: an accepted input, an applied change and a wrong error class."""
+    h = Harness()
+    try:
+        with pytest.raises(AssertionError, match="bad input was accepted"):
+            h.refuses("probe", lambda: h.sched.list())
+
+        async def applies_then_fails() -> None:
+            await h.sched.submit("job", {"n": 1})
+            raise InvalidArgument("after the fact")
+
+        with pytest.raises(AssertionError, match="a refused call applied something"):
+            h.refuses("probe", applies_then_fails)
+        with pytest.raises(AssertionError, match="raised TaskNotFound"):
+            h.refuses("probe", lambda: h.sched.get(12345))
+        with pytest.raises(TypeError):
+            h.refuses("probe", lambda: Pool())  # type: ignore[call-arg]
+        h.refuses("probe", lambda: h.sched.get(12345), (TaskNotFound,))
+    finally:
+        h.close()
+        CHECKED.pop("probe", None)
