@@ -447,6 +447,16 @@ class SchedulerMachine(RuleBasedStateMachine):
                 "returned: it was neither drained nor stopped"
             )
 
+    def _check_answered(self, call: asyncio.Future[Any], what: str) -> None:
+        """A call in flight when its scheduler stopped is answered (a result or an error)."""
+        self.run(asyncio.wait([call], timeout=WAITER_S))
+        if not call.done():
+            self.violations.append(f"{what} was never answered ({WAITER_S:g}s after close())")
+            call.cancel()
+            self.run(asyncio.wait([call], timeout=1))
+        elif not call.cancelled() and call.exception() is not None:
+            raise call.exception()  # type: ignore[misc]
+
     def _check_waiters_of_stopped(self, generation: int, what: str) -> None:
         futures = [w.future for w in self.waiters if w.generation == generation]
         if futures:
@@ -698,7 +708,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             )
             self.bounded(asyncio.wait_for(closing, 30), 31, "close")
         closing.result()
-        self.bounded(asyncio.wait_for(submitting, 5), 6, "the submit of the held commit")
+        self._check_answered(submitting, "a submit whose commit was held when close() began")
         self._check_closed(gen)
         self._restart_after_close()
 
@@ -726,7 +736,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             )
             self.bounded(asyncio.wait_for(closing, 30), 31, "close after the store came back")
         closing.result()
-        self.bounded(asyncio.wait_for(submitting, 30), 31, "the submit while the store was down")
+        self._check_answered(submitting, "a submit in flight when close() began, the store down")
         self._restart_after_close()
 
     @rule(pick=st.integers(0, 1 << 16))

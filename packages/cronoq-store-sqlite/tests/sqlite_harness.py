@@ -94,15 +94,18 @@ class SqliteHarness(StoreHarness):
         await self._sqlite(instance).prune(horizon_unix_ns)
 
     async def pause(self, instance: Store) -> None:
-        # Holding the instance's own transaction lock freezes it as SIGSTOP would: its lease
-        # renewal (and everything else) waits, the lease runs out, a standby may take over.
+        # Holding the instance's own transaction locks (data and lease connections) freezes it
+        # as SIGSTOP would: its lease renewal and everything else wait, the lease runs out, a
+        # standby may take over.
         store = self._sqlite(instance)
         await store._lock.acquire()
+        await store._lease_lock.acquire()
         self._paused.append(store)
 
     async def resume(self, instance: Store) -> None:
         store = self._sqlite(instance)
         self._paused.remove(store)
+        store._lease_lock.release()
         store._lock.release()
 
     async def fail_commits_fatally(self, instance: Store) -> None:
@@ -130,6 +133,7 @@ class SqliteHarness(StoreHarness):
 
     async def close_all(self) -> None:
         for store in self._paused:
+            store._lease_lock.release()
             store._lock.release()
         self._paused.clear()
         if self._blocker is not None:
