@@ -83,8 +83,9 @@ _T = TypeVar("_T")
 FAULT_COMMIT_TIMEOUT = 0.25
 """The driver's commit_timeout during an uncertain commit; 30 s the rest of the time, so that
 a slow commit on a loaded machine is not turned into a fault the history did not choose."""
-CLOSE_MARGIN = 1.0
-"""What close(timeout=t) may take beyond t: the last commits and the release."""
+CLOSE_MARGIN = 1.5
+"""What close(timeout=t) may take beyond t: the last commits and the release (the driver gives
+itself a second for them)."""
 STUBBORN_S = 3.0
 """How long a stubborn attempt ignores its cancellation: beyond t + CLOSE_MARGIN."""
 SETTLE_S = 8.0
