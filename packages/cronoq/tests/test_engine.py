@@ -124,6 +124,9 @@ def _check_step(engine: Engine, now: int, result: StepResult) -> None:
                     assert before is not Status.RUNNING
                     assert attempt == previous_attempt + 1
                     started[task_id] = attempt
+                elif before is Status.RUNNING and status is Status.READY:
+                    # An attempt no executor received, put back: it does not count.
+                    assert attempt == previous_attempt - 1
                 else:
                     assert attempt == previous_attempt
                 if status is Status.RETRYING:
@@ -2025,3 +2028,96 @@ def test_memory_cluster_prunes_in_the_time_of_its_batches() -> None:
         log.step(engine, T0 + 2 * S + i)
     # Finished about a second ago in the log's own time, far inside keep_finished (7 days).
     assert task_id in log.cluster.tasks
+
+
+# === uncertain commits, stopped attempts, restarts (issue 9) ===============================
+
+
+def test_a_running_row_that_no_executor_received_goes_back_uncounted() -> None:
+    log = Log()
+    engine = make_engine(default=1)
+    # The step that started the attempt landed, but its commit was never confirmed: the
+    # driver did not release the dispatch.
+    _, result = log.submit(engine, T0, spec(retry=RetryPolicy(max_attempts=1)))
+    assert only_dispatch(result).token.attempt == 1
+    engine, first = log.recover(engine.config, 1, T0 + S, InFlight())
+    [update, started] = updates(first)
+    assert (update.status, update.attempt) == (Status.READY, 0)
+    assert update.message == "attempt 1 was not started (its commit was uncertain)"
+    # It starts again as its first attempt: the one that never ran did not count.
+    assert only_dispatch(first).token.attempt == 1
+    assert (started.status, started.attempt) == (Status.RUNNING, 1)
+
+
+def test_an_abandoned_attempt_counts_as_used_on_a_rebuild() -> None:
+    log = Log()
+    engine = make_engine(default=1)
+    _, result = log.submit(engine, T0, spec(retry=RetryPolicy(max_attempts=1)))
+    token = only_dispatch(result).token
+    engine, first = log.recover(engine.config, 1, T0 + S, InFlight(abandoned=frozenset({token})))
+    [update] = updates(first)
+    assert (update.status, update.attempt) == (Status.FAILED, 1)
+
+
+def test_an_executing_attempt_whose_timeout_landed_is_cancelled_and_keeps_its_slot() -> None:
+    log = Log()
+    engine = make_engine(default=1)
+    [task_id], result = log.submit(engine, T0, spec(timeout_ns=S, retry=EXACT))
+    dispatch = only_dispatch(result)
+    timed_out = log.step(engine, T0 + S)  # its commit failed, but it landed
+    assert [u.status for u in updates(timed_out)] == [Status.RETRYING]
+    log.submit(engine, T0 + S + 1, spec("queued"))
+    engine, first = log.recover(
+        engine.config, 1, T0 + 2 * S, InFlight(executing={dispatch.token: "default"})
+    )
+    assert first.cancels == [
+        CancelAttempt(dispatch.token, "default", updates(timed_out)[0].message)
+    ]
+    assert first.dispatches == []  # neither the retry nor the queued task: the slot is held
+    value, stopped = report(engine, T0 + 3 * S, dispatch, AttemptFailed("cancelled"))
+    assert isinstance(value, StaleAttempt)
+    assert [(d.token.task_id, d.token.attempt) for d in stopped.dispatches] == [(task_id, 2)]
+
+
+def test_a_fixed_start_that_became_ready_on_time_is_not_skipped_after_a_restart() -> None:
+    log = Log()
+    engine = make_engine(default=1)
+    log.submit(engine, T0, spec("busy"))
+    start = T0 + 10 * S
+    [task_id], _ = log.submit(
+        engine, T0, spec(start_at_ns=start, miss_policy=MissPolicy.SKIP, grace_ns=S)
+    )
+    became_ready = log.step(engine, start)  # on time, but the pool is busy
+    assert [(u.task_id, u.status) for u in updates(became_ready)] == [(task_id, Status.READY)]
+    # The leader dies; the next one starts long after the start and its grace.
+    engine, first = log.recover(engine.config, 2, start + HOUR)
+    assert task_id not in {u.task_id for u in updates(first) if u.status.is_terminal}
+    assert task_id in dispatched_ids(first)  # the busy task's attempt was lost: a free slot
+
+
+def test_a_fixed_start_that_passed_while_no_leader_ran_is_still_skipped() -> None:
+    log = Log()
+    engine = make_engine(default=1)
+    start = T0 + 10 * S
+    [task_id], _ = log.submit(
+        engine, T0, spec(start_at_ns=start, miss_policy=MissPolicy.SKIP, grace_ns=S)
+    )
+    engine, first = log.recover(engine.config, 2, start + HOUR)
+    [update] = updates(first)
+    assert (update.task_id, update.status) == (task_id, Status.CANCELLED)
+
+
+def test_the_timer_heap_follows_the_live_tasks() -> None:
+    engine = make_engine(default=100)
+    week = 7 * DAY
+    submit(engine, T0, *[spec(deadline_ns=T0 + week) for _ in range(5000)])
+    now = T0 + 1
+    running = engine.running_tokens()
+    while running:
+        inputs: list[Input] = [AttemptReport(t, AttemptSucceeded(None)) for t in running]
+        engine.step(now, inputs)
+        now += 1
+        running = engine.running_tokens()
+    assert engine.live_count == 0
+    # Every one of the 5,000 deadlines is a week away, but no live task needs a timer.
+    assert len(engine._timers) <= 1024

@@ -145,7 +145,7 @@ class Driver:
         try:
             async with asyncio.timeout_at(final):
                 await self.stopped.wait()
-                await self._store.release_leadership()
+                await self._release_quietly()
         except TimeoutError:
             log.warning("close: the store did not take the last commit in time; stopping anyway")
             self._halt(SchedulerStopped(f"the scheduler was closed (timeout {timeout:g}s)"))
