@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 from cronoq import MemoryStore
 from cronoq.store import Store
@@ -10,8 +11,17 @@ from cronoq_conformance import Capability, StoreConformance, StoreHarness
 
 
 class MemoryHarness(StoreHarness):
-    capabilities = frozenset({Capability.UNAVAILABLE, Capability.FAULT_MID_BATCH, Capability.PRUNE})
+    capabilities = frozenset(
+        {
+            Capability.UNAVAILABLE,
+            Capability.FAULT_MID_BATCH,
+            Capability.PRUNE,
+            Capability.PAUSE,
+            Capability.FATAL_COMMIT,
+        }
+    )
     leadership_timeout = 1.0
+    handover_timeout = 0.2
 
     def __init__(self) -> None:
         self._first = MemoryStore()
@@ -39,8 +49,20 @@ class MemoryHarness(StoreHarness):
     async def prune(self, instance: Store, horizon_unix_ns: int) -> None:
         self._memory(instance).prune(horizon_unix_ns)
 
+    async def pause(self, instance: Store) -> None:
+        self._memory(instance).pause()
+
+    async def resume(self, instance: Store) -> None:
+        self._memory(instance).resume()
+
+    async def fail_commits_fatally(self, instance: Store) -> None:
+        self._memory(instance).fail_commits_fatally()
+
 
 class TestMemoryStore(StoreConformance):
+    # Memory histories take milliseconds a step: more and longer ones, for the same time.
+    simulation_settings = settings(max_examples=20, stateful_step_count=16, deadline=None)
+
     @pytest.fixture
     def harness(self) -> StoreHarness:
         return MemoryHarness()

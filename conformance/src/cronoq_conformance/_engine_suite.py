@@ -23,6 +23,7 @@ from cronoq import (
     TaskContext,
     TaskError,
 )
+from cronoq.errors import CronoqError, StoreFatal
 from cronoq_conformance._harness import Capability, StoreHarness
 
 __all__ = ["EngineSuite"]
@@ -253,6 +254,34 @@ class EngineSuite:
         assert (await sched.wait(retried, timeout=5)).output == b"payload"
         assert (await sched.get(kept)).status is Status.SCHEDULED
         assert sched.running
+
+    async def test_a_fatal_store_error_stops_the_scheduler_with_that_error(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        # Not retried until commit_timeout and then rebuilt, over and over: the scheduler
+        # stops, tells the caller why, and lets a standby lead.
+        if Capability.FATAL_COMMIT not in harness.capabilities:
+            pytest.skip("the harness does not declare Capability.FATAL_COMMIT")
+        sched = await self.start(
+            harness, schedulers, Gate(), commit_timeout=self.unavailable_commit_timeout
+        )
+        await sched.submit("job", b"", start_at=LATER)
+        await harness.fail_commits_fatally(sched.store)
+        bound = self.unavailable_commit_timeout + 2.0
+        with pytest.raises(CronoqError) as raised:
+            await asyncio.wait_for(sched.submit("job", b"refused"), bound)
+        await asyncio.wait_for(sched.leadership_lost(), bound)
+        assert not sched.running
+        assert isinstance(sched.failure, StoreFatal), f"stopped by {sched.failure!r}"
+        assert str(sched.failure) in str(raised.value), "the caller must learn the cause"
+        standby = await harness.open()
+        try:
+            await asyncio.wait_for(standby.acquire_leadership(), harness.leadership_timeout)
+        except TimeoutError:
+            raise AssertionError(
+                "a scheduler stopped by a fatal store error still holds leadership: a standby "
+                f"could not lead within {harness.leadership_timeout}s"
+            ) from None
 
     async def test_a_replaced_leader_stops_and_fires_leadership_lost(
         self, harness: StoreHarness, schedulers: list[Scheduler]

@@ -6,12 +6,14 @@ A commit that times out or loses its reply may have landed (Temporal's "execute 
 - ``LANDS_THEN_UNAVAILABLE``: apply the batch, then raise ``Unavailable`` (a lost reply);
 - ``LANDS_AFTER_TIMEOUT``: hang until the caller gives up (cancels), then apply the batch
   before the cancellation propagates (a slow commit that lands after the driver's timeout);
-- ``UNAVAILABLE``: raise ``Unavailable`` without applying anything.
+- ``UNAVAILABLE``: raise ``Unavailable`` without applying anything;
+- ``HELD``: wait until :meth:`FaultyStore.release_held`, then apply the batch and succeed (a
+  slow commit that the caller waits for: what else happens meanwhile is the test).
 
-After the armed fault, every later commit raises ``Unavailable`` without landing until the next
-``recover()``: the driver, which retries a failed commit up to its ``commit_timeout``, then gives
-up and rebuilds, and that rebuild finds the store healthy. Store authors need not write any of
-this: the kit wraps the instances their harness opens.
+After one of the first three, every later commit raises ``Unavailable`` without landing until
+the next ``recover()``: the driver, which retries a failed commit up to its ``commit_timeout``,
+then gives up and rebuilds, and that rebuild finds the store healthy (``recovered`` is set).
+Store authors need not write any of this: the kit wraps the instances their harness opens.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class CommitFault(enum.Enum):
     LANDS_THEN_UNAVAILABLE = "the batch is applied, then the commit raises Unavailable"
     LANDS_AFTER_TIMEOUT = "the commit hangs until its caller gives up, then the batch is applied"
     UNAVAILABLE = "the commit raises Unavailable and applies nothing"
+    HELD = "the commit waits until release_held(), then the batch is applied and it succeeds"
 
 
 class FaultyStore:
@@ -45,11 +48,25 @@ class FaultyStore:
         """Batches that landed although their commit call failed."""
         self.faulted = asyncio.Event()
         """Set when an armed fault starts (for LANDS_AFTER_TIMEOUT: while the commit hangs)."""
+        self.recovered = asyncio.Event()
+        """Set by the first ``recover()`` that returns after ``arm``: the rebuild that follows
+        a failed commit."""
+        self._release = asyncio.Event()
 
     def arm(self, fault: CommitFault) -> None:
         """Inject ``fault`` into the next commit; later ones fail until the next ``recover``."""
         self._armed = fault
         self.faulted.clear()
+        self.recovered.clear()
+        self._release.clear()
+
+    def disarm(self) -> None:
+        """Take back a fault that no commit has met yet."""
+        self._armed = None
+
+    def release_held(self) -> None:
+        """Let a ``HELD`` commit go on (it lands and succeeds)."""
+        self._release.set()
 
     @property
     def armed(self) -> CommitFault | None:
@@ -63,8 +80,12 @@ class FaultyStore:
             await self.inner.commit(epoch, batch)
             return
         self.injected += 1
-        self._failing = True
         self.faulted.set()
+        if fault is CommitFault.HELD:
+            await self._release.wait()
+            await self.inner.commit(epoch, batch)
+            return
+        self._failing = True
         if fault is CommitFault.UNAVAILABLE:
             raise Unavailable("injected: the commit did not reach the store")
         if fault is CommitFault.LANDS_THEN_UNAVAILABLE:
@@ -80,7 +101,9 @@ class FaultyStore:
 
     async def recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
         self._failing = False
-        return await self.inner.recover(epoch, time_base, retention_ns)
+        state = await self.inner.recover(epoch, time_base, retention_ns)
+        self.recovered.set()
+        return state
 
     async def acquire_leadership(self) -> Lease:
         return await self.inner.acquire_leadership()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 from abc import ABC, abstractmethod
+from pathlib import Path
 
 from cronoq.store import Store
 
@@ -33,6 +34,17 @@ class Capability(enum.Enum):
     """``prune(instance, horizon_unix_ns)`` deletes rows finished before the horizon."""
     SECOND_PROCESS = "second_process"
     """``run_in_other_process(code)`` runs a Python snippet opening an instance elsewhere."""
+    PAUSE = "pause"
+    """``pause(instance)`` freezes an instance without closing it, as SIGSTOP would: it renews
+    nothing, so its leadership runs out; ``resume(instance)`` lets it run again. For stores
+    whose leadership can lapse while the holder is frozen (a lease)."""
+    FATAL_COMMIT = "fatal_commit"
+    """``fail_commits_fatally(instance)`` makes every later commit of the instance meet a
+    database error that retrying cannot fix (permission denied, a read-only or corrupt file);
+    reads and leadership keep working."""
+    PRIVATE_FILES = "private_files"
+    """``store_directory()`` is the directory holding every file of the cluster, and only
+    those: for stores that own files (they must not be readable by group or others)."""
 
 
 class StoreHarness(ABC):
@@ -46,6 +58,11 @@ class StoreHarness(ABC):
     leadership_timeout: float = 5.0
     """Upper bound, in seconds, on how long a takeover may take after a crash (tests fail
     beyond it). Harnesses should configure their stores with short timings."""
+    handover_timeout: float = 0.5
+    """Upper bound, in seconds, on how long a waiting instance takes to lead after the leader's
+    clean ``release_leadership()``. Keep it well under what a crash takes (a lease's time to
+    live): then a release that does not free leadership, so that the standby leads only once
+    the lease runs out, fails the kit instead of passing as a slow handover."""
 
     @abstractmethod
     async def open(self) -> Store:
@@ -78,6 +95,18 @@ class StoreHarness(ABC):
         raise NotImplementedError
 
     async def prune(self, instance: Store, horizon_unix_ns: int) -> None:
+        raise NotImplementedError
+
+    async def pause(self, instance: Store) -> None:
+        raise NotImplementedError
+
+    async def resume(self, instance: Store) -> None:
+        raise NotImplementedError
+
+    async def fail_commits_fatally(self, instance: Store) -> None:
+        raise NotImplementedError
+
+    def store_directory(self) -> Path:
         raise NotImplementedError
 
     async def run_in_other_process(self, code: str) -> str:

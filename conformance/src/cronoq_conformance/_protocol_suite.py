@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -158,18 +160,31 @@ class StoreSuite:
             await cluster.crash(store)
         assert epochs == sorted(set(epochs)), f"epochs {epochs} must strictly increase"
 
-    async def test_release_lets_a_waiting_instance_take_over_at_once(
+    async def test_a_release_hands_over_well_before_a_crash_would(
         self, cluster: StoreHarness
     ) -> None:
-        first, second = await cluster.open(), await cluster.open()
+        # A release that does not free leadership still hands over once the lease runs out:
+        # only a bound well under the crash takeover tells the two apart.
+        assert cluster.handover_timeout < cluster.leadership_timeout, "harness bounds"
+        first, second, third = await cluster.open(), await cluster.open(), await cluster.open()
         first_epoch = (await first.acquire_leadership()).epoch
         waiting = asyncio.ensure_future(second.acquire_leadership())
         await asyncio.sleep(0)
         started = time.monotonic()
         await first.release_leadership()
         lease = await asyncio.wait_for(waiting, cluster.leadership_timeout)
+        released = time.monotonic() - started
         assert lease.epoch > first_epoch
-        assert time.monotonic() - started < cluster.leadership_timeout
+        waiting = asyncio.ensure_future(third.acquire_leadership())
+        await asyncio.sleep(0)
+        started = time.monotonic()
+        await cluster.crash(second)
+        await asyncio.wait_for(waiting, cluster.leadership_timeout)
+        crashed = time.monotonic() - started
+        assert released < cluster.handover_timeout, (
+            f"the standby led {released:.2f}s after a clean release (after a crash: "
+            f"{crashed:.2f}s); a release must free leadership at once, not let it run out"
+        )
 
     async def test_a_crashed_leader_is_replaced_within_the_leadership_timeout(
         self, cluster: StoreHarness
@@ -184,6 +199,36 @@ class StoreSuite:
         await store.acquire_leadership()
         await store.release_leadership()
         await asyncio.wait_for(store.leadership_lost(), cluster.leadership_timeout)
+
+    async def test_a_paused_leader_that_was_replaced_finds_out_when_it_resumes(
+        self, cluster: StoreHarness
+    ) -> None:
+        self.require(cluster, Capability.PAUSE)
+        first, second = await cluster.open(), await cluster.open()
+        first_epoch, _ = await self.lead(first)
+        await cluster.pause(first)
+        try:
+            lease = await asyncio.wait_for(second.acquire_leadership(), cluster.leadership_timeout)
+        except TimeoutError:
+            raise AssertionError(
+                "a standby must take over from a frozen leader once its leadership lapses"
+            ) from None
+        finally:
+            await cluster.resume(first)
+        second_epoch = lease.epoch
+        await second.recover(second_epoch, TimeBase(), HOUR_NS)
+        try:
+            await asyncio.wait_for(first.leadership_lost(), cluster.leadership_timeout)
+        except TimeoutError:
+            raise AssertionError(
+                "a leader resumed after another instance took over must notice (its lease "
+                "renewal must check who holds the lease), not renew as if it still led"
+            ) from None
+        with pytest.raises(StoreError):
+            await first.commit(first_epoch, [submitted(1, now_ns())])
+        await second.commit(second_epoch, [submitted(2, now_ns())])
+        _, state = await self.lead_after_crash(cluster, second)
+        assert sorted(by_id(state)) == [2]
 
     # --- fencing and atomicity ------------------------------------------------------------
 
@@ -286,6 +331,41 @@ class StoreSuite:
         assert list(state.schedules) == [schedule]
         assert state.max_task_id == 4
         assert [r.task_id for r in state.tasks] == [1, 2, 3, 4], "recovery returns id order"
+
+    async def test_a_retry_committed_on_its_own_keeps_its_next_due_time(
+        self, cluster: StoreHarness
+    ) -> None:
+        # The engine commits a submission, its start and its retry in separate steps: the
+        # update alone must persist the due time (one batch would hide a missing column).
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        due = at + 7 * 1_000_000_000 + 1
+        await store.commit(epoch, [submitted(1, at)])
+        await store.commit(epoch, [TaskUpdated(1, Status.RUNNING, 1, "attempt 1 started", at + 1)])
+        retry = TaskUpdated(1, Status.RETRYING, 1, "attempt 1 failed", at + 2, due_ns=due)
+        await store.commit(epoch, [retry])
+        looked_up = await store.get_task(1)
+        assert looked_up is not None
+        assert (looked_up.status, looked_up.due_ns) == (Status.RETRYING, due)
+        await cluster.crash(store)
+        store = await cluster.open()
+        epoch, state = await self.lead(store)
+        row = by_id(state)[1]
+        assert (row.status, row.attempt, row.message) == (Status.RETRYING, 1, "attempt 1 failed")
+        assert row.due_ns == due, "the retry's due time was not persisted by its own commit"
+        assert row.updated_ns == at + 2
+        # On the new leader: the next attempt clears the due time, and its retry sets another.
+        await store.commit(epoch, [TaskUpdated(1, Status.RUNNING, 2, "attempt 2 started", at + 3)])
+        assert (running := await store.get_task(1)) is not None
+        assert (running.status, running.attempt, running.due_ns) == (Status.RUNNING, 2, None)
+        later = due + 5
+        await store.commit(
+            epoch, [TaskUpdated(1, Status.RETRYING, 2, "attempt 2 failed", at + 4, due_ns=later)]
+        )
+        _, state = await self.lead_after_crash(cluster, store)
+        row = by_id(state)[1]
+        assert (row.status, row.attempt, row.due_ns) == (Status.RETRYING, 2, later)
 
     async def test_outputs_are_kept_and_loaded_on_demand(self, cluster: StoreHarness) -> None:
         store = await cluster.open()
@@ -391,6 +471,62 @@ class StoreSuite:
         assert state.max_task_id == 5
         assert list(state.quarantined) == []
 
+    async def test_recovery_returns_tasks_in_id_order_even_when_the_clock_stepped_back(
+        self, cluster: StoreHarness
+    ) -> None:
+        # Id order is submission order; times need not rise with ids (a clock stepped back),
+        # so a store ordering by time instead of id shows only here.
+        at = now_ns()
+        second = 1_000_000_000
+        first_batch: list[Mutation] = [
+            submitted(3, at - 30 * second),
+            submitted(1, at - 10 * second),
+            submitted(2, at - 20 * second),
+            TaskUpdated(1, Status.RETRYING, 1, "m", at + 9 * second, due_ns=at),
+        ]
+        second_batch: list[Mutation] = [
+            submitted(6, at - 60 * second),
+            submitted(4, at - 40 * second),
+            submitted(5, at - 50 * second),
+            finished(5, at - 55 * second),
+            TaskUpdated(2, Status.RUNNING, 1, "m", at - 99 * second),
+        ]
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        await store.commit(epoch, first_batch)
+        await store.commit(epoch, second_batch)
+        _, state = await self.lead_after_crash(cluster, store)
+        assert [r.task_id for r in state.tasks] == [1, 2, 3, 4, 5, 6], "recovery returns id order"
+
+    async def test_a_lookup_by_key_returns_the_newest_holder_of_the_key(
+        self, cluster: StoreHarness
+    ) -> None:
+        # Newest is the highest id (submission order), whatever the times say: here the newer
+        # holders were submitted and finished "earlier" (a clock stepped back).
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        commits: list[list[Mutation]] = [
+            [submitted(1, at, key="k"), finished(1, at + 100)],
+            [submitted(2, at - 50, key="k"), finished(2, at - 40, Status.FAILED)],
+            [submitted(3, at - 90, key="j"), finished(3, at - 80)],
+            [submitted(4, at - 200, key="j")],
+        ]
+        for batch in commits:
+            await store.commit(epoch, batch)
+
+        async def holder(instance: Store, key: str) -> int | None:
+            record = await instance.get_task_by_key(key)
+            return None if record is None else record.task_id
+
+        assert (await holder(store, "k"), await holder(store, "j")) == (2, 4)
+        await store.commit(epoch, [submitted(5, at - 300, key="k")])
+        assert await holder(store, "k") == 5, "a live holder is newer than finished ones"
+        await cluster.crash(store)
+        other = await cluster.open()
+        await self.lead(other)
+        assert (await holder(other, "k"), await holder(other, "j")) == (5, 4)
+
     async def test_the_id_high_water_mark_survives_pruning(self, cluster: StoreHarness) -> None:
         self.require(cluster, Capability.PRUNE)
         store = await cluster.open()
@@ -471,6 +607,54 @@ class StoreSuite:
         epoch, state = await self.lead(await cluster.open())
         assert epoch >= 1
         assert state.max_task_id == 0
+
+    async def test_a_fatal_database_error_is_reported_as_store_fatal(
+        self, cluster: StoreHarness
+    ) -> None:
+        # Retrying cannot fix a refused write: Unavailable here would make the scheduler retry
+        # forever instead of stopping with the error.
+        self.require(cluster, Capability.FATAL_COMMIT)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        await store.commit(epoch, [submitted(1, at)])
+        await cluster.fail_commits_fatally(store)
+        with pytest.raises(StoreFatal):
+            await store.commit(epoch, [submitted(2, at), finished(1, at + 1)])
+        with pytest.raises(StoreFatal):
+            await store.commit(epoch, [finished(1, at + 2)])
+        _, state = await self.lead_after_crash(cluster, store)
+        assert [(r.task_id, r.status) for r in state.tasks] == [(1, Status.READY)]
+
+    async def test_no_file_of_the_store_is_readable_by_group_or_others(
+        self, cluster: StoreHarness
+    ) -> None:
+        self.require(cluster, Capability.PRIVATE_FILES)
+        directory = cluster.store_directory()
+
+        def open_to_others(when: str) -> None:
+            files = [p for p in directory.rglob("*") if p.is_file()]
+            assert files, f"the store created no file under {directory}"
+            readable = {
+                str(p.relative_to(directory)): oct(stat.S_IMODE(p.stat().st_mode))
+                for p in files
+                if p.stat().st_mode & 0o077
+            }
+            assert readable == {}, f"files open to group or others {when}: {readable}"
+
+        # A permissive umask, so that a store relying on the environment's shows here.
+        previous = os.umask(0o022)
+        try:
+            first = await cluster.open()
+            epoch, _ = await self.lead(first)
+            await first.commit(epoch, [submitted(i, now_ns(), payload=b"secret") for i in (1, 2)])
+            open_to_others("after the first instance's first commit")
+            second = await cluster.open()
+            await cluster.crash(first)
+            await self.lead(second)
+        finally:
+            os.umask(previous)
+        open_to_others("after a takeover")
 
     async def test_unavailable_is_reported_and_the_store_works_again(
         self, cluster: StoreHarness

@@ -50,8 +50,12 @@ async def drop_schema(schema: str) -> None:
 
 
 class PgHarness(StoreHarness):
-    capabilities = frozenset(Capability)
+    # PAUSE: the lock session is held by the server for as long as it lives, so a frozen
+    # leader cannot be taken over until its session ends, and then it is told at once
+    # (test_pg_faults freezes a real process). PRIVATE_FILES: the store owns no file.
+    capabilities = frozenset(Capability) - {Capability.PAUSE, Capability.PRIVATE_FILES}
     leadership_timeout = 3.0
+    handover_timeout = 0.5
 
     def __init__(self, schema: str, config: PgStoreConfig = FAST) -> None:
         self.schema = schema
@@ -110,6 +114,24 @@ class PgHarness(StoreHarness):
                 END $$""",
             f"""CREATE TRIGGER cronoq_test_fault BEFORE UPDATE ON {s}.cronoq_tasks
                 FOR EACH ROW EXECUTE FUNCTION {s}.cronoq_test_fault()""",
+        )
+
+    async def fail_commits_fatally(self, instance: Store) -> None:
+        # The harness connects as a superuser, whom REVOKE does not stop: a trigger raises the
+        # error a revoked privilege would (SQLSTATE 42501) on every write to the task and
+        # schedule tables; the leader row, and so leadership, stays writable.
+        s = quote_ident(self.schema)
+        await self._outside(
+            f"""CREATE FUNCTION {s}.cronoq_test_denied() RETURNS trigger LANGUAGE plpgsql AS $$
+                BEGIN
+                    RAISE EXCEPTION 'permission denied for table %', TG_TABLE_NAME
+                        USING ERRCODE = 'insufficient_privilege';
+                END $$""",
+            *(
+                f"""CREATE TRIGGER cronoq_test_denied BEFORE INSERT OR UPDATE OR DELETE
+                    ON {s}.{table} FOR EACH STATEMENT EXECUTE FUNCTION {s}.cronoq_test_denied()"""
+                for table in ("cronoq_tasks", "cronoq_schedules")
+            ),
         )
 
     async def corrupt_task(self, instance: Store, task_id: int) -> None:

@@ -19,12 +19,15 @@ FAST = SqliteStoreConfig(lock_poll=0.05, lease_renew=0.25, lease_ttl=1.0, busy_t
 class SqliteHarness(StoreHarness):
     capabilities = frozenset(Capability)
     leadership_timeout = FAST.lease_ttl + FAST.lock_poll + 2.0
+    # Well under the lease: a release that leaves the lease to run out takes about 1 s.
+    handover_timeout = 0.5
 
     def __init__(self, path: Path, config: SqliteStoreConfig = FAST) -> None:
         self.path = path
         self.config = config
         self.opened: list[SqliteStore] = []
         self._blocker: sqlite3.Connection | None = None
+        self._paused: list[SqliteStore] = []
 
     async def open(self) -> Store:
         store = await SqliteStore.open(self.path, self.config)
@@ -90,6 +93,36 @@ class SqliteHarness(StoreHarness):
     async def prune(self, instance: Store, horizon_unix_ns: int) -> None:
         await self._sqlite(instance).prune(horizon_unix_ns)
 
+    async def pause(self, instance: Store) -> None:
+        # Holding the instance's own transaction locks (data and lease connections) freezes it
+        # as SIGSTOP would: its lease renewal and everything else wait, the lease runs out, a
+        # standby may take over.
+        store = self._sqlite(instance)
+        await store._lock.acquire()
+        await store._lease_lock.acquire()
+        self._paused.append(store)
+
+    async def resume(self, instance: Store) -> None:
+        store = self._sqlite(instance)
+        self._paused.remove(store)
+        store._lease_lock.release()
+        store._lock.release()
+
+    async def fail_commits_fatally(self, instance: Store) -> None:
+        # An authorizer refusing writes to the task and schedule tables fails each commit with
+        # SQLITE_AUTH, as a file the process may no longer write would; the lease row stays
+        # writable, so the failure is the commit's, not a lost lease.
+        def authorize(action: int, table: str | None, *_: object) -> int:
+            writes = (sqlite3.SQLITE_INSERT, sqlite3.SQLITE_UPDATE, sqlite3.SQLITE_DELETE)
+            if action in writes and table in ("cronoq_tasks", "cronoq_schedules"):
+                return sqlite3.SQLITE_DENY
+            return sqlite3.SQLITE_OK
+
+        await self._sqlite(instance)._conn.set_authorizer(authorize)
+
+    def store_directory(self) -> Path:
+        return self.path.parent
+
     async def run_in_other_process(self, code: str) -> str:
         return await run_in_python(
             "from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig\n"
@@ -99,6 +132,10 @@ class SqliteHarness(StoreHarness):
         )
 
     async def close_all(self) -> None:
+        for store in self._paused:
+            store._lease_lock.release()
+            store._lock.release()
+        self._paused.clear()
         if self._blocker is not None:
             self._blocker.close()
             self._blocker = None

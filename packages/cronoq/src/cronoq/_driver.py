@@ -49,7 +49,7 @@ from cronoq.errors import (
     Unavailable,
     WaitTimedOut,
 )
-from cronoq.store import Mutation, RecoveredState, Store, TimeBase
+from cronoq.store import Mutation, RecoveredState, Store, TaskRecord, TimeBase
 
 __all__ = ["Driver"]
 
@@ -145,7 +145,7 @@ class Driver:
         try:
             async with asyncio.timeout_at(final):
                 await self.stopped.wait()
-                await self._store.release_leadership()
+                await self._release_quietly()
         except TimeoutError:
             log.warning("close: the store did not take the last commit in time; stopping anyway")
             self._halt(SchedulerStopped(f"the scheduler was closed (timeout {timeout:g}s)"))
@@ -359,10 +359,22 @@ class Driver:
         )
         try:
             state = await self._rebuild(inflight, lambda: answer_writers(None))
+        except BaseException:
+            answer_writers(None)  # stopped (closed, fenced) before the store could tell
+            raise
         finally:
             undecided.cancel()
         landed = batch_landed(result.mutations, state)
         answer_writers(landed)
+        # Waiters the step answered (its task finished in it) registered in an earlier step:
+        # they are answered if the finish landed, else they wait on the rebuilt engine.
+        asked = {id(item.reply_to) for item in inputs}
+        for reply_to, value in result.replies:
+            if id(reply_to) not in asked and isinstance(value, TaskRecord):
+                if landed:
+                    _resolve(reply_to, value)
+                else:
+                    self._moving_waiters.append((value.task_id, reply_to))
         again = [
             item
             for item in inputs

@@ -4,7 +4,9 @@ Several ``MemoryStore`` instances opened on one cluster (``store.connect_another
 processes sharing a database: one leads, the others wait; ``simulate_crash()`` drops an
 instance's leadership without releasing it, so a second ``Scheduler`` can take over and recover,
 and the first is fenced. ``set_available(False)`` and ``fail_next_commit_midway()`` inject
-faults; ``prune(horizon)`` prunes at once.
+faults; ``prune(horizon)`` prunes at once. ``pause()``/``resume()`` freeze an instance as
+SIGSTOP would (its leadership lapses, as a lease does), and ``fail_commits_fatally()`` makes its
+commits meet an error that retrying cannot fix.
 """
 
 from __future__ import annotations
@@ -212,6 +214,10 @@ def _restore(target: dict[_K, _V], saved: dict[_K, _V | None]) -> None:
 class MemoryStore:
     """An in-process store (see the module docstring)."""
 
+    # State of the test hooks, as class defaults: the constructor knows nothing about them.
+    _fatal: str | None = None
+    _paused_epoch: int | None = None
+
     def __init__(
         self,
         *,
@@ -250,6 +256,30 @@ class MemoryStore:
     def prune(self, horizon_unix_ns: int) -> None:
         """Forget tasks finished before the horizon now, as the periodic pruning would."""
         self._cluster.prune(horizon_unix_ns)
+
+    def pause(self) -> None:
+        """Freeze this instance as SIGSTOP would: a leader renews nothing, so its leadership
+        lapses (as a lease runs out) and a waiting instance takes over; nothing tells it."""
+        if self._cluster.leader == self._id:
+            self._paused_epoch = self._epoch
+            self._cluster.leader = None
+            self._cluster.wake_waiting()
+
+    def resume(self) -> None:
+        """Run again, as after SIGCONT: the first renewal finds out whether another instance
+        took over meanwhile (then leadership is lost) or nobody did (then it still leads)."""
+        epoch, self._paused_epoch = self._paused_epoch, None
+        if epoch is None:
+            return
+        cluster = self._cluster
+        if cluster.leader is None and cluster.epoch == epoch:
+            cluster.leader = self._id
+        else:
+            self._lost.set()
+
+    def fail_commits_fatally(self) -> None:
+        """Make every later commit of this instance fail as a revoked privilege would."""
+        self._fatal = "injected: permission denied for the task table (fail_commits_fatally)"
 
     def _check_available(self) -> None:
         if not self._cluster.available:
@@ -293,6 +323,8 @@ class MemoryStore:
     async def commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
         self._check_available()
         self._fence(epoch)
+        if self._fatal is not None:
+            raise StoreFatal(self._fatal)
         self._cluster.apply(batch, self._time_base)
 
     async def load_output(self, task_id: int) -> bytes | None:
