@@ -122,6 +122,7 @@ class CrashingStore(DelegatingStore):
         await self.inner.commit(epoch, batch)
 
 
+@dataclass
 class Model:
     """What callers were told."""
 
