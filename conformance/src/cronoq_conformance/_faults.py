@@ -35,11 +35,46 @@ class CommitFault(enum.Enum):
     HELD = "the commit waits until release_held(), then the batch is applied and it succeeds"
 
 
-class FaultyStore:
-    """A store that delegates to ``inner`` and injects one commit fault when armed."""
+class DelegatingStore:
+    """A store that forwards every call to ``inner``: the base of the kit's fault wrappers,
+    which override what they break."""
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
+
+    async def commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
+        await self.inner.commit(epoch, batch)
+
+    async def recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
+        return await self.inner.recover(epoch, time_base, retention_ns)
+
+    async def acquire_leadership(self) -> Lease:
+        return await self.inner.acquire_leadership()
+
+    async def leadership_lost(self) -> None:
+        await self.inner.leadership_lost()
+
+    async def release_leadership(self) -> None:
+        await self.inner.release_leadership()
+
+    async def load_output(self, task_id: int) -> bytes | None:
+        return await self.inner.load_output(task_id)
+
+    async def get_task(self, task_id: int) -> TaskRecord | None:
+        return await self.inner.get_task(task_id)
+
+    async def get_task_by_key(self, key: str) -> TaskRecord | None:
+        return await self.inner.get_task_by_key(key)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class FaultyStore(DelegatingStore):
+    """A store that delegates to ``inner`` and injects one commit fault when armed."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
         self._armed: CommitFault | None = None
         self._failing = False
         self.injected = 0
@@ -104,24 +139,3 @@ class FaultyStore:
         state = await self.inner.recover(epoch, time_base, retention_ns)
         self.recovered.set()
         return state
-
-    async def acquire_leadership(self) -> Lease:
-        return await self.inner.acquire_leadership()
-
-    async def leadership_lost(self) -> None:
-        await self.inner.leadership_lost()
-
-    async def release_leadership(self) -> None:
-        await self.inner.release_leadership()
-
-    async def load_output(self, task_id: int) -> bytes | None:
-        return await self.inner.load_output(task_id)
-
-    async def get_task(self, task_id: int) -> TaskRecord | None:
-        return await self.inner.get_task(task_id)
-
-    async def get_task_by_key(self, key: str) -> TaskRecord | None:
-        return await self.inner.get_task_by_key(key)
-
-    async def close(self) -> None:
-        await self.inner.close()

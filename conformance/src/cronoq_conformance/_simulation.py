@@ -65,15 +65,11 @@ from cronoq import (
 )
 from cronoq.errors import CronoqError, TaskError
 from cronoq.store import (
-    Lease,
     Mutation,
-    RecoveredState,
     Store,
-    TaskRecord,
     TaskSubmitted,
-    TimeBase,
 )
-from cronoq_conformance._faults import CommitFault, FaultyStore
+from cronoq_conformance._faults import CommitFault, DelegatingStore, FaultyStore
 from cronoq_conformance._harness import Capability, StoreHarness
 
 __all__ = ["SimulationSuite"]
@@ -107,11 +103,11 @@ class Behaviour(enum.Enum):
     STUBBORN = "stubborn"  # waits for the gate, and ignores cancellation for STUBBORN_S
 
 
-class CrashingStore:
+class CrashingStore(DelegatingStore):
     """Wraps a store; when armed, the next commit kills the scheduler at the chosen point."""
 
     def __init__(self, inner: Store) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.armed: CrashPoint | None = None
         self.on_crash: Any = None
 
@@ -124,30 +120,6 @@ class CrashingStore:
             await asyncio.sleep(0)  # the driver task was cancelled: this raises CancelledError
             raise AssertionError("the crash did not stop the driver")
         await self.inner.commit(epoch, batch)
-
-    async def acquire_leadership(self) -> Lease:
-        return await self.inner.acquire_leadership()
-
-    async def leadership_lost(self) -> None:
-        await self.inner.leadership_lost()
-
-    async def release_leadership(self) -> None:
-        await self.inner.release_leadership()
-
-    async def recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
-        return await self.inner.recover(epoch, time_base, retention_ns)
-
-    async def load_output(self, task_id: int) -> bytes | None:
-        return await self.inner.load_output(task_id)
-
-    async def get_task(self, task_id: int) -> TaskRecord | None:
-        return await self.inner.get_task(task_id)
-
-    async def get_task_by_key(self, key: str) -> TaskRecord | None:
-        return await self.inner.get_task_by_key(key)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 @dataclass
