@@ -102,6 +102,7 @@ class Driver:
         self._accepting = False
         self._stopping = False
         self._draining = False
+        self._close_deadline = 0.0
         self._committing: StepResult | None = None
         self._last_unavailable = ""
         self.stopped = asyncio.Event()
@@ -115,7 +116,11 @@ class Driver:
         """Lead, recover, commit recovery's bookkeeping, then serve."""
         lease = await self._store.acquire_leadership()
         self._epoch = lease.epoch
-        await self._rebuild(None)
+        try:
+            await self._rebuild(None)
+        except BaseException:  # a standby must not wait for this process to exit
+            await self._release_quietly()
+            raise
         self._accepting = True
         self._loop = loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run(), name="cronoq-driver")
@@ -126,6 +131,7 @@ class Driver:
         reports, release leadership. Returns within ``timeout`` + ``_CLOSE_GRACE_S``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        self._close_deadline = deadline
         if self._task is None or self.stopped.is_set():
             await self._released_after_halt()
             return
@@ -249,11 +255,12 @@ class Driver:
         result = engine.step(self._clock(), inputs)
         if result.mutations:
             self._committing = result
-            committed = await self._commit(result.mutations)
-            self._committing = None
-            if not committed:
+            if not await self._commit(result.mutations):
+                # Should the rebuild end in a stop, _halt answers the callers of this step.
                 await self._reconcile(inputs, result)
+                self._committing = None
                 return
+            self._committing = None
         self._release(result, inputs)
 
     async def _commit(self, batch: list[Mutation]) -> bool:
@@ -334,7 +341,16 @@ class Driver:
             and item.reply_to is not None
         ]
 
+        for item in inputs:  # a wait's timeout runs while the store is down, too
+            if isinstance(item, WaitTask) and item.timeout_s is not None:
+                self._arm_wait_timeout(item, item.timeout_s)
+
         def answer_writers(landed: bool | None) -> None:
+            if landed is None:  # reads are not held for the store either
+                error = SchedulerError("the store is unavailable while the scheduler recovers")
+                for item in inputs:
+                    if isinstance(item, _READS) and not isinstance(item, WaitTask):
+                        _resolve(item.reply_to, error)
             if landed:
                 replies = {id(reply_to): value for reply_to, value in result.replies}
                 for item in writers:
@@ -380,7 +396,8 @@ class Driver:
             for item in inputs
             # Read again, or applied, by the rebuilt engine. A report of a step that landed is
             # in the store already: applying it again would only find it stale.
-            if isinstance(item, _READS) or (isinstance(item, _REPORTS) and not landed)
+            if (isinstance(item, _READS) and not _done(item.reply_to))
+            or (isinstance(item, _REPORTS) and not landed)
         ]
         if landed:
             for item in inputs:
@@ -399,8 +416,6 @@ class Driver:
         pause = _RETRY_FIRST_S
         loop = asyncio.get_running_loop()
         while True:
-            if self._stopping:
-                raise _Closing("the scheduler was closed while its store was unavailable")
             try:
                 state = await self._store.recover(
                     self._epoch, TimeBase(), self._config.retention_ns
@@ -419,6 +434,10 @@ class Driver:
                 if first.mutations and not await self._commit(first.mutations):
                     raise Unavailable("could not commit the recovery step")
             except Unavailable as exc:
+                if self._stopping and loop.time() >= self._close_deadline:
+                    raise _Closing(
+                        "the scheduler was closed while its store was unavailable"
+                    ) from exc
                 log.warning("store unavailable while recovering: %s", exc)
                 if on_unavailable is not None:
                     on_unavailable()

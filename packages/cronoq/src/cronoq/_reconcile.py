@@ -28,8 +28,15 @@ def batch_landed(batch: Sequence[Mutation], state: RecoveredState) -> bool | Non
     (every row the batch touched is outside what recovery loads)."""
     tasks = {record.task_id: record for record in state.tasks}
     schedules = {record.spec.name: record for record in state.schedules}
+    # A submission decides for sure (ids only grow, the mark survives pruning); a schedule
+    # saved unchanged matches either way, so schedules are asked last.
+    submitted = [m.task_id for m in batch if isinstance(m, TaskSubmitted)]
+    if submitted:
+        return state.max_task_id >= max(submitted)
+    ordered: list[Mutation] = [m for m in batch if isinstance(m, ScheduleSaved | ScheduleRemoved)]
+    ordered += [m for m in batch if not isinstance(m, ScheduleSaved | ScheduleRemoved)]
     # From the end: the last mutation of a row is the row's state after the batch.
-    for mutation in reversed(batch):
+    for mutation in reversed(ordered):
         match mutation:
             case TaskSubmitted(task_id=task_id):
                 # Ids only grow and the high-water mark survives pruning.

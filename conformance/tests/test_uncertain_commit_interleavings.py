@@ -1,9 +1,8 @@
-"""Review of the issue 9 driver rework: interleavings the regression tests do not reach.
+"""Interleavings of uncertain commits with stops, reads and schedules (found by a review of
+the issue 9 rework; each failed before its fix).
 
 Each test is deterministic: faults come from ``FaultyStore`` around a real ``MemoryStore`` and
-every wait is on an event or on a bounded ``wait_for`` whose expiry is the failure. Tests of
-defects still present are ``xfail(strict=True)``: they turn into failures once fixed, so the
-marker gets removed together with the fix.
+every wait is on an event or on a bounded ``wait_for`` whose expiry is the failure.
 """
 
 from __future__ import annotations
@@ -154,11 +153,6 @@ async def test_a_writer_of_the_failed_step_is_answered_when_the_rebuild_stops(
         await asyncio.wait_for(submitting, ANSWER_WITHIN)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: callers held only by the failed step (a waiter it answered, a read) are "
-    "not answered when the rebuild ends in a stop: _committing is cleared before _reconcile",
-)
 async def test_callers_held_by_the_failed_step_are_answered_when_the_rebuild_fails(
     faulty: tuple[Scheduler, HookedStore, MemoryStore], executor: Blocking
 ) -> None:
@@ -181,11 +175,6 @@ async def test_callers_held_by_the_failed_step_are_answered_when_the_rebuild_fai
 # --- reads of the failed step while the store stays down --------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: reads of the failed step are held until the rebuild succeeds, so get() "
-    "and wait(timeout=...) hang for as long as the store is down",
-)
 async def test_reads_of_the_failed_step_are_answered_while_the_store_stays_down(
     faulty: tuple[Scheduler, HookedStore, MemoryStore], executor: Blocking
 ) -> None:
@@ -212,12 +201,6 @@ async def test_reads_of_the_failed_step_are_answered_while_the_store_stays_down(
 # --- batch_landed decided by a no-op mutation -------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: batch_landed decides on the batch's last mutation; a schedule saved "
-    "unchanged (a redeploy re-registering it) reads as landed, so a submission that never "
-    "reached the store is acknowledged and its id is issued again",
-)
 async def test_an_unchanged_schedule_save_does_not_acknowledge_a_lost_submission(
     faulty: tuple[Scheduler, HookedStore, MemoryStore],
 ) -> None:
@@ -243,12 +226,6 @@ async def test_an_unchanged_schedule_save_does_not_acknowledge_a_lost_submission
 # --- close gives up on its reports at the first failed commit ----------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: _rebuild raises _Closing before trying the store once, so a close with "
-    "time left drops the reports of a commit that failed transiently; the next leader "
-    "runs the succeeded task again",
-)
 async def test_close_commits_a_report_whose_first_commit_failed(executor: Blocking) -> None:
     memory = MemoryStore()
     store = FaultyStore(memory)
@@ -270,11 +247,6 @@ async def test_close_commits_a_report_whose_first_commit_failed(executor: Blocki
 # --- a start that fails keeps the store's leadership ------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: Driver.start does not release leadership when recovery fails fatally, "
-    "and close() afterwards does nothing: a standby waits until the process exits",
-)
 async def test_a_start_that_fails_gives_leadership_up(executor: Blocking) -> None:
     first = MemoryStore()
     store = HookedStore(first)

@@ -7,8 +7,6 @@ a live timer at the head, which is what makes stale entries stay without compact
 
 from __future__ import annotations
 
-import pytest
-
 from cronoq._engine import (
     AttemptReport,
     AttemptSucceeded,
@@ -48,11 +46,6 @@ def test_the_timer_heap_follows_the_live_tasks_behind_a_live_head() -> None:
 SCHEDULE = ScheduleSpec("yearly", "0 0 1 1 *", "UTC", TaskTemplate("default", "job", b""))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: the batch's last mutation decides; a schedule saved unchanged matches the "
-    "store whether or not the batch landed, and hides the submission before it",
-)
 def test_a_submission_decides_before_a_schedule_saved_unchanged() -> None:
     saved = ScheduleRecord(SCHEDULE, 1000)
     submitted = TaskSubmitted(7, TaskSpec("default", "job", b""), Status.READY, 100)
