@@ -341,6 +341,7 @@ class Driver:
             and item.reply_to is not None
         ]
 
+        replies = {id(reply_to): value for reply_to, value in result.replies}
         for item in inputs:  # a wait's timeout runs while the store is down, too
             if isinstance(item, WaitTask) and item.timeout_s is not None:
                 self._arm_wait_timeout(item, item.timeout_s)
@@ -352,7 +353,6 @@ class Driver:
                     if isinstance(item, _READS) and not isinstance(item, WaitTask):
                         _resolve(item.reply_to, error)
             if landed:
-                replies = {id(reply_to): value for reply_to, value in result.replies}
                 for item in writers:
                     _resolve(item.reply_to, replies.get(id(item.reply_to)))
                 return
@@ -402,7 +402,6 @@ class Driver:
         if landed:
             for item in inputs:
                 if isinstance(item, _REPORTS):
-                    replies = {id(reply_to): value for reply_to, value in result.replies}
                     _resolve(item.reply_to, replies.get(id(item.reply_to)))
         again.extend(WaitTask(task_id, w) for task_id, w in self._moving_waiters)
         self._moving_waiters = []
@@ -454,6 +453,8 @@ class Driver:
             return state
 
     def _fail_waiting_callers(self, error: BaseException) -> None:
+        # A queued WithdrawAttempts goes too: the next rebuild puts back every attempt that
+        # was never released (InFlight does not name it).
         kept = [i for i in self._inbox if isinstance(i, _REPORTS)]
         for item in self._inbox:
             if not isinstance(item, _REPORTS):
@@ -488,14 +489,14 @@ class Driver:
             _resolve(reply_to, error)
         if self._timer is not None:
             self._timer.cancel()
-        for executor in self._executors.values():
-            for token in list(self._executing):
-                with contextlib.suppress(Exception):
-                    executor.cancel(token, "the scheduler stopped")
+        for token, pool in list(self._executing.items()):
+            with contextlib.suppress(Exception):
+                self._executors[pool].cancel(token, "the scheduler stopped")
         self._work.shutdown(wait=False)
         if failure is not None and self._loop is not None:
             # As a crash would, but at once: a standby must not wait for a lease to expire.
-            # (abort() may be called from outside the loop: the release runs on it later.)
+            # (abort() may be called from synchronous code on the loop's thread while the
+            # loop is not running: the release then runs when it next does.)
             self._release_task = self._loop.create_task(
                 self._release_quietly(), name="cronoq-release"
             )
