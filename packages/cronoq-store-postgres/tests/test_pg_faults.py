@@ -13,15 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from pg_fault_helpers import (
     SubmitLoad,
-    assert_synchronous_commit,
     close_all,
     config,
     current_epoch,
@@ -33,13 +31,12 @@ from pg_fault_helpers import (
     submission,
     wait_until,
 )
-from pg_harness import DSN, drop_schema, new_schema, require_postgres
+from pg_harness import DSN, require_postgres
 from pg_proxy import (
     LOCK_SESSION,
     Link,
     PgProxy,
     makes_a_batch_durable,
-    upstream_of,
     writes_a_batch,
 )
 
@@ -50,29 +47,6 @@ from cronoq_store_postgres import PgStore, PgStoreConfig
 from cronoq_store_postgres._schema import quote_ident
 
 HOUR_NS = 3600 * 1_000_000_000
-
-
-@pytest_asyncio.fixture
-async def schema() -> AsyncIterator[str]:
-    await require_postgres()
-    await assert_synchronous_commit()
-    name = new_schema()
-    try:
-        yield name
-    finally:
-        await drop_schema(name)
-
-
-@pytest_asyncio.fixture
-async def proxy() -> AsyncIterator[PgProxy]:
-    upstream = upstream_of(DSN)
-    if upstream is None:
-        pytest.skip(f"the proxy needs a TCP DSN, not {DSN}")
-    started = await PgProxy(upstream).start()
-    try:
-        yield started
-    finally:
-        await started.close()
 
 
 def not_lock(link: Link) -> bool:

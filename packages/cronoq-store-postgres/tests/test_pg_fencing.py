@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
-import pytest_asyncio
 from pg_fault_helpers import (
-    assert_synchronous_commit,
     config,
     query,
     rows_with_key,
     wait_until,
 )
-from pg_harness import DSN, drop_schema, new_schema, require_postgres
-from pg_proxy import Link, PgProxy, upstream_of, writes_a_batch
+from pg_harness import DSN
+from pg_proxy import Link, PgProxy, writes_a_batch
 
 from cronoq import Status
 from cronoq.errors import Fenced, StoreFatal, Unavailable
@@ -33,29 +30,6 @@ from cronoq_store_postgres._schema import quote_ident
 
 HOUR_NS = 3600 * 1_000_000_000
 DAY_NS = 24 * HOUR_NS
-
-
-@pytest_asyncio.fixture
-async def schema() -> AsyncIterator[str]:
-    await require_postgres()
-    await assert_synchronous_commit()
-    name = new_schema()
-    try:
-        yield name
-    finally:
-        await drop_schema(name)
-
-
-@pytest_asyncio.fixture
-async def proxy() -> AsyncIterator[PgProxy]:
-    upstream = upstream_of(DSN)
-    if upstream is None:
-        pytest.skip(f"the proxy needs a TCP DSN, not {DSN}")
-    started = await PgProxy(upstream).start()
-    try:
-        yield started
-    finally:
-        await started.close()
 
 
 def task(task_id: int, key: str, submitted_ns: int | None = None) -> TaskSubmitted:
