@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 
-import pytest_asyncio
-from pg_fault_helpers import assert_synchronous_commit, config, current_epoch, ids_in_db
-from pg_harness import DSN, drop_schema, new_schema, require_postgres
+from pg_fault_helpers import config, current_epoch, ids_in_db
+from pg_harness import DSN
 from pg_node import Node
 
 from cronoq_store_postgres import PgStoreConfig
@@ -24,17 +22,6 @@ from cronoq_store_postgres import PgStoreConfig
 FAILOVER_BOUND = 0.05 + 0.5
 SUBMITTERS = 4
 INTERVAL = 0.005
-
-
-@pytest_asyncio.fixture
-async def schema() -> AsyncIterator[str]:
-    await require_postgres()
-    await assert_synchronous_commit()
-    name = new_schema()
-    try:
-        yield name
-    finally:
-        await drop_schema(name)
 
 
 async def start_node(cfg: PgStoreConfig, name: str, nodes: list[Node]) -> Node:
