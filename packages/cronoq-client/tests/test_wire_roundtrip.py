@@ -15,11 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from wire_strategies import (
-    durations,
+    TEN_YEARS_NS,
     duration_ns,
+    durations,
     enum_values,
     instant,
     int64s,
+    leased_attempts,
     optional_texts,
     retry_policies,
     schedule_infos,
@@ -28,14 +30,19 @@ from wire_strategies import (
     task_requests,
     task_summaries,
     texts,
+    tokens,
     utc_datetimes,
     wire,
 )
 
 from cronoq import (
+    AttemptToken,
     BytesCodec,
+    CancelRequested,
     CatchUpPolicy,
     JsonCodec,
+    LeasedAttempt,
+    LeaseRenewed,
     MissPolicy,
     OverlapPolicy,
     RetryPolicy,
@@ -46,6 +53,7 @@ from cronoq import (
 from cronoq.errors import PayloadError
 from cronoq_client import _wire as w
 from cronoq_client._proto import cronoq_pb2 as pb
+from cronoq_client._wire import NS_PER_S
 
 ROUND_TRIPS = settings(max_examples=150, deadline=None)
 
@@ -300,3 +308,100 @@ def test_preview_occurrences_round_trip(occurrences: list[datetime]) -> None:
 def test_get_requests_carry_their_argument() -> None:
     assert wire(w.get_request(7)).task_id == 7
     assert wire(w.get_by_key_request("k\x00")).key == "k\x00"
+
+
+# --- remote workers -------------------------------------------------------------------------
+
+
+@ROUND_TRIPS
+@given(leased_attempts)
+def test_leased_attempt_reaches_the_worker_as_leased(attempt: LeasedAttempt) -> None:
+    assert w.worker_event_from_pb(wire(w.worker_event_to_pb(attempt))) == attempt
+
+
+@ROUND_TRIPS
+@given(tokens, texts)
+def test_cancel_request_reaches_the_worker(token: AttemptToken, reason: str) -> None:
+    event = CancelRequested(token, reason)
+    assert w.worker_event_from_pb(wire(w.worker_event_to_pb(event))) == event
+
+
+@ROUND_TRIPS
+@given(
+    int64s,
+    st.dictionaries(texts, st.integers(1, TEN_YEARS_NS).map(lambda ns: ns / NS_PER_S), max_size=3),
+)
+def test_attached_round_trips(epoch: int, leases: dict[str, float]) -> None:
+    event = w.Attached(epoch, leases)
+    assert w.worker_event_from_pb(wire(w.worker_event_to_pb(event))) == event
+
+
+@ROUND_TRIPS
+@given(texts, st.lists(texts, max_size=3), int64s, st.lists(tokens, max_size=3))
+def test_attach_arguments_round_trip(
+    worker_id: str, pools: list[str], slots: int, running: list[AttemptToken]
+) -> None:
+    message = wire(w.attach_request(worker_id, pools, slots, running))
+    assert message.worker_id == worker_id
+    assert w.attach_kwargs(message) == {
+        "pools": tuple(pools),
+        "slots": slots,
+        "running": tuple(running),
+    }
+
+
+@ROUND_TRIPS
+@given(tokens)
+def test_heartbeat_carries_the_token(token: AttemptToken) -> None:
+    assert w.heartbeat_token(wire(w.heartbeat_request(token))) == token
+
+
+@ROUND_TRIPS
+@given(utc_datetimes, optional_texts)
+def test_lease_renewed_round_trips(expires: datetime, reason: str | None) -> None:
+    renewed = LeaseRenewed(expires, reason)
+    assert w.lease_renewed_from_pb(wire(w.lease_renewed_to_pb(renewed))) == renewed
+
+
+@ROUND_TRIPS
+@given(tokens, st.none() | st.binary(max_size=20))
+def test_success_report_round_trips(token: AttemptToken, output: bytes | None) -> None:
+    decoded = w.report_from_pb(wire(w.report_request(token, w.ReportSuccess(output))))
+    assert decoded == (token, w.ReportSuccess(output))
+
+
+@ROUND_TRIPS
+@given(tokens, texts, st.booleans(), st.none() | durations)
+def test_failure_report_round_trips(
+    token: AttemptToken, message: str, retryable: bool, retry_after: Any
+) -> None:
+    failure = w.ReportFailure(message, retryable, retry_after)
+    got_token, got = w.report_from_pb(wire(w.report_request(token, failure)))
+    assert got_token == token
+    assert isinstance(got, w.ReportFailure)
+    assert (got.message, got.retryable) == (message, retryable)
+    assert (None if got.retry_after is None else duration_ns(got.retry_after)) == (
+        None if retry_after is None else duration_ns(retry_after)
+    )
+
+
+def test_a_failure_without_retryable_is_retryable() -> None:
+    message = pb.ReportRequest(token=pb.AttemptToken(epoch=1, task_id=1, attempt=1))
+    message.failure.message = "boom"
+    assert w.report_from_pb(wire(message))[1] == w.ReportFailure("boom", retryable=True)
+
+
+def test_a_failure_message_with_a_lone_surrogate_is_still_reported() -> None:
+    token = AttemptToken(1, 2, 3)
+    message = w.report_request(token, w.ReportFailure("bad \udc00 byte"))
+    assert wire(message).failure.message == "bad \\udc00 byte"
+
+
+def test_an_empty_payload_is_no_payload_on_the_wire() -> None:
+    attempt = LeasedAttempt(
+        AttemptToken(1, 2, 3), "p", "k", None, (), None, None, None, b"",
+        datetime(2030, 1, 1, tzinfo=UTC),
+    )  # fmt: skip
+    message = w.worker_event_to_pb(attempt)
+    assert not message.attempt.HasField("payload")
+    assert w.worker_event_from_pb(wire(message)) == attempt

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 from hypothesis import strategies as st
 
 from cronoq import (
+    AttemptToken,
     CatchUpPolicy,
+    LeasedAttempt,
     MissPolicy,
     OverlapPolicy,
     RetryPolicy,
@@ -64,7 +67,7 @@ def retry_policies(draw: st.DrawFn) -> RetryPolicy:
     )
 
 
-def enum_values(kind: type[Any]) -> st.SearchStrategy[Any]:
+def enum_values(kind: type[StrEnum]) -> st.SearchStrategy[Any]:
     """A member, or its string value (both are what the Scheduler takes)."""
     return st.sampled_from(list(kind)) | st.sampled_from([m.value for m in kind])
 
@@ -118,8 +121,7 @@ task_summaries = st.builds(
     kind=texts,
     key=optional_texts,
     tags=st.lists(texts, max_size=3).map(tuple),
-    finished_ns=st.none()
-    | st.integers(-62_135_596_800 * NS_PER_S, 253_402_300_800 * NS_PER_S - 1),
+    finished_ns=st.none() | st.integers(-62_135_596_800 * NS_PER_S, 253_402_300_800 * NS_PER_S - 1),
 )
 
 schedule_infos = st.builds(
@@ -142,7 +144,7 @@ def wire(message: M) -> M:
     return type(message).FromString(message.SerializeToString())
 
 
-def duration_ns(value: Any) -> int:
+def duration_ns(value: timedelta | float) -> int:
     """Nanoseconds, as the Scheduler reads seconds or a timedelta (its range checks aside)."""
     if isinstance(value, timedelta):
         return (value.days * 86_400 + value.seconds) * NS_PER_S + value.microseconds * 1000
@@ -156,3 +158,21 @@ def instant(value: Any) -> tuple[str, Any]:
     if isinstance(value, timedelta):
         return ("delay", duration_ns(value))
     return ("at", value)
+
+
+tokens = st.builds(AttemptToken, epoch=int64s, task_id=int64s, attempt=int64s)
+
+leased_attempts = st.builds(
+    LeasedAttempt,
+    token=tokens,
+    pool=texts,
+    kind=texts,
+    key=optional_texts,
+    tags=st.lists(texts, max_size=3).map(tuple),
+    name=optional_texts,
+    deadline=st.none() | utc_datetimes,
+    # As the Scheduler makes it: nanoseconds / 1e9.
+    timeout=st.none() | st.integers(1, TEN_YEARS_NS).map(lambda ns: ns / NS_PER_S),
+    payload=st.binary(max_size=40),
+    lease_expires_at=utc_datetimes,
+)

@@ -40,6 +40,11 @@ from enum import Enum, StrEnum
 from typing import Any
 
 import grpc
+from google.protobuf import any_pb2
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
 from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
@@ -57,10 +62,6 @@ from cronoq.errors import (
     UnknownTimeZone,
     WaitTimedOut,
 )
-from google.protobuf import any_pb2
-from google.protobuf.message import DecodeError
-from google.rpc import error_details_pb2, status_pb2
-from grpc_status import rpc_status
 
 __all__ = [
     "DETAILS_KEY",
@@ -240,13 +241,13 @@ def error_info(err: grpc.RpcError) -> error_details_pb2.ErrorInfo | None:
         if key != DETAILS_KEY or not isinstance(value, bytes):
             continue
         try:
-            status = status_pb2.Status.FromString(value)
+            for detail in status_pb2.Status.FromString(value).details:
+                info = error_details_pb2.ErrorInfo()
+                # Unpack is False for a detail of another type (a RetryInfo, say).
+                if detail.Unpack(info) and info.domain == DOMAIN:
+                    return info
         except DecodeError:
             return None
-        for detail in status.details:
-            info = error_details_pb2.ErrorInfo()
-            if detail.Is(info.DESCRIPTOR) and detail.Unpack(info) and info.domain == DOMAIN:
-                return info
     return None
 
 

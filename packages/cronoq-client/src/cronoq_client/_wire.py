@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -35,8 +36,12 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import DecodeError, Message
 
 from cronoq import (
+    AttemptToken,
+    CancelRequested,
     CatchUpPolicy,
     Codec,
+    LeasedAttempt,
+    LeaseRenewed,
     MissPolicy,
     OverlapPolicy,
     RetryPolicy,
@@ -50,12 +55,21 @@ from cronoq.errors import InvalidArgument, PayloadError
 from cronoq_client._proto import cronoq_pb2 as pb
 
 __all__ = [
+    "Attached",
+    "ReportFailure",
+    "ReportSuccess",
     "add_schedule_kwargs",
     "add_schedule_request",
+    "attach_kwargs",
+    "attach_request",
     "cancel_kwargs",
     "cancel_request",
     "get_by_key_request",
     "get_request",
+    "heartbeat_request",
+    "heartbeat_token",
+    "lease_renewed_from_pb",
+    "lease_renewed_to_pb",
     "list_kwargs",
     "list_request",
     "list_response",
@@ -65,6 +79,8 @@ __all__ = [
     "preview_request",
     "preview_response",
     "preview_response_to_pb",
+    "report_from_pb",
+    "report_request",
     "retry_from_pb",
     "retry_to_pb",
     "schedule_info_from_pb",
@@ -80,8 +96,12 @@ __all__ = [
     "task_request_to_pb",
     "task_summary_from_pb",
     "task_summary_to_pb",
+    "token_from_pb",
+    "token_to_pb",
     "wait_kwargs",
     "wait_request",
+    "worker_event_from_pb",
+    "worker_event_to_pb",
 ]
 
 NS_PER_S = 1_000_000_000
@@ -902,3 +922,196 @@ def preview_response_to_pb(occurrences: Iterable[datetime]) -> pb.PreviewSchedul
 
 def preview_response(message: pb.PreviewScheduleResponse) -> list[datetime]:
     return [_datetime(ts, "occurrence") for ts in message.occurrences]
+
+
+# --- remote workers -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """The first event of every Attach stream: the link is up (a wire value only)."""
+
+    epoch: int
+    """The leader's epoch: a token of an older one is stale."""
+    leases: Mapping[str, float]
+    """Pool name -> seconds an attempt stays leased without a heartbeat."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportSuccess:
+    output: bytes | None = None
+    """As the worker's codec made it; None: the function returned None."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportFailure:
+    message: str
+    retryable: bool = True
+    retry_after: float | timedelta | None = None
+    """Seconds before the next attempt (as ``TaskError.retry_after``); None: the backoff."""
+
+
+def token_to_pb(token: AttemptToken) -> pb.AttemptToken:
+    return pb.AttemptToken(
+        epoch=_int64(token.epoch, "token epoch"),
+        task_id=_int64(token.task_id, "token task_id"),
+        attempt=_int64(token.attempt, "token attempt"),
+    )
+
+
+def token_from_pb(message: pb.AttemptToken) -> AttemptToken:
+    """Any numbers: the Scheduler refuses impossible ones (InvalidArgument), and answers an
+    unknown attempt with StaleAttempt."""
+    return AttemptToken(message.epoch, message.task_id, message.attempt)
+
+
+def _required_token(message: pb.HeartbeatRequest | pb.ReportRequest, what: str) -> AttemptToken:
+    if not message.HasField("token"):
+        raise InvalidArgument(f"{what} needs the token of its attempt")
+    return token_from_pb(message.token)
+
+
+def attach_request(
+    worker_id: str, pools: Iterable[str], slots: int, running: Iterable[AttemptToken] = ()
+) -> pb.AttachRequest:
+    return pb.AttachRequest(
+        worker_id=_text(worker_id, "worker_id"),
+        pools=_texts(pools, "pools", "a pool name"),
+        slots=_int64(slots, "slots"),
+        running=[token_to_pb(t) for t in _items(running, "running", "an iterable of tokens")],
+    )
+
+
+def attach_kwargs(message: pb.AttachRequest) -> dict[str, Any]:
+    """The arguments of ``Scheduler.attach`` (``worker_id`` is the server's, for its logs)."""
+    return {
+        "pools": tuple(message.pools),
+        "slots": message.slots,
+        "running": tuple(token_from_pb(t) for t in message.running),
+    }
+
+
+def _attempt_to_pb(attempt: LeasedAttempt) -> pb.Attempt:
+    message = pb.Attempt(
+        token=token_to_pb(attempt.token),
+        pool=attempt.pool,
+        kind=attempt.kind,
+        tags=attempt.tags,
+        lease_expires_at=_timestamp(attempt.lease_expires_at, "lease_expires_at"),
+    )
+    if attempt.key is not None:
+        message.key = attempt.key
+    if attempt.name is not None:
+        message.name = attempt.name
+    if attempt.deadline is not None:
+        message.deadline.CopyFrom(_timestamp(attempt.deadline, "deadline"))
+    if attempt.timeout is not None:
+        message.timeout.CopyFrom(_duration(attempt.timeout, "timeout"))
+    if attempt.payload:
+        message.payload = attempt.payload
+    return message
+
+
+def _attempt_from_pb(message: pb.Attempt) -> LeasedAttempt:
+    return LeasedAttempt(
+        token=token_from_pb(message.token),
+        pool=message.pool,
+        kind=message.kind,
+        key=message.key if message.HasField("key") else None,
+        tags=tuple(message.tags),
+        name=message.name if message.HasField("name") else None,
+        deadline=_datetime(message.deadline, "deadline") if message.HasField("deadline") else None,
+        timeout=(
+            _float_seconds(message.timeout, "timeout") if message.HasField("timeout") else None
+        ),
+        payload=message.payload,  # absent is b"": no payload, as stored
+        lease_expires_at=_datetime(message.lease_expires_at, "lease_expires_at"),
+    )
+
+
+def worker_event_to_pb(event: Attached | LeasedAttempt | CancelRequested) -> pb.WorkerEvent:
+    if isinstance(event, Attached):
+        leases = {name: _duration(s, f"lease of {name}") for name, s in event.leases.items()}
+        return pb.WorkerEvent(attached=pb.Attached(epoch=event.epoch, leases=leases))
+    if isinstance(event, LeasedAttempt):
+        return pb.WorkerEvent(attempt=_attempt_to_pb(event))
+    return pb.WorkerEvent(
+        cancel=pb.CancelAttempt(token=token_to_pb(event.token), reason=event.reason)
+    )
+
+
+def worker_event_from_pb(message: pb.WorkerEvent) -> Attached | LeasedAttempt | CancelRequested:
+    kind = message.WhichOneof("event")
+    if kind == "attached":
+        leases = {
+            name: _float_seconds(lease, f"lease of {name}")
+            for name, lease in message.attached.leases.items()
+        }
+        return Attached(message.attached.epoch, leases)
+    if kind == "attempt":
+        return _attempt_from_pb(message.attempt)
+    if kind == "cancel":
+        return CancelRequested(token_from_pb(message.cancel.token), message.cancel.reason)
+    raise InvalidArgument("a worker event must be attached, attempt or cancel; it is empty")
+
+
+def heartbeat_request(token: AttemptToken) -> pb.HeartbeatRequest:
+    return pb.HeartbeatRequest(token=token_to_pb(token))
+
+
+def heartbeat_token(message: pb.HeartbeatRequest) -> AttemptToken:
+    """The argument of ``Scheduler.heartbeat``."""
+    return _required_token(message, "a heartbeat")
+
+
+def lease_renewed_to_pb(renewed: LeaseRenewed) -> pb.HeartbeatResponse:
+    return pb.HeartbeatResponse(
+        lease_expires_at=_timestamp(renewed.lease_expires_at, "lease_expires_at"),
+        cancel_requested=renewed.cancel_reason is not None,
+        cancel_reason=renewed.cancel_reason or "",
+    )
+
+
+def lease_renewed_from_pb(message: pb.HeartbeatResponse) -> LeaseRenewed:
+    return LeaseRenewed(
+        _datetime(message.lease_expires_at, "lease_expires_at"),
+        message.cancel_reason if message.cancel_requested else None,
+    )
+
+
+def report_request(token: AttemptToken, outcome: ReportSuccess | ReportFailure) -> pb.ReportRequest:
+    """A report of the worker. A failure's message may be any str: a lone surrogate in an
+    exception's text is escaped, since refusing the report would lose the outcome."""
+    message = pb.ReportRequest(token=token_to_pb(token))
+    if isinstance(outcome, ReportSuccess):
+        message.success.SetInParent()
+        if outcome.output is not None:
+            message.success.output = outcome.output
+        return message
+    if not isinstance(outcome.message, str):
+        raise InvalidArgument(f"message must be a str, got {type(outcome.message).__name__}")
+    text = outcome.message.encode("utf-8", "backslashreplace")
+    message.failure.message = text.decode("utf-8")
+    message.failure.retryable = _flag(outcome.retryable, "retryable")
+    if outcome.retry_after is not None:
+        message.failure.retry_after.CopyFrom(_duration(outcome.retry_after, "retry_after"))
+    return message
+
+
+def report_from_pb(message: pb.ReportRequest) -> tuple[AttemptToken, ReportSuccess | ReportFailure]:
+    """The token and outcome, for ``Scheduler.report_success`` or ``report_failure``."""
+    token = _required_token(message, "a report")
+    kind = message.WhichOneof("outcome")
+    if kind == "success":
+        success = message.success
+        return token, ReportSuccess(success.output if success.HasField("output") else None)
+    if kind == "failure":
+        failure = message.failure
+        return token, ReportFailure(
+            failure.message,
+            failure.retryable if failure.HasField("retryable") else True,
+            _seconds(failure.retry_after, "retry_after")
+            if failure.HasField("retry_after")
+            else None,
+        )
+    raise InvalidArgument("a report needs an outcome: success or failure")

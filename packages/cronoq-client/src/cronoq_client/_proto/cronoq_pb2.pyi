@@ -1136,6 +1136,7 @@ class AttachRequest(_message.Message):
     WORKER_ID_FIELD_NUMBER: _builtins.int
     POOLS_FIELD_NUMBER: _builtins.int
     SLOTS_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Free-form name of the worker (host, pid) for logs and metrics; not an identity."""
     slots: _builtins.int
@@ -1144,16 +1145,23 @@ class AttachRequest(_message.Message):
     def pools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Remote pools (configured on the server) this worker runs attempts of."""
 
+    @_builtins.property
+    def running(self) -> _containers.RepeatedCompositeFieldContainer[Global___AttemptToken]:
+        """Attempts the worker still runs from an earlier stream (it reconnected): they keep their
+        slots on this one, and it still heartbeats and reports them (Scheduler.attach(running=)).
+        """
+
     def __init__(
         self,
         *,
         worker_id: _builtins.str = ...,
         pools: _abc.Iterable[_builtins.str] | None = ...,
         slots: _builtins.int = ...,
+        running: _abc.Iterable[Global___AttemptToken] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pools", b"pools", "slots", b"slots", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pools", b"pools", "running", b"running", "slots", b"slots", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
