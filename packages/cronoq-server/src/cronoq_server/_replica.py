@@ -18,7 +18,6 @@ from enum import StrEnum
 from cronoq import BytesCodec, RemotePool, Scheduler
 from cronoq.errors import CronoqError, SchedulerError
 from cronoq.store import Store
-
 from cronoq_server._logging import lifecycle
 
 __all__ = ["NotServing", "Replica", "Role"]

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from cronoq_client.protocol import SERVICE_NAMES, pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from cronoq_client.protocol import SERVICE_NAMES, pb_grpc
 from cronoq_server._config import ServerConfig, open_store, remote_pools
 from cronoq_server._http import HttpServer, Readiness
 from cronoq_server._logging import configure_logging, lifecycle
@@ -145,18 +145,22 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
     """Serve until SIGTERM or SIGINT: drain on the first, stop at once on a second."""
     configure_logging(config.logging)
     replica = make_replica(config)
-    options = _Options(config.listen.grpc.host, config.limits.max_message_bytes, _credentials(config))
+    limit = config.limits.max_message_bytes
+    options = _Options(config.listen.grpc.host, limit, _credentials(config))
     endpoint = GrpcEndpoint(replica, options, config.listen.grpc.port)
-    collector = SchedulerCollector(lambda: replica.scheduler)
+    collector = SchedulerCollector(
+        lambda: replica.scheduler.workers if replica.scheduler is not None else 0
+    )
     http = HttpServer(
-        config.listen.http.host,
-        config.listen.http.port,
-        Readiness(lambda: (replica.ready, replica.role.value, replica.reason)),
-        metrics_registry(collector),
+        config.listen.http,
+        readiness=lambda: Readiness(replica.ready, replica.role.value),
+        registry=metrics_registry(collector),
     )
     pending: set[asyncio.Task[None]] = set()
 
     def changed(role: Role) -> None:
+        # Counts of a scheduler that stopped are kept; the next one adds to them.
+        collector.watch(replica.scheduler if role is Role.LEADING else None)
         task = asyncio.get_running_loop().create_task(endpoint.role_changed(role))
         pending.add(task)
         task.add_done_callback(pending.discard)

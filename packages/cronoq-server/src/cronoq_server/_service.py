@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import grpc
+
 from cronoq import CancelRequested, Scheduler, preview
-from cronoq.errors import CronoqError, InvalidArgument
+from cronoq.errors import CronoqError
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
-
 from cronoq_server._replica import NotServing, Replica
 
 __all__ = ["SchedulerService", "WorkerService"]
@@ -104,8 +105,9 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         remaining = context.time_remaining()
         if remaining is not None:
             asked = options.get("timeout")
-            seconds = asked.total_seconds() if hasattr(asked, "total_seconds") else asked
-            options["timeout"] = remaining if seconds is None else min(float(seconds), remaining)
+            if isinstance(asked, timedelta):
+                asked = asked.total_seconds()
+            options["timeout"] = remaining if asked is None else min(float(asked), remaining)
         return wire.task_info_to_pb(await self._leader().wait(**options))
 
     @_unary
@@ -162,19 +164,20 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
     def __init__(self, replica: Replica) -> None:
         self._replica = replica
 
-    async def Attach(
+    async def Attach(  # type: ignore[override]  # writes with context.write, not yield
         self, request: pb.AttachRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         try:
             sched = self._replica.leader(leasing=True)
-            pools, slots, running = wire.attach_args(request)
-            link = sched.attach(pools, slots, running=running)
+            options = wire.attach_kwargs(request)
+            link = sched.attach(**options)
         except Exception as exc:
             await _abort(context, exc)
             return
-        log.info("worker attached", extra={"worker": request.worker_id, "pools": sorted(pools)})
+        log.info("worker attached", extra={"worker": request.worker_id, "pools": options["pools"]})
         try:
-            await context.write(wire.attached_to_pb(sched.epoch or 0, self._replica.leases))
+            attached = wire.Attached(sched.epoch or 0, self._replica.leases)
+            await context.write(wire.worker_event_to_pb(attached))
             while True:
                 try:
                     event = await link.next()
@@ -182,10 +185,10 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                     await _abort(context, exc)
                     return
                 if isinstance(event, CancelRequested):
-                    await context.write(wire.cancel_to_pb(event))
+                    await context.write(wire.worker_event_to_pb(event))
                     continue
                 try:
-                    await context.write(wire.attempt_to_pb(event))
+                    await context.write(wire.worker_event_to_pb(event))
                 except BaseException:
                     link.unsent(event)  # the write failed: it never left, so it is not counted
                     raise
@@ -195,21 +198,18 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
 
     @_unary
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
-        token = wire.token_from_pb(request.token)
+        token = wire.heartbeat_token(request)
         renewed = await self._replica.leader(reporting=True).heartbeat(token)
-        return wire.heartbeat_response_to_pb(renewed)
+        return wire.lease_renewed_to_pb(renewed)
 
     @_unary
     async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:
         sched = self._replica.leader(reporting=True)
-        token = wire.token_from_pb(request.token)
-        outcome = request.WhichOneof("outcome")
-        if outcome == "success":
-            output = request.success.output if request.success.HasField("output") else None
-            await sched.report_success(token, output)
-        elif outcome == "failure":
-            failure = request.failure
-            await sched.report_failure(token, **wire.failure_kwargs(failure))
+        token, outcome = wire.report_from_pb(request)
+        if isinstance(outcome, wire.ReportSuccess):
+            await sched.report_success(token, outcome.output)
         else:
-            raise InvalidArgument("a report needs an outcome: success or failure")
+            await sched.report_failure(
+                token, outcome.message, retryable=outcome.retryable, retry_after=outcome.retry_after
+            )
         return pb.ReportResponse()
