@@ -142,8 +142,9 @@ async def test_a_caller_whose_commit_did_not_land_is_told_it_was_not_applied(
 ) -> None:
     sched, store = faulty
     store.arm(CommitFault.UNAVAILABLE)
-    with pytest.raises(SchedulerError, match="was not applied and may be retried"):
+    with pytest.raises(SchedulerError, match="was not applied and may be retried") as error:
         await sched.submit("job", b"", key="k")
+    assert error.value.applied is False  # what a remote client needs to retry on its own
     assert await sched.get_by_key("k") is None
 
 
@@ -583,8 +584,11 @@ async def test_a_writer_of_the_failed_step_is_answered_when_the_rebuild_stops(
     elif stop == "abort":
         await store.recovering.wait()  # the rebuild waits for the store
         sched.abort()
-    with pytest.raises((SchedulerStopped, SchedulerError)):
+    with pytest.raises((SchedulerStopped, SchedulerError)) as error:
         await asyncio.wait_for(submitting, ANSWER_WITHIN)
+    # Its commit may have landed: unless the store showed it did not (the close lets the
+    # rebuild read it), the caller must not take the stop for "nothing applied".
+    assert error.value.applied is (False if stop == "close" else None), error.value
 
 
 async def test_callers_held_by_the_failed_step_are_answered_when_the_rebuild_fails(

@@ -31,10 +31,12 @@ from cronoq._engine import (
     GetTask,
     GetTaskByKey,
     Heartbeat,
+    HeartbeatReply,
     InFlight,
     Input,
     ListSchedules,
     ListTasks,
+    OfferSlots,
     PauseSchedule,
     PoolConfig,
     RemoveSchedule,
@@ -156,6 +158,10 @@ def _check_step(engine: Engine, now: int, result: StepResult) -> None:
 
 
 def step(engine: Engine, now: int, *inputs: Input) -> StepResult:
+    leased = frozenset(p.name for p in engine.config.pools if p.lease_ns is not None)
+    if leased and not any(isinstance(i, OfferSlots) for i in inputs):
+        # As the driver does before every step: here, workers with slots to spare.
+        inputs = (OfferSlots([(leased, 1000)]), *inputs)
     result = engine.step(now, inputs)
     _check_step(engine, now, result)
     return result
@@ -1191,7 +1197,7 @@ def test_cancelling_a_running_task_requests_it_and_waits_for_the_attempt() -> No
     assert result.cancels == [CancelAttempt(dispatch.token, "default", "shutting down")]
     still = record(engine, T0 + 3, task_id)
     assert (still.status, still.cancel_requested) == (Status.RUNNING, True)
-    assert heartbeat(engine, T0 + 3, dispatch) is True
+    assert heartbeat(engine, T0 + 3, dispatch) == HeartbeatReply(None, "shutting down")
     result = report(engine, T0 + 4, dispatch, AttemptFailed("cancelled", retryable=True))[1]
     assert updates(result) == [
         TaskUpdated(task_id, Status.CANCELLED, 1, "shutting down", T0 + 4),
@@ -1971,9 +1977,9 @@ def test_attempt_not_heartbeaten_within_its_lease_is_lost_and_retried() -> None:
 def test_heartbeats_extend_the_lease() -> None:
     engine = make_engine(remote=PoolConfig("remote", 1, lease_ns=30 * S))
     _, dispatch = start_one(engine, T0, spec(pool="remote"))
-    assert heartbeat(engine, T0 + 20 * S, dispatch) is False
+    assert heartbeat(engine, T0 + 20 * S, dispatch) == HeartbeatReply(T0 + 50 * S, None)
     assert run_to(engine, T0 + 30 * S).mutations == []
-    assert heartbeat(engine, T0 + 45 * S, dispatch) is False
+    assert heartbeat(engine, T0 + 45 * S, dispatch) == HeartbeatReply(T0 + 75 * S, None)
     result = run_to(engine, T0 + 50 * S)
     assert result.mutations == []
     assert result.next_wake_ns == T0 + 75 * S

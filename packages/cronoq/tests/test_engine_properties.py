@@ -32,8 +32,10 @@ from cronoq._engine import (
     Engine,
     EngineConfig,
     Heartbeat,
+    HeartbeatReply,
     InFlight,
     Input,
+    OfferSlots,
     PauseSchedule,
     PoolConfig,
     RemoveSchedule,
@@ -85,6 +87,8 @@ POOLS = (
 )
 CONFIG = EngineConfig(pools=POOLS, retention_ns=RETENTION_NS, seed=20240611)
 CONCURRENCY = {pool.name: pool.concurrency for pool in POOLS}
+# Remote workers with slots to spare for the leased pool, offered before every step.
+WORKERS = OfferSlots([(frozenset(p.name for p in POOLS if p.lease_ns is not None), 1000)])
 
 NEVER_AUTO_PRUNE_NS = 200 * 366 * 24 * 3600 * S
 """``MemoryCluster.apply`` prunes every 1024 commits against the REAL clock; a keep_finished this
@@ -298,7 +302,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def _run(self, inputs: list[Input], fail: bool) -> StepResult | None:
         """One driver turn. Returns the step if it committed, None if it was lost."""
-        result = self.engine.step(self.now, inputs)
+        result = self.engine.step(self.now, [WORKERS, *inputs])
         if fail and result.mutations:
             # The step never became durable: forget it, rebuild memory from the log. Reports in
             # it stay in flight (the driver re-applies them), so their tokens are adopted too.
@@ -316,6 +320,8 @@ class EngineMachine(RuleBasedStateMachine):
                 failures -= 1
                 continue
             self._persist(first, engine)
+            # The driver steps again at once: a fresh engine knows no worker slots until then.
+            self._persist(engine.step(self.now, [WORKERS]), engine)
             return engine
 
     def _persist(self, result: StepResult, engine: Engine | None = None) -> None:
@@ -600,7 +606,7 @@ class EngineMachine(RuleBasedStateMachine):
         assert token not in self.engine.running_tokens()
         # Every rule leaves the engine stepped at self.now, so a step at the same time with only
         # a rejected report in it must change nothing at all.
-        result = self.engine.step(self.now, [AttemptReport(token, outcome, "stale")])
+        result = self.engine.step(self.now, [WORKERS, AttemptReport(token, outcome, "stale")])
         assert isinstance(_reply(result, "stale"), StaleAttempt)
         assert result.mutations == [], result.mutations
         assert result.dispatches == [] and result.cancels == [], result
@@ -611,10 +617,11 @@ class EngineMachine(RuleBasedStateMachine):
     def heartbeat(self, data: st.DataObject) -> None:
         token = data.draw(st.sampled_from(sorted(self.inflight, key=_token_order)), label="token")
         current = token in self.engine.running_tokens()
-        result = self.engine.step(self.now, [Heartbeat(token, "heartbeat")])
+        result = self.engine.step(self.now, [WORKERS, Heartbeat(token, "heartbeat")])
         reply = _reply(result, "heartbeat")
         if current:
-            assert reply is self.tasks[token.task_id].cancel_requested, reply
+            assert isinstance(reply, HeartbeatReply), reply
+            assert (reply.cancel_reason is not None) is self.tasks[token.task_id].cancel_requested
         else:
             assert isinstance(reply, StaleAttempt), reply
         assert result.mutations == [], "a heartbeat persists nothing"

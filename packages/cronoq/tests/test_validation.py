@@ -225,7 +225,7 @@ def test_scheduler_construction_validation() -> None:
         Scheduler([])
     with pytest.raises(InvalidArgument, match="pools must be a list of Pool, got str"):
         Scheduler("default")  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgument, match="pools must be Pool instances"):
+    with pytest.raises(InvalidArgument, match="pools must be Pool or RemotePool instances"):
         Scheduler(["default"])  # type: ignore[list-item]
     with pytest.raises(InvalidArgument, match="pool names must be unique"):
         Scheduler([Pool("a", noop), Pool("a", noop)])

@@ -5,10 +5,12 @@ Store authors also use :mod:`cronoq.store`; every exception lives in :mod:`crono
 """
 
 from cronoq._codecs import BytesCodec, Codec, JsonCodec
-from cronoq._engine import TaskSummary
+from cronoq._engine import AttemptToken, TaskSummary
 from cronoq._executors import TaskContext
 from cronoq._memory import MemoryStore
+from cronoq._metrics import Histogram, SchedulerMetrics
 from cronoq._model import CatchUpPolicy, MissPolicy, OverlapPolicy, RetryPolicy, Status
+from cronoq._remote import CancelRequested, LeasedAttempt, LeaseRenewed, RemotePool, WorkerLink
 from cronoq._scheduler import Pool, ScheduleInfo, Scheduler, TaskInfo, TaskRequest, preview
 from cronoq.errors import (
     AdmissionRejected,
@@ -17,29 +19,39 @@ from cronoq.errors import (
     PayloadError,
     SchedulerError,
     SchedulerStopped,
+    StaleAttempt,
     TaskError,
     UnknownPool,
     WaitTimedOut,
+    WorkerDetached,
 )
 
 __all__ = [
     "AdmissionRejected",
+    "AttemptToken",
     "BytesCodec",
+    "CancelRequested",
     "CatchUpPolicy",
     "Codec",
     "CronoqError",
+    "Histogram",
     "InvalidArgument",
     "JsonCodec",
+    "LeaseRenewed",
+    "LeasedAttempt",
     "MemoryStore",
     "MissPolicy",
     "OverlapPolicy",
     "PayloadError",
     "Pool",
+    "RemotePool",
     "RetryPolicy",
     "ScheduleInfo",
     "Scheduler",
     "SchedulerError",
+    "SchedulerMetrics",
     "SchedulerStopped",
+    "StaleAttempt",
     "Status",
     "TaskContext",
     "TaskError",
@@ -48,6 +60,8 @@ __all__ = [
     "TaskSummary",
     "UnknownPool",
     "WaitTimedOut",
+    "WorkerDetached",
+    "WorkerLink",
     "preview",
 ]
 

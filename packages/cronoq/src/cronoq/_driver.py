@@ -34,11 +34,13 @@ from cronoq._engine import (
     Input,
     ListSchedules,
     ListTasks,
+    OfferSlots,
     StepResult,
     WaitTask,
     WithdrawAttempts,
 )
 from cronoq._executors import Executor
+from cronoq._metrics import BATCH_BOUNDS, LATENCY_BOUNDS, Counters, HistogramCounter
 from cronoq._model import NS_PER_S
 from cronoq._reconcile import batch_landed
 from cronoq.errors import (
@@ -80,6 +82,9 @@ class Driver:
         self._config = config
         self._store = store
         self._executors = executors
+        # Executors of leased pools (one may serve several): they offer their workers' slots.
+        unique = {id(e): e for e in executors.values()}.values()
+        self._offering = [e for e in unique if e.slot_offer() is not None]
         self._commit_timeout = commit_timeout
         self._clock = clock
         self._inbox: deque[Input] = deque()
@@ -109,6 +114,9 @@ class Driver:
         self.lost = asyncio.Event()
         self.failure: BaseException | None = None
         self.commits = 0  # committed steps, for tests and diagnostics
+        self.counters = Counters()  # kept across the engines a rebuild replaces
+        self.commit_seconds = HistogramCounter(LATENCY_BOUNDS)
+        self.commit_batch_size = HistogramCounter(BATCH_BOUNDS)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -200,16 +208,50 @@ class Driver:
             return SchedulerStopped(f"the scheduler stopped: {self.failure}")
         return SchedulerStopped("the scheduler is not running")
 
-    def report(self, token: AttemptToken, outcome: AttemptSucceeded | AttemptFailed) -> None:
+    def report(
+        self,
+        token: AttemptToken,
+        outcome: AttemptSucceeded | AttemptFailed,
+        reply_to: asyncio.Future[object] | None = None,
+        remote: bool = False,
+    ) -> None:
+        """An attempt ended. With ``reply_to``, it is answered once the outcome is committed
+        (or with StaleAttempt); reports are taken while closing, unlike calls."""
+        if self.stopped.is_set():
+            if reply_to is not None:
+                _resolve(reply_to, self.failure_error())
+            return
+        self._executing.pop(token, None)
+        self._inbox.append(AttemptReport(token, outcome, reply_to, remote))
+        self._wake()
+
+    def heartbeat(self, token: AttemptToken, reply_to: asyncio.Future[object]) -> None:
+        """A remote worker's heartbeat, answered after the step that applied it."""
+        if self.stopped.is_set():
+            _resolve(reply_to, self.failure_error())
+            return
+        self._inbox.append(Heartbeat(token, reply_to, remote=True))
+        self._wake()
+
+    def withdraw(self, token: AttemptToken, reason: str) -> None:
+        """A released attempt that its executor could not start after all (a remote worker
+        left in the meantime): back to its queue, not counted."""
         self._executing.pop(token, None)
         if not self.stopped.is_set():
-            self._inbox.append(AttemptReport(token, outcome))
+            self._inbox.append(WithdrawAttempts([token], reason))
             self._wake()
 
-    def heartbeat(self, token: AttemptToken) -> None:
-        if not self.stopped.is_set():
-            self._inbox.append(Heartbeat(token))
-            self._wake()
+    def nudge(self) -> None:
+        """Run a step soon: an executor has free slots to offer."""
+        self._wake()
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def engine(self) -> Engine | None:
+        return self._engine
 
     def _wake(self) -> None:
         self._wakeup.set()
@@ -252,6 +294,9 @@ class Driver:
         engine = self._engine
         assert engine is not None
         inputs = self._take_inbox()
+        if self._offering:
+            groups = [g for executor in self._offering for g in executor.slot_offer() or ()]
+            inputs.insert(0, OfferSlots(groups))
         result = engine.step(self._clock(), inputs)
         if result.mutations:
             self._committing = result
@@ -269,7 +314,8 @@ class Driver:
         give_up = time.monotonic() + self._commit_timeout
         pause = _RETRY_FIRST_S
         while True:
-            remaining = give_up - time.monotonic()
+            began = time.monotonic()
+            remaining = give_up - began
             try:
                 async with asyncio.timeout(max(remaining, 0.001)):
                     await self._store.commit(self._epoch, batch)
@@ -282,6 +328,8 @@ class Driver:
                 pause = min(pause * 2, _RETRY_MAX_S)
             else:
                 self.commits += 1
+                self.commit_seconds.observe(time.monotonic() - began)
+                self.commit_batch_size.observe(len(batch))
                 return True
 
     def _release(self, result: StepResult, inputs: Iterable[Input] = ()) -> None:
@@ -348,7 +396,9 @@ class Driver:
 
         def answer_writers(landed: bool | None) -> None:
             if landed is None:  # reads are not held for the store either
-                error = SchedulerError("the store is unavailable while the scheduler recovers")
+                error = SchedulerError(
+                    "the store is unavailable while the scheduler recovers", applied=False
+                )
                 for item in inputs:
                     if isinstance(item, _READS) and not isinstance(item, WaitTask):
                         _resolve(item.reply_to, error)
@@ -362,7 +412,8 @@ class Driver:
                 outcome = "the store may have applied the operation: retry it with a key"
             error = SchedulerError(
                 f"the store did not confirm the commit within {self._commit_timeout:g}s "
-                f"({self._last_unavailable}); {outcome}"
+                f"({self._last_unavailable}); {outcome}",
+                applied=landed,
             )
             for item in writers:
                 _resolve(item.reply_to, error)
@@ -429,6 +480,7 @@ class Driver:
                     self._clock(),
                     state,
                     inflight,
+                    self.counters,
                 )
                 if first.mutations and not await self._commit(first.mutations):
                     raise Unavailable("could not commit the recovery step")
@@ -441,7 +493,10 @@ class Driver:
                 if on_unavailable is not None:
                     on_unavailable()
                 self._fail_waiting_callers(
-                    SchedulerError(f"the store is unavailable while the scheduler recovers: {exc}")
+                    SchedulerError(
+                        f"the store is unavailable while the scheduler recovers: {exc}",
+                        applied=False,
+                    )
                 )
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _RETRY_MAX_S)
@@ -450,6 +505,7 @@ class Driver:
                 engine.stop_dispatching()
             self._engine = engine
             self._release(first)
+            self._wake()  # a fresh engine offers no worker slots until its next step
             return state
 
     def _fail_waiting_callers(self, error: BaseException) -> None:
@@ -480,8 +536,13 @@ class Driver:
         error = self.failure_error()
         self._fail_waiting_callers(error)
         if self._committing is not None:
+            uncertain = SchedulerStopped(
+                f"{error}; it stopped while committing the operation, which may have been "
+                "applied: retry it with a key",
+                applied=None,
+            )
             for reply_to, _ in self._committing.replies:
-                _resolve(reply_to, error)
+                _resolve(reply_to, uncertain)
         waiters = self._moving_waiters
         if self._engine is not None:
             waiters = [*waiters, *self._engine.take_waiters()]

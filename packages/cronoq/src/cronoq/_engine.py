@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from cronoq._cron import CronSchedule
 from cronoq._ids import first_id, last_id
+from cronoq._metrics import Counters, bump
 from cronoq._model import (
     LEGAL_TRANSITIONS,
     NS_PER_S,
@@ -39,6 +40,7 @@ from cronoq.errors import (
     DuplicateSchedule,
     ScheduleNotFound,
     SchedulerError,
+    StaleAttempt,
     TaskNotFound,
     UnknownDependency,
     UnknownPool,
@@ -69,10 +71,12 @@ __all__ = [
     "GetTask",
     "GetTaskByKey",
     "Heartbeat",
+    "HeartbeatReply",
     "InFlight",
     "Input",
     "ListSchedules",
     "ListTasks",
+    "OfferSlots",
     "PauseSchedule",
     "PoolConfig",
     "RemoveSchedule",
@@ -124,7 +128,8 @@ class PoolConfig:
     max_live: int | None = None
     """Bound on live (not finished) tasks in this pool; None means only the global bound."""
     lease_ns: int | None = None
-    """Remote executors: an attempt not heartbeaten for this long is lost and retried."""
+    """Remote executors: an attempt not heartbeaten for this long is lost and retried. Such a
+    pool also starts attempts only into the free slots its executor offers (OfferSlots)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,11 +185,24 @@ class AttemptReport:
     token: AttemptToken
     outcome: AttemptSucceeded | AttemptFailed
     reply_to: object = None
+    remote: bool = False
+    """From a remote worker: only an attempt of a leased pool may be reported so."""
 
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
     token: AttemptToken
+    reply_to: object = None
+    remote: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class OfferSlots:
+    """The free slots of remote workers now, as (the pools they serve, how many), replacing
+    the previous offer. The driver sends it before every step, so that the engine never
+    dispatches an attempt to a leased pool that no worker can take."""
+
+    groups: Sequence[tuple[frozenset[str], int]]
     reply_to: object = None
 
 
@@ -251,6 +269,8 @@ class ListTasks:
     kind: str | None = None
     tag: str | None = None
     limit: int | None = None
+    after: int | None = None
+    """Only tasks with a larger id (paging); results come in ascending id order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,6 +293,7 @@ Input = (
     | ListTasks
     | ListSchedules
     | WithdrawAttempts
+    | OfferSlots
 )
 
 
@@ -322,6 +343,8 @@ class Dispatch:
 
     token: AttemptToken
     spec: TaskSpec
+    lease_expires_ns: int | None = None
+    """Leased pools: when the attempt is lost unless its worker heartbeats."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,8 +356,14 @@ class CancelAttempt:
     reason: str
 
 
-class StaleAttempt(CronoqError):
-    """A report for an attempt that is no longer the task's current one; it changed nothing."""
+@dataclass(frozen=True, slots=True)
+class HeartbeatReply:
+    """The answer to a heartbeat of a current attempt."""
+
+    lease_expires_ns: int | None
+    """None when the pool has no lease."""
+    cancel_reason: str | None
+    """Why the attempt should stop, once a cancellation was requested."""
 
 
 @dataclass(slots=True)
@@ -418,6 +447,14 @@ class _Pool:
         self.ready: list[tuple[int, int]] = []
 
 
+class _SlotGroup:
+    __slots__ = ("free", "pools")
+
+    def __init__(self, pools: frozenset[str], free: int) -> None:
+        self.pools = pools
+        self.free = free
+
+
 class _Schedule:
     __slots__ = ("cron", "last_task_id", "next_ns", "paused", "spec")
 
@@ -435,10 +472,17 @@ class _Schedule:
 class Engine:
     """All task semantics. See the module docstring for the contract."""
 
-    def __init__(self, config: EngineConfig, epoch: int, high_water_mark: int = 0) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        epoch: int,
+        high_water_mark: int = 0,
+        counters: Counters | None = None,
+    ) -> None:
         if not config.pools:
             raise ValueError("at least one pool is required")
         self.config = config
+        self.counters = counters if counters is not None else Counters()
         self.epoch = epoch
         self._next_id = first_id(epoch, high_water_mark)
         self._last_id = last_id(epoch)  # ids past it would belong to the next epoch
@@ -455,6 +499,10 @@ class Engine:
         self._deferred: set[int] = set()
         """Ready tasks held back from dispatch while their previous attempt still runs."""
         self._quarantined: dict[int, TaskRecord] = {}
+        # Leased attempts: when each lease ends (task id -> ns). A report after it is stale.
+        self._leases: dict[int, int] = {}
+        # Remote workers' free slots, the most specific first (OfferSlots).
+        self._slots: list[_SlotGroup] = []
         self._schedules: dict[str, _Schedule] = {}
         self._timers: list[tuple[int, int]] = []
         self._schedule_timers: list[tuple[int, str]] = []
@@ -515,6 +563,7 @@ class Engine:
         now_ns: int,
         state: RecoveredState,
         inflight: InFlight | None = None,
+        counters: Counters | None = None,
     ) -> tuple[Engine, StepResult]:
         """Rebuild from recovered rows and run a first step.
 
@@ -531,7 +580,7 @@ class Engine:
 
         The returned step carries the mutations of that bookkeeping; commit it before serving.
         """
-        engine = cls(config, epoch, state.max_task_id)
+        engine = cls(config, epoch, state.max_task_id, counters)
         engine._restore(now_ns, state, inflight)
         return engine, engine.step(now_ns)
 
@@ -566,6 +615,11 @@ class Engine:
                 self._reply(item.reply_to, self._remove_schedule(item.name))
             case ListSchedules():
                 self._reply(item.reply_to, [s.record() for s in self._schedules.values()])
+            case OfferSlots():
+                # A worker serving one pool is used before one serving several, which could
+                # also take another pool's task.
+                groups = sorted(item.groups, key=lambda group: len(group[0]))
+                self._slots = [_SlotGroup(pools, free) for pools, free in groups if free > 0]
             case WithdrawAttempts():
                 for token in item.tokens:
                     task = self._current_attempt(token)
@@ -633,6 +687,7 @@ class Engine:
         self._next_id += 1
         self._tasks[task.id] = task
         self._pools[spec.pool].live += 1
+        bump(self.counters.submitted, spec.pool)
         if spec.key is not None:
             self._keys[spec.key] = task.id
         blocker = self._link_parents(task)
@@ -722,12 +777,40 @@ class Engine:
             return None
         return task
 
-    def _report(self, item: AttemptReport) -> None:
-        task = self._current_attempt(item.token)
+    def _stale(self, token: AttemptToken, remote: bool) -> StaleAttempt | None:
+        """Why a heartbeat or report of ``token`` must change nothing, if it must."""
+        name = f"attempt {token.attempt} of task {token.task_id} (epoch {token.epoch})"
+        task = self._tasks.get(token.task_id)
+        if remote and task is not None and self._pools[task.spec.pool].config.lease_ns is None:
+            # A worker may not end an attempt that runs in this process.
+            return StaleAttempt(f"{name} was not leased to a worker", "unknown")
+        if token.epoch != self.epoch:
+            message = f"{name} belongs to an earlier leader (epoch now {self.epoch})"
+            return StaleAttempt(message, "epoch")
         if task is None:
-            self._end_zombie(item.token)
-            self._reply(item.reply_to, StaleAttempt(f"attempt {item.token} is not current"))
+            done = self._finished.get(token.task_id)
+            if done is None:
+                return StaleAttempt(f"{name}: no such task", "unknown")
+            return StaleAttempt(f"{name}: the task is {done.status}", "finished")
+        if task.status is not Status.RUNNING or task.attempt != token.attempt:
+            return StaleAttempt(
+                f"{name} is not current (the task is {task.status}, attempt {task.attempt})",
+                "attempt",
+            )
+        lease_end = self._leases.get(task.id)
+        if lease_end is not None and lease_end <= self._now:
+            return StaleAttempt(f"{name}: its lease expired", "lease")
+        return None
+
+    def _report(self, item: AttemptReport) -> None:
+        stale = self._stale(item.token, item.remote)
+        if stale is not None:
+            if not item.remote:
+                self._end_zombie(item.token)
+            self._reply(item.reply_to, stale)
             return
+        task = self._tasks[item.token.task_id]
+        self._leases.pop(task.id, None)
         self._pools[task.spec.pool].running -= 1
         outcome = item.outcome
         if isinstance(outcome, AttemptSucceeded):
@@ -768,10 +851,12 @@ class Engine:
             self._zombies[task.id] = (token, task.spec.pool)
         else:
             pool.running -= 1
+            self._leases.pop(task.id, None)
 
     def _unstart(self, task: _Task, message: str) -> None:
         """Put back a dispatched attempt that no executor received: it does not count."""
         self._pools[task.spec.pool].running -= 1
+        self._leases.pop(task.id, None)
         task.attempt -= 1
         # RUNNING -> READY is not a transition of the task's life: the attempt never began.
         task.status = Status.READY
@@ -784,12 +869,14 @@ class Engine:
         self._arm(task, check_miss=False)
 
     def _heartbeat(self, item: Heartbeat) -> None:
-        task = self._current_attempt(item.token)
-        if task is None:
-            self._reply(item.reply_to, StaleAttempt(f"attempt {item.token} is not current"))
+        stale = self._stale(item.token, item.remote)
+        if stale is not None:
+            self._reply(item.reply_to, stale)
             return
+        task = self._tasks[item.token.task_id]
         self._set_wake(task, self._running_wake(task))
-        self._reply(item.reply_to, task.cancel_requested)
+        reason = task.message if task.cancel_requested else None
+        self._reply(item.reply_to, HeartbeatReply(self._leases.get(task.id), reason))
 
     def _attempt_failed(
         self, task: _Task, reason: str, retryable: bool, retry_after_ns: int | None
@@ -798,10 +885,12 @@ class Engine:
         spec = task.spec
         attempt = task.attempt
         if not retryable:
+            bump(self.counters.dead_lettered, spec.pool)
             self._finish(task, Status.FAILED, f"attempt {attempt} failed (not retryable): {reason}")
             return
         if attempt >= spec.retry.max_attempts:
             message = f"attempt {attempt} failed: {reason}; no attempts left"
+            bump(self.counters.dead_lettered, spec.pool)
             self._finish(task, Status.FAILED, message)
             return
         delay = retry_after_ns
@@ -810,8 +899,10 @@ class Engine:
         due = self._now + delay
         if spec.deadline_ns is not None and due >= spec.deadline_ns:
             message = f"attempt {attempt} failed: {reason}; the next would start after the deadline"
+            bump(self.counters.dead_lettered, spec.pool)
             self._finish(task, Status.FAILED, message)
             return
+        bump(self.counters.retries, spec.pool)
         message = f"attempt {attempt} failed: {reason}; retrying in {_seconds(delay)}"
         self._transition(task, Status.RETRYING, message)
         self._out.mutations.append(
@@ -835,6 +926,8 @@ class Engine:
                 TaskUpdated(task.id, status, task.attempt, message, self._now, output=output)
             )
             del self._tasks[task.id]
+            self._leases.pop(task.id, None)
+            bump(self.counters.finished, (task.spec.pool, status.value))
             pool = self._pools.get(task.spec.pool)
             if pool is not None:  # None only for a recovered task whose pool was removed
                 pool.live -= 1
@@ -906,8 +999,8 @@ class Engine:
             self._reply(item.reply_to, self._get(item.task_id))
 
     def _list(self, query: ListTasks) -> list[TaskSummary]:
+        after = query.after if query.after is not None else 0
         found: list[TaskSummary] = []
-        limit = query.limit
         sources: tuple[Iterable[_Task | TaskSummary], ...] = (
             self._tasks.values(),
             self._finished.values(),
@@ -916,15 +1009,25 @@ class Engine:
             for item in source:
                 summary = item.summary() if isinstance(item, _Task) else item
                 if (
-                    (query.statuses is None or summary.status in query.statuses)
+                    summary.task_id > after
+                    and (query.statuses is None or summary.status in query.statuses)
                     and (query.pool is None or summary.pool == query.pool)
                     and (query.kind is None or summary.kind == query.kind)
                     and (query.tag is None or query.tag in summary.tags)
                 ):
                     found.append(summary)
-                    if limit is not None and len(found) >= limit:
-                        return found
+        # Ascending ids (submission order), so that ``after`` pages through a stable order.
+        if query.limit is not None and query.limit < len(found):
+            return heapq.nsmallest(query.limit, found, key=lambda summary: summary.task_id)
+        found.sort(key=lambda summary: summary.task_id)
         return found
+
+    def gauges(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+        """Live tasks by (pool, status), and attempts holding a slot by pool."""
+        depth: dict[tuple[str, str], int] = {}
+        for task in self._tasks.values():
+            bump(depth, (task.spec.pool, task.status.value))
+        return depth, {name: pool.running for name, pool in self._pools.items()}
 
     # --- schedules ------------------------------------------------------------------------
 
@@ -1039,6 +1142,7 @@ class Engine:
             wake = self._earliest(wake, task.updated_ns + spec.timeout_ns)
         lease = self._pools[spec.pool].config.lease_ns
         if lease is not None:
+            self._leases[task.id] = self._now + lease
             wake = self._earliest(wake, self._now + lease)
         return wake
 
@@ -1072,6 +1176,7 @@ class Engine:
                 reason = f"timed out after {_seconds(timeout)}"
             else:
                 reason = "lost: its worker stopped heartbeating"
+                bump(self.counters.attempts_lost, spec.pool)
             self._stop_attempt(task, reason)
             self._attempt_failed(task, reason, retryable=True, retry_after_ns=None)
         elif deadline_passed:
@@ -1090,7 +1195,11 @@ class Engine:
         for pool in self._pools.values():
             ready = pool.ready
             limit = pool.config.concurrency
+            leased = pool.config.lease_ns is not None
             while ready and pool.running < limit:
+                slot = self._free_slot(pool.config.name) if leased else None
+                if leased and slot is None:
+                    break
                 _, task_id = heapq.heappop(ready)
                 task = self._tasks.get(task_id)
                 if task is None or task.status is not Status.READY:
@@ -1100,13 +1209,24 @@ class Engine:
                     continue
                 task.attempt += 1
                 message = f"attempt {task.attempt} started"
+                self.counters.start_delay.observe((self._now - task.updated_ns) / NS_PER_S)
                 self._transition(task, Status.RUNNING, message)
                 pool.running += 1
+                if slot is not None:
+                    slot.free -= 1
                 self._out.mutations.append(
                     TaskUpdated(task.id, Status.RUNNING, task.attempt, message, self._now)
                 )
                 self._set_wake(task, self._running_wake(task))
-                self._out.dispatches.append(Dispatch(task.token(self.epoch), task.spec))
+                self._out.dispatches.append(
+                    Dispatch(task.token(self.epoch), task.spec, self._leases.get(task.id))
+                )
+
+    def _free_slot(self, pool: str) -> _SlotGroup | None:
+        for slot in self._slots:
+            if slot.free and pool in slot.pools:
+                return slot
+        return None
 
     def _next_wake(self) -> int | None:
         self._compact_heaps()
@@ -1271,6 +1391,7 @@ class Engine:
                 self._finish(task, Status.CANCELLED, task.message)
             else:
                 reason = "lost: the scheduler stopped while it ran"
+                bump(self.counters.attempts_lost, spec.pool)
                 self._attempt_failed(task, reason, retryable=True, retry_after_ns=None)
         elif task.status is Status.RETRYING:
             due = due_ns if due_ns is not None else self._now

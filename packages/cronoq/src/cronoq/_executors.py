@@ -1,16 +1,17 @@
 """Executors run attempts. The driver only knows the :class:`Executor` seam.
 
-A local executor runs a Python function in this process. A remote one (the server's workers)
-implements the same seam: it leases the attempt to a worker, forwards the worker's heartbeats
-with :meth:`Reporter.heartbeat` and its outcome with :meth:`Reporter.report`; the engine fails
-an attempt whose pool has a lease and which stopped heartbeating.
+A local executor runs a Python function in this process. A remote one (``_remote.py``, the
+server's workers) implements the same seam: it offers its workers' free slots, hands each
+attempt to one of them (or withdraws it if none is left), and the worker's heartbeats and
+outcome come back through the scheduler; the engine fails an attempt whose pool has a lease and
+which stopped heartbeating.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -54,10 +55,15 @@ class Reporter(Protocol):
 
     def report(self, token: AttemptToken, outcome: AttemptSucceeded | AttemptFailed) -> None: ...
 
-    def heartbeat(self, token: AttemptToken) -> None: ...
+    def withdraw(self, token: AttemptToken, reason: str) -> None: ...
 
 
 class Executor(Protocol):
+    def slot_offer(self) -> Sequence[tuple[frozenset[str], int]] | None:
+        """Free slots of remote workers now, as (pools they serve, how many); None for an
+        executor that takes as many attempts as its pool's limit."""
+        ...
+
     def start(self, dispatch: Dispatch, reporter: Reporter) -> None:
         """Begin the attempt; report its outcome exactly once, later."""
         ...
@@ -92,6 +98,9 @@ class LocalExecutor:
             # A slot stays taken while a thread outlives its attempt's timeout (the engine
             # holds it), so the pool never needs more threads than its concurrency.
             self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix=f"cronoq-{name}")
+
+    def slot_offer(self) -> None:
+        return None
 
     def start(self, dispatch: Dispatch, reporter: Reporter) -> None:
         spec = dispatch.spec

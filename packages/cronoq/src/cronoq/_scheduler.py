@@ -20,10 +20,14 @@ from cronoq._cron import CronSchedule
 from cronoq._driver import Driver
 from cronoq._engine import (
     AddSchedule,
+    AttemptFailed,
+    AttemptSucceeded,
+    AttemptToken,
     CancelTask,
     EngineConfig,
     GetTask,
     GetTaskByKey,
+    HeartbeatReply,
     ListSchedules,
     ListTasks,
     PauseSchedule,
@@ -34,8 +38,9 @@ from cronoq._engine import (
     SubmitTasks,
     TaskSummary,
 )
-from cronoq._executors import LocalExecutor, TaskFunction
+from cronoq._executors import Executor, LocalExecutor, TaskFunction
 from cronoq._memory import MemoryStore
+from cronoq._metrics import SchedulerMetrics
 from cronoq._model import (
     NS_PER_S,
     CatchUpPolicy,
@@ -47,7 +52,15 @@ from cronoq._model import (
     TaskSpec,
     TaskTemplate,
 )
-from cronoq.errors import InvalidArgument, PayloadError, TaskNotFound, UnknownPool
+from cronoq._remote import LeaseRenewed, RemoteExecutor, RemotePool, WorkerLink
+from cronoq.errors import (
+    InvalidArgument,
+    PayloadError,
+    StaleAttempt,
+    TaskError,
+    TaskNotFound,
+    UnknownPool,
+)
 from cronoq.store import ScheduleRecord, Store, TaskRecord
 
 __all__ = ["Pool", "ScheduleInfo", "Scheduler", "TaskInfo", "TaskRequest"]
@@ -85,6 +98,20 @@ def _utc(ns: int) -> datetime:
 
 def _utc_or_none(ns: int | None) -> datetime | None:
     return None if ns is None else _utc(ns)
+
+
+MAX_WORKER_SLOTS = 100_000
+MAX_REPORT_MESSAGE = 64 * 1024
+"""Characters in a worker's failure message (the worker runtime truncates to it)."""
+
+
+def _token(value: object) -> AttemptToken:
+    if not isinstance(value, AttemptToken):
+        raise InvalidArgument(f"expected an AttemptToken, got {type(value).__name__}")
+    check.integer(value.epoch, "token epoch", 1, 2**63 - 1)
+    check.integer(value.task_id, "token task_id", 1, 2**63 - 1)
+    check.integer(value.attempt, "token attempt", 1, 2**31 - 1)
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +219,7 @@ class Scheduler:
 
     def __init__(
         self,
-        pools: Sequence[Pool],
+        pools: Sequence[Pool | RemotePool],
         *,
         store: Store | None = None,
         codec: Codec | None = None,
@@ -202,14 +229,14 @@ class Scheduler:
         max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
         seed: int | None = None,
     ) -> None:
-        if isinstance(pools, Pool):
+        if isinstance(pools, Pool | RemotePool):
             pools = [pools]
         if isinstance(pools, str) or not isinstance(pools, Sequence):
             raise InvalidArgument(f"pools must be a list of Pool, got {type(pools).__name__}")
         if not pools:
             raise InvalidArgument("a Scheduler needs at least one Pool")
-        if not all(isinstance(p, Pool) for p in pools):
-            raise InvalidArgument("pools must be Pool instances")
+        if not all(isinstance(p, Pool | RemotePool) for p in pools):
+            raise InvalidArgument("pools must be Pool or RemotePool instances")
         names = [p.name for p in pools]
         if len(set(names)) != len(names):
             raise InvalidArgument(f"pool names must be unique, got {names}")
@@ -240,13 +267,27 @@ class Scheduler:
         if max_live_tasks is not None:
             check.integer(max_live_tasks, "max_live_tasks", 1, 1 << 40)
         config = EngineConfig(
-            pools=[PoolConfig(p.name, p.concurrency, p.max_live) for p in pools],
+            pools=[
+                PoolConfig(
+                    p.name,
+                    p.concurrency,
+                    p.max_live,
+                    p.lease_ns if isinstance(p, RemotePool) else None,
+                )
+                for p in pools
+            ],
             retention_ns=check.duration_ns(retention, "retention"),
             max_live_tasks=max_live_tasks,
             seed=seed,
         )
-        executors = {
-            p.name: LocalExecutor(p.executor, self._codec, p.concurrency, p.name) for p in pools
+        self._remote = RemoteExecutor(frozenset(p.name for p in pools if isinstance(p, RemotePool)))
+        executors: dict[str, Executor] = {
+            p.name: (
+                LocalExecutor(p.executor, self._codec, p.concurrency, p.name)
+                if isinstance(p, Pool)
+                else self._remote
+            )
+            for p in pools
         }
         self._pools = frozenset(names)
         self._driver = Driver(
@@ -255,6 +296,7 @@ class Scheduler:
             executors,
             check.duration_ns(commit_timeout, "commit_timeout", allow_zero=False) / NS_PER_S,
         )
+        self._remote.bind(self._driver, self._driver.nudge)
         self._started = False
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -304,6 +346,43 @@ class Scheduler:
     @property
     def codec(self) -> Codec:
         return self._codec
+
+    @property
+    def leading(self) -> bool:
+        """True while this instance leads its cluster and serves (started, not stopped)."""
+        return self.running
+
+    @property
+    def epoch(self) -> int | None:
+        """The fencing epoch this instance leads under; None before it leads."""
+        return self._driver.epoch if self._started and self._driver.epoch else None
+
+    @property
+    def workers(self) -> int:
+        """Worker links attached now."""
+        return self._remote.links
+
+    def metrics(self) -> SchedulerMetrics:
+        """What this scheduler did since it started, and its queues now (cheap: no I/O; the
+        queue depths cost one pass over the live tasks)."""
+        driver = self._driver
+        counters = driver.counters
+        engine = driver.engine
+        depth, running = ({}, {}) if engine is None else engine.gauges()
+        return SchedulerMetrics(
+            leading=self.leading,
+            epoch=self.epoch,
+            submitted=dict(counters.submitted),
+            finished=dict(counters.finished),
+            retries=dict(counters.retries),
+            dead_lettered=dict(counters.dead_lettered),
+            attempts_lost=dict(counters.attempts_lost),
+            queue_depth=depth,
+            running=running,
+            commit_seconds=driver.commit_seconds.snapshot(),
+            commit_batch_size=driver.commit_batch_size.snapshot(),
+            start_delay_seconds=counters.start_delay.snapshot(),
+        )
 
     @property
     def store(self) -> Store:
@@ -486,8 +565,10 @@ class Scheduler:
         kind: str | None = None,
         tag: str | None = None,
         limit: int | None = None,
+        after: int | None = None,
     ) -> list[TaskSummary]:
-        """Tasks in memory (live, and finished within the retention), filtered."""
+        """Tasks in memory (live, and finished within the retention), filtered, in ascending
+        id (submission) order. Page with ``after``: only ids above it, ``limit`` at most."""
         statuses: frozenset[Status] | None = None
         if status is not None:
             items = [status] if isinstance(status, str) else status
@@ -501,8 +582,10 @@ class Scheduler:
         tag = check.optional_text(tag, "tag")
         if limit is not None:
             check.integer(limit, "limit", 1, 1 << 40)
+        if after is not None:
+            check.integer(after, "after", 0, 2**63 - 1)
         result: list[TaskSummary] = await self._call(
-            lambda f: ListTasks(f, statuses, pool, kind, tag, limit)
+            lambda f: ListTasks(f, statuses, pool, kind, tag, limit, after)
         )
         return result
 
@@ -517,6 +600,87 @@ class Scheduler:
         except TaskNotFound:
             return (await self._stored(task_id)).status  # finished long ago: nothing to do
         return result
+
+    # --- remote workers -------------------------------------------------------------------
+
+    def attach(
+        self, pools: Iterable[str], slots: int, *, running: Iterable[AttemptToken] = ()
+    ) -> WorkerLink:
+        """Attach a remote worker that runs attempts of these remote pools, ``slots`` at a
+        time; attempts leased to it and cancellations arrive on the returned link.
+
+        ``running`` names attempts the worker still runs from an earlier link (it reconnected):
+        they keep their slots on this one. Close the link when the worker goes away.
+        """
+        names = frozenset(
+            check.bounded(pools, "pools", "an iterable of pool names", 1000, self._remote_pool)
+        )
+        if not names:
+            raise InvalidArgument("a worker must attach to at least one pool")
+        check.integer(slots, "slots", 1, MAX_WORKER_SLOTS)
+        tokens = check.bounded(running, "running", "an iterable of AttemptToken", slots, _token)
+        if not self.running:
+            raise self._driver.failure_error()
+        return self._remote.attach(names, slots, self._driver.stopped, tokens)
+
+    def _remote_pool(self, value: object) -> str:
+        pool = self._pool(value)
+        if pool not in self._remote.pools:
+            raise InvalidArgument(f"pool {pool!r} runs in this process: it has no remote workers")
+        return pool
+
+    async def heartbeat(self, token: AttemptToken) -> LeaseRenewed:
+        """Extend the lease of a remote attempt; learn whether it should stop.
+
+        Raises StaleAttempt (nothing changes) if the attempt is not its task's current one:
+        an earlier attempt or leader, an expired lease, a finished task."""
+        _token(token)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._driver.heartbeat(token, future)
+        reply: HeartbeatReply = await future
+        assert reply.lease_expires_ns is not None, "a remote attempt has a lease"
+        return LeaseRenewed(_utc(reply.lease_expires_ns), reply.cancel_reason)
+
+    async def report_success(self, token: AttemptToken, output: bytes | None = None) -> None:
+        """A remote attempt succeeded with ``output`` (as the client's codec made it).
+        Returns once committed; StaleAttempt if it is not current (nothing changes)."""
+        _token(token)
+        if output is not None:
+            if not isinstance(output, bytes):
+                raise InvalidArgument(f"output must be bytes or None, got {type(output).__name__}")
+            if len(output) > self._max_payload:
+                raise InvalidArgument(
+                    f"output is {len(output)} bytes; the limit is {self._max_payload}"
+                )
+        await self._report(token, AttemptSucceeded(output))
+
+    async def report_failure(
+        self,
+        token: AttemptToken,
+        message: str,
+        *,
+        retryable: bool = True,
+        retry_after: float | Any = None,
+    ) -> None:
+        """A remote attempt failed; ``retryable`` and ``retry_after`` as for TaskError.
+        Returns once committed; StaleAttempt if it is not current (nothing changes)."""
+        _token(token)
+        if isinstance(message, str) and len(message) > MAX_REPORT_MESSAGE:
+            raise InvalidArgument(
+                f"message is {len(message)} characters long; the limit is {MAX_REPORT_MESSAGE}"
+            )
+        error = TaskError(message, retryable=retryable, retry_after=retry_after)  # validates
+        await self._report(token, AttemptFailed(message, retryable, error.retry_after_ns))
+
+    async def _report(self, token: AttemptToken, outcome: AttemptSucceeded | AttemptFailed) -> None:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._driver.report(token, outcome, future, remote=True)
+        try:
+            await future
+        except StaleAttempt:
+            self._remote.reported(token)  # the worker is done with it either way
+            raise
+        self._remote.reported(token)
 
     # --- schedules ------------------------------------------------------------------------
 

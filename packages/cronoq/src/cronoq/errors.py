@@ -19,6 +19,7 @@ __all__ = [
     "ScheduleNotFound",
     "SchedulerError",
     "SchedulerStopped",
+    "StaleAttempt",
     "StoreError",
     "StoreFatal",
     "TaskError",
@@ -28,6 +29,7 @@ __all__ = [
     "UnknownPool",
     "UnknownTimeZone",
     "WaitTimedOut",
+    "WorkerDetached",
 ]
 
 
@@ -78,16 +80,43 @@ class WaitTimedOut(CronoqError, TimeoutError):
 class SchedulerError(CronoqError):
     """An operation could not be made durable, or the scheduler is not serving.
 
-    The operation may be retried; use a task key to make the retry idempotent.
+    ``applied`` says what is known of the operation: False, it was not applied and may be
+    retried as it is; None, it may have been applied (a commit the store never confirmed),
+    so retry it only with a task key, which makes the retry idempotent.
     """
+
+    def __init__(self, message: str, *, applied: bool | None = None) -> None:
+        super().__init__(message)
+        self.applied = applied
 
 
 class SchedulerStopped(SchedulerError):
     """The scheduler is not running (not started, closed, fenced or failed)."""
 
+    def __init__(self, message: str, *, applied: bool | None = False) -> None:
+        super().__init__(message, applied=applied)
+
 
 class AdmissionRejected(SchedulerError):
-    """A submission would exceed the configured bound on live tasks."""
+    """A submission would exceed the configured bound on live tasks; nothing was applied."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, applied=False)
+
+
+class StaleAttempt(CronoqError):
+    """A heartbeat or report names an attempt that is not its task's current one: it changed
+    nothing. ``reason`` is ``epoch`` (an earlier leader's attempt), ``attempt`` (an earlier
+    attempt of the task), ``lease`` (its lease expired), ``finished`` (the task is over) or
+    ``unknown`` (no such task)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class WorkerDetached(CronoqError):
+    """The worker link was closed: it receives no more attempts."""
 
 
 class TaskError(CronoqError):
