@@ -1,0 +1,426 @@
+"""Helpers for tests of several ``cronoq-server`` processes on one store.
+
+A TCP balancer that sends each new connection to the next replica (as a balancer that routes
+to every replica does), a retrying keyed submitter and an echo worker on raw stubs that reach
+the leader through it on their own, and probes of the HA serving rules (``/readyz``, gRPC
+health, how long a replica keeps a connection).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from server_process import ServerProcess
+
+from cronoq import BytesCodec, LeasedAttempt, RetryPolicy, TaskRequest
+from cronoq_client import protocol as wire
+from cronoq_client.protocol import pb_grpc
+
+PG_DSN = os.environ.get("CRONOQ_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+
+RETRYABLE = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
+"""What a connection that broke, a standby or a stopping leader answers: for keyed submits,
+heartbeats and reports, retried on a new connection."""
+BACKOFF_S = 0.05
+CALL_TIMEOUT_S = 2.0
+QUICK_RETRY = RetryPolicy(max_attempts=5, initial_ns=50_000_000, jitter=0.0)
+"""An attempt lost with its leader is retried at once, not after the default second."""
+
+
+def new_channel(target: str) -> grpc.aio.Channel:
+    """A channel with a connection of its own: grpcio shares connections between channels to
+    one target by default, and a client that retries "on a new connection" must get one so
+    that the balancer picks a replica again."""
+    return grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def log_time(line: dict[str, str]) -> float:
+    """The Unix time of a server log line (its ``ts``, to the millisecond)."""
+    return datetime.fromisoformat(line["ts"]).replace(tzinfo=UTC).timestamp()
+
+
+# --- stores -------------------------------------------------------------------------------
+
+
+async def _pg_connect() -> asyncpg.Connection:
+    try:
+        return await asyncpg.connect(PG_DSN, timeout=5)
+    except (OSError, asyncpg.PostgresError) as exc:
+        reason = f"PostgreSQL unreachable at {PG_DSN}: {exc}"
+        if os.environ.get("CRONOQ_REQUIRE_POSTGRES") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
+@contextlib.asynccontextmanager
+async def pg_schema() -> AsyncIterator[str]:
+    """A schema name of this test's own (the servers create it), dropped afterwards."""
+    name = f"cronoq_test_{uuid.uuid4().hex[:12]}"
+    conn = await _pg_connect()
+    try:
+        yield name
+    finally:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        await conn.close()
+
+
+def sqlite_store(path: str, *, lease_ttl: float) -> str:
+    return (
+        f'[store]\nkind = "sqlite"\npath = "{path}"\nlock_poll_s = 0.05\n'
+        f"lease_renew_s = {lease_ttl / 6}\nlease_ttl_s = {lease_ttl}\nbusy_timeout_s = 1.0\n"
+    )
+
+
+def pg_store(schema: str) -> str:
+    # A killed leader's session ends with its process, and PostgreSQL frees its lock at once:
+    # what the standby waits for is lock_poll, not session_timeout.
+    return (
+        f'[store]\nkind = "postgres"\ndsn = "{PG_DSN}"\nschema = "{schema}"\n'
+        "lock_poll_s = 0.05\nkeepalive_s = 0.2\nsession_timeout_s = 2.0\n"
+        "lock_timeout_s = 0.5\ncommand_timeout_s = 5.0\npool_size = 2\n"
+    )
+
+
+# --- the balancer -------------------------------------------------------------------------
+
+
+class Balancer:
+    """A TCP balancer: each new connection goes to the next replica, round robin, whether it
+    lives or not; bytes are copied both ways; when either side closes, both are closed (a
+    replica that refuses the connection gets the client's closed at once)."""
+
+    def __init__(self, ports: Sequence[int]) -> None:
+        self._ports = tuple(ports)
+        self._next = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.routed: list[int] = []
+        """The replica port of each connection, in the order they came."""
+
+    @property
+    def target(self) -> str:
+        assert self._server is not None
+        return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aenter__(self) -> Balancer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        port = self._ports[self._next % len(self._ports)]
+        self._next += 1
+        self.routed.append(port)
+        self._writers.add(writer)
+        try:
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                return
+            self._writers.add(up_writer)
+            try:
+                copies = (
+                    asyncio.ensure_future(_copy(reader, up_writer)),
+                    asyncio.ensure_future(_copy(up_reader, writer)),
+                )
+                _, pending = await asyncio.wait(copies, return_when=asyncio.FIRST_COMPLETED)
+                for copy in pending:
+                    copy.cancel()
+                await asyncio.gather(*copies, return_exceptions=True)
+            finally:
+                self._writers.discard(up_writer)
+                up_writer.transport.abort()
+        finally:
+            self._writers.discard(writer)
+            writer.transport.abort()
+
+
+async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+
+
+# --- probes -------------------------------------------------------------------------------
+
+
+def error_reason(err: grpc.aio.AioRpcError) -> tuple[str, str] | None:
+    """The (domain, reason) of the ErrorInfo in a failed call's status details, if any."""
+    for key, value in err.trailing_metadata() or ():
+        if key == "grpc-status-details-bin" and isinstance(value, bytes):
+            for detail in status_pb2.Status.FromString(value).details:
+                info = error_details_pb2.ErrorInfo()
+                if detail.Unpack(info):
+                    return info.domain, info.reason
+    return None
+
+
+async def http_get(url: str) -> tuple[int, dict[str, Any]]:
+    """Status and JSON body of ``GET url`` (the server closes every connection)."""
+    host, _, rest = url.removeprefix("http://").partition("/")
+    name, _, port = host.partition(":")
+    reader, writer = await asyncio.open_connection(name, int(port))
+    try:
+        writer.write(f"GET /{rest} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        async with asyncio.timeout(5):
+            response = await reader.read(-1)
+    finally:
+        writer.close()
+    head, _, body = response.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+async def health(target: str) -> int:
+    """The gRPC health status of the whole server ("")."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=CALL_TIMEOUT_S
+        )
+    status: int = reply.status
+    return status
+
+
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_GOAWAY = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """How long a server kept a raw HTTP/2 connection, from connect, in seconds."""
+
+    goaway: float | None
+    """When its GOAWAY arrived (None: none did)."""
+    closed: float | None
+    """When it closed the connection (None: still open at the probe's end)."""
+
+
+async def hold_http2(port: int, limit: float) -> Held:
+    """Open a TCP connection, send the HTTP/2 preface and SETTINGS (a client that then does
+    nothing), and time the server's GOAWAY and close, up to ``limit`` seconds."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    started = time.monotonic()
+    goaway: float | None = None
+    buffer = b""
+    try:
+        writer.write(_PREFACE + _EMPTY_SETTINGS)
+        await writer.drain()
+        async with asyncio.timeout(limit):
+            while data := await reader.read(65536):
+                buffer += data
+                while len(buffer) >= 9:
+                    length = int.from_bytes(buffer[:3], "big")
+                    if len(buffer) < 9 + length:
+                        break
+                    if buffer[3] == _GOAWAY and goaway is None:
+                        goaway = time.monotonic() - started
+                    buffer = buffer[9 + length :]
+        return Held(goaway, time.monotonic() - started)
+    except TimeoutError:
+        return Held(goaway, None)
+    except ConnectionResetError:
+        return Held(goaway, time.monotonic() - started)
+    finally:
+        writer.transport.abort()
+
+
+async def channel_lifetime(target: str, limit: float) -> float | None:
+    """Seconds from opening a channel until its connection ends (the channel leaves READY),
+    with a health check every 50 ms on it; None if it was still connected after ``limit``."""
+    async with new_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        started = time.monotonic()
+        await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=CALL_TIMEOUT_S)
+        assert channel.get_state() is grpc.ChannelConnectivity.READY
+        while (elapsed := time.monotonic() - started) < limit:
+            if channel.get_state() is not grpc.ChannelConnectivity.READY:
+                return elapsed
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.2)
+            await asyncio.sleep(0.05)
+        return None
+
+
+async def wait_for_either(servers: Sequence[ServerProcess], event: str) -> ServerProcess:
+    """The first of ``servers`` to log ``event``."""
+    waits = {asyncio.ensure_future(s.wait_for(event)): s for s in servers}
+    try:
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        first = done.pop()
+        first.result()
+        return waits[first]
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+
+
+# --- a client and a worker ------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """Counters that tests await, in place of sleeping."""
+
+    acked: dict[str, int] = field(default_factory=dict)
+    """Acknowledged submissions: key -> task id."""
+    submit_retries: int = 0
+    attached: int = 0
+    reported: int = 0
+    stale_reports: int = 0
+    marks: dict[str, float] = field(default_factory=dict)
+    """Monotonic times of named moments (see :meth:`mark`)."""
+    first_ack_after: dict[str, float] = field(default_factory=dict)
+    """Monotonic time of the first acknowledgement after each mark."""
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = time.monotonic()
+
+    async def changed(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def until(self, condition: Callable[[Progress], bool], timeout: float) -> None:
+        async with asyncio.timeout(timeout), self._changed:
+            await self._changed.wait_for(lambda: condition(self))
+
+    async def ack(self, key: str, task_id: int) -> None:
+        self.acked[key] = task_id
+        for name in self.marks:
+            self.first_ack_after.setdefault(name, time.monotonic())
+        await self.changed()
+
+
+async def submit_keyed(
+    target: str, prefix: str, progress: Progress, pause: float, stop: asyncio.Event
+) -> None:
+    """Submit tasks with the keys ``prefix-0``, ``prefix-1`` ... one after another until
+    ``stop`` is set; each is retried with its key, after a short backoff on a new connection,
+    until acknowledged (a keyed submit is idempotent, so whatever the failure it may be
+    retried). Every key it tried is acknowledged when it returns."""
+    codec = BytesCodec()
+    channel = new_channel(target)
+    try:
+        for n in itertools.count():
+            if stop.is_set():
+                return
+            key = f"{prefix}-{n}"
+            request = wire.submit_request(
+                TaskRequest("ha", key.encode(), key=key, retry=QUICK_RETRY), codec
+            )
+            while True:
+                try:
+                    reply = await pb_grpc.SchedulerServiceStub(channel).Submit(
+                        request, timeout=CALL_TIMEOUT_S
+                    )
+                    break
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() not in RETRYABLE:
+                        raise
+                progress.submit_retries += 1
+                await channel.close()
+                await asyncio.sleep(BACKOFF_S)
+                channel = new_channel(target)
+            await progress.ack(key, reply.task_id)
+            await asyncio.sleep(pause)
+    finally:
+        await channel.close()
+
+
+async def echo_worker(target: str, pool: str, slots: int, progress: Progress) -> None:
+    """A worker that stays attached until cancelled: it runs every attempt by reporting success
+    at once (the payload as the output), and attaches again, on a new connection after a short
+    backoff, whenever its stream ends or cannot start."""
+    reports: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            channel = new_channel(target)
+            try:
+                stream = pb_grpc.WorkerServiceStub(channel).Attach(
+                    wire.attach_request(f"echo-{os.getpid()}", [pool], slots)
+                )
+                async for message in stream:
+                    event = wire.worker_event_from_pb(message)
+                    if isinstance(event, wire.Attached):
+                        progress.attached += 1
+                        await progress.changed()
+                    elif isinstance(event, LeasedAttempt):
+                        task = asyncio.ensure_future(_report(channel, target, event, progress))
+                        reports.add(task)
+                        task.add_done_callback(reports.discard)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in RETRYABLE:
+                    raise
+            # The reports of this connection's attempts finish on it, or on new ones.
+            _close_when_done(channel, set(reports))
+            await asyncio.sleep(BACKOFF_S)
+    finally:
+        for task in reports:
+            task.cancel()
+        await asyncio.gather(*reports, return_exceptions=True)
+
+
+def _close_when_done(channel: grpc.aio.Channel, reports: set[asyncio.Task[None]]) -> None:
+    async def close() -> None:
+        await asyncio.gather(*reports, return_exceptions=True)
+        await channel.close()
+
+    asyncio.ensure_future(close())
+
+
+async def _report(
+    channel: grpc.aio.Channel, target: str, attempt: LeasedAttempt, progress: Progress
+) -> None:
+    """Report success; a report that fails without an answer is retried on a new connection
+    while the lease lasts (it is idempotent: a repeated one is stale, and changes nothing)."""
+    request = wire.report_request(attempt.token, wire.ReportSuccess(attempt.payload))
+    own: grpc.aio.Channel | None = None
+    try:
+        while True:
+            try:
+                await pb_grpc.WorkerServiceStub(own or channel).Report(
+                    request, timeout=CALL_TIMEOUT_S
+                )
+                progress.reported += 1
+                break
+            except grpc.aio.AioRpcError as exc:
+                if wire.outcome(exc) is wire.Outcome.ANSWERED:
+                    if exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+                        raise
+                    progress.stale_reports += 1  # the attempt moved on (another epoch)
+                    break
+                if datetime.now(UTC) >= attempt.lease_expires_at:
+                    break
+            if own is not None:
+                await own.close()
+            await asyncio.sleep(BACKOFF_S)
+            own = new_channel(target)
+        await progress.changed()
+    finally:
+        if own is not None:
+            await own.close()
