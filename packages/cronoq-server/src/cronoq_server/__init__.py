@@ -1,7 +1,47 @@
-"""The cronoq-server service.
+"""cronoq-server: a cronoq scheduler as a service.
 
-Will hold the gRPC services, the HTTP endpoints (`/healthz`, `/readyz`, `/metrics`), the
-configuration and the `cronoq-server` CLI; not implemented yet.
+The ``cronoq-server`` command (``check-config``, ``migrate``, ``serve``); its configuration
+(:func:`load_config`), HTTP endpoints, Prometheus metrics and structured logs.
 """
 
-__all__: list[str] = []
+from cronoq_server._config import (
+    Address,
+    LimitSettings,
+    ListenSettings,
+    LoggingSettings,
+    MemoryStoreSettings,
+    PoolSettings,
+    PostgresStoreSettings,
+    ServerConfig,
+    SqliteStoreSettings,
+    StoreSettings,
+    TlsSettings,
+    load_config,
+    mask_dsn,
+    open_store,
+    remote_pools,
+    render_config,
+)
+from cronoq_server._errors import ConfigError, ConfigIssue, CronoqServerError
+
+__all__ = [
+    "Address",
+    "ConfigError",
+    "ConfigIssue",
+    "CronoqServerError",
+    "LimitSettings",
+    "ListenSettings",
+    "LoggingSettings",
+    "MemoryStoreSettings",
+    "PoolSettings",
+    "PostgresStoreSettings",
+    "ServerConfig",
+    "SqliteStoreSettings",
+    "StoreSettings",
+    "TlsSettings",
+    "load_config",
+    "mask_dsn",
+    "open_store",
+    "remote_pools",
+    "render_config",
+]

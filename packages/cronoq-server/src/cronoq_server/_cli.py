@@ -1,0 +1,84 @@
+"""The ``cronoq-server`` command: ``check-config``, ``migrate`` and ``serve``.
+
+Exit codes: 0 success; 1 the store could not be opened or migrated (a one-line message);
+2 the command line or the configuration is invalid (every problem, one per line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, cast
+
+from cronoq.errors import CronoqError
+from cronoq_server._config import ServerConfig, load_config, open_store, render_config
+from cronoq_server._errors import ConfigError
+from cronoq_server._logging import configure_logging
+
+__all__ = ["main"]
+
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cronoq-server",
+        description="Run a cronoq scheduler as a service. Settings come from the TOML file of "
+        "--config and CRONOQ_* environment variables (which win), e.g. CRONOQ_STORE__DSN.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, text in (
+        ("check-config", "validate the configuration and print it, secrets masked"),
+        ("migrate", "create or upgrade the store's schema, then exit"),
+        ("serve", "serve gRPC and HTTP (migrates the store first)"),
+    ):
+        command = commands.add_parser(name, help=text, description=text)
+        command.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        count = len(exc.issues)
+        print(
+            f"cronoq-server: invalid configuration ({count} problem{'s' * (count != 1)}):",
+            file=sys.stderr,
+        )
+        for issue in exc.issues:
+            print(f"  {issue}", file=sys.stderr)
+        return EXIT_INVALID
+    for name in config.ignored_env:
+        print(f"cronoq-server: note: {name} is not a setting, ignored", file=sys.stderr)
+    if args.command == "check-config":
+        sys.stdout.write(render_config(config))
+        return 0
+    if args.command == "migrate":
+        return asyncio.run(_migrate(config))
+    configure_logging(config.logging)
+    # Imported here: the gRPC side (and its imports) is needed by `serve` alone.
+    server = importlib.import_module("cronoq_server._server")
+    run = cast(Callable[[ServerConfig], Coroutine[Any, Any, int]], server.run)
+    return asyncio.run(run(config))
+
+
+async def _migrate(config: ServerConfig) -> int:
+    try:
+        store = await open_store(config)
+        await store.close()
+    except (CronoqError, OSError) as exc:
+        message = " ".join(str(exc).split())
+        print(f"cronoq-server migrate: {type(exc).__name__}: {message}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"cronoq-server migrate: the {config.store.kind} store's schema is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

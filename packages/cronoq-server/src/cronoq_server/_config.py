@@ -1,0 +1,832 @@
+"""ServerConfig: the server's settings from a TOML file and ``CRONOQ_*`` environment variables.
+
+Environment variables win over the file. ``CRONOQ_KEEP_FINISHED_S`` sets the top-level
+``keep_finished_s``; ``CRONOQ_STORE__DSN`` sets ``dsn`` in ``[store]`` (sections and keys are
+joined by a double underscore, names are case-insensitive). Pools come from the environment only
+as one JSON list in ``CRONOQ_POOLS``, which replaces the file's ``[[pools]]`` as a whole.
+
+Every key of the file is known or an error, and so is every key under a known section in the
+environment. A ``CRONOQ_`` variable without a double underscore that names no top-level setting
+is ignored (listed in :attr:`ServerConfig.ignored_env`): Kubernetes defines ``CRONOQ_PORT``,
+``CRONOQ_SERVICE_HOST`` ... in every pod of a namespace with a service called ``cronoq``, and a
+server that refused to start on them would not run in its own Helm chart.
+
+Every duration is in seconds and its key ends in ``_s``. The stores' own settings are the fields
+of :class:`~cronoq_store_sqlite.SqliteStoreConfig` and :class:`~cronoq_store_postgres.PgStoreConfig`
+(with ``_s`` on the durations), so a setting a store adds is configurable here at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from cronoq import MemoryStore
+from cronoq.errors import InvalidArgument
+from cronoq.store import Store
+from cronoq_server._errors import ConfigError, ConfigIssue
+from cronoq_store_postgres import PgStore, PgStoreConfig
+from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig
+
+__all__ = [
+    "Address",
+    "LimitSettings",
+    "ListenSettings",
+    "LoggingSettings",
+    "MemoryStoreSettings",
+    "PoolSettings",
+    "PostgresStoreSettings",
+    "ServerConfig",
+    "SqliteStoreSettings",
+    "StoreSettings",
+    "TlsSettings",
+    "load_config",
+    "mask_dsn",
+    "open_store",
+    "remote_pools",
+    "render_config",
+]
+
+MAX_SECONDS = 10 * 366 * 24 * 3600
+"""Ten years, the bound cronoq puts on every duration: anything longer is a unit mistake."""
+MAX_MESSAGE_BYTES = 2**31 - 1
+"""gRPC's limit: message lengths are signed 32-bit."""
+MIN_MESSAGE_BYTES = 1024
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+ENV_PREFIX = "CRONOQ_"
+DEFAULT_SQLITE_PATH = "./cronoq.db"
+
+
+# --- the settings ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStoreSettings:
+    """Nothing durable: every restart starts empty; no standby can take over."""
+
+    keep_finished_s: float = 7 * 24 * 3600.0
+    kind: Literal["memory"] = "memory"
+
+
+@dataclass(frozen=True, slots=True)
+class SqliteStoreSettings:
+    path: str = DEFAULT_SQLITE_PATH
+    """Relative paths are relative to the working directory of the process."""
+    options: SqliteStoreConfig = field(default_factory=SqliteStoreConfig)
+    """The store's settings; ``keep_finished`` is the top-level ``keep_finished_s``."""
+    kind: Literal["sqlite"] = "sqlite"
+
+
+@dataclass(frozen=True, slots=True, repr=False)
+class PostgresStoreSettings:
+    dsn: str
+    """A ``postgresql://`` URI; shown masked everywhere (see :func:`mask_dsn`)."""
+    options: PgStoreConfig = field(default_factory=PgStoreConfig)
+    """The store's settings (``schema`` among them); ``keep_finished`` is the top-level one."""
+    kind: Literal["postgres"] = "postgres"
+
+    def __repr__(self) -> str:
+        # A config in a traceback or a log line must not carry the password.
+        return (
+            f"PostgresStoreSettings(dsn={mask_dsn(self.dsn)!r}, options={self.options!r}, "
+            f"kind={self.kind!r})"
+        )
+
+
+StoreSettings: TypeAlias = MemoryStoreSettings | SqliteStoreSettings | PostgresStoreSettings
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSettings:
+    """A pool run by remote workers (a :class:`cronoq.RemotePool`)."""
+
+    name: str
+    concurrency: int = 1000
+    """Most attempts of this pool leased at once, over all workers."""
+    max_live: int | None = None
+    """Bound on live tasks in this pool; submissions beyond it are rejected."""
+    lease_s: float = 30.0
+    """Seconds without a heartbeat before an attempt counts as lost."""
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    host: str
+    port: int
+    """0: the OS picks a free port."""
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ListenSettings:
+    grpc: Address = Address("127.0.0.1", 50051)
+    http: Address = Address("127.0.0.1", 8080)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitSettings:
+    max_message_bytes: int = 4 * 1024 * 1024
+    """Largest gRPC message either way; also bounds payloads and outputs."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSettings:
+    cert: str
+    """PEM certificate chain file."""
+    key: str
+    """PEM private key file."""
+
+
+LogFormat: TypeAlias = Literal["keyvalue", "json"]
+
+
+@dataclass(frozen=True, slots=True)
+class LoggingSettings:
+    format: LogFormat = "keyvalue"
+    level: str = "info"
+    """One of :data:`LOG_LEVELS`."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Everything ``cronoq-server`` is configured with; :func:`load_config` builds it."""
+
+    store: StoreSettings = SqliteStoreSettings()
+    pools: tuple[PoolSettings, ...] = (PoolSettings("default"),)
+    keep_finished_s: float = 7 * 24 * 3600.0
+    """Finished tasks are pruned from the store this long after they finished."""
+    retention_s: float = 3600.0
+    """Recovery loads the tasks finished this recently (key deduplication, dependencies)."""
+    commit_timeout_s: float = 30.0
+    """A commit failing for this long makes its callers' operations fail (UNAVAILABLE)."""
+    drain_timeout_s: float = 30.0
+    """Graceful shutdown: how long running attempts get to finish and report."""
+    listen: ListenSettings = ListenSettings()
+    limits: LimitSettings = LimitSettings()
+    tls: TlsSettings | None = None
+    logging: LoggingSettings = LoggingSettings()
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """Where each setting came from, by dotted key: a file path, ``env NAME`` or ``default``."""
+    ignored_env: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    """``CRONOQ_`` variables that name no setting (see the module docstring)."""
+
+
+# --- parsing one value ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Raw:
+    value: object
+    source: str
+    text: bool
+    """The value is an environment variable's string, to be parsed strictly."""
+
+
+class _Invalid(Exception):
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+_T = TypeVar("_T")
+_Parser: TypeAlias = Callable[[_Raw], _T]
+
+_INT = re.compile(r"[+-]?[0-9]{1,30}")
+_FLOAT = re.compile(r"[+-]?([0-9]{1,30}(\.[0-9]{0,30})?|\.[0-9]{1,30})([eE][+-]?[0-9]{1,3})?")
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as TOML and JSON write it
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def _integer(low: int, high: int) -> _Parser[int]:
+    expected = f"must be an integer from {low} to {high}"
+
+    def parse(raw: _Raw) -> int:
+        value = raw.value
+        if raw.text:
+            assert isinstance(value, str)
+            if not _INT.fullmatch(value):
+                raise _Invalid(expected)
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise _Invalid(expected)
+        return value
+
+    return parse
+
+
+def _seconds(*, allow_zero: bool) -> _Parser[float]:
+    bound = ">= 0" if allow_zero else "> 0"
+    expected = f"must be a number of seconds {bound} and at most {MAX_SECONDS} (ten years)"
+
+    def parse(raw: _Raw) -> float:
+        value = raw.value
+        if raw.text:
+            assert isinstance(value, str)
+            if not _FLOAT.fullmatch(value):
+                raise _Invalid(expected)
+            value = float(value)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _Invalid(expected)
+        # Compared before float(): float(10**400) raises OverflowError.
+        if not (value >= 0 if allow_zero else value > 0) or not value <= MAX_SECONDS:
+            raise _Invalid(expected)  # also NaN, which fails every comparison
+        return float(value)
+
+    return parse
+
+
+def _boolean(raw: _Raw) -> bool:
+    value = raw.value
+    if raw.text:
+        assert isinstance(value, str)
+        value = {"true": True, "false": False}.get(value.lower(), value)
+    if not isinstance(value, bool):
+        raise _Invalid("must be true or false")
+    return value
+
+
+def _text(raw: _Raw) -> str:
+    value = raw.value
+    if not isinstance(value, str) or not value or "\x00" in value:
+        raise _Invalid("must be a non-empty string without NUL characters")
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # a lone surrogate, from a JSON "\ud800"
+        raise _Invalid("must be valid Unicode (it has a lone surrogate)") from None
+    return value
+
+
+def _choice(*options: str, fold_case: bool = False) -> _Parser[str]:
+    expected = "must be one of " + ", ".join(repr(o) for o in options)
+
+    def parse(raw: _Raw) -> str:
+        value = raw.value
+        if isinstance(value, str) and fold_case:
+            value = value.lower()
+        if value not in options:
+            raise _Invalid(expected)
+        assert isinstance(value, str)
+        return value
+
+    return parse
+
+
+_HOST = re.compile(r"\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._-]+)")
+
+
+def _address(raw: _Raw) -> Address:
+    expected = "must be HOST:PORT with a port from 0 (any free port) to 65535, e.g. 0.0.0.0:8080"
+    value = _text(raw)
+    host, sep, port = value.rpartition(":")
+    match = _HOST.fullmatch(host)
+    if not sep or match is None or not port.isdigit() or len(port) > 5 or int(port) > 65535:
+        raise _Invalid(expected)
+    return Address(match["v6"] or match["name"], int(port))
+
+
+def _sqlite_path(raw: _Raw) -> str:
+    path = _text(raw)
+    if path == ":memory:" or path.startswith("file:"):
+        raise _Invalid("must be a file path; for a store in memory set store.kind = 'memory'")
+    if os.path.isdir(path):
+        raise _Invalid("is a directory; it must name the database file")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise _Invalid(f"must be in an existing directory, and {parent} is none")
+    return path
+
+
+def _dsn(raw: _Raw) -> str:
+    dsn = _text(raw)
+    try:
+        parts = urlsplit(dsn)
+        parts.port  # noqa: B018 (parses the port, raising ValueError on a bad one)
+    except ValueError as exc:
+        raise _Invalid(f"is not a valid URI ({exc})") from None
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise _Invalid("must be a URI postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE")
+    return dsn
+
+
+def _existing_file(raw: _Raw) -> str:
+    path = _text(raw)
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise _Invalid(f"must be a readable file: {exc.strerror}") from None
+    return path
+
+
+# --- the keys -------------------------------------------------------------------------------
+
+_POSITIVE_INT = _integer(1, 2**63 - 1)
+
+
+def _store_option_keys(cls: type[Any]) -> dict[str, tuple[str, _Parser[Any]]]:
+    """The keys of a store's config dataclass: key -> (field name, parser)."""
+    keys: dict[str, tuple[str, _Parser[Any]]] = {}
+    for f in dataclasses.fields(cls):
+        if f.name == "keep_finished":
+            continue  # the top-level keep_finished_s: pruning is a property of the server
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        if kind == "float":
+            keys[f"{f.name}_s"] = (f.name, _seconds(allow_zero=False))
+        elif kind == "int":
+            keys[f.name] = (f.name, _POSITIVE_INT)
+        elif kind == "bool":
+            keys[f.name] = (f.name, _boolean)
+        elif kind == "str":
+            keys[f.name] = (f.name, _text)
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name}: no parser for a field of type {f.type}")
+    return keys
+
+
+_SQLITE_OPTIONS = _store_option_keys(SqliteStoreConfig)
+_PG_OPTIONS = _store_option_keys(PgStoreConfig)
+_STORE_KEYS: dict[str, frozenset[str]] = {
+    "memory": frozenset({"kind"}),
+    "sqlite": frozenset({"kind", "path", *_SQLITE_OPTIONS}),
+    "postgres": frozenset({"kind", "dsn", *_PG_OPTIONS}),
+}
+_TOP_KEYS: dict[str, _Parser[float]] = {
+    "keep_finished_s": _seconds(allow_zero=False),
+    "retention_s": _seconds(allow_zero=False),
+    "commit_timeout_s": _seconds(allow_zero=False),
+    "drain_timeout_s": _seconds(allow_zero=True),
+}
+_SECTIONS: dict[str, frozenset[str]] = {
+    "store": frozenset().union(*_STORE_KEYS.values()),
+    "listen": frozenset({"grpc", "http"}),
+    "limits": frozenset({"max_message_bytes"}),
+    "tls": frozenset({"cert", "key"}),
+    "logging": frozenset({"format", "level"}),
+}
+_POOL_KEYS: dict[str, _Parser[Any]] = {
+    "name": _text,
+    "concurrency": _integer(1, 1_000_000),
+    "max_live": _integer(1, 2**40),
+    "lease_s": _seconds(allow_zero=False),
+}
+_MAX_NAME_LENGTH = 255  # cronoq's bound on pool names
+
+
+def _listed(keys: frozenset[str] | Mapping[str, object]) -> str:
+    return ", ".join(sorted(keys))
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
+) -> ServerConfig:
+    """The configuration from the TOML file at ``path`` (none: defaults only) and ``environ``
+    (default: ``os.environ``), validated; :class:`ConfigError` lists every problem."""
+    loader = _Loader()
+    if path is not None:
+        loader.read_file(Path(path))
+    loader.read_env(os.environ if environ is None else environ)
+    return loader.build()
+
+
+class _Loader:
+    def __init__(self) -> None:
+        self.raw: dict[str, _Raw] = {}
+        self.issues: list[ConfigIssue] = []
+        self.ignored: list[str] = []
+        self.origins: dict[str, str] = {}
+        self.failed: set[str] = set()
+        self.file: str | None = None
+
+    def issue(self, key: str, source: str, value: object, problem: str) -> None:
+        shown = "" if value is _UNSET else _mask_value(key, value)
+        self.issues.append(ConfigIssue(key, source, shown, problem))
+
+    # --- reading the sources ----------------------------------------------------------------
+
+    def read_file(self, path: Path) -> None:
+        source = str(path)
+        try:
+            with path.open("rb") as file:
+                document = tomllib.load(file)
+        except OSError as exc:
+            self.issue("--config", source, _UNSET, f"cannot read the file: {exc.strerror}")
+            return
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            self.issue("--config", source, _UNSET, f"is not valid TOML: {exc}")
+            return
+        self.file = source
+        for key, value in document.items():
+            if key in _TOP_KEYS or key == "pools":
+                self.raw[key] = _Raw(value, source, text=False)
+            elif key in _SECTIONS:
+                if not isinstance(value, dict):
+                    self.issue(key, source, value, f"must be a table: [{key}]")
+                    continue
+                for sub, sub_value in value.items():
+                    dotted = f"{key}.{sub}"
+                    if sub in _SECTIONS[key]:
+                        self.raw[dotted] = _Raw(sub_value, source, text=False)
+                    else:
+                        self.issue(dotted, source, sub_value, _unknown_in(key))
+            else:
+                self.issue(key, source, value, _UNKNOWN_TOP)
+
+    def read_env(self, environ: Mapping[str, str]) -> None:
+        for name in sorted(environ):
+            if not name.startswith(ENV_PREFIX):
+                continue
+            value = environ[name]
+            source = f"env {name}"
+            parts = name[len(ENV_PREFIX) :].lower().split("__")
+            section = parts[0]
+            if section == "pools":
+                if len(parts) == 1:
+                    self.raw["pools"] = _Raw(value, source, text=True)
+                else:
+                    self.issue(
+                        "pools", source, value,
+                        "pools come from the environment only as one JSON list in CRONOQ_POOLS,"
+                        ' e.g. [{"name": "default", "concurrency": 100}]',
+                    )  # fmt: skip
+            elif section in _SECTIONS:
+                if len(parts) == 2 and parts[1] in _SECTIONS[section]:
+                    self.raw[f"{section}.{parts[1]}"] = _Raw(value, source, text=True)
+                elif len(parts) == 1:
+                    self.issue(
+                        section, source, value,
+                        f"is a table: set its keys as {ENV_PREFIX}{section.upper()}__KEY",
+                    )  # fmt: skip
+                else:
+                    self.issue(".".join(parts), source, value, _unknown_in(section))
+            elif len(parts) == 1 and section in _TOP_KEYS:
+                self.raw[section] = _Raw(value, source, text=True)
+            elif len(parts) > 1:
+                self.issue(".".join(parts), source, value, _UNKNOWN_TOP)
+            else:
+                self.ignored.append(name)
+
+    # --- building -------------------------------------------------------------------------
+
+    def get(self, key: str, parse: _Parser[_T], default: _T) -> _T:
+        """The parsed value of ``key``, or ``default`` when it is not set or is invalid (the
+        issue is recorded, and ``key`` is in ``failed`` so that checks across keys skip it)."""
+        raw = self.raw.get(key)
+        if raw is None:
+            self.origins[key] = "default"
+            return default
+        self.origins[key] = raw.source
+        try:
+            return parse(raw)
+        except _Invalid as exc:
+            self.issue(key, raw.source, raw.value, exc.problem)
+            self.failed.add(key)
+            return default
+
+    def build(self) -> ServerConfig:
+        defaults = ServerConfig()
+        top = {
+            key: self.get(key, parse, getattr(defaults, key)) for key, parse in _TOP_KEYS.items()
+        }
+        if (
+            not {"keep_finished_s", "retention_s"} & self.failed
+            and top["keep_finished_s"] < top["retention_s"]
+        ):
+            self.issue(
+                "keep_finished_s", self.origins["keep_finished_s"], top["keep_finished_s"],
+                f"must be at least retention_s = {top['retention_s']!r} (from "
+                f"{self.origins['retention_s']}): recovery relies on finished tasks of the "
+                "retention window still being in the store",
+            )  # fmt: skip
+        config = ServerConfig(
+            store=self.store(top["keep_finished_s"]),
+            pools=self.pools(),
+            listen=self.listen(),
+            limits=LimitSettings(
+                self.get(
+                    "limits.max_message_bytes",
+                    _integer(MIN_MESSAGE_BYTES, MAX_MESSAGE_BYTES),
+                    defaults.limits.max_message_bytes,
+                )
+            ),
+            tls=self.tls(),
+            logging=LoggingSettings(
+                cast(
+                    LogFormat, self.get("logging.format", _choice(*get_args(LogFormat)), "keyvalue")
+                ),
+                self.get("logging.level", _choice(*LOG_LEVELS, fold_case=True), "info"),
+            ),
+            origins=dict(self.origins),
+            ignored_env=tuple(self.ignored),
+            **top,
+        )
+        if self.issues:
+            raise ConfigError(self.issues)
+        return config
+
+    def store(self, keep_finished: float) -> StoreSettings:
+        kind = self.get("store.kind", _choice(*_STORE_KEYS), "sqlite")
+        if "store.kind" in self.failed:
+            return SqliteStoreSettings()
+        for key in sorted(k for k in self.raw if k.startswith("store.")):
+            if key.removeprefix("store.") not in _STORE_KEYS[kind]:
+                kinds = [k for k, keys in _STORE_KEYS.items() if key[6:] in keys]
+                raw = self.raw[key]
+                self.issue(
+                    key, raw.source, raw.value,
+                    f"applies to store.kind = {' or '.join(map(repr, kinds))}, and store.kind = "
+                    f"{kind!r} (from {self.origins['store.kind']}); the keys of that kind are: "
+                    f"{_listed(_STORE_KEYS[kind])}",
+                )  # fmt: skip
+        if kind == "memory":
+            return MemoryStoreSettings(keep_finished)
+        if kind == "sqlite":
+            path = self.get("store.path", _sqlite_path, DEFAULT_SQLITE_PATH)
+            sqlite = self.store_options(SqliteStoreConfig, _SQLITE_OPTIONS, keep_finished)
+            return SqliteStoreSettings(path, sqlite or SqliteStoreSettings().options)
+        if "store.dsn" not in self.raw:
+            self.issue(
+                "store.dsn", "", _UNSET,
+                "is required with store.kind = 'postgres': set dsn in [store], or "
+                "CRONOQ_STORE__DSN, to postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE",
+            )  # fmt: skip
+        dsn = self.get("store.dsn", _dsn, "")
+        pg = self.store_options(PgStoreConfig, _PG_OPTIONS, keep_finished)
+        return PostgresStoreSettings(dsn, pg or PgStoreConfig())
+
+    def store_options(
+        self,
+        cls: Callable[..., _T],
+        keys: dict[str, tuple[str, _Parser[Any]]],
+        keep_finished: float,
+    ) -> _T | None:
+        """The store's config object, or None after an issue was recorded."""
+        values = {
+            name: self.get(f"store.{key}", parse, None)
+            for key, (name, parse) in keys.items()
+            if f"store.{key}" in self.raw
+        }
+        if self.failed & ({f"store.{key}" for key in keys} | {"keep_finished_s"}):
+            return None
+        try:
+            return cls(**values, keep_finished=keep_finished)
+        except InvalidArgument as exc:
+            # A rule across fields (lease_renew < lease_ttl, say), or one the parsers above do
+            # not know: the store's own message, with the keys it names and their sources.
+            message = str(exc)
+            named = [
+                f"store.{key}"
+                for key, (name, _) in keys.items()
+                if re.search(rf"\b{name}\b", message)
+            ] or ["store"]
+            self.issue(
+                " and ".join(named),
+                ", ".join(self.origins.get(key, "default") for key in named),
+                self.raw[named[0]].value if named[0] in self.raw and len(named) == 1 else _UNSET,
+                message,
+            )  # fmt: skip
+            return None
+
+    def pools(self) -> tuple[PoolSettings, ...]:
+        raw = self.raw.get("pools")
+        if raw is None:
+            self.origins["pools"] = "default"
+            return ServerConfig().pools
+        self.origins["pools"] = raw.source
+        items: object = raw.value
+        if raw.text:
+            try:
+                items = json.loads(raw.value)  # type: ignore[arg-type]
+            except ValueError as exc:
+                self.issue("pools", raw.source, raw.value, f"is not valid JSON: {exc}")
+                return ServerConfig().pools
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+            expected = (
+                'a JSON list of objects, e.g. [{"name": "default"}]'
+                if raw.text
+                else "an array of tables: [[pools]] with name = ..."
+            )
+            self.issue("pools", raw.source, raw.value, f"must be {expected}")
+            return ServerConfig().pools
+        if not items:
+            self.issue("pools", raw.source, raw.value, "must list at least one pool")
+        pools: list[PoolSettings] = []
+        first_of: dict[str, int] = {}
+        for index, item in enumerate(items):
+            prefix = f"pools[{index}]"
+            for key in item.keys() - _POOL_KEYS.keys():
+                self.issue(
+                    f"{prefix}.{key}", raw.source, item[key],
+                    f"unknown key; the keys of a pool are: {_listed(_POOL_KEYS)}",
+                )  # fmt: skip
+            if "name" not in item:
+                self.issue(f"{prefix}.name", raw.source, _UNSET, "is required: every pool has one")
+                continue
+            values: dict[str, Any] = {}
+            for key, parse in _POOL_KEYS.items():
+                if key in item and not (key == "max_live" and item[key] is None):
+                    try:
+                        values[key] = parse(_Raw(item[key], raw.source, text=False))
+                    except _Invalid as exc:
+                        self.issue(f"{prefix}.{key}", raw.source, item[key], exc.problem)
+            name = values.get("name")
+            if name is None:
+                continue
+            if len(name) > _MAX_NAME_LENGTH:
+                self.issue(
+                    f"{prefix}.name", raw.source, name,
+                    f"must be at most {_MAX_NAME_LENGTH} characters",
+                )  # fmt: skip
+            elif name in first_of:
+                self.issue(
+                    f"{prefix}.name", raw.source, name,
+                    f"must be unique, and pools[{first_of[name]}] has it too",
+                )  # fmt: skip
+            first_of.setdefault(name, index)
+            pools.append(PoolSettings(**values))
+        return tuple(pools)
+
+    def listen(self) -> ListenSettings:
+        defaults = ListenSettings()
+        grpc = self.get("listen.grpc", _address, defaults.grpc)
+        http = self.get("listen.http", _address, defaults.http)
+        if grpc == http and grpc.port != 0 and not {"listen.grpc", "listen.http"} & self.failed:
+            self.issue(
+                "listen.http", self.origins["listen.http"], str(http),
+                f"must differ from listen.grpc (from {self.origins['listen.grpc']}): "
+                "the two servers cannot share a port",
+            )  # fmt: skip
+        return ListenSettings(grpc, http)
+
+    def tls(self) -> TlsSettings | None:
+        cert = self.get("tls.cert", _existing_file, "")
+        key = self.get("tls.key", _existing_file, "")
+        given = {name for name in ("cert", "key") if f"tls.{name}" in self.raw}
+        if len(given) == 1:
+            (present,) = given
+            (missing,) = {"cert", "key"} - given
+            self.issue(
+                f"tls.{missing}", "", _UNSET,
+                f"is required because tls.{present} is set (from "
+                f"{self.origins[f'tls.{present}']}): set both tls.cert and tls.key, or neither",
+            )  # fmt: skip
+        return TlsSettings(cert, key) if given == {"cert", "key"} else None
+
+
+class _Unset:
+    pass
+
+
+_UNSET: Any = _Unset()
+_UNKNOWN_TOP = (
+    "unknown key; the top-level keys are: "
+    + _listed(frozenset({*_TOP_KEYS, "pools"}))
+    + "; the sections: "
+    + _listed(_SECTIONS)
+)
+
+
+def _unknown_in(section: str) -> str:
+    return f"unknown key; the keys of [{section}] are: {_listed(_SECTIONS[section])}"
+
+
+def _mask_value(key: str, value: object) -> str:
+    if key == "store.dsn" and isinstance(value, str):
+        return repr(mask_dsn(value))
+    return _shown(value)
+
+
+# --- secrets --------------------------------------------------------------------------------
+
+
+def mask_dsn(dsn: str) -> str:
+    """``dsn`` with its password (in the user info or a ``password`` parameter) as ``***``."""
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:
+        return "***"  # unparseable: it may be anything, a password included
+    netloc = parts.netloc
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode(
+            [(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*"
+        )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+# --- using the configuration ----------------------------------------------------------------
+
+
+async def open_store(config: ServerConfig) -> Store:
+    """Open the configured store; a durable one migrates its schema on the way."""
+    store = config.store
+    if isinstance(store, MemoryStoreSettings):
+        return MemoryStore(keep_finished=store.keep_finished_s)
+    if isinstance(store, SqliteStoreSettings):
+        return await SqliteStore.open(store.path, store.options)
+    return await PgStore.connect(store.dsn, store.options)
+
+
+def remote_pools(config: ServerConfig) -> list[Any]:  # MERGE-TODO list[RemotePool]
+    """The configured pools, as the Scheduler's :class:`cronoq.RemotePool` list."""
+    from cronoq import RemotePool  # MERGE-TODO: top-level import once main has RemotePool
+
+    return [
+        RemotePool(pool.name, pool.concurrency, pool.max_live, pool.lease_s)
+        for pool in config.pools
+    ]
+
+
+# --- showing the configuration --------------------------------------------------------------
+
+
+def render_config(config: ServerConfig) -> str:
+    """The effective configuration as TOML, each setting annotated with its source; the
+    DSN's password is masked (so the output reloads as it is unless a password was set)."""
+    lines: list[str] = []
+    origins = config.origins
+
+    def put(key: str, value: object, dotted: str | None = None) -> None:
+        origin = origins.get(dotted or key, "default")
+        lines.append(f"{key} = {_toml_value(value)}  # {origin}")
+
+    for key in _TOP_KEYS:
+        put(key, getattr(config, key))
+    store = config.store
+    lines += ["", "[store]"]
+    put("kind", store.kind, "store.kind")
+    if isinstance(store, SqliteStoreSettings):
+        put("path", store.path, "store.path")
+        options: object = store.options
+        keys = _SQLITE_OPTIONS
+    elif isinstance(store, PostgresStoreSettings):
+        put("dsn", mask_dsn(store.dsn), "store.dsn")
+        options = store.options
+        keys = _PG_OPTIONS
+    else:
+        keys = {}
+    for key, (name, _) in keys.items():
+        put(key, getattr(options, name), f"store.{key}")
+    lines += ["", "[listen]"]
+    put("grpc", str(config.listen.grpc), "listen.grpc")
+    put("http", str(config.listen.http), "listen.http")
+    lines += ["", "[limits]"]
+    put("max_message_bytes", config.limits.max_message_bytes, "limits.max_message_bytes")
+    lines.append("")
+    if config.tls is None:
+        lines.append("# [tls]: not configured, gRPC is served in plaintext")
+    else:
+        lines.append("[tls]")
+        put("cert", config.tls.cert, "tls.cert")
+        put("key", config.tls.key, "tls.key")
+    lines += ["", "[logging]"]
+    put("format", config.logging.format, "logging.format")
+    put("level", config.logging.level, "logging.level")
+    for pool in config.pools:
+        lines += ["", f"[[pools]]  # {origins.get('pools', 'default')}"]
+        for f in dataclasses.fields(pool):
+            value = getattr(pool, f.name)
+            lines.append(
+                f"# {f.name}: not set (unbounded)"
+                if value is None
+                else f"{f.name} = {_toml_value(value)}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        assert math.isfinite(value)
+        return repr(value)
+    assert isinstance(value, str)
+    # A JSON string (not ASCII-escaped: TOML has no surrogate pairs) is a TOML basic string.
+    return json.dumps(value, ensure_ascii=False)

@@ -1,0 +1,191 @@
+"""The server's Prometheus metrics, read from ``Scheduler.metrics()`` at every scrape.
+
+A server process goes through several :class:`cronoq.Scheduler` objects: a standby's, which
+starts leading (or not), and a new one each time it leads again after stepping down. Each counts
+from zero, so :class:`SchedulerCollector` keeps what the schedulers it stopped watching had
+counted and adds it in: counters and histograms never go down while the process lives.
+Gauges (queue depth, running attempts, leadership) are the current scheduler's alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+if TYPE_CHECKING:
+    from cronoq import Histogram, Scheduler, SchedulerMetrics
+
+__all__ = ["SchedulerCollector", "metrics_registry"]
+
+# (metric name without _total, SchedulerMetrics field, labels, help)
+# Prometheus' own spelling of a bucket bound (+Inf, 0.005, 1e+06 ...); the library leaves it
+# unannotated.
+_bound_label: Callable[[float], str] = floatToGoString
+
+_COUNTERS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
+    ("cronoq_tasks_submitted", "submitted", ("pool",), "Tasks created."),
+    ("cronoq_tasks_finished", "finished", ("pool", "status"), "Tasks that ended, by status."),
+    ("cronoq_task_retries", "retries", ("pool",), "Failed attempts whose task will retry."),
+    ("cronoq_tasks_dead_lettered", "dead_lettered", ("pool",), "Tasks failed for good."),
+    ("cronoq_attempts_lost", "attempts_lost", ("pool",), "Attempts whose executor vanished."),
+)
+_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
+    ("cronoq_commit_seconds", "commit_seconds", "Store commit latency, seconds."),
+    ("cronoq_commit_batch_size", "commit_batch_size", "Mutations per store commit."),
+    (
+        "cronoq_start_delay_seconds",
+        "start_delay_seconds",
+        "From a task becoming ready to its attempt starting, seconds.",
+    ),
+)
+
+
+@dataclass(slots=True)
+class _HistogramSum:
+    bounds: tuple[float, ...]
+    counts: list[int]
+    total: float
+    count: int
+
+    @classmethod
+    def of(cls, histogram: Histogram) -> _HistogramSum:
+        return cls(histogram.bounds, list(histogram.counts), histogram.total, histogram.count)
+
+    def add(self, histogram: Histogram) -> None:
+        # One build of cronoq has one set of bounds; summing other bounds would be nonsense.
+        if histogram.bounds != self.bounds:
+            raise ValueError(f"histogram bounds changed: {self.bounds} -> {histogram.bounds}")
+        self.counts = [a + b for a, b in zip(self.counts, histogram.counts, strict=True)]
+        self.total += histogram.total
+        self.count += histogram.count
+
+
+class _Totals:
+    """Counters and histograms summed over scheduler snapshots."""
+
+    __slots__ = ("counters", "histograms")
+
+    def __init__(self) -> None:
+        self.counters: dict[str, dict[object, int]] = {field: {} for _, field, _, _ in _COUNTERS}
+        self.histograms: dict[str, _HistogramSum] = {}
+
+    def add(self, snapshot: SchedulerMetrics) -> None:
+        for _, field, _, _ in _COUNTERS:
+            counts = self.counters[field]
+            values: Mapping[object, int] = getattr(snapshot, field)
+            for key, value in values.items():
+                counts[key] = counts.get(key, 0) + value
+        for _, field, _ in _HISTOGRAMS:
+            histogram: Histogram = getattr(snapshot, field)
+            if field in self.histograms:
+                self.histograms[field].add(histogram)
+            else:
+                self.histograms[field] = _HistogramSum.of(histogram)
+
+    def plus(self, snapshot: SchedulerMetrics) -> _Totals:
+        result = _Totals()
+        result.counters = {field: dict(counts) for field, counts in self.counters.items()}
+        result.histograms = {
+            field: _HistogramSum(h.bounds, list(h.counts), h.total, h.count)
+            for field, h in self.histograms.items()
+        }
+        result.add(snapshot)
+        return result
+
+
+class SchedulerCollector(Collector):
+    """Metrics of the scheduler being :meth:`watch`-ed, with the counts of those before it."""
+
+    def __init__(self, workers_connected: Callable[[], int]) -> None:
+        self._workers_connected = workers_connected
+        self._current: Scheduler | None = None
+        self._retired = _Totals()
+
+    def watch(self, scheduler: Scheduler | None) -> None:
+        """Read ``scheduler`` from now on (None: no scheduler, as before the first).
+
+        The one watched until now is read a last time and its counts are kept: call this once
+        it has stopped (closed, or stepped down), so that it counts nothing more.
+        """
+        if scheduler is self._current:
+            return
+        if self._current is not None:
+            self._retired.add(self._current.metrics())
+        self._current = scheduler
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._current.metrics() if self._current is not None else None
+        totals = self._retired if snapshot is None else self._retired.plus(snapshot)
+        for name, field, labels, help_text in _COUNTERS:
+            counter = CounterMetricFamily(name, help_text, labels=labels)
+            for key, value in sorted(totals.counters[field].items(), key=_label_order):
+                counter.add_metric(_labels(key), value)
+            yield counter
+        for name, field, help_text in _HISTOGRAMS:
+            histogram = HistogramMetricFamily(name, help_text, labels=())
+            if field in totals.histograms:
+                summed = totals.histograms[field]
+                cumulative = 0
+                buckets: list[tuple[str, float]] = []
+                for bound, count in zip((*summed.bounds, float("inf")), summed.counts, strict=True):
+                    cumulative += count
+                    buckets.append((_bound_label(bound), cumulative))
+                histogram.add_metric((), buckets, summed.total)
+            yield histogram
+        depth = GaugeMetricFamily(
+            "cronoq_queue_depth", "Live tasks, by pool and status.", labels=("pool", "status")
+        )
+        running = GaugeMetricFamily(
+            "cronoq_attempts_running", "Attempts running, by pool.", labels=("pool",)
+        )
+        epoch = GaugeMetricFamily("cronoq_epoch", "Fencing epoch of this leader (absent if none).")
+        if snapshot is not None:
+            for key, value in sorted(snapshot.queue_depth.items()):
+                depth.add_metric(_labels(key), value)
+            for pool, value in sorted(snapshot.running.items()):
+                running.add_metric((pool,), value)
+            if snapshot.epoch is not None:
+                epoch.add_metric((), snapshot.epoch)
+        yield depth
+        yield running
+        yield GaugeMetricFamily(
+            "cronoq_leader",
+            "1 while this process leads its cluster, else 0.",
+            value=int(snapshot is not None and snapshot.leading),
+        )
+        yield epoch
+        yield GaugeMetricFamily(
+            "cronoq_workers_connected",
+            "Remote workers attached to this process.",
+            value=self._workers_connected(),
+        )
+
+
+def _labels(key: object) -> tuple[str, ...]:
+    return key if isinstance(key, tuple) else (str(key),)
+
+
+def _label_order(item: tuple[object, int]) -> tuple[str, ...]:
+    return _labels(item[0])
+
+
+def metrics_registry(collector: SchedulerCollector) -> CollectorRegistry:
+    """A registry with ``collector`` and the process's own metrics (memory, CPU, open file
+    descriptors, garbage collection, Python version)."""
+    registry = CollectorRegistry()
+    registry.register(collector)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry

@@ -1,0 +1,240 @@
+"""The Prometheus collector against real schedulers on a MemoryStore, running real tasks: the
+values are what happened, and counters stay monotonic when the scheduler is replaced."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from datetime import timedelta
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from cronoq import MemoryStore, Pool, RetryPolicy, Scheduler, TaskContext, TaskError
+from cronoq_server import Address
+from cronoq_server._http import HttpServer, Readiness
+from cronoq_server._metrics import SchedulerCollector, metrics_registry
+
+Labels = frozenset[tuple[str, str]]
+FAST_RETRY = RetryPolicy(max_attempts=3, initial_ns=1_000_000, jitter=0.0)
+
+
+def scrape(registry: CollectorRegistry) -> dict[str, dict[Labels, float]]:
+    """Sample name -> {labels: value}, from the text exposition as Prometheus reads it."""
+    samples: dict[str, dict[Labels, float]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            labels = frozenset(sample.labels.items())
+            samples.setdefault(sample.name, {})[labels] = sample.value
+    return samples
+
+
+def by(samples: Mapping[Labels, float], *names: str) -> dict[tuple[str, ...], float]:
+    """The samples keyed by the values of the labels ``names`` (and no others)."""
+    keyed = {}
+    for labels, value in samples.items():
+        as_dict = dict(labels)
+        assert as_dict.keys() == set(names)
+        keyed[tuple(as_dict[name] for name in names)] = value
+    return keyed
+
+
+def pools() -> list[Pool]:
+    async def ok(ctx: TaskContext, payload: bytes | None) -> bytes:
+        return b"done"
+
+    async def flaky(ctx: TaskContext, payload: bytes | None) -> bytes:
+        if ctx.attempt == 1:
+            raise TaskError("first attempt fails")
+        return b"done"
+
+    async def doomed(ctx: TaskContext, payload: bytes | None) -> None:
+        raise TaskError("never works", retryable=False)
+
+    return [Pool("fast", ok), Pool("flaky", flaky), Pool("doomed", doomed)]
+
+
+def new_collector(workers: list[int]) -> tuple[SchedulerCollector, CollectorRegistry]:
+    collector = SchedulerCollector(lambda: workers[0])
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return collector, registry
+
+
+async def run_tasks(scheduler: Scheduler, fast: int, flaky: int, doomed: int) -> None:
+    ids = [await scheduler.submit("k", pool="fast") for _ in range(fast)]
+    ids += [await scheduler.submit("k", pool="flaky", retry=FAST_RETRY) for _ in range(flaky)]
+    ids += [await scheduler.submit("k", pool="doomed", retry=FAST_RETRY) for _ in range(doomed)]
+    async with asyncio.timeout(10):
+        for task_id in ids:
+            await scheduler.wait(task_id)
+
+
+async def test_values_match_what_the_scheduler_did() -> None:
+    workers = [0]
+    collector, registry = new_collector(workers)
+    async with Scheduler(pools(), store=MemoryStore()) as scheduler:
+        collector.watch(scheduler)
+        await run_tasks(scheduler, fast=3, flaky=2, doomed=1)
+        workers[0] = 4
+        samples = scrape(registry)
+        assert by(samples["cronoq_tasks_submitted_total"], "pool") == {
+            ("fast",): 3,
+            ("flaky",): 2,
+            ("doomed",): 1,
+        }
+        assert by(samples["cronoq_tasks_finished_total"], "pool", "status") == {
+            ("fast", "succeeded"): 3,
+            ("flaky", "succeeded"): 2,
+            ("doomed", "failed"): 1,
+        }
+        assert by(samples["cronoq_task_retries_total"], "pool") == {("flaky",): 2}
+        assert by(samples["cronoq_tasks_dead_lettered_total"], "pool") == {("doomed",): 1}
+        assert samples.get("cronoq_attempts_lost_total", {}) == {}
+        assert samples["cronoq_leader"] == {frozenset(): 1}
+        assert samples["cronoq_epoch"] == {frozenset(): scheduler.epoch}
+        assert samples["cronoq_workers_connected"] == {frozenset(): 4}
+        # Attempts started: 3 + 2 * 2 + 1; each waited from ready to start.
+        starts = samples["cronoq_start_delay_seconds_count"][frozenset()]
+        assert starts == 8
+        assert samples["cronoq_start_delay_seconds_bucket"][frozenset({("le", "+Inf")})] == 8
+        commits = samples["cronoq_commit_seconds_count"][frozenset()]
+        assert commits >= 6  # at least one per submit call
+        assert samples["cronoq_commit_batch_size_count"][frozenset()] == commits
+        assert samples["cronoq_commit_batch_size_sum"][frozenset()] >= 6 + 8 + 8
+        buckets = samples["cronoq_commit_seconds_bucket"]
+        cumulative = [value for _, value in sorted((float(dict(k)["le"]), v) for k, v in buckets.items())]
+        assert cumulative == sorted(cumulative), "buckets are cumulative"
+        assert cumulative[-1] == commits
+        # Nothing is queued or running once every task finished.
+        assert all(value == 0 for value in samples.get("cronoq_queue_depth", {}).values())
+        assert all(value == 0 for value in samples.get("cronoq_attempts_running", {}).values())
+        for name, series in samples.items():
+            for labels in series:
+                assert {key for key, _ in labels} <= {"pool", "status", "le"}, name
+
+
+async def test_queue_depth_and_running_are_live() -> None:
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def blocking(ctx: TaskContext, payload: bytes | None) -> None:
+        started.set()
+        await release.wait()
+
+    collector, registry = new_collector([0])
+    async with Scheduler([Pool("slow", blocking, concurrency=1)]) as scheduler:
+        collector.watch(scheduler)
+        first = await scheduler.submit("k", pool="slow")
+        second = await scheduler.submit("k", pool="slow")
+        await scheduler.submit("k", pool="slow", start_at=timedelta(hours=1))
+        async with asyncio.timeout(10):
+            await started.wait()
+        samples = scrape(registry)
+        assert by(samples["cronoq_queue_depth"], "pool", "status") == {
+            ("slow", "running"): 1,
+            ("slow", "ready"): 1,
+            ("slow", "scheduled"): 1,
+        }
+        assert by(samples["cronoq_attempts_running"], "pool") == {("slow",): 1}
+        release.set()
+        async with asyncio.timeout(10):
+            await scheduler.wait(first)
+            await scheduler.wait(second)
+        samples = scrape(registry)
+        assert by(samples["cronoq_queue_depth"], "pool", "status") == {("slow", "scheduled"): 1}
+
+
+async def test_counters_stay_monotonic_across_scheduler_swaps() -> None:
+    collector, registry = new_collector([0])
+    store = MemoryStore()
+    first = Scheduler(pools(), store=store)
+    await first.start()
+    collector.watch(first)
+    await run_tasks(first, fast=2, flaky=1, doomed=1)
+    before = scrape(registry)
+    first_epoch = first.epoch
+
+    # A standby in the same cluster: watched while it waits for leadership.
+    standby = Scheduler(pools(), store=store.connect_another())
+    starting = asyncio.create_task(standby.start())
+    await first.close()
+    collector.watch(standby)
+    waiting = scrape(registry)
+    for name in ("cronoq_tasks_submitted_total", "cronoq_tasks_finished_total"):
+        assert waiting[name] == before[name], "the retired scheduler's counts are kept"
+    async with asyncio.timeout(10):
+        await starting
+    leading = scrape(registry)
+    assert leading["cronoq_leader"] == {frozenset(): 1}
+    assert standby.epoch is not None and first_epoch is not None
+    assert leading["cronoq_epoch"] == {frozenset(): standby.epoch}
+    assert standby.epoch > first_epoch
+    await run_tasks(standby, fast=3, flaky=0, doomed=0)
+    after = scrape(registry)
+    assert by(after["cronoq_tasks_submitted_total"], "pool") == {
+        ("fast",): 5,
+        ("flaky",): 1,
+        ("doomed",): 1,
+    }
+    assert by(after["cronoq_tasks_finished_total"], "pool", "status") == {
+        ("fast", "succeeded"): 5,
+        ("flaky", "succeeded"): 1,
+        ("doomed", "failed"): 1,
+    }
+    assert (
+        after["cronoq_start_delay_seconds_count"][frozenset()]
+        == before["cronoq_start_delay_seconds_count"][frozenset()] + 3
+    )
+
+    # It steps down: no scheduler for a while, then it leads again with a new one.
+    await standby.close()
+    collector.watch(None)
+    between = scrape(registry)
+    assert between["cronoq_leader"] == {frozenset(): 0}
+    assert "cronoq_epoch" not in between
+    assert between["cronoq_tasks_submitted_total"] == after["cronoq_tasks_submitted_total"]
+    again = Scheduler(pools(), store=store.connect_another())
+    async with again:
+        collector.watch(again)
+        await run_tasks(again, fast=1, flaky=0, doomed=0)
+        final = scrape(registry)
+    assert by(final["cronoq_tasks_submitted_total"], "pool")[("fast",)] == 6
+    for name, series in final.items():
+        if name.endswith(("_total", "_count", "_sum", "_bucket")):
+            for labels, value in series.items():
+                assert value >= before.get(name, {}).get(labels, 0), (name, labels)
+                assert value >= after.get(name, {}).get(labels, 0), (name, labels)
+
+
+async def test_watching_the_same_scheduler_again_counts_nothing_twice() -> None:
+    collector, registry = new_collector([0])
+    async with Scheduler(pools()) as scheduler:
+        collector.watch(scheduler)
+        await run_tasks(scheduler, fast=1, flaky=0, doomed=0)
+        collector.watch(scheduler)
+        assert by(scrape(registry)["cronoq_tasks_submitted_total"], "pool") == {("fast",): 1}
+
+
+async def test_metrics_over_http_with_the_process_metrics() -> None:
+    collector = SchedulerCollector(lambda: 2)
+    async with (
+        Scheduler(pools()) as scheduler,
+        HttpServer(
+            Address("127.0.0.1", 0),
+            readiness=lambda: Readiness(scheduler.leading, "leading"),
+            registry=metrics_registry(collector),
+        ) as http,
+    ):
+        collector.watch(scheduler)
+        await run_tasks(scheduler, fast=1, flaky=0, doomed=0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", http.port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        async with asyncio.timeout(5):
+            raw = await reader.read(-1)
+        writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+    names = {family.name for family in text_string_to_metric_families(body.decode())}
+    assert {"cronoq_tasks_submitted", "cronoq_leader", "cronoq_workers_connected"} <= names
+    assert {"process_resident_memory_bytes", "python_info", "python_gc_objects_collected"} <= names
