@@ -648,7 +648,6 @@ class WorkerServiceStub:
     attempt reaches a free slot without a poll round trip, and cancel requests travel on the same
     stream. Heartbeats and reports are unary calls, so a report survives a broken stream: it is
     retried on a new connection while the lease lasts.
-
     """
 
     def __init__(self, channel):
@@ -685,7 +684,6 @@ class WorkerServiceServicer:
     attempt reaches a free slot without a poll round trip, and cancel requests travel on the same
     stream. Heartbeats and reports are unary calls, so a report survives a broken stream: it is
     retried on a new connection while the lease lasts.
-
     """
 
     def Attach(self, request, context):
@@ -751,7 +749,6 @@ class WorkerService:
     attempt reaches a free slot without a poll round trip, and cancel requests travel on the same
     stream. Heartbeats and reports are unary calls, so a report survives a broken stream: it is
     retried on a new connection while the lease lasts.
-
     """
 
     @staticmethod

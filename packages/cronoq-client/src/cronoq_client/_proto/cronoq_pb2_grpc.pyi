@@ -236,7 +236,10 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class WorkerServiceStub:
-    """Remote workers lease and run the attempts of the server's remote pools.
+    """---------------------------------------------------------------------------------------------
+    WorkerService
+
+    Remote workers lease and run the attempts of the server's remote pools.
 
     Attempts are pushed on a server stream rather than long-polled: the leader learns at once
     when a worker goes away (the stream breaks, so its link closes and stops taking slots), an
@@ -266,7 +269,10 @@ class WorkerServiceStub:
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
-    """Remote workers lease and run the attempts of the server's remote pools.
+    """---------------------------------------------------------------------------------------------
+    WorkerService
+
+    Remote workers lease and run the attempts of the server's remote pools.
 
     Attempts are pushed on a server stream rather than long-polled: the leader learns at once
     when a worker goes away (the stream breaks, so its link closes and stops taking slots), an
@@ -292,7 +298,10 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
-    """Remote workers lease and run the attempts of the server's remote pools.
+    """---------------------------------------------------------------------------------------------
+    WorkerService
+
+    Remote workers lease and run the attempts of the server's remote pools.
 
     Attempts are pushed on a server stream rather than long-polled: the leader learns at once
     when a worker goes away (the stream breaks, so its link closes and stops taking slots), an
