@@ -49,11 +49,7 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class SchedulerServiceStub:
-    """---------------------------------------------------------------------------------------------
-    SchedulerService
-
-    The calls of cronoq.Scheduler, with the same arguments, semantics and errors.
-    """
+    """The calls of cronoq.Scheduler, with the same arguments, semantics and errors."""
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -88,11 +84,7 @@ class SchedulerServiceStub:
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
-    """---------------------------------------------------------------------------------------------
-    SchedulerService
-
-    The calls of cronoq.Scheduler, with the same arguments, semantics and errors.
-    """
+    """The calls of cronoq.Scheduler, with the same arguments, semantics and errors."""
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Submit: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.SubmitRequest, _cronoq_pb2.SubmitResponse]  # type: ignore[assignment]
@@ -123,11 +115,7 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """The next occurrences of a cron expression (cronoq.preview); needs no leader's state."""
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
-    """---------------------------------------------------------------------------------------------
-    SchedulerService
-
-    The calls of cronoq.Scheduler, with the same arguments, semantics and errors.
-    """
+    """The calls of cronoq.Scheduler, with the same arguments, semantics and errors."""
 
     @_abc_1.abstractmethod
     def Submit(
@@ -236,10 +224,7 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
 class WorkerServiceStub:
-    """---------------------------------------------------------------------------------------------
-    WorkerService
-
-    Remote workers lease and run the attempts of the server's remote pools.
+    """Remote workers lease and run the attempts of the server's remote pools.
 
     Attempts are pushed on a server stream rather than long-polled: the leader learns at once
     when a worker goes away (the stream breaks, so its link closes and stops taking slots), an
@@ -269,10 +254,7 @@ class WorkerServiceStub:
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
-    """---------------------------------------------------------------------------------------------
-    WorkerService
-
-    Remote workers lease and run the attempts of the server's remote pools.
+    """Remote workers lease and run the attempts of the server's remote pools.
 
     Attempts are pushed on a server stream rather than long-polled: the leader learns at once
     when a worker goes away (the stream breaks, so its link closes and stops taking slots), an
@@ -298,10 +280,7 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
-    """---------------------------------------------------------------------------------------------
-    WorkerService
-
-    Remote workers lease and run the attempts of the server's remote pools.
+    """Remote workers lease and run the attempts of the server's remote pools.
 
     Attempts are pushed on a server stream rather than long-polled: the leader learns at once
     when a worker goes away (the stream breaks, so its link closes and stops taking slots), an
