@@ -7,7 +7,7 @@ import builtins
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import grpc
 from grpc import aio
@@ -37,7 +37,10 @@ WAIT_MARGIN = 5.0
 WaitTimedOut (a definite answer) arrives before the transport's DEADLINE_EXCEEDED."""
 
 _R = TypeVar("_R")
-Stub = pb_grpc.SchedulerServiceAsyncStub
+
+if TYPE_CHECKING:
+    # Only in the generated stubs (.pyi): the type of a stub made on an aio channel.
+    Stub = pb_grpc.SchedulerServiceAsyncStub
 
 
 class AsyncClient:
@@ -290,9 +293,10 @@ def _name(name: object) -> str:
     return wire._text(name, "schedule name")
 
 
-def _seconds(timeout: object) -> float:
-    """The wait's timeout as float seconds (wait_request has checked it is a duration)."""
-    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)  # type: ignore[arg-type]
+def _seconds(timeout: float | timedelta) -> float:
+    """The wait's timeout as float seconds (wait_request has checked it is a duration; a
+    timedelta is accepted as the embedded Scheduler accepts it)."""
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
 
 
 def _final(err: aio.AioRpcError, attempts: int, budget: float | None) -> CronoqError:
