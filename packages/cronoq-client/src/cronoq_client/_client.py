@@ -7,7 +7,7 @@ import builtins
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
 
 import grpc
 from grpc import aio
@@ -119,12 +119,12 @@ class AsyncClient:
         send: Callable[[Stub, float | None], Awaitable[_R]],
         *,
         idempotent: bool,
-        seconds: float | None = -1.0,
+        seconds: float | Literal["client"] | None = "client",
     ) -> _R:
-        """Send until answered, retrying as the module's rule says within ``seconds`` (the
-        client's timeout when negative; None: no deadline)."""
+        """Send until answered, retrying by the rule of ``_retry`` within ``seconds`` (by
+        default the client's timeout; None: no deadline)."""
         loop = asyncio.get_running_loop()
-        budget = self._timeout if seconds is not None and seconds < 0 else seconds
+        budget = self._timeout if seconds == "client" else seconds
         deadline = None if budget is None else loop.time() + budget
         attempt = 0
         while True:
