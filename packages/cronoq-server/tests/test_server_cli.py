@@ -1,9 +1,5 @@
 """``cronoq-server check-config`` and ``migrate`` as real processes, on a real SQLite file and a
-real PostgreSQL schema of their own.
-
-PostgreSQL is found at ``CRONOQ_TEST_PG_DSN`` (default: the local server, database ``test``);
-when it is unreachable its tests skip, unless ``CRONOQ_REQUIRE_POSTGRES=1`` makes that a failure.
-"""
+real PostgreSQL schema of their own."""
 
 from __future__ import annotations
 
@@ -14,16 +10,13 @@ import sqlite3
 import stat
 import sys
 import tomllib
-import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
-import pytest
-import pytest_asyncio
+from server_pg import PG_DSN, pg_schema, pg_tables
 
-PG_DSN = os.environ.get("CRONOQ_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+__all__ = ["pg_schema"]  # a fixture: used by name
 COMMAND = str(Path(sys.executable).parent / "cronoq-server")
 TABLES = {"cronoq_leader", "cronoq_schedules", "cronoq_schema_version", "cronoq_tasks"}
 
@@ -183,38 +176,6 @@ async def test_migrate_memory_has_nothing_to_do(tmp_path: Path) -> None:
 
 
 # --- migrate: PostgreSQL --------------------------------------------------------------------
-
-
-async def pg_connect() -> asyncpg.Connection:
-    try:
-        return await asyncpg.connect(PG_DSN, timeout=5)
-    except (OSError, asyncpg.PostgresError) as exc:
-        reason = f"PostgreSQL unreachable at {PG_DSN}: {exc}"
-        if os.environ.get("CRONOQ_REQUIRE_POSTGRES") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-
-
-@pytest_asyncio.fixture
-async def pg_schema() -> AsyncIterator[str]:
-    name = f"cronoq_test_{uuid.uuid4().hex[:12]}"
-    conn = await pg_connect()
-    try:
-        yield name
-    finally:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        await conn.close()
-
-
-async def pg_tables(schema: str) -> set[str]:
-    conn = await pg_connect()
-    try:
-        rows = await conn.fetch(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = $1", schema
-        )
-    finally:
-        await conn.close()
-    return {row["table_name"] for row in rows}
 
 
 async def test_migrate_postgres_creates_the_schema(tmp_path: Path, pg_schema: str) -> None:
