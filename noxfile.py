@@ -135,6 +135,15 @@ def fuzz(session: nox.Session) -> None:
 
 
 @nox.session
+def proto(session: nox.Session) -> None:
+    """The wire protocol's modules committed in cronoq-client are what proto/generate.py makes
+    from proto/ now, with the pinned generator: regenerated into a temporary directory, and a
+    summary of the differences if they are stale."""
+    _install_locked(session, "grpcio-tools", "mypy-protobuf")
+    session.run("python", str(ROOT / "proto" / "generate.py"), "--check")
+
+
+@nox.session
 def build(session: nox.Session) -> None:
     """Build every sdist and wheel without workspace sources, install the wheels, import them."""
     with tempfile.TemporaryDirectory() as out_dir:

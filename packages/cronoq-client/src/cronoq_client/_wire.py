@@ -1,0 +1,1117 @@
+"""Conversions between cronoq's public values and the messages of the wire protocol.
+
+Both ends use them. The client encodes its call arguments (payloads through its codec) and
+decodes replies (payloads and outputs through its codec). The server decodes requests into the
+arguments of a ``Scheduler`` that uses ``BytesCodec`` (a payload is the raw bytes the client's
+codec made, or None) and encodes its replies.
+
+Encoding (Python to message) raises :class:`~cronoq.errors.InvalidArgument` for a value that has
+no wire form: a wrong type, a str with a lone surrogate, an int beyond int64, a naive datetime,
+a non-finite float, an endless iterable. Any other value, even one the Scheduler will refuse (an
+empty kind, a negative timeout, a NUL in a key), is sent as it is, so that the Scheduler refuses
+it with the message the embedded API gives.
+
+Decoding (message to Python) raises nothing but ``InvalidArgument``, and only for what Python
+cannot hold or the protocol forbids: a Timestamp outside years 1..9999, a Duration whose nanos
+disagree with its seconds, an unknown or unspecified enum number where a value is required, a
+missing required field. A request field left at its "absent" form is omitted from the decoded
+arguments, so the Scheduler's own default applies and none is restated here.
+
+Durations reach the Scheduler as ``timedelta`` (exact to the microsecond, as the embedded API
+is) or, when the wire value has nanoseconds, as float seconds. Instants are ``datetime``, so a
+Timestamp's sub-microsecond part is dropped, as a datetime cannot hold it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf.message import DecodeError, Message
+
+from cronoq import (
+    AttemptToken,
+    CancelRequested,
+    CatchUpPolicy,
+    Codec,
+    LeasedAttempt,
+    LeaseRenewed,
+    MissPolicy,
+    OverlapPolicy,
+    RetryPolicy,
+    ScheduleInfo,
+    Status,
+    TaskInfo,
+    TaskRequest,
+    TaskSummary,
+)
+from cronoq.errors import InvalidArgument, PayloadError
+from cronoq_client._proto import cronoq_pb2 as pb
+
+__all__ = [
+    "Attached",
+    "ReportFailure",
+    "ReportSuccess",
+    "add_schedule_kwargs",
+    "add_schedule_request",
+    "attach_kwargs",
+    "attach_request",
+    "cancel_kwargs",
+    "cancel_request",
+    "get_by_key_request",
+    "get_request",
+    "heartbeat_request",
+    "heartbeat_token",
+    "lease_renewed_from_pb",
+    "lease_renewed_to_pb",
+    "list_kwargs",
+    "list_request",
+    "list_response",
+    "list_response_to_pb",
+    "parse",
+    "preview_kwargs",
+    "preview_request",
+    "preview_response",
+    "preview_response_to_pb",
+    "report_from_pb",
+    "report_request",
+    "retry_from_pb",
+    "retry_to_pb",
+    "schedule_info_from_pb",
+    "schedule_info_to_pb",
+    "status_from_pb",
+    "status_to_pb",
+    "submit_many_request",
+    "submit_many_requests",
+    "submit_request",
+    "task_info_from_pb",
+    "task_info_to_pb",
+    "task_request_from_pb",
+    "task_request_to_pb",
+    "task_summary_from_pb",
+    "task_summary_to_pb",
+    "token_from_pb",
+    "token_to_pb",
+    "wait_kwargs",
+    "wait_request",
+    "worker_event_from_pb",
+    "worker_event_to_pb",
+]
+
+NS_PER_S = 1_000_000_000
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+MAX_ITEMS = 1_000_000
+"""Most items any list of a message may be given, so that an endless iterable stops. Far above
+every limit of the Scheduler, whose own (precise) messages apply below it."""
+_MAX_DURATION_S = 315_576_000_000  # protobuf's range of a Duration: about 10,000 years
+# Seconds since 1970 of 0001-01-01T00:00:00 and 9999-12-31T23:59:59: a datetime's range.
+_MIN_TIMESTAMP_S = -62_135_596_800
+_MAX_TIMESTAMP_S = 253_402_300_799
+_EPOCH = datetime(1970, 1, 1)
+_EPOCH_UTC = datetime(1970, 1, 1, tzinfo=UTC)
+
+_M = TypeVar("_M", bound=Message)
+_E = TypeVar("_E", bound=StrEnum)
+
+
+def parse(message_type: type[_M], data: bytes) -> _M:
+    """A message from its bytes; ``InvalidArgument`` if they are not one (bad UTF-8 in a string,
+    a truncated field). For a server that deserializes requests itself: grpcio's own
+    deserializer failing makes the call ``INTERNAL``, which bad input must never be."""
+    try:
+        return message_type.FromString(data)
+    except DecodeError as exc:
+        raise InvalidArgument(
+            f"the request is not a valid {message_type.__name__}: {exc}"
+        ) from None
+
+
+# --- scalars, encoding ----------------------------------------------------------------------
+
+
+def _shown(value: object) -> str:
+    """A bounded repr for a message, as cronoq's own messages show values."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def _text(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a str, got {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgument(
+            f"{what} must be valid Unicode, but has a lone surrogate {value[exc.start]!r} "
+            f"at index {exc.start}: {_shown(value)}"
+        ) from None
+    return value
+
+
+def _int64(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"{what} must be an int, got {type(value).__name__}")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise InvalidArgument(
+            f"{what} must be between {INT64_MIN} and {INT64_MAX}, got {_shown(value)}"
+        )
+    return int(value)  # an IntEnum or other int subclass, as a plain int
+
+
+def _flag(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgument(f"{what} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def _items(value: object, what: str, expected: str) -> Iterator[Any]:
+    """The items of an iterable, one at a time, at most MAX_ITEMS of them."""
+    # str and bytes are iterable, but tags given as "a,b" are a mistake, not three tags.
+    if isinstance(value, str | bytes | bytearray | memoryview) or not isinstance(value, Iterable):
+        raise InvalidArgument(f"{what} must be {expected}, got {type(value).__name__}")
+    try:
+        iterator = iter(value)
+    except TypeError as exc:  # an __iter__ that returns a non-iterator
+        raise InvalidArgument(f"{what} must be {expected}: iter() failed: {exc}") from None
+    for count, item in enumerate(iterator):
+        if count == MAX_ITEMS:
+            raise InvalidArgument(f"{what}: more than {MAX_ITEMS} items given")
+        yield item
+
+
+def _texts(value: object, what: str, each: str) -> list[str]:
+    return [_text(item, each) for item in _items(value, what, "a list or tuple of str")]
+
+
+def _duration_of_ns(ns: int) -> duration_pb2.Duration:
+    seconds, nanos = divmod(abs(ns), NS_PER_S)
+    sign = -1 if ns < 0 else 1
+    return duration_pb2.Duration(seconds=sign * seconds, nanos=sign * nanos)
+
+
+def _duration(value: object, what: str) -> duration_pb2.Duration:
+    """Seconds (int or float) or a timedelta, exact to the nanosecond; negative ones are sent
+    for the Scheduler to refuse."""
+    if isinstance(value, timedelta):
+        # Exact integer arithmetic: total_seconds() is a float and loses nanoseconds.
+        ns = (value.days * 86_400 + value.seconds) * NS_PER_S + value.microseconds * 1000
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidArgument(
+            f"{what} must be seconds (int or float) or a timedelta, got {type(value).__name__}"
+        )
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise InvalidArgument(f"{what} must be finite, got {value!r}")
+    elif isinstance(value, float) and abs(value) > _MAX_DURATION_S:  # before 1e300 * 1e9 = inf
+        ns = _MAX_DURATION_S * NS_PER_S + 1
+    else:
+        ns = value * NS_PER_S if isinstance(value, int) else round(value * NS_PER_S)
+    if abs(ns) > _MAX_DURATION_S * NS_PER_S:
+        given = str(value) if isinstance(value, timedelta) else f"{_shown(value)} seconds"
+        raise InvalidArgument(f"{what} of {given} is longer than a protobuf Duration can be")
+    return _duration_of_ns(ns)
+
+
+def _timestamp(value: object, what: str) -> timestamp_pb2.Timestamp:
+    if not isinstance(value, datetime):
+        raise InvalidArgument(
+            f"{what} must be a timezone-aware datetime, got {type(value).__name__}"
+        )
+    # The wall time without the caller's tzinfo, which is called exactly once (as cronoq does):
+    # it may raise, return a non-timedelta or a different answer each time.
+    wall = datetime(
+        value.year, value.month, value.day, value.hour, value.minute, value.second,
+        value.microsecond,
+    )  # fmt: skip
+    try:
+        offset = value.utcoffset()
+    except Exception as exc:
+        raise InvalidArgument(
+            f"{what} {wall.isoformat()}: its tzinfo ({type(value.tzinfo).__name__}) failed "
+            f"in utcoffset(): {type(exc).__name__}"
+        ) from exc
+    if offset is None:
+        raise InvalidArgument(f"{what} must be timezone-aware, got naive {wall.isoformat()}")
+    delta = wall - _EPOCH - offset
+    seconds = delta.days * 86_400 + delta.seconds
+    return timestamp_pb2.Timestamp(seconds=seconds, nanos=delta.microseconds * 1000)
+
+
+def _timestamp_of_ns(ns: int) -> timestamp_pb2.Timestamp:
+    seconds, nanos = divmod(ns, NS_PER_S)
+    return timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos)
+
+
+def _enum_to_pb(value: object, kind: type[_E], table: Mapping[_E, int], what: str) -> int:
+    """A policy given as a member or its string value (as the Scheduler accepts it)."""
+    if isinstance(value, kind):
+        return table[value]
+    if isinstance(value, str):
+        try:
+            return table[kind(value)]
+        except ValueError:
+            pass
+    allowed = ", ".join(repr(m.value) for m in kind)
+    given = _shown(value) if isinstance(value, str) else type(value).__name__
+    raise InvalidArgument(f"{what} must be one of {allowed}, got {given}")
+
+
+def _payload_of(codec: Codec, value: object, what: str) -> bytes:
+    """Encode through the client's codec; whatever it raises becomes a PayloadError, as the
+    Scheduler does with its codec."""
+    try:
+        data = codec.encode(value)
+    except PayloadError:
+        raise
+    except Exception as exc:
+        raise PayloadError(f"{type(codec).__name__} cannot encode the {what}: {exc!r}") from exc
+    if not isinstance(data, bytes):
+        raise PayloadError(
+            f"{type(codec).__name__}.encode returned {type(data).__name__} for the {what}, "
+            "not bytes"
+        )
+    return data
+
+
+def _value_of(codec: Codec, data: bytes, what: str) -> Any:
+    try:
+        return codec.decode(data)
+    except PayloadError:
+        raise
+    except Exception as exc:
+        raise PayloadError(
+            f"{type(codec).__name__} cannot decode the {what} ({len(data)} bytes): {exc!r}"
+        ) from exc
+
+
+# --- scalars, decoding ----------------------------------------------------------------------
+
+
+def _ns(duration: duration_pb2.Duration, what: str) -> int:
+    seconds, nanos = duration.seconds, duration.nanos
+    if not -NS_PER_S < nanos < NS_PER_S or (seconds > 0 > nanos) or (seconds < 0 < nanos):
+        raise InvalidArgument(
+            f"{what}: a Duration's nanos must be within +-999999999 and of the sign of its "
+            f"seconds, got seconds={seconds} nanos={nanos}"
+        )
+    return seconds * NS_PER_S + nanos
+
+
+def _seconds(duration: duration_pb2.Duration, what: str) -> timedelta | float:
+    """A duration as the Scheduler takes it: a timedelta when exact, else float seconds."""
+    ns = _ns(duration, what)
+    if ns % 1000 == 0:
+        try:
+            return timedelta(microseconds=ns // 1000)
+        except OverflowError:
+            pass  # beyond timedelta's 999,999,999 days: the Scheduler refuses the float
+    return ns / NS_PER_S
+
+
+def _float_seconds(duration: duration_pb2.Duration, what: str) -> float:
+    return _ns(duration, what) / NS_PER_S
+
+
+def _delay(duration: duration_pb2.Duration, what: str) -> timedelta:
+    """A delay from now, as the timedelta the Scheduler's instants take (to the microsecond)."""
+    ns = _ns(duration, what)
+    micros = ns // 1000 if ns >= 0 else -(-ns // 1000)  # the nanoseconds dropped, toward zero
+    try:
+        return timedelta(microseconds=micros)
+    except OverflowError:
+        raise InvalidArgument(
+            f"{what}: a delay of {duration.seconds} seconds is beyond any date"
+        ) from None
+
+
+def _datetime(ts: timestamp_pb2.Timestamp, what: str) -> datetime:
+    if not 0 <= ts.nanos < NS_PER_S:
+        raise InvalidArgument(f"{what}: a Timestamp's nanos must be 0..999999999, got {ts.nanos}")
+    if not _MIN_TIMESTAMP_S <= ts.seconds <= _MAX_TIMESTAMP_S:
+        raise InvalidArgument(
+            f"{what}: a Timestamp of {ts.seconds} seconds since 1970 is outside years 1..9999"
+        )
+    return _EPOCH_UTC + timedelta(seconds=ts.seconds, microseconds=ts.nanos // 1000)
+
+
+def _ns_since_epoch(ts: timestamp_pb2.Timestamp, what: str) -> int:
+    if not 0 <= ts.nanos < NS_PER_S:
+        raise InvalidArgument(f"{what}: a Timestamp's nanos must be 0..999999999, got {ts.nanos}")
+    return ts.seconds * NS_PER_S + ts.nanos
+
+
+def _enum_from_pb(number: int, back: Mapping[int, _E], what: str) -> _E:
+    try:
+        return back[number]
+    except KeyError:
+        given = "unspecified" if number == 0 else f"an unknown value ({number})"
+        raise InvalidArgument(f"{what} is {given}") from None
+
+
+# --- enums ----------------------------------------------------------------------------------
+
+
+def _table(kind: type[_E], prefix: str, wire: Any) -> dict[_E, int]:
+    # Each member's wire name is its Python name with the enum's prefix: a member added on one
+    # side only fails here, at import, instead of on the first message that carries it.
+    return {member: int(wire.Value(prefix + member.name)) for member in kind}
+
+
+_STATUS = _table(Status, "STATUS_", pb.Status)
+_MISS = _table(MissPolicy, "MISS_POLICY_", pb.MissPolicy)
+_OVERLAP = _table(OverlapPolicy, "OVERLAP_POLICY_", pb.OverlapPolicy)
+_CATCH_UP = _table(CatchUpPolicy, "CATCH_UP_POLICY_", pb.CatchUpPolicy)
+_STATUS_BACK = {number: member for member, number in _STATUS.items()}
+_MISS_BACK = {number: member for member, number in _MISS.items()}
+_OVERLAP_BACK = {number: member for member, number in _OVERLAP.items()}
+_CATCH_UP_BACK = {number: member for member, number in _CATCH_UP.items()}
+
+
+def status_to_pb(status: Status) -> pb.Status.ValueType:
+    return pb.Status.ValueType(_STATUS[status])
+
+
+def status_from_pb(number: int, what: str = "status") -> Status:
+    return _enum_from_pb(number, _STATUS_BACK, what)
+
+
+def _status_filter(value: object) -> int:
+    # As Scheduler.list checks each status, with its message.
+    if isinstance(value, Status):
+        return _STATUS[value]
+    if isinstance(value, str):
+        try:
+            return _STATUS[Status(value)]
+        except ValueError:
+            pass
+    allowed = ", ".join(s.value for s in Status)
+    given = _shown(value) if isinstance(value, str) else type(value).__name__
+    raise InvalidArgument(f"status must be among {allowed}, got {given}")
+
+
+# --- retry policy ---------------------------------------------------------------------------
+
+
+def retry_to_pb(policy: object) -> pb.RetryPolicy | None:
+    """None (the default policy) is no message."""
+    if policy is None:
+        return None
+    if not isinstance(policy, RetryPolicy):
+        raise InvalidArgument(f"retry must be a RetryPolicy, got {type(policy).__name__}")
+    return pb.RetryPolicy(
+        max_attempts=_int64(policy.max_attempts, "max_attempts"),
+        initial=_duration_of_ns(_int64(policy.initial_ns, "initial_ns")),
+        multiplier=float(policy.multiplier),
+        maximum=_duration_of_ns(_int64(policy.max_ns, "max_ns")),
+        jitter=float(policy.jitter),
+    )
+
+
+def retry_from_pb(message: pb.RetryPolicy) -> RetryPolicy:
+    """The policy; RetryPolicy itself refuses out-of-range values (InvalidArgument)."""
+    fields: dict[str, Any] = {}
+    if message.HasField("max_attempts"):
+        fields["max_attempts"] = message.max_attempts
+    if message.HasField("initial"):
+        fields["initial_ns"] = _ns(message.initial, "retry initial")
+    if message.HasField("multiplier"):
+        fields["multiplier"] = message.multiplier
+    if message.HasField("maximum"):
+        fields["max_ns"] = _ns(message.maximum, "retry maximum")
+    if message.HasField("jitter"):
+        fields["jitter"] = message.jitter
+    return RetryPolicy(**fields)
+
+
+# --- TaskRequest ----------------------------------------------------------------------------
+
+
+def task_request_to_pb(request: object, codec: Codec) -> pb.TaskRequest:
+    """The client's request, its payload encoded by ``codec`` (None: no payload)."""
+    if not isinstance(request, TaskRequest):
+        raise InvalidArgument(f"expected a TaskRequest, got {type(request).__name__}")
+    message = pb.TaskRequest(
+        kind=_text(request.kind, "kind"),
+        pool=_text(request.pool, "pool"),
+        tags=_texts(request.tags, "tags", "tag"),
+        priority=_int64(request.priority, "priority"),
+        miss_policy=pb.MissPolicy.ValueType(
+            _enum_to_pb(request.miss_policy, MissPolicy, _MISS, "miss_policy")
+        ),
+        grace=_duration(request.grace, "grace"),
+        after=[
+            _int64(i, "a dependency id")
+            for i in _items(request.after, "after", "a list of task ids")
+        ],
+    )
+    if request.payload is not None:
+        message.payload = _payload_of(codec, request.payload, "payload")
+    if request.key is not None:
+        message.key = _text(request.key, "key")
+    if request.name is not None:
+        message.name = _text(request.name, "name")
+    retry = retry_to_pb(request.retry)
+    if retry is not None:
+        message.retry.CopyFrom(retry)
+    if request.start_at is not None:
+        _set_instant(message, "start_time", "start_delay", request.start_at, "start_at")
+    if request.deadline is not None:
+        _set_instant(message, "deadline_time", "deadline_delay", request.deadline, "deadline")
+    if request.timeout is not None:
+        message.timeout.CopyFrom(_duration(request.timeout, "timeout"))
+    return message
+
+
+def _set_instant(message: pb.TaskRequest, at: str, delay: str, value: object, what: str) -> None:
+    if isinstance(value, timedelta):
+        getattr(message, delay).CopyFrom(_duration(value, what))
+    elif isinstance(value, datetime):
+        getattr(message, at).CopyFrom(_timestamp(value, what))
+    else:
+        raise InvalidArgument(
+            f"{what} must be a timezone-aware datetime or a timedelta from now, "
+            f"got {type(value).__name__}"
+        )
+
+
+def task_request_from_pb(message: pb.TaskRequest) -> TaskRequest:
+    """The request for a Scheduler with BytesCodec: the payload is the client's bytes, or None.
+
+    A delay (``start_delay``, ``deadline_delay``) becomes a timedelta, which the Scheduler
+    counts from when it takes the call, as it does for an embedded caller.
+    """
+    fields: dict[str, Any] = {
+        "kind": message.kind,
+        "tags": tuple(message.tags),
+        "priority": message.priority,
+        "after": tuple(message.after),
+    }
+    if message.HasField("payload"):
+        fields["payload"] = message.payload
+    if message.HasField("pool"):
+        fields["pool"] = message.pool
+    if message.HasField("key"):
+        fields["key"] = message.key
+    if message.HasField("name"):
+        fields["name"] = message.name
+    if message.HasField("retry"):
+        fields["retry"] = retry_from_pb(message.retry)
+    start = message.WhichOneof("start_at")
+    if start == "start_time":
+        fields["start_at"] = _datetime(message.start_time, "start_at")
+    elif start == "start_delay":
+        fields["start_at"] = _delay(message.start_delay, "start_at")
+    if message.miss_policy != pb.MISS_POLICY_UNSPECIFIED:
+        fields["miss_policy"] = _enum_from_pb(message.miss_policy, _MISS_BACK, "miss_policy")
+    if message.HasField("grace"):
+        fields["grace"] = _seconds(message.grace, "grace")
+    end = message.WhichOneof("deadline")
+    if end == "deadline_time":
+        fields["deadline"] = _datetime(message.deadline_time, "deadline")
+    elif end == "deadline_delay":
+        fields["deadline"] = _delay(message.deadline_delay, "deadline")
+    if message.HasField("timeout"):
+        fields["timeout"] = _seconds(message.timeout, "timeout")
+    return TaskRequest(**fields)
+
+
+def submit_request(request: TaskRequest, codec: Codec) -> pb.SubmitRequest:
+    return pb.SubmitRequest(task=task_request_to_pb(request, codec))
+
+
+def submit_many_request(requests: Iterable[TaskRequest], codec: Codec) -> pb.SubmitManyRequest:
+    """Read one request at a time, so an endless iterable stops after MAX_ITEMS."""
+    tasks = [
+        task_request_to_pb(r, codec)
+        for r in _items(requests, "submit_many requests", "an iterable of TaskRequest")
+    ]
+    return pb.SubmitManyRequest(tasks=tasks)
+
+
+def submit_many_requests(message: pb.SubmitManyRequest) -> list[TaskRequest]:
+    return [task_request_from_pb(task) for task in message.tasks]
+
+
+# --- TaskInfo and TaskSummary ---------------------------------------------------------------
+
+
+def _optional_bytes(value: object, what: str) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    raise TypeError(
+        f"{what} must be bytes (a Scheduler with BytesCodec), got {type(value).__name__}"
+    )
+
+
+def task_info_to_pb(info: TaskInfo) -> pb.TaskInfo:
+    """The task as the server's Scheduler (BytesCodec) returns it: payload and output are bytes
+    or None. Anything else is the server's mistake, a TypeError."""
+    message = pb.TaskInfo(
+        task_id=info.task_id,
+        status=status_to_pb(info.status),
+        attempt=info.attempt,
+        message=info.message,
+        pool=info.pool,
+        kind=info.kind,
+        tags=info.tags,
+        priority=info.priority,
+        submitted_at=_timestamp(info.submitted_at, "submitted_at"),
+        updated_at=_timestamp(info.updated_at, "updated_at"),
+        after=info.after,
+    )
+    if info.key is not None:
+        message.key = info.key
+    if info.name is not None:
+        message.name = info.name
+    payload = _optional_bytes(info.payload, "payload")
+    if payload is not None:
+        message.payload = payload
+    output = _optional_bytes(info.output, "output")
+    if output is not None:
+        message.output = output
+    if info.finished_at is not None:
+        message.finished_at.CopyFrom(_timestamp(info.finished_at, "finished_at"))
+    if info.schedule is not None:
+        message.schedule = info.schedule
+    return message
+
+
+def task_info_from_pb(message: pb.TaskInfo, codec: Codec) -> TaskInfo:
+    """The task with payload and output decoded by the client's codec.
+
+    As the embedded Scheduler does: an empty or absent payload is None whatever the codec, an
+    absent output is None, and a codec that cannot decode raises PayloadError naming the task.
+    """
+    status = status_from_pb(message.status)
+    try:
+        payload = _value_of(codec, message.payload, "payload") if message.payload else None
+        output = _value_of(codec, message.output, "output") if message.HasField("output") else None
+    except PayloadError as exc:
+        text = message.message if len(message.message) <= 200 else f"{message.message[:200]}..."
+        raise PayloadError(f"task {message.task_id} ({status}: {text}): {exc}") from exc
+    return TaskInfo(
+        task_id=message.task_id,
+        status=status,
+        attempt=message.attempt,
+        message=message.message,
+        pool=message.pool,
+        kind=message.kind,
+        key=message.key if message.HasField("key") else None,
+        tags=tuple(message.tags),
+        name=message.name if message.HasField("name") else None,
+        priority=message.priority,
+        payload=payload,
+        output=output,
+        submitted_at=_datetime(message.submitted_at, "submitted_at"),
+        updated_at=_datetime(message.updated_at, "updated_at"),
+        finished_at=(
+            _datetime(message.finished_at, "finished_at")
+            if message.HasField("finished_at")
+            else None
+        ),
+        after=tuple(message.after),
+        schedule=message.schedule if message.HasField("schedule") else None,
+    )
+
+
+def task_summary_to_pb(summary: TaskSummary) -> pb.TaskSummary:
+    message = pb.TaskSummary(
+        task_id=summary.task_id,
+        status=status_to_pb(summary.status),
+        attempt=summary.attempt,
+        pool=summary.pool,
+        kind=summary.kind,
+        tags=summary.tags,
+    )
+    if summary.key is not None:
+        message.key = summary.key
+    if summary.finished_ns is not None:
+        message.finished_at.CopyFrom(_timestamp_of_ns(summary.finished_ns))
+    return message
+
+
+def task_summary_from_pb(message: pb.TaskSummary) -> TaskSummary:
+    return TaskSummary(
+        task_id=message.task_id,
+        status=status_from_pb(message.status),
+        attempt=message.attempt,
+        pool=message.pool,
+        kind=message.kind,
+        key=message.key if message.HasField("key") else None,
+        tags=tuple(message.tags),
+        finished_ns=(
+            _ns_since_epoch(message.finished_at, "finished_at")
+            if message.HasField("finished_at")
+            else None
+        ),
+    )
+
+
+# --- the calls on tasks ---------------------------------------------------------------------
+
+
+def _unknown(call: str, options: Mapping[str, object], known: Iterable[str]) -> None:
+    extra = sorted(set(options) - set(known))
+    if extra:
+        # As the Scheduler does, instead of Python's TypeError for an unexpected keyword.
+        raise InvalidArgument(f"{call} got unknown options: {', '.join(extra)}")
+
+
+def get_request(task_id: object) -> pb.GetRequest:
+    return pb.GetRequest(task_id=_int64(task_id, "task_id"))
+
+
+def get_by_key_request(key: object) -> pb.GetByKeyRequest:
+    return pb.GetByKeyRequest(key=_text(key, "key"))
+
+
+def wait_request(task_id: object, timeout: object = None) -> pb.WaitRequest:
+    message = pb.WaitRequest(task_id=_int64(task_id, "task_id"))
+    if timeout is not None:
+        message.timeout.CopyFrom(_duration(timeout, "timeout"))
+    return message
+
+
+def wait_kwargs(message: pb.WaitRequest) -> dict[str, Any]:
+    """The arguments of ``Scheduler.wait``."""
+    kwargs: dict[str, Any] = {"task_id": message.task_id}
+    if message.HasField("timeout"):
+        kwargs["timeout"] = _seconds(message.timeout, "timeout")
+    return kwargs
+
+
+def cancel_request(task_id: object, reason: object = None) -> pb.CancelRequest:
+    """``reason=None``: the Scheduler's default reason."""
+    message = pb.CancelRequest(task_id=_int64(task_id, "task_id"))
+    if reason is not None:
+        message.reason = _text(reason, "reason")
+    return message
+
+
+def cancel_kwargs(message: pb.CancelRequest) -> dict[str, Any]:
+    """The arguments of ``Scheduler.cancel``."""
+    kwargs: dict[str, Any] = {"task_id": message.task_id}
+    if message.HasField("reason"):
+        kwargs["reason"] = message.reason
+    return kwargs
+
+
+_LIST_OPTIONS = ("status", "pool", "kind", "tag", "after", "limit")
+
+
+def list_request(**options: object) -> pb.ListRequest:
+    """The options of ``Scheduler.list`` (status, pool, kind, tag, after, limit); an option
+    given as None is the same as not given."""
+    _unknown("list", options, _LIST_OPTIONS)
+    message = pb.ListRequest()
+    status = options.get("status")
+    if status is not None:
+        statuses = (
+            [status]
+            if isinstance(status, str)
+            else _items(status, "status", "a Status, a str or an iterable of them")
+        )
+        message.statuses.SetInParent()  # present even when empty: then no status matches
+        message.statuses.statuses.extend(pb.Status.ValueType(_status_filter(s)) for s in statuses)
+    for name in ("pool", "kind", "tag"):
+        value = options.get(name)
+        if value is not None:
+            setattr(message, name, _text(value, name))
+    after = options.get("after")
+    if after is not None:
+        message.page_token = str(_int64(after, "after"))
+    limit = options.get("limit")
+    if limit is not None:
+        message.page_size = _int64(limit, "limit")
+    return message
+
+
+_TOKEN = re.compile(r"-?[0-9]{1,19}")  # an int64: int() of 5000 digits is slow, or refused
+
+
+def _after_of_token(token: str, what: str) -> int | None:
+    if not token:
+        return None
+    if not _TOKEN.fullmatch(token):
+        raise InvalidArgument(
+            f"{what} must be the next_page_token of an earlier page (a task id), "
+            f"got {_shown(token)}"
+        )
+    return int(token)
+
+
+def list_kwargs(message: pb.ListRequest) -> dict[str, Any]:
+    """The arguments of ``Scheduler.list``: a page is ``after`` the token's id, at most
+    ``page_size`` long."""
+    kwargs: dict[str, Any] = {}
+    if message.HasField("statuses"):
+        kwargs["status"] = frozenset(
+            status_from_pb(s, "a status of the filter") for s in message.statuses.statuses
+        )
+    for name in ("pool", "kind", "tag"):
+        if message.HasField(name):
+            kwargs[name] = getattr(message, name)
+    after = _after_of_token(message.page_token, "page_token")
+    if after is not None:
+        kwargs["after"] = after
+    if message.HasField("page_size"):
+        kwargs["limit"] = message.page_size
+    return kwargs
+
+
+def list_response_to_pb(tasks: Sequence[TaskSummary], limit: int | None) -> pb.ListResponse:
+    """A page of ``Scheduler.list(..., limit=limit)``: a full page has a next-page token."""
+    full = limit is not None and len(tasks) == limit and len(tasks) > 0
+    return pb.ListResponse(
+        tasks=[task_summary_to_pb(t) for t in tasks],
+        next_page_token=str(tasks[-1].task_id) if full else "",
+    )
+
+
+def list_response(message: pb.ListResponse) -> tuple[list[TaskSummary], int | None]:
+    """The page's tasks, and the ``after`` of the next page (None: this one was the last)."""
+    tasks = [task_summary_from_pb(t) for t in message.tasks]
+    return tasks, _after_of_token(message.next_page_token, "next_page_token")
+
+
+# --- schedules ------------------------------------------------------------------------------
+
+
+def schedule_info_to_pb(info: ScheduleInfo) -> pb.ScheduleInfo:
+    message = pb.ScheduleInfo(
+        name=info.name,
+        cron=info.cron,
+        timezone=info.timezone,
+        kind=info.kind,
+        pool=info.pool,
+        paused=info.paused,
+        next_run_at=_timestamp(info.next_run_at, "next_run_at"),
+        overlap=pb.OverlapPolicy.ValueType(_OVERLAP[info.overlap]),
+        catch_up=pb.CatchUpPolicy.ValueType(_CATCH_UP[info.catch_up]),
+    )
+    if info.last_task_id is not None:
+        message.last_task_id = info.last_task_id
+    return message
+
+
+def schedule_info_from_pb(message: pb.ScheduleInfo) -> ScheduleInfo:
+    return ScheduleInfo(
+        name=message.name,
+        cron=message.cron,
+        timezone=message.timezone,
+        kind=message.kind,
+        pool=message.pool,
+        paused=message.paused,
+        next_run_at=_datetime(message.next_run_at, "next_run_at"),
+        last_task_id=message.last_task_id if message.HasField("last_task_id") else None,
+        overlap=_enum_from_pb(message.overlap, _OVERLAP_BACK, "overlap"),
+        catch_up=_enum_from_pb(message.catch_up, _CATCH_UP_BACK, "catch_up"),
+    )
+
+
+_SCHEDULE_OPTIONS = (
+    "payload", "pool", "timezone", "tags", "priority", "retry", "timeout", "overlap",
+    "catch_up", "grace", "replace",
+)  # fmt: skip
+
+
+def add_schedule_request(
+    codec: Codec, name: object, cron: object, *, kind: object, **options: object
+) -> pb.AddScheduleRequest:
+    """The arguments of ``Scheduler.add_schedule``, the payload encoded by ``codec``. An option
+    not given (or None, for payload, retry and timeout) takes the Scheduler's default."""
+    _unknown("add_schedule", options, _SCHEDULE_OPTIONS)
+    message = pb.AddScheduleRequest(
+        name=_text(name, "schedule name"), cron=_text(cron, "cron"), kind=_text(kind, "kind")
+    )
+    if options.get("payload") is not None:
+        message.payload = _payload_of(codec, options["payload"], "payload")
+    for text in ("pool", "timezone"):
+        if text in options:
+            setattr(message, text, _text(options[text], text))
+    if "tags" in options:
+        message.tags.extend(_texts(options["tags"], "tags", "tag"))
+    if "priority" in options:
+        message.priority = _int64(options["priority"], "priority")
+    retry = retry_to_pb(options.get("retry"))
+    if retry is not None:
+        message.retry.CopyFrom(retry)
+    if options.get("timeout") is not None:
+        message.timeout.CopyFrom(_duration(options["timeout"], "timeout"))
+    if "overlap" in options:
+        message.overlap = pb.OverlapPolicy.ValueType(
+            _enum_to_pb(options["overlap"], OverlapPolicy, _OVERLAP, "overlap")
+        )
+    if "catch_up" in options:
+        message.catch_up = pb.CatchUpPolicy.ValueType(
+            _enum_to_pb(options["catch_up"], CatchUpPolicy, _CATCH_UP, "catch_up")
+        )
+    if "grace" in options:
+        message.grace.CopyFrom(_duration(options["grace"], "grace"))
+    if "replace" in options:
+        message.replace = _flag(options["replace"], "replace")
+    return message
+
+
+def add_schedule_kwargs(message: pb.AddScheduleRequest) -> dict[str, Any]:
+    """The arguments of ``Scheduler.add_schedule`` (BytesCodec: the payload is bytes or None)."""
+    kwargs: dict[str, Any] = {
+        "name": message.name,
+        "cron": message.cron,
+        "kind": message.kind,
+        "tags": tuple(message.tags),
+        "priority": message.priority,
+        "replace": message.replace,
+    }
+    if message.HasField("payload"):
+        kwargs["payload"] = message.payload
+    for text in ("pool", "timezone"):
+        if message.HasField(text):
+            kwargs[text] = getattr(message, text)
+    if message.HasField("retry"):
+        kwargs["retry"] = retry_from_pb(message.retry)
+    if message.HasField("timeout"):
+        kwargs["timeout"] = _seconds(message.timeout, "timeout")
+    if message.overlap != pb.OVERLAP_POLICY_UNSPECIFIED:
+        kwargs["overlap"] = _enum_from_pb(message.overlap, _OVERLAP_BACK, "overlap")
+    if message.catch_up != pb.CATCH_UP_POLICY_UNSPECIFIED:
+        kwargs["catch_up"] = _enum_from_pb(message.catch_up, _CATCH_UP_BACK, "catch_up")
+    if message.HasField("grace"):
+        kwargs["grace"] = _seconds(message.grace, "grace")
+    return kwargs
+
+
+def preview_request(cron: object, **options: object) -> pb.PreviewScheduleRequest:
+    """The arguments of ``cronoq.preview`` (timezone, n, after); a missing one, its default."""
+    _unknown("preview", options, ("timezone", "n", "after"))
+    message = pb.PreviewScheduleRequest(cron=_text(cron, "cron"))
+    if "timezone" in options:
+        message.timezone = _text(options["timezone"], "timezone")
+    if "n" in options:
+        message.n = _int64(options["n"], "n")
+    if options.get("after") is not None:
+        message.after.CopyFrom(_timestamp(options["after"], "after"))
+    return message
+
+
+def preview_kwargs(message: pb.PreviewScheduleRequest) -> dict[str, Any]:
+    """The arguments of ``cronoq.preview``."""
+    kwargs: dict[str, Any] = {"cron": message.cron}
+    if message.HasField("timezone"):
+        kwargs["timezone"] = message.timezone
+    if message.HasField("n"):
+        kwargs["n"] = message.n
+    if message.HasField("after"):
+        kwargs["after"] = _datetime(message.after, "after")
+    return kwargs
+
+
+def preview_response_to_pb(occurrences: Iterable[datetime]) -> pb.PreviewScheduleResponse:
+    return pb.PreviewScheduleResponse(
+        occurrences=[_timestamp(when, "occurrence") for when in occurrences]
+    )
+
+
+def preview_response(message: pb.PreviewScheduleResponse) -> list[datetime]:
+    return [_datetime(ts, "occurrence") for ts in message.occurrences]
+
+
+# --- remote workers -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    """The first event of every Attach stream: the link is up (a wire value only)."""
+
+    epoch: int
+    """The leader's epoch: a token of an older one is stale."""
+    leases: Mapping[str, float]
+    """Pool name -> seconds an attempt stays leased without a heartbeat."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportSuccess:
+    output: bytes | None = None
+    """As the worker's codec made it; None: the function returned None."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReportFailure:
+    message: str
+    retryable: bool = True
+    retry_after: float | timedelta | None = None
+    """Seconds before the next attempt (as ``TaskError.retry_after``); None: the backoff."""
+
+
+def token_to_pb(token: AttemptToken) -> pb.AttemptToken:
+    return pb.AttemptToken(
+        epoch=_int64(token.epoch, "token epoch"),
+        task_id=_int64(token.task_id, "token task_id"),
+        attempt=_int64(token.attempt, "token attempt"),
+    )
+
+
+def token_from_pb(message: pb.AttemptToken) -> AttemptToken:
+    """Any numbers: the Scheduler refuses impossible ones (InvalidArgument), and answers an
+    unknown attempt with StaleAttempt."""
+    return AttemptToken(message.epoch, message.task_id, message.attempt)
+
+
+def _required_token(message: pb.HeartbeatRequest | pb.ReportRequest, what: str) -> AttemptToken:
+    if not message.HasField("token"):
+        raise InvalidArgument(f"{what} needs the token of its attempt")
+    return token_from_pb(message.token)
+
+
+def attach_request(
+    worker_id: str, pools: Iterable[str], slots: int, running: Iterable[AttemptToken] = ()
+) -> pb.AttachRequest:
+    return pb.AttachRequest(
+        worker_id=_text(worker_id, "worker_id"),
+        pools=_texts(pools, "pools", "a pool name"),
+        slots=_int64(slots, "slots"),
+        running=[token_to_pb(t) for t in _items(running, "running", "an iterable of tokens")],
+    )
+
+
+def attach_kwargs(message: pb.AttachRequest) -> dict[str, Any]:
+    """The arguments of ``Scheduler.attach`` (``worker_id`` is the server's, for its logs)."""
+    return {
+        "pools": tuple(message.pools),
+        "slots": message.slots,
+        "running": tuple(token_from_pb(t) for t in message.running),
+    }
+
+
+def _attempt_to_pb(attempt: LeasedAttempt) -> pb.Attempt:
+    message = pb.Attempt(
+        token=token_to_pb(attempt.token),
+        pool=attempt.pool,
+        kind=attempt.kind,
+        tags=attempt.tags,
+        lease_expires_at=_timestamp(attempt.lease_expires_at, "lease_expires_at"),
+    )
+    if attempt.key is not None:
+        message.key = attempt.key
+    if attempt.name is not None:
+        message.name = attempt.name
+    if attempt.deadline is not None:
+        message.deadline.CopyFrom(_timestamp(attempt.deadline, "deadline"))
+    if attempt.timeout is not None:
+        message.timeout.CopyFrom(_duration(attempt.timeout, "timeout"))
+    if attempt.payload:
+        message.payload = attempt.payload
+    return message
+
+
+def _attempt_from_pb(message: pb.Attempt) -> LeasedAttempt:
+    return LeasedAttempt(
+        token=token_from_pb(message.token),
+        pool=message.pool,
+        kind=message.kind,
+        key=message.key if message.HasField("key") else None,
+        tags=tuple(message.tags),
+        name=message.name if message.HasField("name") else None,
+        deadline=_datetime(message.deadline, "deadline") if message.HasField("deadline") else None,
+        timeout=(
+            _float_seconds(message.timeout, "timeout") if message.HasField("timeout") else None
+        ),
+        payload=message.payload,  # absent is b"": no payload, as stored
+        lease_expires_at=_datetime(message.lease_expires_at, "lease_expires_at"),
+    )
+
+
+def worker_event_to_pb(event: Attached | LeasedAttempt | CancelRequested) -> pb.WorkerEvent:
+    if isinstance(event, Attached):
+        leases = {name: _duration(s, f"lease of {name}") for name, s in event.leases.items()}
+        return pb.WorkerEvent(attached=pb.Attached(epoch=event.epoch, leases=leases))
+    if isinstance(event, LeasedAttempt):
+        return pb.WorkerEvent(attempt=_attempt_to_pb(event))
+    return pb.WorkerEvent(
+        cancel=pb.CancelAttempt(token=token_to_pb(event.token), reason=event.reason)
+    )
+
+
+def worker_event_from_pb(message: pb.WorkerEvent) -> Attached | LeasedAttempt | CancelRequested:
+    kind = message.WhichOneof("event")
+    if kind == "attached":
+        leases = {
+            name: _float_seconds(lease, f"lease of {name}")
+            for name, lease in message.attached.leases.items()
+        }
+        return Attached(message.attached.epoch, leases)
+    if kind == "attempt":
+        return _attempt_from_pb(message.attempt)
+    if kind == "cancel":
+        return CancelRequested(token_from_pb(message.cancel.token), message.cancel.reason)
+    raise InvalidArgument("a worker event must be attached, attempt or cancel; it is empty")
+
+
+def heartbeat_request(token: AttemptToken) -> pb.HeartbeatRequest:
+    return pb.HeartbeatRequest(token=token_to_pb(token))
+
+
+def heartbeat_token(message: pb.HeartbeatRequest) -> AttemptToken:
+    """The argument of ``Scheduler.heartbeat``."""
+    return _required_token(message, "a heartbeat")
+
+
+def lease_renewed_to_pb(renewed: LeaseRenewed) -> pb.HeartbeatResponse:
+    return pb.HeartbeatResponse(
+        lease_expires_at=_timestamp(renewed.lease_expires_at, "lease_expires_at"),
+        cancel_requested=renewed.cancel_reason is not None,
+        cancel_reason=renewed.cancel_reason or "",
+    )
+
+
+def lease_renewed_from_pb(message: pb.HeartbeatResponse) -> LeaseRenewed:
+    return LeaseRenewed(
+        _datetime(message.lease_expires_at, "lease_expires_at"),
+        message.cancel_reason if message.cancel_requested else None,
+    )
+
+
+def report_request(token: AttemptToken, outcome: ReportSuccess | ReportFailure) -> pb.ReportRequest:
+    """A report of the worker. A failure's message may be any str: a lone surrogate in an
+    exception's text is escaped, since refusing the report would lose the outcome."""
+    message = pb.ReportRequest(token=token_to_pb(token))
+    if isinstance(outcome, ReportSuccess):
+        message.success.SetInParent()
+        if outcome.output is not None:
+            message.success.output = outcome.output
+        return message
+    if not isinstance(outcome.message, str):
+        raise InvalidArgument(f"message must be a str, got {type(outcome.message).__name__}")
+    text = outcome.message.encode("utf-8", "backslashreplace")
+    message.failure.message = text.decode("utf-8")
+    message.failure.retryable = _flag(outcome.retryable, "retryable")
+    if outcome.retry_after is not None:
+        message.failure.retry_after.CopyFrom(_duration(outcome.retry_after, "retry_after"))
+    return message
+
+
+def report_from_pb(message: pb.ReportRequest) -> tuple[AttemptToken, ReportSuccess | ReportFailure]:
+    """The token and outcome, for ``Scheduler.report_success`` or ``report_failure``."""
+    token = _required_token(message, "a report")
+    kind = message.WhichOneof("outcome")
+    if kind == "success":
+        success = message.success
+        return token, ReportSuccess(success.output if success.HasField("output") else None)
+    if kind == "failure":
+        failure = message.failure
+        return token, ReportFailure(
+            failure.message,
+            failure.retryable if failure.HasField("retryable") else True,
+            _seconds(failure.retry_after, "retry_after")
+            if failure.HasField("retry_after")
+            else None,
+        )
+    raise InvalidArgument("a report needs an outcome: success or failure")

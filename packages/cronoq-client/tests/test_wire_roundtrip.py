@@ -1,0 +1,407 @@
+"""Every conversion of cronoq_client._wire, value -> message -> bytes -> message -> value.
+
+What the other end gets must mean what this end gave: the same fields, the same instants and
+durations (to the nanosecond where both ends can hold them), the same enums, "none" still
+distinct from b"" for outputs, and absent options still absent (so the Scheduler's defaults
+apply).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from wire_strategies import (
+    TEN_YEARS_NS,
+    duration_ns,
+    durations,
+    enum_values,
+    instant,
+    int64s,
+    leased_attempts,
+    optional_texts,
+    retry_policies,
+    schedule_infos,
+    tags,
+    task_infos,
+    task_requests,
+    task_summaries,
+    texts,
+    tokens,
+    utc_datetimes,
+    wire,
+)
+
+from cronoq import (
+    AttemptToken,
+    BytesCodec,
+    CancelRequested,
+    CatchUpPolicy,
+    JsonCodec,
+    LeasedAttempt,
+    LeaseRenewed,
+    MissPolicy,
+    OverlapPolicy,
+    RetryPolicy,
+    Status,
+    TaskInfo,
+    TaskRequest,
+)
+from cronoq.errors import PayloadError
+from cronoq_client import _wire as w
+from cronoq_client._proto import cronoq_pb2 as pb
+from cronoq_client._wire import NS_PER_S
+
+ROUND_TRIPS = settings(max_examples=150, deadline=None)
+
+
+def canonical_request(request: TaskRequest) -> tuple[Any, ...]:
+    """A TaskRequest as the Scheduler understands it, comparable across the two ends."""
+    return (
+        request.kind,
+        None if request.payload is None else bytes(request.payload),
+        request.pool,
+        request.key,
+        tuple(request.tags),
+        request.name,
+        request.priority,
+        request.retry,
+        None if request.start_at is None else instant(request.start_at),
+        MissPolicy(request.miss_policy),
+        duration_ns(request.grace),
+        None if request.deadline is None else instant(request.deadline),
+        None if request.timeout is None else duration_ns(request.timeout),
+        tuple(request.after),
+    )
+
+
+@ROUND_TRIPS
+@given(task_requests)
+def test_task_request_reaches_the_server_as_given(request: TaskRequest) -> None:
+    decoded = w.task_request_from_pb(wire(w.task_request_to_pb(request, BytesCodec())))
+    assert canonical_request(decoded) == canonical_request(request)
+    for when in (decoded.start_at, decoded.deadline):
+        assert when is None or isinstance(when, timedelta) or when.tzinfo is UTC
+
+
+@ROUND_TRIPS
+@given(st.lists(task_requests, max_size=4))
+def test_submit_many_keeps_the_order(requests: list[TaskRequest]) -> None:
+    message = wire(w.submit_many_request(iter(requests), BytesCodec()))
+    decoded = w.submit_many_requests(message)
+    assert [canonical_request(r) for r in decoded] == [canonical_request(r) for r in requests]
+    one = wire(w.submit_request(requests[0], BytesCodec())) if requests else None
+    assert one is None or canonical_request(w.task_request_from_pb(one.task)) == (
+        canonical_request(requests[0])
+    )
+
+
+def test_absent_request_fields_leave_the_scheduler_defaults() -> None:
+    decoded = w.task_request_from_pb(wire(pb.TaskRequest(kind="k")))
+    assert decoded == TaskRequest("k")
+
+
+def test_payload_goes_through_the_client_codec() -> None:
+    message = w.task_request_to_pb(TaskRequest("k", {"a": [1, 2]}), JsonCodec())
+    assert message.payload == b'{"a":[1,2]}'
+    # None is no payload for every codec (JSON's null costs no bytes), as in the Scheduler.
+    assert not w.task_request_to_pb(TaskRequest("k", None), JsonCodec()).HasField("payload")
+    assert w.task_request_to_pb(TaskRequest("k", b""), BytesCodec()).HasField("payload")
+
+
+@ROUND_TRIPS
+@given(task_infos)
+def test_task_info_reaches_the_client_as_the_server_had_it(info: TaskInfo) -> None:
+    assert w.task_info_from_pb(wire(w.task_info_to_pb(info)), BytesCodec()) == info
+
+
+def test_task_info_payload_and_output_use_the_client_codec() -> None:
+    info = TaskInfo(
+        1, Status.SUCCEEDED, 1, "", "default", "k", None, (), None, 0, b'{"x":1}', b"[]",
+        datetime(2030, 1, 1, tzinfo=UTC), datetime(2030, 1, 1, tzinfo=UTC),
+        datetime(2030, 1, 1, tzinfo=UTC), (), None,
+    )  # fmt: skip
+    decoded = w.task_info_from_pb(wire(w.task_info_to_pb(info)), JsonCodec())
+    assert (decoded.payload, decoded.output) == ({"x": 1}, [])
+    # An output of b"" is an output (a function returned b""); no output is None.
+    empty = w.task_info_from_pb(wire(w.task_info_to_pb(_with(info, output=b""))), BytesCodec())
+    assert empty.output == b""
+    none = w.task_info_from_pb(wire(w.task_info_to_pb(_with(info, output=None))), BytesCodec())
+    assert none.output is None
+    with pytest.raises(PayloadError, match=r"task 1 \(succeeded: \): JsonCodec cannot decode"):
+        w.task_info_from_pb(wire(w.task_info_to_pb(_with(info, output=b"{"))), JsonCodec())
+
+
+def _with(info: TaskInfo, **changes: Any) -> TaskInfo:
+    fields = {name: getattr(info, name) for name in TaskInfo.__dataclass_fields__}
+    return TaskInfo(**{**fields, **changes})
+
+
+@ROUND_TRIPS
+@given(task_summaries)
+def test_task_summary_round_trips_to_the_nanosecond(summary: Any) -> None:
+    assert w.task_summary_from_pb(wire(w.task_summary_to_pb(summary))) == summary
+
+
+@ROUND_TRIPS
+@given(schedule_infos)
+def test_schedule_info_round_trips(info: Any) -> None:
+    assert w.schedule_info_from_pb(wire(w.schedule_info_to_pb(info))) == info
+
+
+@ROUND_TRIPS
+@given(st.none() | retry_policies())
+def test_retry_policy_round_trips(policy: RetryPolicy | None) -> None:
+    message = w.retry_to_pb(policy)
+    assert (None if message is None else w.retry_from_pb(wire(message))) == policy
+
+
+def test_absent_retry_fields_are_the_defaults() -> None:
+    assert w.retry_from_pb(pb.RetryPolicy()) == RetryPolicy()
+    assert w.retry_from_pb(pb.RetryPolicy(jitter=0.0)) == RetryPolicy(jitter=0.0)
+
+
+@pytest.mark.parametrize("status", list(Status))
+def test_every_status_round_trips(status: Status) -> None:
+    assert w.status_from_pb(wire(pb.CancelResponse(status=w.status_to_pb(status))).status) is status
+
+
+def test_every_wire_enum_value_has_a_python_member() -> None:
+    # The zero value of each enum is "unspecified"; every other value names a member.
+    for wire_enum, kind in (
+        (pb.Status, Status),
+        (pb.MissPolicy, MissPolicy),
+        (pb.OverlapPolicy, OverlapPolicy),
+        (pb.CatchUpPolicy, CatchUpPolicy),
+    ):
+        assert len(wire_enum.keys()) == len(kind) + 1, wire_enum
+
+
+schedule_options = st.fixed_dictionaries(
+    {},
+    optional={
+        "payload": st.none() | st.binary(max_size=20),
+        "pool": texts,
+        "timezone": texts,
+        "tags": tags,
+        "priority": int64s,
+        "retry": st.none() | retry_policies(),
+        "timeout": st.none() | durations,
+        "overlap": enum_values(OverlapPolicy),
+        "catch_up": enum_values(CatchUpPolicy),
+        "grace": durations,
+        "replace": st.booleans(),
+    },
+)
+
+
+def canonical_schedule(kwargs: dict[str, Any]) -> dict[str, Any]:
+    # The wire always carries tags, priority and replace; their zero values are the defaults.
+    result: dict[str, Any] = {"tags": (), "priority": 0, "replace": False}
+    for name, value in kwargs.items():
+        if value is None:
+            continue  # None is "not given" for payload, retry and timeout
+        if name in ("timeout", "grace"):
+            value = duration_ns(value)
+        elif name == "overlap":
+            value = OverlapPolicy(value)
+        elif name == "catch_up":
+            value = CatchUpPolicy(value)
+        elif name == "tags":
+            value = tuple(value)
+        result[name] = value
+    return result
+
+
+@ROUND_TRIPS
+@given(texts, texts, texts, schedule_options)
+def test_add_schedule_arguments_round_trip(
+    name: str, cron: str, kind: str, options: dict[str, Any]
+) -> None:
+    message = wire(w.add_schedule_request(BytesCodec(), name, cron, kind=kind, **options))
+    decoded = w.add_schedule_kwargs(message)
+    given_ = {"name": name, "cron": cron, "kind": kind, **options}
+    assert canonical_schedule(decoded) == canonical_schedule(given_)
+    assert set(decoded) <= {"name", "cron", "kind", "tags", "priority", "replace", *options}
+
+
+list_options = st.fixed_dictionaries(
+    {},
+    optional={
+        "status": st.none()
+        | enum_values(Status)
+        | st.lists(enum_values(Status), max_size=3)
+        | st.lists(enum_values(Status), max_size=3).map(frozenset),
+        "pool": optional_texts,
+        "kind": optional_texts,
+        "tag": optional_texts,
+        "after": st.none() | int64s,
+        "limit": st.none() | int64s,
+    },
+)
+
+
+@ROUND_TRIPS
+@given(list_options)
+def test_list_arguments_round_trip(options: dict[str, Any]) -> None:
+    decoded = w.list_kwargs(wire(w.list_request(**options)))
+    expected = {k: v for k, v in options.items() if v is not None}
+    if "status" in expected:
+        status = expected["status"]
+        items = [status] if isinstance(status, str) else status
+        expected["status"] = frozenset(Status(s) for s in items)
+    assert decoded == expected
+
+
+def test_an_empty_status_filter_matches_nothing_rather_than_everything() -> None:
+    assert w.list_kwargs(wire(w.list_request(status=[]))) == {"status": frozenset()}
+    assert w.list_kwargs(wire(w.list_request())) == {}
+
+
+@ROUND_TRIPS
+@given(st.lists(task_summaries, max_size=4), st.none() | st.integers(1, 6))
+def test_list_pages_carry_the_next_after(tasks: list[Any], limit: int | None) -> None:
+    page, after = w.list_response(wire(w.list_response_to_pb(tasks, limit)))
+    assert page == tasks
+    full = limit is not None and len(tasks) == limit
+    assert after == (tasks[-1].task_id if full else None)
+
+
+@ROUND_TRIPS
+@given(int64s, st.none() | durations)
+def test_wait_arguments_round_trip(task_id: int, timeout: Any) -> None:
+    decoded = w.wait_kwargs(wire(w.wait_request(task_id, timeout)))
+    assert decoded.pop("task_id") == task_id
+    assert {k: duration_ns(v) for k, v in decoded.items()} == (
+        {} if timeout is None else {"timeout": duration_ns(timeout)}
+    )
+
+
+@ROUND_TRIPS
+@given(int64s, optional_texts)
+def test_cancel_arguments_round_trip(task_id: int, reason: str | None) -> None:
+    decoded = w.cancel_kwargs(wire(w.cancel_request(task_id, reason)))
+    assert decoded == {"task_id": task_id, **({} if reason is None else {"reason": reason})}
+
+
+@ROUND_TRIPS
+@given(
+    texts,
+    st.fixed_dictionaries(
+        {}, optional={"timezone": texts, "n": int64s, "after": st.none() | utc_datetimes}
+    ),
+)
+def test_preview_arguments_round_trip(cron: str, options: dict[str, Any]) -> None:
+    decoded = w.preview_kwargs(wire(w.preview_request(cron, **options)))
+    assert decoded == {"cron": cron, **{k: v for k, v in options.items() if v is not None}}
+
+
+@ROUND_TRIPS
+@given(st.lists(utc_datetimes, max_size=5))
+def test_preview_occurrences_round_trip(occurrences: list[datetime]) -> None:
+    assert w.preview_response(wire(w.preview_response_to_pb(occurrences))) == occurrences
+
+
+def test_get_requests_carry_their_argument() -> None:
+    assert wire(w.get_request(7)).task_id == 7
+    assert wire(w.get_by_key_request("k\x00")).key == "k\x00"
+
+
+# --- remote workers -------------------------------------------------------------------------
+
+
+@ROUND_TRIPS
+@given(leased_attempts)
+def test_leased_attempt_reaches_the_worker_as_leased(attempt: LeasedAttempt) -> None:
+    assert w.worker_event_from_pb(wire(w.worker_event_to_pb(attempt))) == attempt
+
+
+@ROUND_TRIPS
+@given(tokens, texts)
+def test_cancel_request_reaches_the_worker(token: AttemptToken, reason: str) -> None:
+    event = CancelRequested(token, reason)
+    assert w.worker_event_from_pb(wire(w.worker_event_to_pb(event))) == event
+
+
+@ROUND_TRIPS
+@given(
+    int64s,
+    st.dictionaries(texts, st.integers(1, TEN_YEARS_NS).map(lambda ns: ns / NS_PER_S), max_size=3),
+)
+def test_attached_round_trips(epoch: int, leases: dict[str, float]) -> None:
+    event = w.Attached(epoch, leases)
+    assert w.worker_event_from_pb(wire(w.worker_event_to_pb(event))) == event
+
+
+@ROUND_TRIPS
+@given(texts, st.lists(texts, max_size=3), int64s, st.lists(tokens, max_size=3))
+def test_attach_arguments_round_trip(
+    worker_id: str, pools: list[str], slots: int, running: list[AttemptToken]
+) -> None:
+    message = wire(w.attach_request(worker_id, pools, slots, running))
+    assert message.worker_id == worker_id
+    assert w.attach_kwargs(message) == {
+        "pools": tuple(pools),
+        "slots": slots,
+        "running": tuple(running),
+    }
+
+
+@ROUND_TRIPS
+@given(tokens)
+def test_heartbeat_carries_the_token(token: AttemptToken) -> None:
+    assert w.heartbeat_token(wire(w.heartbeat_request(token))) == token
+
+
+@ROUND_TRIPS
+@given(utc_datetimes, optional_texts)
+def test_lease_renewed_round_trips(expires: datetime, reason: str | None) -> None:
+    renewed = LeaseRenewed(expires, reason)
+    assert w.lease_renewed_from_pb(wire(w.lease_renewed_to_pb(renewed))) == renewed
+
+
+@ROUND_TRIPS
+@given(tokens, st.none() | st.binary(max_size=20))
+def test_success_report_round_trips(token: AttemptToken, output: bytes | None) -> None:
+    decoded = w.report_from_pb(wire(w.report_request(token, w.ReportSuccess(output))))
+    assert decoded == (token, w.ReportSuccess(output))
+
+
+@ROUND_TRIPS
+@given(tokens, texts, st.booleans(), st.none() | durations)
+def test_failure_report_round_trips(
+    token: AttemptToken, message: str, retryable: bool, retry_after: Any
+) -> None:
+    failure = w.ReportFailure(message, retryable, retry_after)
+    got_token, got = w.report_from_pb(wire(w.report_request(token, failure)))
+    assert got_token == token
+    assert isinstance(got, w.ReportFailure)
+    assert (got.message, got.retryable) == (message, retryable)
+    assert (None if got.retry_after is None else duration_ns(got.retry_after)) == (
+        None if retry_after is None else duration_ns(retry_after)
+    )
+
+
+def test_a_failure_without_retryable_is_retryable() -> None:
+    message = pb.ReportRequest(token=pb.AttemptToken(epoch=1, task_id=1, attempt=1))
+    message.failure.message = "boom"
+    assert w.report_from_pb(wire(message))[1] == w.ReportFailure("boom", retryable=True)
+
+
+def test_a_failure_message_with_a_lone_surrogate_is_still_reported() -> None:
+    token = AttemptToken(1, 2, 3)
+    message = w.report_request(token, w.ReportFailure("bad \udc00 byte"))
+    assert wire(message).failure.message == "bad \\udc00 byte"
+
+
+def test_an_empty_payload_is_no_payload_on_the_wire() -> None:
+    attempt = LeasedAttempt(
+        AttemptToken(1, 2, 3), "p", "k", None, (), None, None, None, b"",
+        datetime(2030, 1, 1, tzinfo=UTC),
+    )  # fmt: skip
+    message = w.worker_event_to_pb(attempt)
+    assert not message.attempt.HasField("payload")
+    assert w.worker_event_from_pb(wire(message)) == attempt

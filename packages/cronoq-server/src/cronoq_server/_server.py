@@ -1,0 +1,200 @@
+"""``cronoq-server serve``: a replica, its gRPC server and its HTTP endpoints, in one process.
+
+gRPC's Python server cannot close one connection, so the replica's role picks the server
+object: a standby (and a leader that stepped down) serves from a server built with
+``grpc.max_connection_age_ms`` of one second, which sends every connection a GOAWAY about a
+second after it opened, so that a retrying client reconnects and a balancer picks a replica
+again; the leader serves from one without that limit. A role change starts the new server on
+the same port (SO_REUSEPORT, gRPC's default on Linux) before the old one stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from cronoq_client.protocol import SERVICE_NAMES, pb_grpc
+from cronoq_server._config import ServerConfig, open_store, remote_pools
+from cronoq_server._http import HttpServer, Readiness
+from cronoq_server._logging import configure_logging, lifecycle
+from cronoq_server._metrics import SchedulerCollector, metrics_registry
+from cronoq_server._replica import Replica, Role
+from cronoq_server._service import SchedulerService, WorkerService
+
+__all__ = ["GrpcEndpoint", "run"]
+
+log = logging.getLogger("cronoq.server")
+
+STANDBY_CONNECTION_AGE_MS = 1000
+"""How long a standby keeps a connection: about a second, then GOAWAY (gRPC adds +-10%)."""
+_STANDBY_GRACE_MS = 200
+_STEP_DOWN_GRACE_S = 1.0
+"""How long a leader that stepped down lets its calls finish before it closes connections."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    host: str
+    max_message_bytes: int
+    credentials: grpc.ServerCredentials | None
+
+
+class GrpcEndpoint:
+    """The gRPC side of a replica: the server object its role calls for, on one port."""
+
+    def __init__(self, replica: Replica, options: _Options, port: int) -> None:
+        self._replica = replica
+        self._options = options
+        self.port = port
+        self._health = health.aio.HealthServicer()
+        self._services = (SchedulerService(replica), WorkerService(replica))
+        self._server: grpc.aio.Server | None = None
+        self._serving_as: Role | None = None
+        self._swap = asyncio.Lock()
+
+    async def start(self) -> None:
+        await self._serve(self._replica.role)
+
+    def _build(self, leader: bool) -> grpc.aio.Server:
+        options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", self._options.max_message_bytes),
+            ("grpc.max_send_message_length", self._options.max_message_bytes),
+            ("grpc.so_reuseport", 1),
+        ]
+        if not leader:
+            options += [
+                ("grpc.max_connection_age_ms", STANDBY_CONNECTION_AGE_MS),
+                ("grpc.max_connection_age_grace_ms", _STANDBY_GRACE_MS),
+            ]
+        server = grpc.aio.server(options=options)
+        scheduler, worker = self._services
+        pb_grpc.add_SchedulerServiceServicer_to_server(scheduler, server)
+        pb_grpc.add_WorkerServiceServicer_to_server(worker, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        address = f"{self._options.host}:{self.port}"
+        if self._options.credentials is None:
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, self._options.credentials)
+        if bound == 0:
+            raise OSError(f"could not listen for gRPC on {address}")
+        self.port = bound  # port 0 picks one; the next server object takes the same
+        return server
+
+    async def role_changed(self, role: Role) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if role is Role.LEADING
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", *SERVICE_NAMES):
+            await self._health.set(service, status)
+        if role in (Role.LEADING, Role.STANDBY):
+            await self._serve(role)
+        # DRAINING keeps the leader's server: connections stay open for the last reports.
+
+    async def _serve(self, role: Role) -> None:
+        async with self._swap:
+            leader = role is Role.LEADING
+            if self._serving_as is not None and (self._serving_as is Role.LEADING) == leader:
+                return
+            old = self._server
+            self._server = self._build(leader)
+            await self._server.start()
+            self._serving_as = role
+            if old is not None:
+                await old.stop(_STEP_DOWN_GRACE_S if not leader else _STANDBY_GRACE_MS / 1000)
+
+    async def stop(self, grace: float) -> None:
+        async with self._swap:
+            if self._server is not None:
+                await self._server.stop(grace)
+                self._server = None
+
+
+def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    if config.tls is None:
+        return None
+    with open(config.tls.key, "rb") as key, open(config.tls.cert, "rb") as cert:
+        return grpc.ssl_server_credentials([(key.read(), cert.read())])
+
+
+def make_replica(config: ServerConfig) -> Replica:
+    return Replica(
+        lambda: open_store(config),
+        remote_pools(config),
+        commit_timeout=config.commit_timeout_s,
+        retention=config.retention_s,
+        drain_timeout=config.drain_timeout_s,
+        max_payload_bytes=config.limits.max_message_bytes,
+    )
+
+
+async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> int:
+    """Serve until SIGTERM or SIGINT: drain on the first, stop at once on a second."""
+    configure_logging(config.logging)
+    replica = make_replica(config)
+    limit = config.limits.max_message_bytes
+    options = _Options(config.listen.grpc.host, limit, _credentials(config))
+    endpoint = GrpcEndpoint(replica, options, config.listen.grpc.port)
+    collector = SchedulerCollector(
+        lambda: replica.scheduler.workers if replica.scheduler is not None else 0
+    )
+    http = HttpServer(
+        config.listen.http,
+        readiness=lambda: Readiness(replica.ready, replica.role.value),
+        registry=metrics_registry(collector),
+    )
+    pending: set[asyncio.Task[None]] = set()
+
+    def changed(role: Role) -> None:
+        # Counts of a scheduler that stopped are kept; the next one adds to them.
+        collector.watch(replica.scheduler if role is Role.LEADING else None)
+        task = asyncio.get_running_loop().create_task(endpoint.role_changed(role))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    replica.on_change(changed)
+    await endpoint.start()
+    await http.start()
+    lifecycle("listening", grpc_port=endpoint.port, http_port=http.port)
+    _install_signals(replica)
+    if ready is not None:
+        ready.set()
+    try:
+        await replica.run()
+    finally:
+        await asyncio.gather(*pending, return_exceptions=True)
+        await endpoint.stop(0)
+        await http.close()
+        lifecycle("stopped")
+    return 0
+
+
+def _install_signals(replica: Replica) -> None:
+    loop = asyncio.get_running_loop()
+    received: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        if len(received) == 1:
+            lifecycle("shutdown_requested", signal=signal.Signals(signum).name)
+            replica.shutdown()
+        else:
+            lifecycle("shutdown_forced", signal=signal.Signals(signum).name)
+            replica.abort()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, on_signal, signum)

@@ -1,0 +1,215 @@
+"""The gRPC services: each call is one call of the leading replica's ``Scheduler``.
+
+Translation only: the request is decoded by the protocol's conversions (bad input is
+``InvalidArgument`` there or in the Scheduler), the Scheduler decides, and its answer or
+exception goes back through the protocol's status mapping. A replica that does not lead answers
+``UNAVAILABLE`` with the reason ``STANDBY``, one that is shutting down with ``STOPPING``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import grpc
+
+from cronoq import CancelRequested, Scheduler, preview
+from cronoq.errors import CronoqError
+from cronoq_client import protocol as wire
+from cronoq_client.protocol import pb, pb_grpc
+from cronoq_server._replica import NotServing, Replica
+
+__all__ = ["SchedulerService", "WorkerService"]
+
+log = logging.getLogger("cronoq.server")
+
+_Request = TypeVar("_Request")
+_Reply = TypeVar("_Reply")
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
+    if isinstance(exc, NotServing):
+        await context.abort_with_status(
+            wire.rich_status(grpc.StatusCode.UNAVAILABLE, str(exc), exc.reason)
+        )
+    if not isinstance(exc, CronoqError):
+        log.exception("internal error in a call", exc_info=exc)
+    await context.abort_with_status(wire.status_for(exc))
+
+
+def _unary(
+    body: Callable[[Any, _Request, grpc.aio.ServicerContext[Any, Any]], Awaitable[_Reply]],
+) -> Callable[[Any, _Request, grpc.aio.ServicerContext[Any, Any]], Awaitable[_Reply]]:
+    """Run a handler; map what it raises to a status. Bad input never becomes INTERNAL:
+    every decoding error is InvalidArgument."""
+
+    async def handler(
+        self: Any, request: _Request, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> _Reply:
+        try:
+            return await body(self, request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await _abort(context, exc)
+            raise AssertionError("abort_with_status returns only by raising") from exc
+
+    handler.__name__ = body.__name__
+    handler.__doc__ = body.__doc__
+    return handler
+
+
+class SchedulerService(pb_grpc.SchedulerServiceServicer):
+    def __init__(self, replica: Replica) -> None:
+        self._replica = replica
+
+    def _leader(self) -> Scheduler:
+        return self._replica.leader()
+
+    @_unary
+    async def Submit(self, request: pb.SubmitRequest, context: Any) -> pb.SubmitResponse:
+        task = wire.task_request_from_pb(request.task)
+        [task_id] = await self._leader().submit_many([task])
+        return pb.SubmitResponse(task_id=task_id)
+
+    @_unary
+    async def SubmitMany(
+        self, request: pb.SubmitManyRequest, context: Any
+    ) -> pb.SubmitManyResponse:
+        tasks = wire.submit_many_requests(request)
+        return pb.SubmitManyResponse(task_ids=await self._leader().submit_many(tasks))
+
+    @_unary
+    async def Get(self, request: pb.GetRequest, context: Any) -> pb.TaskInfo:
+        return wire.task_info_to_pb(await self._leader().get(request.task_id))
+
+    @_unary
+    async def GetByKey(self, request: pb.GetByKeyRequest, context: Any) -> pb.GetByKeyResponse:
+        found = await self._leader().get_by_key(request.key)
+        if found is None:
+            return pb.GetByKeyResponse()
+        return pb.GetByKeyResponse(task=wire.task_info_to_pb(found))
+
+    @_unary
+    async def List(self, request: pb.ListRequest, context: Any) -> pb.ListResponse:
+        options = wire.list_kwargs(request)
+        tasks = await self._leader().list(**options)
+        return wire.list_response_to_pb(tasks, options.get("limit"))
+
+    @_unary
+    async def Wait(self, request: pb.WaitRequest, context: Any) -> pb.TaskInfo:
+        options = wire.wait_kwargs(request)
+        # The call's own deadline bounds the wait too: answered before the client gives up.
+        remaining = context.time_remaining()
+        if remaining is not None:
+            asked = options.get("timeout")
+            if isinstance(asked, timedelta):
+                asked = asked.total_seconds()
+            options["timeout"] = remaining if asked is None else min(float(asked), remaining)
+        return wire.task_info_to_pb(await self._leader().wait(**options))
+
+    @_unary
+    async def Cancel(self, request: pb.CancelRequest, context: Any) -> pb.CancelResponse:
+        status = await self._leader().cancel(**wire.cancel_kwargs(request))
+        return pb.CancelResponse(status=wire.status_to_pb(status))
+
+    @_unary
+    async def AddSchedule(self, request: pb.AddScheduleRequest, context: Any) -> pb.ScheduleInfo:
+        options = wire.add_schedule_kwargs(request)
+        return wire.schedule_info_to_pb(await self._leader().add_schedule(**options))
+
+    @_unary
+    async def PauseSchedule(
+        self, request: pb.PauseScheduleRequest, context: Any
+    ) -> pb.ScheduleInfo:
+        return wire.schedule_info_to_pb(await self._leader().pause_schedule(request.name))
+
+    @_unary
+    async def ResumeSchedule(
+        self, request: pb.ResumeScheduleRequest, context: Any
+    ) -> pb.ScheduleInfo:
+        return wire.schedule_info_to_pb(await self._leader().resume_schedule(request.name))
+
+    @_unary
+    async def RemoveSchedule(
+        self, request: pb.RemoveScheduleRequest, context: Any
+    ) -> pb.RemoveScheduleResponse:
+        await self._leader().remove_schedule(request.name)
+        return pb.RemoveScheduleResponse()
+
+    @_unary
+    async def ListSchedules(
+        self, request: pb.ListSchedulesRequest, context: Any
+    ) -> pb.ListSchedulesResponse:
+        schedules = await self._leader().list_schedules()
+        return pb.ListSchedulesResponse(schedules=[wire.schedule_info_to_pb(s) for s in schedules])
+
+    @_unary
+    async def PreviewSchedule(
+        self, request: pb.PreviewScheduleRequest, context: Any
+    ) -> pb.PreviewScheduleResponse:
+        # Pure computation, but answered by the leader only, as every call is: a standby's
+        # answer would mislead a client into staying on its connection.
+        self._leader()
+        return wire.preview_response_to_pb(preview(**wire.preview_kwargs(request)))
+
+
+class WorkerService(pb_grpc.WorkerServiceServicer):
+    """Attach is a server stream: attempts and cancellations are pushed the moment the
+    scheduler releases them (no polling); heartbeats and reports are unary calls, so that each
+    gets its own status and a report can be retried on a new connection."""
+
+    def __init__(self, replica: Replica) -> None:
+        self._replica = replica
+
+    async def Attach(  # type: ignore[override]  # writes with context.write, not yield
+        self, request: pb.AttachRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        try:
+            sched = self._replica.leader(leasing=True)
+            options = wire.attach_kwargs(request)
+            link = sched.attach(**options)
+        except Exception as exc:
+            await _abort(context, exc)
+            return
+        log.info("worker attached", extra={"worker": request.worker_id, "pools": options["pools"]})
+        try:
+            attached = wire.Attached(sched.epoch or 0, self._replica.leases)
+            await context.write(wire.worker_event_to_pb(attached))
+            while True:
+                try:
+                    event = await link.next()
+                except CronoqError as exc:  # detached, or the scheduler stopped
+                    await _abort(context, exc)
+                    return
+                if isinstance(event, CancelRequested):
+                    await context.write(wire.worker_event_to_pb(event))
+                    continue
+                try:
+                    await context.write(wire.worker_event_to_pb(event))
+                except BaseException:
+                    link.unsent(event)  # the write failed: it never left, so it is not counted
+                    raise
+        finally:
+            link.close()
+            log.info("worker detached", extra={"worker": request.worker_id})
+
+    @_unary
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
+        token = wire.heartbeat_token(request)
+        renewed = await self._replica.leader(reporting=True).heartbeat(token)
+        return wire.lease_renewed_to_pb(renewed)
+
+    @_unary
+    async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:
+        sched = self._replica.leader(reporting=True)
+        token, outcome = wire.report_from_pb(request)
+        if isinstance(outcome, wire.ReportSuccess):
+            await sched.report_success(token, outcome.output)
+        else:
+            await sched.report_failure(
+                token, outcome.message, retryable=outcome.retryable, retry_after=outcome.retry_after
+            )
+        return pb.ReportResponse()
