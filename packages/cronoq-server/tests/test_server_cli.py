@@ -4,7 +4,10 @@ real PostgreSQL schema of their own."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
+import signal
 import socket
 import sqlite3
 import stat
@@ -121,6 +124,58 @@ async def test_usage_errors_exit_2(tmp_path: Path) -> None:
     result = await cronoq_server("--help", cwd=tmp_path)
     assert result.code == 0
     assert "check-config" in result.out and "migrate" in result.out and "serve" in result.out
+
+
+# --- serve ----------------------------------------------------------------------------------
+
+
+async def http_get(port: int, path: str) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    raw = await reader.read(-1)
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+async def test_serve_without_configuration_leads_and_stops_on_sigterm(tmp_path: Path) -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CRONOQ_")}
+    process = await asyncio.create_subprocess_exec(
+        COMMAND,
+        "serve",
+        cwd=tmp_path,
+        env={**base, "CRONOQ_LISTEN__GRPC": "127.0.0.1:0", "CRONOQ_LISTEN__HTTP": "127.0.0.1:0"},
+        stdin=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    try:
+        lines: list[str] = []
+        async with asyncio.timeout(20):
+            while not any('msg="leading"' in line for line in lines):
+                lines.append((await process.stderr.readline()).decode())
+                assert lines[-1], f"serve exited: {lines}"
+        (listening,) = (line for line in lines if 'msg="listening"' in line)
+        found = re.search(r"http_port=(\d+)", listening)
+        assert found is not None, listening
+        port = int(found[1])
+        async with asyncio.timeout(10):
+            assert await http_get(port, "/healthz") == (200, b'{"status":"alive"}')
+            status, body = await http_get(port, "/readyz")
+            assert (status, json.loads(body)) == (200, {"ready": True, "reason": "leading"})
+            status, body = await http_get(port, "/metrics")
+        assert status == 200
+        assert re.search(rb"^cronoq_leader 1\.0$", body, re.MULTILINE)
+        assert (tmp_path / "cronoq.db").is_file()
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(20):
+            rest = (await process.stderr.read()).decode()
+            assert await process.wait() == 0
+        assert 'msg="draining"' in rest and 'msg="stopped"' in rest
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 # --- migrate: SQLite ------------------------------------------------------------------------
