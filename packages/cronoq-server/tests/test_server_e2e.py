@@ -35,7 +35,7 @@ async def _attempt(stream: grpc.aio.UnaryStreamCall[Any, Any]) -> LeasedAttempt:
 
 async def test_a_task_submitted_over_grpc_runs_on_an_attached_worker(tmp_path: Path) -> None:
     async with running_server(tmp_path, config_toml(MEMORY)) as server:
-        await server.wait_for("leading")
+        await server.leading()
         async with grpc.aio.insecure_channel(server.target) as channel:
             tasks = pb_grpc.SchedulerServiceStub(channel)
             workers = pb_grpc.WorkerServiceStub(channel)
@@ -124,7 +124,7 @@ def test_serve_with_no_configuration_serves_the_embedded_default(tmp_path: Path)
 
 async def test_sigterm_drains_a_running_remote_attempt(tmp_path: Path) -> None:
     async with running_server(tmp_path, config_toml(MEMORY)) as server:
-        await server.wait_for("leading")
+        await server.leading()
         async with grpc.aio.insecure_channel(server.target) as channel:
             tasks = pb_grpc.SchedulerServiceStub(channel)
             workers = pb_grpc.WorkerServiceStub(channel)
