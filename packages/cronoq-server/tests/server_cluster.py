@@ -1,9 +1,9 @@
 """Helpers for tests of several ``cronoq-server`` processes on one store.
 
 A TCP balancer that sends each new connection to the next replica (as a balancer that routes
-to every replica does), a retrying keyed submitter and an echo worker on raw stubs that reach
-the leader through it on their own, and probes of the HA serving rules (``/readyz``, gRPC
-health, how long a replica keeps a connection).
+to every replica does); a keyed submitter (on ``AsyncClient``, which retries on its own) and an
+echo worker (on raw stubs) that reach the leader through it; probes of the HA serving rules
+(``/readyz``, gRPC health, how long a replica keeps a connection).
 """
 
 from __future__ import annotations
@@ -14,30 +14,26 @@ import itertools
 import json
 import os
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
 import grpc
-import pytest
-from google.rpc import error_details_pb2, status_pb2
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
+from server_pg import PG_DSN
 from server_process import ServerProcess
 
-from cronoq import BytesCodec, LeasedAttempt, RetryPolicy, TaskRequest
+from cronoq import CancelRequested, LeasedAttempt, RetryPolicy
+from cronoq_client import AsyncClient
 from cronoq_client import protocol as wire
-from cronoq_client.protocol import pb_grpc
-
-PG_DSN = os.environ.get("CRONOQ_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+from cronoq_client.protocol import pb, pb_grpc
 
 RETRYABLE = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
 )
-"""What a connection that broke, a standby or a stopping leader answers: for keyed submits,
-heartbeats and reports, retried on a new connection."""
+"""What a connection that broke, a standby or a stopping leader answers: the worker attaches
+again, and retries its (idempotent) reports, on a new connection."""
 BACKOFF_S = 0.05
 CALL_TIMEOUT_S = 2.0
 QUICK_RETRY = RetryPolicy(max_attempts=5, initial_ns=50_000_000, jitter=0.0)
@@ -57,28 +53,6 @@ def log_time(line: dict[str, str]) -> float:
 
 
 # --- stores -------------------------------------------------------------------------------
-
-
-async def _pg_connect() -> asyncpg.Connection:
-    try:
-        return await asyncpg.connect(PG_DSN, timeout=5)
-    except (OSError, asyncpg.PostgresError) as exc:
-        reason = f"PostgreSQL unreachable at {PG_DSN}: {exc}"
-        if os.environ.get("CRONOQ_REQUIRE_POSTGRES") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-
-
-@contextlib.asynccontextmanager
-async def pg_schema() -> AsyncIterator[str]:
-    """A schema name of this test's own (the servers create it), dropped afterwards."""
-    name = f"cronoq_test_{uuid.uuid4().hex[:12]}"
-    conn = await _pg_connect()
-    try:
-        yield name
-    finally:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        await conn.close()
 
 
 def sqlite_store(path: str, *, lease_ttl: float) -> str:
@@ -168,17 +142,6 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 # --- probes -------------------------------------------------------------------------------
 
 
-def error_reason(err: grpc.aio.AioRpcError) -> tuple[str, str] | None:
-    """The (domain, reason) of the ErrorInfo in a failed call's status details, if any."""
-    for key, value in err.trailing_metadata() or ():
-        if key == "grpc-status-details-bin" and isinstance(value, bytes):
-            for detail in status_pb2.Status.FromString(value).details:
-                info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info):
-                    return info.domain, info.reason
-    return None
-
-
 async def http_get(url: str) -> tuple[int, dict[str, Any]]:
     """Status and JSON body of ``GET url`` (the server closes every connection)."""
     host, _, rest = url.removeprefix("http://").partition("/")
@@ -194,14 +157,26 @@ async def http_get(url: str) -> tuple[int, dict[str, Any]]:
     return int(head.split()[1]), json.loads(body)
 
 
+def _health_check(
+    channel: grpc.aio.Channel,
+) -> grpc.aio.UnaryUnaryMultiCallable[
+    health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse
+]:
+    # The typing stubs of grpcio-health-checking give HealthStub no methods.
+    return channel.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
+
+
 async def health(target: str) -> int:
     """The gRPC health status of the whole server ("")."""
     async with grpc.aio.insecure_channel(target) as channel:
-        reply = await health_pb2_grpc.HealthStub(channel).Check(
+        reply = await _health_check(channel)(
             health_pb2.HealthCheckRequest(service=""), timeout=CALL_TIMEOUT_S
         )
-    status: int = reply.status
-    return status
+    return reply.status
 
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -252,22 +227,24 @@ async def channel_lifetime(target: str, limit: float) -> float | None:
     """Seconds from opening a channel until its connection ends (the channel leaves READY),
     with a health check every 50 ms on it; None if it was still connected after ``limit``."""
     async with new_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
+        check = _health_check(channel)
         started = time.monotonic()
-        await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=CALL_TIMEOUT_S)
+        await check(health_pb2.HealthCheckRequest(service=""), timeout=CALL_TIMEOUT_S)
         assert channel.get_state() is grpc.ChannelConnectivity.READY
         while (elapsed := time.monotonic() - started) < limit:
             if channel.get_state() is not grpc.ChannelConnectivity.READY:
                 return elapsed
             with contextlib.suppress(grpc.aio.AioRpcError):
-                await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.2)
+                await check(health_pb2.HealthCheckRequest(service=""), timeout=0.2)
             await asyncio.sleep(0.05)
         return None
 
 
-async def wait_for_either(servers: Sequence[ServerProcess], event: str) -> ServerProcess:
-    """The first of ``servers`` to log ``event``."""
-    waits = {asyncio.ensure_future(s.wait_for(event)): s for s in servers}
+async def first_of(
+    servers: Sequence[ServerProcess], event: Callable[[ServerProcess], Awaitable[object]]
+) -> ServerProcess:
+    """The first of ``servers`` whose ``event`` (say ``lambda s: s.leading()``) comes."""
+    waits = {asyncio.ensure_future(event(s)): s for s in servers}
     try:
         done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         first = done.pop()
@@ -288,14 +265,13 @@ class Progress:
 
     acked: dict[str, int] = field(default_factory=dict)
     """Acknowledged submissions: key -> task id."""
-    submit_retries: int = 0
     attached: int = 0
     reported: int = 0
     stale_reports: int = 0
     marks: dict[str, float] = field(default_factory=dict)
     """Monotonic times of named moments (see :meth:`mark`)."""
     first_ack_after: dict[str, float] = field(default_factory=dict)
-    """Monotonic time of the first acknowledgement after each mark."""
+    """Monotonic time of the first acknowledgement of a submission begun after each mark."""
     _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     def mark(self, name: str) -> None:
@@ -309,47 +285,28 @@ class Progress:
         async with asyncio.timeout(timeout), self._changed:
             await self._changed.wait_for(lambda: condition(self))
 
-    async def ack(self, key: str, task_id: int) -> None:
+    async def ack(self, key: str, task_id: int, begun: float) -> None:
         self.acked[key] = task_id
-        for name in self.marks:
-            self.first_ack_after.setdefault(name, time.monotonic())
+        for name, at in self.marks.items():
+            if begun >= at:
+                self.first_ack_after.setdefault(name, time.monotonic())
         await self.changed()
 
 
 async def submit_keyed(
-    target: str, prefix: str, progress: Progress, pause: float, stop: asyncio.Event
+    client: AsyncClient, prefix: str, progress: Progress, pause: float, stop: asyncio.Event
 ) -> None:
     """Submit tasks with the keys ``prefix-0``, ``prefix-1`` ... one after another until
-    ``stop`` is set; each is retried with its key, after a short backoff on a new connection,
-    until acknowledged (a keyed submit is idempotent, so whatever the failure it may be
-    retried). Every key it tried is acknowledged when it returns."""
-    codec = BytesCodec()
-    channel = new_channel(target)
-    try:
-        for n in itertools.count():
-            if stop.is_set():
-                return
-            key = f"{prefix}-{n}"
-            request = wire.submit_request(
-                TaskRequest("ha", key.encode(), key=key, retry=QUICK_RETRY), codec
-            )
-            while True:
-                try:
-                    reply = await pb_grpc.SchedulerServiceStub(channel).Submit(
-                        request, timeout=CALL_TIMEOUT_S
-                    )
-                    break
-                except grpc.aio.AioRpcError as exc:
-                    if exc.code() not in RETRYABLE:
-                        raise
-                progress.submit_retries += 1
-                await channel.close()
-                await asyncio.sleep(BACKOFF_S)
-                channel = new_channel(target)
-            await progress.ack(key, reply.task_id)
-            await asyncio.sleep(pause)
-    finally:
-        await channel.close()
+    ``stop`` is set. The client retries each on its own (with its key a submit is idempotent),
+    so every key tried is acknowledged when this returns."""
+    for n in itertools.count():
+        if stop.is_set():
+            return
+        key = f"{prefix}-{n}"
+        begun = time.monotonic()
+        task_id = await client.submit("ha", key.encode(), key=key, retry=QUICK_RETRY)
+        await progress.ack(key, task_id, begun)
+        await asyncio.sleep(pause)
 
 
 async def echo_worker(target: str, pool: str, slots: int, progress: Progress) -> None:
@@ -357,6 +314,7 @@ async def echo_worker(target: str, pool: str, slots: int, progress: Progress) ->
     at once (the payload as the output), and attaches again, on a new connection after a short
     backoff, whenever its stream ends or cannot start."""
     reports: set[asyncio.Task[None]] = set()
+    closing: set[asyncio.Task[None]] = set()
     try:
         while True:
             channel = new_channel(target)
@@ -376,21 +334,28 @@ async def echo_worker(target: str, pool: str, slots: int, progress: Progress) ->
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in RETRYABLE:
                     raise
-            # The reports of this connection's attempts finish on it, or on new ones.
-            _close_when_done(channel, set(reports))
+            # The reports of this connection's attempts finish on it (or on new ones) first.
+            closer = asyncio.ensure_future(_close_after(channel, set(reports)))
+            closing.add(closer)
+            closer.add_done_callback(closing.discard)
             await asyncio.sleep(BACKOFF_S)
     finally:
         for task in reports:
             task.cancel()
-        await asyncio.gather(*reports, return_exceptions=True)
+        await asyncio.gather(*reports, *closing, return_exceptions=True)
 
 
-def _close_when_done(channel: grpc.aio.Channel, reports: set[asyncio.Task[None]]) -> None:
-    async def close() -> None:
-        await asyncio.gather(*reports, return_exceptions=True)
-        await channel.close()
+async def _close_after(channel: grpc.aio.Channel, reports: set[asyncio.Task[None]]) -> None:
+    await asyncio.gather(*reports, return_exceptions=True)
+    await channel.close()
 
-    asyncio.ensure_future(close())
+
+async def read_event(
+    stream: grpc.aio.UnaryStreamCall[Any, Any],
+) -> wire.Attached | LeasedAttempt | CancelRequested:
+    message = await stream.read()
+    assert isinstance(message, pb.WorkerEvent), message
+    return wire.worker_event_from_pb(message)
 
 
 async def _report(

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-import pytest_asyncio
 from grpc_health.v1 import health_pb2
 from server_cluster import (
     QUICK_RETRY,
@@ -21,38 +20,40 @@ from server_cluster import (
     Progress,
     channel_lifetime,
     echo_worker,
-    error_reason,
+    first_of,
     health,
     hold_http2,
     http_get,
     log_time,
     new_channel,
-    pg_schema,
     pg_store,
+    read_event,
     sqlite_store,
     submit_keyed,
-    wait_for_either,
 )
+from server_pg import pg_schema
 from server_process import ServerProcess, config_toml, running_server, start_server
 
-from cronoq import BytesCodec, LeasedAttempt, Status, TaskRequest
+from cronoq import BytesCodec, LeasedAttempt, Status, TaskRequest, TaskSummary
+from cronoq_client import AsyncClient
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
 
+__all__ = ["pg_schema"]  # a fixture: requested by name
+
 POOLS = '[[pools]]\nname = "default"\nlease_s = 5.0\n'
-StoreSection = Callable[..., str]
-"""``section(lease_ttl=...)``: the ``[store]`` TOML of this test's own store; ``lease_ttl`` is
-the SQLite lease (the PostgreSQL lock needs none: it goes with its session)."""
+StoreSection = Callable[[float], str]
+"""The ``[store]`` TOML of this test's own store, given the SQLite lease's ttl (the PostgreSQL
+lock needs none: it goes with the leader's session, which ends with its process)."""
 
 
-@pytest_asyncio.fixture(params=["sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[StoreSection]:
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSection:
     if request.param == "sqlite":
-        path = tmp_path / "cluster.db"
-        yield lambda lease_ttl=1.5: sqlite_store(str(path), lease_ttl=lease_ttl)
-    else:
-        async with pg_schema() as schema:
-            yield lambda lease_ttl=1.5: pg_store(schema)
+        path = str(tmp_path / "cluster.db")
+        return lambda lease_ttl: sqlite_store(path, lease_ttl=lease_ttl)
+    schema: str = request.getfixturevalue("pg_schema")
+    return lambda lease_ttl: pg_store(schema)
 
 
 @contextlib.asynccontextmanager
@@ -67,7 +68,7 @@ async def cluster(directory: Path, section: str) -> AsyncIterator[tuple[ServerPr
         for outcome in servers:
             if isinstance(outcome, BaseException):
                 raise outcome
-        leader = await wait_for_either(started, "leading")
+        leader = await first_of(started, lambda s: s.leading())
         [standby] = [s for s in started if s is not leader]
         await standby.wait_for("standby")
         yield leader, standby
@@ -81,8 +82,9 @@ async def cluster(directory: Path, section: str) -> AsyncIterator[tuple[ServerPr
 async def test_one_replica_serves_and_the_standby_refuses_and_closes_connections(
     tmp_path: Path, store: StoreSection
 ) -> None:
-    async with cluster(tmp_path, store()) as (leader, standby):
-        assert await http_get(f"{leader.http}/readyz") == (200, {"ready": True, "reason": "leading"})
+    async with cluster(tmp_path, store(1.5)) as (leader, standby):
+        ready = {"ready": True, "reason": "leading"}
+        assert await http_get(f"{leader.http}/readyz") == (200, ready)
         assert await http_get(f"{standby.http}/readyz") == (
             503,
             {"ready": False, "reason": "standby"},
@@ -97,7 +99,7 @@ async def test_one_replica_serves_and_the_standby_refuses_and_closes_connections
                     wire.submit_request(TaskRequest("job", b"", key="on-standby"), codec)
                 )
         assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
-        assert error_reason(refused.value) == (wire.DOMAIN, wire.Reason.STANDBY)
+        assert _reason(refused.value) == wire.Reason.STANDBY
         assert wire.outcome(refused.value) is wire.Outcome.NOT_APPLIED
         async with grpc.aio.insecure_channel(leader.target) as channel:
             tasks = pb_grpc.SchedulerServiceStub(channel)
@@ -135,7 +137,7 @@ async def test_a_replica_that_cannot_open_its_store_is_a_standby(tmp_path: Path)
                 await pb_grpc.SchedulerServiceStub(channel).Submit(
                     wire.submit_request(TaskRequest("job", b""), BytesCodec())
                 )
-        assert error_reason(refused.value) == (wire.DOMAIN, wire.Reason.STANDBY)
+        assert _reason(refused.value) == wire.Reason.STANDBY
         assert not server.events("standby")  # it never got as far as waiting for leadership
 
 
@@ -146,60 +148,61 @@ async def test_sigkill_of_the_leader_under_load_loses_no_acknowledged_submission
     tmp_path: Path, store: StoreSection
 ) -> None:
     lease_ttl = 1.5
-    async with cluster(tmp_path, store(lease_ttl=lease_ttl)) as (old, new):
-        async with Balancer([old.grpc_port, new.grpc_port]) as balancer:
-            progress, stop = Progress(), asyncio.Event()
-            load = [
-                asyncio.ensure_future(submit_keyed(balancer.target, f"c{i}", progress, 0.02, stop))
-                for i in range(3)
-            ]
-            worker = asyncio.ensure_future(echo_worker(balancer.target, "default", 8, progress))
-            try:
-                await progress.until(lambda p: len(p.acked) >= 60 and p.reported >= 30, 20)
-                before = len(progress.acked)
-                progress.mark("kill")
-                killed_at = time.time()
-                old.signal(signal.SIGKILL)
-                leading = await new.wait_for("leading")
-                await progress.until(
-                    lambda p: len(p.acked) >= before + 60 and p.attached >= 2, 20
+    async with (
+        cluster(tmp_path, store(lease_ttl)) as (old, new),
+        Balancer([old.grpc_port, new.grpc_port]) as balancer,
+    ):
+        progress, stop = Progress(), asyncio.Event()
+        clients = [AsyncClient(balancer.target, timeout=20) for _ in range(3)]
+        load = [
+            asyncio.ensure_future(submit_keyed(client, f"c{i}", progress, 0.02, stop))
+            for i, client in enumerate(clients)
+        ]
+        worker = asyncio.ensure_future(echo_worker(balancer.target, "default", 8, progress))
+        try:
+            await progress.until(lambda p: len(p.acked) >= 60 and p.reported >= 30, 20)
+            before, connections = len(progress.acked), len(balancer.routed)
+            progress.mark("kill")
+            killed_at = time.time()
+            old.signal(signal.SIGKILL)
+            serving = await new.leading()
+            await progress.until(lambda p: len(p.acked) >= before + 60 and p.attached >= 2, 20)
+            stop.set()
+            await asyncio.gather(*load)
+            acked = dict(progress.acked)
+            async with AsyncClient(new.target, timeout=30) as reader:
+                finished = await asyncio.gather(
+                    *(reader.wait(i, timeout=20) for i in acked.values())
                 )
-                stop.set()
-                await asyncio.gather(*load)
-                acked = dict(progress.acked)
-                async with grpc.aio.insecure_channel(new.target) as channel:
-                    tasks = pb_grpc.SchedulerServiceStub(channel)
-                    finished = await asyncio.gather(
-                        *(tasks.Wait(wire.wait_request(i, 20), timeout=25) for i in acked.values())
-                    )
-                    listed = await _all_tasks(tasks)
-            finally:
-                for task in (*load, worker):
-                    task.cancel()
-                await asyncio.gather(*load, worker, return_exceptions=True)
-        takeover = log_time(leading) - killed_at
-        first_ack = progress.first_ack_after["kill"] - progress.marks["kill"]
-        print(
-            f"takeover {takeover:.3f} s (kill -> 'leading'), first ack after the kill "
-            f"{first_ack:.3f} s; acked {len(acked)} ({before} before the kill), present "
-            f"{len(listed)}; submit retries {progress.submit_retries}, worker attaches "
-            f"{progress.attached}, reports {progress.reported} (stale {progress.stale_reports})"
-        )
-        assert {info.task_id: info.key for info in listed} == {i: k for k, i in acked.items()}
-        assert {info.status for info in finished} == {pb.STATUS_SUCCEEDED}
-        assert all(info.output == info.payload for info in finished)
-        assert takeover < lease_ttl + 3.0
+                present = await _all_tasks(reader)
+        finally:
+            for task in (*load, worker):
+                task.cancel()
+            await asyncio.gather(*load, worker, return_exceptions=True)
+            for client in clients:
+                await client.close()
+        reconnections = len(balancer.routed) - connections
+    takeover = log_time(new.events("leading")[0]) - killed_at
+    first_ack = progress.first_ack_after["kill"] - progress.marks["kill"]
+    print(
+        f"takeover: 'leading' {takeover:.3f} s after the SIGKILL, 'serving' "
+        f"{log_time(serving) - killed_at:.3f} s, first acknowledgement of a submission begun "
+        f"after it {first_ack:.3f} s; "
+        f"acked {len(acked)} ({before} before the kill), present {len(present)}; balancer "
+        f"connections after the kill {reconnections}; worker attached {progress.attached} "
+        f"times, reports accepted {progress.reported}, stale {progress.stale_reports}"
+    )
+    assert {t.task_id: t.key for t in present} == {i: k for k, i in acked.items()}
+    assert {info.status for info in finished} == {Status.SUCCEEDED}
+    assert all(i.output == i.payload == str(i.key).encode() for i in finished)
+    assert takeover < lease_ttl + 3.0
 
 
-async def _all_tasks(tasks: pb_grpc.SchedulerServiceStub) -> list[pb.TaskSummary]:
-    found: list[pb.TaskSummary] = []
-    token = ""
-    while True:
-        page = await tasks.List(pb.ListRequest(page_size=500, page_token=token))
-        found.extend(page.tasks)
-        token = page.next_page_token
-        if not token:
-            return found
+async def _all_tasks(client: AsyncClient) -> list[TaskSummary]:
+    found: list[TaskSummary] = []
+    while page := await client.list(after=found[-1].task_id if found else None, limit=500):
+        found.extend(page)
+    return found
 
 
 # --- 3. the leader is stopped while a remote attempt runs -----------------------------------
@@ -210,7 +213,7 @@ async def test_sigterm_of_the_leader_lets_the_running_attempt_report_then_hands_
 ) -> None:
     # A long lease: a takeover within it can only come from the leader's release.
     lease_ttl = 6.0
-    async with cluster(tmp_path, store(lease_ttl=lease_ttl)) as (old, new):
+    async with cluster(tmp_path, store(lease_ttl)) as (old, new):
         async with Balancer([old.grpc_port, new.grpc_port]) as balancer:
             codec = BytesCodec()
             request = wire.submit_request(
@@ -220,7 +223,7 @@ async def test_sigterm_of_the_leader_lets_the_running_attempt_report_then_hands_
                 submitted = await pb_grpc.SchedulerServiceStub(channel).Submit(request)
             channel, stream = await _attach(balancer.target)
             async with channel:
-                event = wire.worker_event_from_pb(await stream.read())
+                event = await read_event(stream)
                 assert isinstance(event, LeasedAttempt), event
                 assert event.token.task_id == submitted.task_id
                 workers = pb_grpc.WorkerServiceStub(channel)
@@ -261,10 +264,16 @@ async def _attach(
                 wire.attach_request("holder", ["default"], 1)
             )
             try:
-                first = wire.worker_event_from_pb(await stream.read())
+                first = await read_event(stream)
             except grpc.aio.AioRpcError as exc:
-                assert exc.code() is grpc.StatusCode.UNAVAILABLE, exc
                 await channel.close()
+                if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+                    raise
                 continue
             assert isinstance(first, wire.Attached), first
             return channel, stream
+
+
+def _reason(err: grpc.aio.AioRpcError) -> str | None:
+    info = wire.error_info(err)
+    return None if info is None or info.domain != wire.DOMAIN else info.reason
