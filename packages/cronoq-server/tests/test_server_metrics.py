@@ -103,7 +103,9 @@ async def test_values_match_what_the_scheduler_did() -> None:
         assert samples["cronoq_commit_batch_size_count"][frozenset()] == commits
         assert samples["cronoq_commit_batch_size_sum"][frozenset()] >= 6 + 8 + 8
         buckets = samples["cronoq_commit_seconds_bucket"]
-        cumulative = [value for _, value in sorted((float(dict(k)["le"]), v) for k, v in buckets.items())]
+        cumulative = [
+            value for _, value in sorted((float(dict(k)["le"]), v) for k, v in buckets.items())
+        ]
         assert cumulative == sorted(cumulative), "buckets are cumulative"
         assert cumulative[-1] == commits
         # Nothing is queued or running once every task finished.

@@ -177,7 +177,7 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
     finally:
         await asyncio.gather(*pending, return_exceptions=True)
         await endpoint.stop(0)
-        await http.stop()
+        await http.close()
         lifecycle("stopped")
     return 0
 

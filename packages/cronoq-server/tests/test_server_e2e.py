@@ -1,0 +1,145 @@
+"""The server end to end: real processes, real gRPC channels, real stores."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from server_process import config_toml, running_server
+
+from cronoq import BytesCodec, LeasedAttempt, Status, TaskRequest
+from cronoq_client import protocol as wire
+from cronoq_client.protocol import pb, pb_grpc
+
+MEMORY = '[store]\nkind = "memory"\n'
+
+
+async def _event(stream: grpc.aio.UnaryStreamCall[Any, Any]) -> object:
+    message = await stream.read()
+    assert isinstance(message, pb.WorkerEvent), message
+    return wire.worker_event_from_pb(message)
+
+
+async def _attempt(stream: grpc.aio.UnaryStreamCall[Any, Any]) -> LeasedAttempt:
+    event = await _event(stream)
+    assert isinstance(event, LeasedAttempt), event
+    return event
+
+
+async def test_a_task_submitted_over_grpc_runs_on_an_attached_worker(tmp_path: Path) -> None:
+    async with running_server(tmp_path, config_toml(MEMORY)) as server:
+        await server.wait_for("leading")
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            tasks = pb_grpc.SchedulerServiceStub(channel)
+            workers = pb_grpc.WorkerServiceStub(channel)
+            submitted = await tasks.Submit(
+                wire.submit_request(TaskRequest("job", b"in"), BytesCodec())
+            )
+            stream = workers.Attach(wire.attach_request("test", ["default"], 1))
+            attached = await _event(stream)
+            assert isinstance(attached, wire.Attached) and attached.leases == {"default": 30.0}
+            attempt = await _attempt(stream)
+            assert attempt.token.task_id == submitted.task_id
+            assert attempt.payload == b"in"
+            await workers.Report(wire.report_request(attempt.token, wire.ReportSuccess(b"out")))
+            done = await tasks.Wait(wire.wait_request(submitted.task_id, 5))
+            info = wire.task_info_from_pb(done, BytesCodec())
+            assert (info.status, info.output) == (Status.SUCCEEDED, b"out")
+            stream.cancel()
+
+
+_NO_CONFIG_CLIENT = """
+import asyncio, grpc, sys
+from cronoq import BytesCodec, TaskRequest
+from cronoq_client import protocol as wire
+from cronoq_client.protocol import pb, pb_grpc
+
+async def main():
+    async with grpc.aio.insecure_channel("127.0.0.1:50051") as channel:
+        await asyncio.wait_for(channel.channel_ready(), 20)
+        tasks = pb_grpc.SchedulerServiceStub(channel)
+        workers = pb_grpc.WorkerServiceStub(channel)
+        for _ in range(200):  # the server may still be taking the lease
+            try:
+                sub = await tasks.Submit(wire.submit_request(TaskRequest("j", b"x"), BytesCodec()))
+                break
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                await asyncio.sleep(0.05)
+        stream = workers.Attach(wire.attach_request("w", ["default"], 1))
+        await stream.read()
+        attempt = wire.worker_event_from_pb(await stream.read())
+        await workers.Report(wire.report_request(attempt.token, wire.ReportSuccess(b"y")))
+        info = await tasks.Wait(wire.wait_request(sub.task_id, 10))
+        print("status", info.status, info.output)
+        stream.cancel()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root")
+def test_serve_with_no_configuration_serves_the_embedded_default(tmp_path: Path) -> None:
+    """No configuration at all: gRPC on 127.0.0.1:50051, HTTP on 127.0.0.1:8080, ./cronoq.db.
+    In a network namespace of its own, so those fixed ports are surely free."""
+    client = tmp_path / "client.py"
+    client.write_text(_NO_CONFIG_CLIENT)
+    script = textwrap.dedent(
+        f"""
+        ip link set lo up
+        {sys.executable} -m cronoq_server serve 2> server.log &
+        server=$!
+        {sys.executable} {client}
+        status=$?
+        python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:8080/readyz').read().decode())"
+        kill -TERM $server
+        wait $server
+        echo "exit $? client $status"
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CRONOQ_")}
+    result = subprocess.run(
+        ["unshare", "--net", "sh", "-c", script],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    log = (tmp_path / "server.log").read_text()
+    assert "exit 0 client 0" in result.stdout, (result.stdout, result.stderr, log)
+    assert "status 6 b'y'" in result.stdout  # STATUS_SUCCEEDED, the worker's output
+    assert '"ready": true' in result.stdout
+    assert "grpc_port=50051 http_port=8080" in log
+    assert (tmp_path / "cronoq.db").exists()
+
+
+async def test_sigterm_drains_a_running_remote_attempt(tmp_path: Path) -> None:
+    async with running_server(tmp_path, config_toml(MEMORY)) as server:
+        await server.wait_for("leading")
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            tasks = pb_grpc.SchedulerServiceStub(channel)
+            workers = pb_grpc.WorkerServiceStub(channel)
+            await tasks.Submit(wire.submit_request(TaskRequest("job", b""), BytesCodec()))
+            stream = workers.Attach(wire.attach_request("test", ["default"], 1))
+            await stream.read()
+            attempt = await _attempt(stream)
+            server.signal(15)
+            await server.wait_for("draining")
+            # Draining: no new call is taken, but the running attempt may heartbeat and report.
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await tasks.Submit(wire.submit_request(TaskRequest("late", b""), BytesCodec()))
+            assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert wire.outcome(refused.value) is wire.Outcome.NOT_APPLIED
+            await workers.Heartbeat(wire.heartbeat_request(attempt.token))
+            await workers.Report(wire.report_request(attempt.token, wire.ReportSuccess(b"done")))
+            assert await server.wait_exit(10) == 0
+        assert server.events("stepped_down")
