@@ -1,8 +1,11 @@
-"""The remote Worker against a real gRPC server in front of a real Scheduler.
+"""The remote Worker against real gRPC servers.
 
-The server is a Scheduler with a RemotePool on a MemoryStore, behind a minimal WorkerService
-(below) that forwards Attach, Heartbeat and Report to the Scheduler's public worker API, on a
-port the OS picks. Workers run in this process, or in child processes for SIGKILL and SIGTERM.
+Most tests run against a real ``cronoq-server serve`` process (memory store, a remote pool
+``default`` with a 1 s lease), submitting and waiting over its SchedulerService. The tests that
+restart the server on the same port, make it answer as a standby, or watch the Attach stream
+close use an in-process server instead: a Scheduler with a RemotePool behind a minimal
+WorkerService (below) that forwards to the Scheduler's public worker API. Workers run in this
+process, or in child processes for SIGKILL and SIGTERM.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 import grpc
 import pytest
+from server_process import config_toml, running_server
 
 from cronoq import (
     AttemptToken,
@@ -31,6 +35,8 @@ from cronoq import (
     Status,
     TaskContext,
     TaskError,
+    TaskInfo,
+    TaskRequest,
 )
 from cronoq.errors import CronoqError
 from cronoq_client._worker import MAX_MESSAGE, Worker
@@ -38,6 +44,8 @@ from cronoq_client.protocol import (
     Attached,
     Reason,
     attach_kwargs,
+    cancel_request,
+    get_request,
     heartbeat_token,
     lease_renewed_to_pb,
     pb,
@@ -45,12 +53,16 @@ from cronoq_client.protocol import (
     report_from_pb,
     rich_status,
     status_for,
+    submit_request,
+    task_info_from_pb,
+    wait_request,
     worker_event_to_pb,
 )
 from cronoq_client.protocol import ReportSuccess as WireSuccess
 
 LEASE_S = 1.0
 WAIT_S = 10.0
+CODEC = BytesCodec()
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_ns=10_000_000, jitter=0.0)
 
 
@@ -119,7 +131,7 @@ class _Service(pb_grpc.WorkerServiceServicer):
 
 
 class Served:
-    """A Scheduler served on a port; ``restart`` replaces the gRPC server on the same port."""
+    """A Scheduler served in process; ``stop`` and ``start`` again keep the port."""
 
     def __init__(self, sched: Scheduler, lease: float) -> None:
         self.sched = sched
@@ -168,6 +180,46 @@ async def served_long() -> AsyncIterator[Served]:
         yield s
 
 
+class RemoteScheduler:
+    """The Scheduler calls the tests make, over a real server's SchedulerService."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._stub = pb_grpc.SchedulerServiceStub(channel)
+
+    async def submit(self, kind: str, payload: bytes | None = None, **options: Any) -> int:
+        request = submit_request(TaskRequest(kind, payload, **options), CODEC)
+        reply = await self._stub.Submit(request)
+        return int(reply.task_id)
+
+    async def wait(self, task_id: int, timeout: float) -> TaskInfo:
+        reply = await self._stub.Wait(wait_request(task_id, timeout), timeout=timeout + 5)
+        return task_info_from_pb(reply, CODEC)
+
+    async def get(self, task_id: int) -> TaskInfo:
+        return task_info_from_pb(await self._stub.Get(get_request(task_id)), CODEC)
+
+    async def cancel(self, task_id: int, reason: str) -> None:
+        await self._stub.Cancel(cancel_request(task_id, reason))
+
+
+class Real:
+    """A ``cronoq-server serve`` process and a client of it."""
+
+    def __init__(self, target: str, sched: RemoteScheduler) -> None:
+        self.target = target
+        self.sched = sched
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[Real]:
+    pools = f'[[pools]]\nname = "default"\nlease_s = {LEASE_S}\n'
+    config = config_toml('[store]\nkind = "memory"\n', pools=pools)
+    async with running_server(tmp_path, config) as process:
+        await process.wait_for("leading")
+        async with grpc.aio.insecure_channel(process.target) as channel:
+            yield Real(process.target, RemoteScheduler(channel))
+
+
 class Running:
     """A Worker whose run() is a task; ``finish`` stops it and returns run()'s outcome."""
 
@@ -191,7 +243,7 @@ class Running:
         await asyncio.wait_for(self.task, WAIT_S)
 
 
-async def _worker(served: Served, fn: Callable[..., Any], **options: Any) -> Running:
+async def _worker(served: Served | Real, fn: Callable[..., Any], **options: Any) -> Running:
     running = Running(Worker(served.target, {"default": fn}, **options))
     await running.attached()
     return running
@@ -200,20 +252,20 @@ async def _worker(served: Served, fn: Callable[..., Any], **options: Any) -> Run
 # --- running attempts -------------------------------------------------------------------------
 
 
-async def test_async_and_thread_functions_run_and_their_outputs_come_back(served: Served) -> None:
+async def test_async_and_thread_functions_run_and_their_outputs_come_back(server: Real) -> None:
     seen: list[tuple[int, int, str, str | None, tuple[str, ...], Any]] = []
 
     async def upper(ctx: TaskContext, payload: bytes | None) -> bytes | None:
         seen.append((ctx.task_id, ctx.attempt, ctx.kind, ctx.key, ctx.tags, payload))
         return None if payload is None else payload.upper()
 
-    running = await _worker(served, upper)
+    running = await _worker(server, upper)
     try:
-        first = await served.sched.submit("greet", b"hello", key="k1", tags=["a", "b"])
-        empty = await served.sched.submit("greet")
-        info = await served.sched.wait(first, timeout=WAIT_S)
+        first = await server.sched.submit("greet", b"hello", key="k1", tags=["a", "b"])
+        empty = await server.sched.submit("greet")
+        info = await server.sched.wait(first, timeout=WAIT_S)
         assert (info.status, info.output) == (Status.SUCCEEDED, b"HELLO")
-        info = await served.sched.wait(empty, timeout=WAIT_S)
+        info = await server.sched.wait(empty, timeout=WAIT_S)
         assert (info.status, info.output) == (Status.SUCCEEDED, None)
         assert (first, 1, "greet", "k1", ("a", "b"), b"hello") in seen
         assert (empty, 1, "greet", None, (), None) in seen
@@ -226,18 +278,18 @@ async def test_async_and_thread_functions_run_and_their_outputs_come_back(served
         threads.append(threading.current_thread().name)
         return payload[::-1]
 
-    running = await _worker(served, reverse, slots=2)
+    running = await _worker(server, reverse, slots=2)
     try:
-        ids = [await served.sched.submit("rev", f"ab{i}".encode()) for i in range(4)]
+        ids = [await server.sched.submit("rev", f"ab{i}".encode()) for i in range(4)]
         for i, task_id in enumerate(ids):
-            info = await served.sched.wait(task_id, timeout=WAIT_S)
+            info = await server.sched.wait(task_id, timeout=WAIT_S)
             assert (info.status, info.output) == (Status.SUCCEEDED, f"{i}ba".encode())
         assert threads and all(name.startswith("cronoq-worker") for name in threads)
     finally:
         await running.finish()
 
 
-async def test_task_errors_and_exceptions_become_failures_with_their_retry(served: Served) -> None:
+async def test_task_errors_and_exceptions_become_failures_with_their_retry(server: Real) -> None:
     starts: dict[str, list[float]] = {}
 
     async def flaky(ctx: TaskContext, payload: bytes) -> bytes:
@@ -252,9 +304,9 @@ async def test_task_errors_and_exceptions_become_failures_with_their_retry(serve
             raise TaskError("x" * (3 * MAX_MESSAGE))
         return b"ok"
 
-    running = await _worker(served, flaky)
+    running = await _worker(server, flaky)
     try:
-        sched = served.sched
+        sched = server.sched
         fatal = await sched.submit("fatal", retry=FAST_RETRY)
         later = await sched.submit("later", retry=FAST_RETRY)
         boom = await sched.submit("boom", retry=FAST_RETRY)
@@ -276,14 +328,14 @@ async def test_task_errors_and_exceptions_become_failures_with_their_retry(serve
         await running.finish()
 
 
-async def test_boom_message_names_the_exception_type(served: Served) -> None:
+async def test_boom_message_names_the_exception_type(server: Real) -> None:
     async def boom(ctx: TaskContext, payload: bytes) -> None:
         raise KeyError("missing")
 
-    running = await _worker(served, boom)
+    running = await _worker(server, boom)
     try:
-        task_id = await served.sched.submit("boom", retry=RetryPolicy(max_attempts=1))
-        info = await served.sched.wait(task_id, timeout=WAIT_S)
+        task_id = await server.sched.submit("boom", retry=RetryPolicy(max_attempts=1))
+        info = await server.sched.wait(task_id, timeout=WAIT_S)
         assert info.status is Status.FAILED
         assert "failed: KeyError: 'missing'" in info.message
     finally:
@@ -293,7 +345,7 @@ async def test_boom_message_names_the_exception_type(served: Served) -> None:
 # --- cancellation -----------------------------------------------------------------------------
 
 
-async def test_a_cancel_interrupts_a_running_async_function(served: Served) -> None:
+async def test_a_cancel_interrupts_a_running_async_function(server: Real) -> None:
     started = asyncio.Event()
     interrupted: list[str | None] = []
 
@@ -305,19 +357,19 @@ async def test_a_cancel_interrupts_a_running_async_function(served: Served) -> N
             interrupted.append(ctx.cancel_reason)
             raise
 
-    running = await _worker(served, forever)
+    running = await _worker(server, forever)
     try:
-        task_id = await served.sched.submit("forever")
+        task_id = await server.sched.submit("forever")
         await asyncio.wait_for(started.wait(), WAIT_S)
-        await served.sched.cancel(task_id, "enough")
-        info = await served.sched.wait(task_id, timeout=WAIT_S)
+        await server.sched.cancel(task_id, "enough")
+        info = await server.sched.wait(task_id, timeout=WAIT_S)
         assert info.status is Status.CANCELLED
         assert interrupted == ["enough"]
     finally:
         await running.finish()
 
 
-async def test_a_cancel_reaches_a_thread_function_through_its_ctx(served: Served) -> None:
+async def test_a_cancel_reaches_a_thread_function_through_its_ctx(server: Real) -> None:
     started = threading.Event()
     polled: list[bool] = []
 
@@ -329,12 +381,12 @@ async def test_a_cancel_reaches_a_thread_function_through_its_ctx(served: Served
         polled.append(ctx.cancelled)
         return b"returned anyway"
 
-    running = await _worker(served, polling)
+    running = await _worker(server, polling)
     try:
-        task_id = await served.sched.submit("poll")
+        task_id = await server.sched.submit("poll")
         assert await asyncio.to_thread(started.wait, WAIT_S)
-        await served.sched.cancel(task_id, "stop polling")
-        info = await served.sched.wait(task_id, timeout=WAIT_S)
+        await server.sched.cancel(task_id, "stop polling")
+        info = await server.sched.wait(task_id, timeout=WAIT_S)
         # It returned after the cancel reached it: the attempt ends cancelled, not succeeded.
         assert (info.status, info.output) == (Status.CANCELLED, None)
         assert polled == [True]
@@ -474,6 +526,8 @@ async def test_a_second_stop_cancels_the_running_attempt_and_returns(served: Ser
     assert not running.task.done()
     running.worker.stop()
     await asyncio.wait_for(running.task, WAIT_S)
+    # (In process: cronoq-server's Attach withdraws an attempt whose write was still pending
+    # when the worker cancelled the stream, so this would read READY there.)
     assert cancelled == ["the worker is stopping"]
     # Not reported: the attempt is lost when its lease runs out.
     assert (await served.sched.get(task_id)).status is Status.RUNNING
@@ -523,11 +577,11 @@ async def _line(process: subprocess.Popen[str]) -> str:
 
 
 async def test_a_sigkilled_worker_loses_its_lease_and_another_worker_runs_it(
-    served: Served, tmp_path: Path
+    server: Real, tmp_path: Path
 ) -> None:
-    process = _spawn(tmp_path, served.target, 60)
+    process = _spawn(tmp_path, server.target, 60)
     try:
-        task_id = await served.sched.submit("slow", retry=FAST_RETRY)
+        task_id = await server.sched.submit("slow", retry=FAST_RETRY)
         assert await _line(process) == f"started {task_id} 1"
         process.send_signal(signal.SIGKILL)
         await asyncio.to_thread(process.wait, WAIT_S)
@@ -541,9 +595,9 @@ async def test_a_sigkilled_worker_loses_its_lease_and_another_worker_runs_it(
         return b"second worker"
 
     lost_at = time.monotonic()
-    running = await _worker(served, quick)
+    running = await _worker(server, quick)
     try:
-        info = await served.sched.wait(task_id, timeout=WAIT_S)
+        info = await server.sched.wait(task_id, timeout=WAIT_S)
         assert (info.status, info.output, info.attempt) == (Status.SUCCEEDED, b"second worker", 2)
         assert attempts == [2]
         assert time.monotonic() - lost_at < LEASE_S + 2.0
@@ -551,15 +605,35 @@ async def test_a_sigkilled_worker_loses_its_lease_and_another_worker_runs_it(
         await running.finish()
 
 
-async def test_sigterm_drains_a_worker_process(served: Served, tmp_path: Path) -> None:
-    process = _spawn(tmp_path, served.target, 0.5)
+async def test_sigterm_drains_a_worker_process(server: Real, tmp_path: Path) -> None:
+    process = _spawn(tmp_path, server.target, 0.5)
     try:
-        task_id = await served.sched.submit("slow")
+        task_id = await server.sched.submit("slow")
         assert await _line(process) == f"started {task_id} 1"
         process.send_signal(signal.SIGTERM)
         assert await _line(process) == "exited"
         assert await asyncio.to_thread(process.wait, WAIT_S) == 0
-        info = await served.sched.get(task_id)
+        info = await server.sched.get(task_id)
         assert (info.status, info.output) == (Status.SUCCEEDED, b"from the process")
     finally:
         _reap(process)
+
+
+async def test_stop_drains_the_running_attempt_on_a_real_server(server: Real) -> None:
+    gate = asyncio.Event()
+    started = asyncio.Event()
+
+    async def gated(ctx: TaskContext, payload: bytes) -> bytes:
+        started.set()
+        await gate.wait()
+        return b"drained"
+
+    running = await _worker(server, gated)
+    task_id = await server.sched.submit("gated", retry=RetryPolicy(max_attempts=1))
+    await asyncio.wait_for(started.wait(), WAIT_S)
+    running.worker.stop()
+    await asyncio.sleep(0.1)
+    gate.set()
+    await asyncio.wait_for(running.task, WAIT_S)
+    info = await server.sched.wait(task_id, timeout=WAIT_S)
+    assert (info.status, info.attempt, info.output) == (Status.SUCCEEDED, 1, b"drained")
