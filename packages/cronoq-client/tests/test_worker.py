@@ -1,7 +1,7 @@
 """The remote Worker against real gRPC servers.
 
 Most tests run against a real ``cronoq-server serve`` process (memory store, a remote pool
-``default`` with a 1 s lease), submitting and waiting over its SchedulerService. The tests that
+``default`` with a 1 s lease), submitting and waiting with ``AsyncClient``. The tests that
 restart the server on the same port, make it answer as a standby, or watch the Attach stream
 close use an in-process server instead: a Scheduler with a RemotePool behind a minimal
 WorkerService (below) that forwards to the Scheduler's public worker API. Workers run in this
@@ -35,17 +35,14 @@ from cronoq import (
     Status,
     TaskContext,
     TaskError,
-    TaskInfo,
-    TaskRequest,
 )
 from cronoq.errors import CronoqError
+from cronoq_client import AsyncClient
 from cronoq_client._worker import MAX_MESSAGE, Worker
 from cronoq_client.protocol import (
     Attached,
     Reason,
     attach_kwargs,
-    cancel_request,
-    get_request,
     heartbeat_token,
     lease_renewed_to_pb,
     pb,
@@ -53,9 +50,6 @@ from cronoq_client.protocol import (
     report_from_pb,
     rich_status,
     status_for,
-    submit_request,
-    task_info_from_pb,
-    wait_request,
     worker_event_to_pb,
 )
 from cronoq_client.protocol import ReportSuccess as WireSuccess
@@ -180,32 +174,10 @@ async def served_long() -> AsyncIterator[Served]:
         yield s
 
 
-class RemoteScheduler:
-    """The Scheduler calls the tests make, over a real server's SchedulerService."""
-
-    def __init__(self, channel: grpc.aio.Channel) -> None:
-        self._stub = pb_grpc.SchedulerServiceStub(channel)
-
-    async def submit(self, kind: str, payload: bytes | None = None, **options: Any) -> int:
-        request = submit_request(TaskRequest(kind, payload, **options), CODEC)
-        reply = await self._stub.Submit(request)
-        return int(reply.task_id)
-
-    async def wait(self, task_id: int, timeout: float) -> TaskInfo:
-        reply = await self._stub.Wait(wait_request(task_id, timeout), timeout=timeout + 5)
-        return task_info_from_pb(reply, CODEC)
-
-    async def get(self, task_id: int) -> TaskInfo:
-        return task_info_from_pb(await self._stub.Get(get_request(task_id)), CODEC)
-
-    async def cancel(self, task_id: int, reason: str) -> None:
-        await self._stub.Cancel(cancel_request(task_id, reason))
-
-
 class Real:
     """A ``cronoq-server serve`` process and a client of it."""
 
-    def __init__(self, target: str, sched: RemoteScheduler) -> None:
+    def __init__(self, target: str, sched: AsyncClient) -> None:
         self.target = target
         self.sched = sched
 
@@ -216,8 +188,8 @@ async def server(tmp_path: Path) -> AsyncIterator[Real]:
     config = config_toml('[store]\nkind = "memory"\n', pools=pools)
     async with running_server(tmp_path, config) as process:
         await process.wait_for("leading")
-        async with grpc.aio.insecure_channel(process.target) as channel:
-            yield Real(process.target, RemoteScheduler(channel))
+        async with AsyncClient(process.target, codec=CODEC, timeout=WAIT_S) as client:
+            yield Real(process.target, client)
 
 
 class Running:

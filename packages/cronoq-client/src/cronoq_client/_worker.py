@@ -19,7 +19,6 @@ import asyncio
 import inspect
 import logging
 import os
-import random
 import signal
 import socket
 import threading
@@ -41,8 +40,11 @@ from cronoq import (
     TaskError,
 )
 from cronoq.errors import InvalidArgument, PayloadError, StaleAttempt
+from cronoq_client._channel import Channels, Connection, targets_of
+from cronoq_client._client import DEFAULT_MAX_MESSAGE_BYTES
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
-from cronoq_client._status import Outcome, error_from_rpc, outcome
+from cronoq_client._retry import Backoff, Verdict, judge
+from cronoq_client._status import error_from_rpc
 from cronoq_client._wire import (
     Attached,
     ReportFailure,
@@ -64,17 +66,11 @@ TaskFunction = Callable[[TaskContext, Any], Awaitable[Any]] | Callable[[TaskCont
 
 MAX_MESSAGE = 64 * 1024
 """Characters of a failure message the server accepts (the Scheduler's limit)."""
-_BACKOFF_BASE_S = 0.05
-_BACKOFF_CAP_S = 2.0
+_BACKOFF = Backoff()
 _REPORT_CALL_TIMEOUT_S = 10.0
 _CHANNEL_CLOSE_GRACE_S = 1.0
 """An old connection's calls get this long to finish once a new connection replaced it."""
 _STOPPING = "the worker is stopping"
-
-
-def _backoff(failures: int) -> float:
-    """Exponential backoff with full jitter: a herd of workers spreads out on reconnect."""
-    return random.uniform(0.0, min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2.0 ** min(failures, 16)))
 
 
 def _truncate(message: str) -> str:
@@ -82,14 +78,6 @@ def _truncate(message: str) -> str:
         return message
     marker = f"... ({len(message)} characters, truncated)"
     return message[: MAX_MESSAGE - len(marker)] + marker
-
-
-def _targets(target: str | Sequence[str]) -> tuple[str, ...]:
-    items = target.split(",") if isinstance(target, str) else list(target)
-    targets = tuple(t.strip() for t in items if isinstance(t, str) and t.strip())
-    if not targets or (not isinstance(target, str) and len(targets) != len(items)):
-        raise InvalidArgument(f"target must name at least one host:port, got {target!r}")
-    return targets
 
 
 def _is_async(fn: object) -> bool:
@@ -117,8 +105,8 @@ class _Attempt:
 class Worker:
     """Runs the attempts of remote pools, ``slots`` at a time, until stopped.
 
-    ``target`` is ``host:port``, or several (a list, or comma-separated), tried in turn on
-    reconnect. ``pools`` maps each remote pool's name to its function. ``codec`` decodes
+    ``target`` is ``host:port``, or a list of them, tried in turn on reconnect (as for
+    ``AsyncClient``). ``pools`` maps each remote pool's name to its function. ``codec`` decodes
     payloads and encodes outputs, as the submitting client's codec does (default
     ``BytesCodec``). ``tls``: channel credentials, or None for plaintext. ``worker_id`` names the
     worker in the server's logs (default ``host:pid``).
@@ -138,7 +126,7 @@ class Worker:
         tls: grpc.ChannelCredentials | None = None,
         worker_id: str | None = None,
     ) -> None:
-        self._targets = _targets(target)
+        targets = targets_of(target)
         if not isinstance(pools, Mapping) or not pools:
             raise InvalidArgument("pools must map at least one pool name to its function")
         for name, fn in pools.items():
@@ -150,7 +138,10 @@ class Worker:
         self._async = {name: _is_async(fn) for name, fn in self._pools.items()}
         self._slots = slots
         self._codec: Codec = codec if codec is not None else BytesCodec()
-        self._tls = tls
+        self._channels = Channels(
+            targets, tls, DEFAULT_MAX_MESSAGE_BYTES, retire_grace=_CHANNEL_CLOSE_GRACE_S
+        )
+        self._stubs: tuple[int, pb_grpc.WorkerServiceAsyncStub] | None = None
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._attempts: dict[AttemptToken, _Attempt] = {}
         self._leases: dict[str, float] = {}
@@ -158,11 +149,6 @@ class Worker:
         self._aborting = asyncio.Event()
         self._running = False
         self._threads: ThreadPoolExecutor | None = None
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: pb_grpc.WorkerServiceAsyncStub | None = None
-        self._generation = 0
-        self._next_target = 0
-        self._closing: set[asyncio.Task[None]] = set()
         self._attached = asyncio.Event()
 
     # --- control ----------------------------------------------------------------------------
@@ -199,7 +185,6 @@ class Worker:
         if not all(self._async.values()):
             # Never more threads than slots: the server sends no more attempts than that.
             self._threads = ThreadPoolExecutor(self._slots, thread_name_prefix="cronoq-worker")
-        self._connect()
         attach = loop.create_task(self._attach_loop(), name="cronoq-worker-attach")
         try:
             stopping = loop.create_task(self._stopping.wait())
@@ -220,9 +205,7 @@ class Worker:
             if self._threads is not None:
                 # A thread cannot be stopped: it was told by its ctx and is left to finish.
                 self._threads.shutdown(wait=False, cancel_futures=True)
-            if self._channel is not None:
-                await self._channel.close()
-            await asyncio.gather(*self._closing, return_exceptions=True)
+            await self._channels.close()
             self._running = False
 
     async def _drain(self) -> None:
@@ -248,38 +231,23 @@ class Worker:
 
     # --- connections ------------------------------------------------------------------------
 
-    def _connect(self) -> None:
-        target = self._targets[self._next_target % len(self._targets)]
-        self._next_target += 1
-        if self._tls is not None:
-            channel = grpc.aio.secure_channel(target, self._tls)
-        else:
-            channel = grpc.aio.insecure_channel(target)
-        self._channel = channel
-        self._stub = pb_grpc.WorkerServiceStub(channel)
-        self._generation += 1
+    def _current(self) -> tuple[Connection, pb_grpc.WorkerServiceAsyncStub]:
+        connection = self._channels.current()
+        if self._stubs is None or self._stubs[0] != connection.generation:
+            self._stubs = (connection.generation, pb_grpc.WorkerServiceStub(connection.channel))
+        return connection, self._stubs[1]
 
-    def _current(self) -> tuple[int, pb_grpc.WorkerServiceAsyncStub]:
-        assert self._stub is not None, "run() connected"
-        return self._generation, self._stub
-
-    def _reconnect(self, generation: int) -> None:
-        """A new connection, unless a caller that saw the same failure made one already."""
-        if generation != self._generation:
-            return
-        old = self._channel
-        self._connect()
-        if old is not None:
-            closing = asyncio.get_running_loop().create_task(old.close(_CHANNEL_CLOSE_GRACE_S))
-            self._closing.add(closing)
-            closing.add_done_callback(self._closing.discard)
+    def _reconnect(self, failed: Connection) -> None:
+        """A new connection (to the next target), unless a call that saw the same failure
+        made one already; calls in flight on the old one get a grace period."""
+        self._channels.replace(failed)
 
     # --- the Attach stream ------------------------------------------------------------------
 
     async def _attach_loop(self) -> None:
         failures = 0
         while True:
-            generation, stub = self._current()
+            connection, stub = self._current()
             request = attach_request(
                 self.worker_id, self._pools, self._slots, running=tuple(self._attempts)
             )
@@ -302,7 +270,9 @@ class Worker:
                 log.info("attach stream ended; reconnecting", extra={"worker": self.worker_id})
             except grpc.RpcError as err:
                 error = error_from_rpc(err)
-                if outcome(err) is Outcome.ANSWERED and isinstance(error, InvalidArgument):
+                if judge(err, idempotent=True) is Verdict.RAISE and isinstance(
+                    error, InvalidArgument
+                ):
                     raise error from None
                 log.info("attach failed; reconnecting: %s", error, extra={"worker": self.worker_id})
             except InvalidArgument as exc:  # a malformed event: the server is not one we know
@@ -310,9 +280,9 @@ class Worker:
             finally:
                 call.cancel()  # no new attempt on this stream, whatever ended it
             self._attached.clear()
-            await asyncio.sleep(_backoff(failures))
+            await asyncio.sleep(_BACKOFF.delay(failures))
             failures += 1
-            self._reconnect(generation)
+            self._reconnect(connection)
 
     # --- attempts ---------------------------------------------------------------------------
 
@@ -423,7 +393,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(interval)
-            generation, stub = self._current()
+            connection, stub = self._current()
             sent = loop.time()
             try:
                 reply = await stub.Heartbeat(heartbeat_request(token), timeout=interval)
@@ -435,8 +405,8 @@ class Worker:
                     else:
                         attempt.stale = True  # its report is answered stale too
                     return
-                if outcome(err) is not Outcome.ANSWERED:
-                    self._reconnect(generation)
+                if judge(err, idempotent=True) is Verdict.RETRY:
+                    self._reconnect(connection)
                 log.info("heartbeat failed: %s", error, extra={"task_id": token.task_id})
                 continue
             attempt.lease_end = sent + attempt.lease_s
@@ -452,7 +422,7 @@ class Worker:
         request = report_request(token, result)
         failures = 0
         while not attempt.stale:
-            generation, stub = self._current()
+            connection, stub = self._current()
             left = attempt.lease_end - loop.time()
             try:
                 await stub.Report(request, timeout=min(max(left, 0.05), _REPORT_CALL_TIMEOUT_S))
@@ -466,7 +436,7 @@ class Worker:
                         extra={"task_id": token.task_id},
                     )
                     return
-                if outcome(err) is Outcome.ANSWERED:
+                if judge(err, idempotent=True) is Verdict.RAISE:
                     if isinstance(result, ReportSuccess) and isinstance(error, InvalidArgument):
                         # An output the server refuses (too large): the attempt fails instead.
                         result = ReportFailure(_truncate(f"output refused: {error}"), False)
@@ -482,6 +452,6 @@ class Worker:
                     )
                     return
                 log.info("report failed; retrying: %s", error, extra={"task_id": token.task_id})
-                self._reconnect(generation)
-            await asyncio.sleep(_backoff(failures))
+                self._reconnect(connection)
+            await asyncio.sleep(_BACKOFF.delay(failures))
             failures += 1
