@@ -1,8 +1,8 @@
 """Helpers for tests of several ``cronoq-server`` processes on one store.
 
 A TCP balancer that sends each new connection to the next replica (as a balancer that routes
-to every replica does); a keyed submitter (on ``AsyncClient``, which retries on its own) and an
-echo worker (on raw stubs) that reach the leader through it; probes of the HA serving rules
+to every replica does); a keyed submitter (on ``AsyncClient``) and an echo function for a
+``Worker``, both of which reach the leader through it on their own; probes of the HA serving rules
 (``/readyz``, gRPC health, how long a replica keeps a connection).
 """
 
@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,17 +23,11 @@ from grpc_health.v1 import health_pb2
 from server_pg import PG_DSN
 from server_process import ServerProcess
 
-from cronoq import CancelRequested, LeasedAttempt, RetryPolicy
+from cronoq import CancelRequested, LeasedAttempt, RetryPolicy, TaskContext
 from cronoq_client import AsyncClient
 from cronoq_client import protocol as wire
-from cronoq_client.protocol import pb, pb_grpc
+from cronoq_client.protocol import pb
 
-RETRYABLE = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
-)
-"""What a connection that broke, a standby or a stopping leader answers: the worker attaches
-again, and retries its (idempotent) reports, on a new connection."""
-BACKOFF_S = 0.05
 CALL_TIMEOUT_S = 2.0
 QUICK_RETRY = RetryPolicy(max_attempts=5, initial_ns=50_000_000, jitter=0.0)
 """An attempt lost with its leader is retried at once, not after the default second."""
@@ -256,7 +249,7 @@ async def first_of(
         await asyncio.gather(*waits, return_exceptions=True)
 
 
-# --- a client and a worker ------------------------------------------------------------------
+# --- load: a client and a worker ------------------------------------------------------------------
 
 
 @dataclass
@@ -265,9 +258,8 @@ class Progress:
 
     acked: dict[str, int] = field(default_factory=dict)
     """Acknowledged submissions: key -> task id."""
-    attached: int = 0
-    reported: int = 0
-    stale_reports: int = 0
+    runs: list[float] = field(default_factory=list)
+    """Monotonic times at which the worker ran an attempt."""
     marks: dict[str, float] = field(default_factory=dict)
     """Monotonic times of named moments (see :meth:`mark`)."""
     first_ack_after: dict[str, float] = field(default_factory=dict)
@@ -284,6 +276,10 @@ class Progress:
     async def until(self, condition: Callable[[Progress], bool], timeout: float) -> None:
         async with asyncio.timeout(timeout), self._changed:
             await self._changed.wait_for(lambda: condition(self))
+
+    async def ran(self) -> None:
+        self.runs.append(time.monotonic())
+        await self.changed()
 
     async def ack(self, key: str, task_id: int, begun: float) -> None:
         self.acked[key] = task_id
@@ -309,45 +305,14 @@ async def submit_keyed(
         await asyncio.sleep(pause)
 
 
-async def echo_worker(target: str, pool: str, slots: int, progress: Progress) -> None:
-    """A worker that stays attached until cancelled: it runs every attempt by reporting success
-    at once (the payload as the output), and attaches again, on a new connection after a short
-    backoff, whenever its stream ends or cannot start."""
-    reports: set[asyncio.Task[None]] = set()
-    closing: set[asyncio.Task[None]] = set()
-    try:
-        while True:
-            channel = new_channel(target)
-            try:
-                stream = pb_grpc.WorkerServiceStub(channel).Attach(
-                    wire.attach_request(f"echo-{os.getpid()}", [pool], slots)
-                )
-                async for message in stream:
-                    event = wire.worker_event_from_pb(message)
-                    if isinstance(event, wire.Attached):
-                        progress.attached += 1
-                        await progress.changed()
-                    elif isinstance(event, LeasedAttempt):
-                        task = asyncio.ensure_future(_report(channel, target, event, progress))
-                        reports.add(task)
-                        task.add_done_callback(reports.discard)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in RETRYABLE:
-                    raise
-            # The reports of this connection's attempts finish on it (or on new ones) first.
-            closer = asyncio.ensure_future(_close_after(channel, set(reports)))
-            closing.add(closer)
-            closer.add_done_callback(closing.discard)
-            await asyncio.sleep(BACKOFF_S)
-    finally:
-        for task in reports:
-            task.cancel()
-        await asyncio.gather(*reports, *closing, return_exceptions=True)
+def echo(progress: Progress) -> Callable[[TaskContext, bytes], Awaitable[bytes]]:
+    """A pool function for ``Worker``: the attempt succeeds at once, its payload the output."""
 
+    async def run(ctx: TaskContext, payload: bytes) -> bytes:
+        await progress.ran()
+        return payload
 
-async def _close_after(channel: grpc.aio.Channel, reports: set[asyncio.Task[None]]) -> None:
-    await asyncio.gather(*reports, return_exceptions=True)
-    await channel.close()
+    return run
 
 
 async def read_event(
@@ -356,36 +321,3 @@ async def read_event(
     message = await stream.read()
     assert isinstance(message, pb.WorkerEvent), message
     return wire.worker_event_from_pb(message)
-
-
-async def _report(
-    channel: grpc.aio.Channel, target: str, attempt: LeasedAttempt, progress: Progress
-) -> None:
-    """Report success; a report that fails without an answer is retried on a new connection
-    while the lease lasts (it is idempotent: a repeated one is stale, and changes nothing)."""
-    request = wire.report_request(attempt.token, wire.ReportSuccess(attempt.payload))
-    own: grpc.aio.Channel | None = None
-    try:
-        while True:
-            try:
-                await pb_grpc.WorkerServiceStub(own or channel).Report(
-                    request, timeout=CALL_TIMEOUT_S
-                )
-                progress.reported += 1
-                break
-            except grpc.aio.AioRpcError as exc:
-                if wire.outcome(exc) is wire.Outcome.ANSWERED:
-                    if exc.code() is not grpc.StatusCode.FAILED_PRECONDITION:
-                        raise
-                    progress.stale_reports += 1  # the attempt moved on (another epoch)
-                    break
-                if datetime.now(UTC) >= attempt.lease_expires_at:
-                    break
-            if own is not None:
-                await own.close()
-            await asyncio.sleep(BACKOFF_S)
-            own = new_channel(target)
-        await progress.changed()
-    finally:
-        if own is not None:
-            await own.close()
