@@ -8,15 +8,15 @@ exception goes back through the protocol's status mapping. A replica that does n
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
 from typing import Any, TypeVar
 
 import grpc
 
 from cronoq import Scheduler, preview
-from cronoq.errors import CronoqError
+from cronoq.errors import CronoqError, WaitTimedOut
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
 from cronoq_server._replica import NotServing, Replica
@@ -101,14 +101,24 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
     @_unary
     async def Wait(self, request: pb.WaitRequest, context: Any) -> pb.TaskInfo:
         options = wire.wait_kwargs(request)
-        # The call's own deadline bounds the wait too: answered before the client gives up.
+        sched = self._leader()
         remaining = context.time_remaining()
-        if remaining is not None:
-            asked = options.get("timeout")
-            if isinstance(asked, timedelta):
-                asked = asked.total_seconds()
-            options["timeout"] = remaining if asked is None else min(float(asked), remaining)
-        return wire.task_info_to_pb(await self._leader().wait(**options))
+        if remaining is None:
+            return wire.task_info_to_pb(await sched.wait(**options))
+        # The call's own deadline bounds the wait too: answered before the client gives up.
+        # Around the wait, not in place of its timeout, which is still the Scheduler's to
+        # check (ten years and more is INVALID_ARGUMENT, whatever the deadline).
+        timer = asyncio.timeout(remaining)
+        try:
+            async with timer:
+                info = await sched.wait(**options)
+        except TimeoutError:
+            if not timer.expired():
+                raise  # the Scheduler's own WaitTimedOut
+            raise WaitTimedOut(
+                f"task {request.task_id} did not finish within the call's deadline"
+            ) from None
+        return wire.task_info_to_pb(info)
 
     @_unary
     async def Cancel(self, request: pb.CancelRequest, context: Any) -> pb.CancelResponse:
