@@ -60,14 +60,20 @@ class ServerProcess:
         async with self._changed:
             self._changed.notify_all()
 
-    def events(self, name: str) -> list[dict[str, str]]:
-        return [fields for fields in self.lines if fields.get("msg") == name]
+    def events(self, name: str, **fields: str) -> list[dict[str, str]]:
+        return [
+            line
+            for line in self.lines
+            if line.get("msg") == name and all(line.get(k) == v for k, v in fields.items())
+        ]
 
-    async def wait_for(self, name: str, timeout: float = STARTUP_TIMEOUT_S) -> dict[str, str]:
-        """The first log line whose event is ``name`` (waiting for it if need be)."""
+    async def wait_for(
+        self, name: str, timeout: float = STARTUP_TIMEOUT_S, **fields: str
+    ) -> dict[str, str]:
+        """The first log line of event ``name`` with these fields (waiting for it if need be)."""
         async with asyncio.timeout(timeout), self._changed:
             while True:
-                found = self.events(name)
+                found = self.events(name, **fields)
                 if found:
                     return found[0]
                 if self.process.returncode is not None or (
@@ -77,6 +83,10 @@ class ServerProcess:
                         f"the server exited before {name!r}:\n" + "\n".join(self.raw[-30:])
                     )
                 await self._changed.wait()
+
+    async def leading(self, timeout: float = STARTUP_TIMEOUT_S) -> dict[str, str]:
+        """Once this replica leads and its leader's server alone holds the port."""
+        return await self.wait_for("serving", timeout, role="leading")
 
     def signal(self, signum: int) -> None:
         if self.process.returncode is None:
@@ -133,13 +143,14 @@ async def start_server(
 DEFAULT_POOL = '[[pools]]\nname = "default"\n'
 
 
-def config_toml(store: str, *, pools: str = DEFAULT_POOL, extra: str = "") -> str:
-    """A test configuration: ports the OS picks, quick timings, this store section."""
+def config_toml(store: str, *, pools: str = DEFAULT_POOL, extra: str = "", tables: str = "") -> str:
+    """A test configuration: ports the OS picks, quick timings, this store section; ``extra``
+    holds top-level keys, ``tables`` more sections ([tls], [limits], ...)."""
     return (
         f"{extra}\n"
         "commit_timeout_s = 2.0\ndrain_timeout_s = 5.0\n"
         '[listen]\ngrpc = "127.0.0.1:0"\nhttp = "127.0.0.1:0"\n'
-        f"{store}\n{pools}"
+        f"{store}\n{tables}\n{pools}"
     )
 
 

@@ -30,7 +30,6 @@ import pytest
 import pytest_asyncio
 from google.protobuf import descriptor_pb2, duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
-from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health_pb2
 from grpc_reflection.v1alpha import reflection_pb2
 from hypothesis import HealthCheck, given, settings
@@ -62,28 +61,17 @@ POOLS = (
     )
     + '[[pools]]\nname = "bounded"\nmax_live = 1\n'
 )
-LIMITS = f"[limits]\nmax_message_bytes = {LIMIT}\n"
-MEMORY = f'[store]\nkind = "memory"\n{LIMITS}'
-
-
-CHANNEL_OPTIONS = [
-    (
-        "grpc.service_config",
-        json.dumps({"methodConfig": [{"name": [{}], "waitForReady": True}]}),
-    )
-]
-"""Calls wait for a connection instead of failing fast: just after "leading" the server swaps
-its standby's gRPC server for the leader's, and a connection may land on the one stopping."""
+MEMORY = '[store]\nkind = "memory"\n'
 
 
 def _config(store: str) -> str:
-    return config_toml(store, pools=POOLS)
+    return config_toml(store, pools=POOLS, tables=f"[limits]\nmax_message_bytes = {LIMIT}\n")
 
 
 @contextlib.asynccontextmanager
 async def _leading(directory: Path, store: str) -> AsyncIterator[ServerProcess]:
     async with running_server(directory, _config(store)) as server:
-        await server.wait_for("leading")
+        await server.leading()
         yield server
 
 
@@ -108,7 +96,7 @@ async def api(server: ServerProcess) -> AsyncIterator[Api]:
 
 @contextlib.asynccontextmanager
 async def _api(server: ServerProcess) -> AsyncIterator[Api]:
-    async with grpc.aio.insecure_channel(server.target, options=CHANNEL_OPTIONS) as channel:
+    async with grpc.aio.insecure_channel(server.target) as channel:
         yield Api(
             channel, pb_grpc.SchedulerServiceStub(channel), pb_grpc.WorkerServiceStub(channel)
         )
@@ -119,18 +107,6 @@ def unique(prefix: str) -> str:
 
 
 # --- statuses --------------------------------------------------------------------------------
-
-
-def error_info(err: grpc.aio.AioRpcError) -> error_details_pb2.ErrorInfo | None:
-    for key, value in err.trailing_metadata() or ():
-        if key == "grpc-status-details-bin" and isinstance(value, bytes):
-            status = status_pb2.Status.FromString(value)
-            assert status.code == err.code().value[0], (status, err)
-            for detail in status.details:
-                info = error_details_pb2.ErrorInfo()
-                if detail.Unpack(info):
-                    return info
-    return None
 
 
 async def rejected(call: Awaitable[Any]) -> grpc.aio.AioRpcError:
@@ -146,7 +122,7 @@ def assert_status(
     fragment: str = "",
     **metadata: str,
 ) -> None:
-    info = error_info(err)
+    info = wire.error_info(err)
     assert err.code() is code, (err.code(), err.details())
     assert info is not None, f"no ErrorInfo: {err.code()} {err.details()}"
     assert (info.domain, info.reason) == ("cronoq", reason), (info, err.details())
@@ -310,7 +286,7 @@ async def test_wait_returns_a_terminal_task_and_times_out_on_a_live_one(api: Api
     err = await rejected(api.tasks.Wait(pb.WaitRequest(task_id=live), timeout=0.5))
     assert err.code() is Code.DEADLINE_EXCEEDED
     # The server's answer, or the client's own when it gives up first: they race.
-    assert getattr(error_info(err), "reason", "WAIT_TIMED_OUT") == "WAIT_TIMED_OUT"
+    assert getattr(wire.error_info(err), "reason", "WAIT_TIMED_OUT") == "WAIT_TIMED_OUT"
     assert time.monotonic() - began < 2.0
     # With a timeout longer than the deadline, the deadline wins.
     err = await rejected(
@@ -958,7 +934,7 @@ async def test_messages_above_the_size_limit_are_resource_exhausted(api: Api) ->
         }[type(request)]  # fmt: skip
         err = await rejected(invoke(api, method, request, timeout=CALL_TIMEOUT))
         assert err.code() is Code.RESOURCE_EXHAUSTED, err
-        assert error_info(err) is None
+        assert wire.error_info(err) is None
         assert "larger than max" in (err.details() or "")
         assert wire.outcome(err) is wire.Outcome.ANSWERED
         assert isinstance(wire.error_from_rpc(err), PayloadError)
@@ -1142,7 +1118,7 @@ def _raw(method: Any) -> st.SearchStrategy[bytes]:
 
 async def test_arbitrary_bytes_never_get_internal_or_unknown(fuzz_server: ServerProcess) -> None:
     def fuzz() -> None:
-        with grpc.insecure_channel(fuzz_server.target, options=CHANNEL_OPTIONS) as channel:
+        with grpc.insecure_channel(fuzz_server.target) as channel:
 
             @settings(
                 max_examples=100,
@@ -1165,7 +1141,7 @@ async def test_arbitrary_field_values_never_get_internal_or_unknown(
     fuzz_server: ServerProcess,
 ) -> None:
     def fuzz() -> None:
-        with grpc.insecure_channel(fuzz_server.target, options=CHANNEL_OPTIONS) as channel:
+        with grpc.insecure_channel(fuzz_server.target) as channel:
 
             @settings(
                 max_examples=100,
@@ -1234,6 +1210,6 @@ async def happy_path(api: Api) -> None:
 
 
 async def test_the_happy_path_on_sqlite(tmp_path: Path) -> None:
-    store = f'[store]\nkind = "sqlite"\npath = "{tmp_path / "cronoq.db"}"\n{LIMITS}'
+    store = f'[store]\nkind = "sqlite"\npath = "{tmp_path / "cronoq.db"}"\n'
     async with _leading(tmp_path, store) as running, _api(running) as connected:
         await happy_path(connected)

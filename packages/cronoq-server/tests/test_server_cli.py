@@ -1,29 +1,25 @@
 """``cronoq-server check-config`` and ``migrate`` as real processes, on a real SQLite file and a
-real PostgreSQL schema of their own.
-
-PostgreSQL is found at ``CRONOQ_TEST_PG_DSN`` (default: the local server, database ``test``);
-when it is unreachable its tests skip, unless ``CRONOQ_REQUIRE_POSTGRES=1`` makes that a failure.
-"""
+real PostgreSQL schema of their own."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
+import signal
 import socket
 import sqlite3
 import stat
 import sys
 import tomllib
-import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncpg
-import pytest
-import pytest_asyncio
+from server_pg import PG_DSN, pg_schema, pg_tables
 
-PG_DSN = os.environ.get("CRONOQ_TEST_PG_DSN", "postgresql://postgres@127.0.0.1:5432/test")
+__all__ = ["pg_schema"]  # a fixture: used by name
 COMMAND = str(Path(sys.executable).parent / "cronoq-server")
 TABLES = {"cronoq_leader", "cronoq_schedules", "cronoq_schema_version", "cronoq_tasks"}
 
@@ -130,6 +126,59 @@ async def test_usage_errors_exit_2(tmp_path: Path) -> None:
     assert "check-config" in result.out and "migrate" in result.out and "serve" in result.out
 
 
+# --- serve ----------------------------------------------------------------------------------
+
+
+async def http_get(port: int, path: str) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    raw = await reader.read(-1)
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+async def test_serve_without_configuration_leads_and_stops_on_sigterm(tmp_path: Path) -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CRONOQ_")}
+    process = await asyncio.create_subprocess_exec(
+        COMMAND,
+        "serve",
+        cwd=tmp_path,
+        env={**base, "CRONOQ_LISTEN__GRPC": "127.0.0.1:0", "CRONOQ_LISTEN__HTTP": "127.0.0.1:0"},
+        stdin=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stderr is not None
+    try:
+        lines: list[str] = []
+        async with asyncio.timeout(20):
+            # Ready once the leader's gRPC server alone holds the port (logged after the swap).
+            while not any('msg="serving" role=leading' in line for line in lines):
+                lines.append((await process.stderr.readline()).decode())
+                assert lines[-1], f"serve exited: {lines}"
+        (listening,) = (line for line in lines if 'msg="listening"' in line)
+        found = re.search(r"http_port=(\d+)", listening)
+        assert found is not None, listening
+        port = int(found[1])
+        async with asyncio.timeout(10):
+            assert await http_get(port, "/healthz") == (200, b'{"status":"alive"}')
+            status, body = await http_get(port, "/readyz")
+            assert (status, json.loads(body)) == (200, {"ready": True, "reason": "leading"})
+            status, body = await http_get(port, "/metrics")
+        assert status == 200
+        assert re.search(rb"^cronoq_leader 1\.0$", body, re.MULTILINE)
+        assert (tmp_path / "cronoq.db").is_file()
+        process.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(20):
+            rest = (await process.stderr.read()).decode()
+            assert await process.wait() == 0
+        assert 'msg="draining"' in rest and 'msg="stopped"' in rest
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
 # --- migrate: SQLite ------------------------------------------------------------------------
 
 
@@ -183,38 +232,6 @@ async def test_migrate_memory_has_nothing_to_do(tmp_path: Path) -> None:
 
 
 # --- migrate: PostgreSQL --------------------------------------------------------------------
-
-
-async def pg_connect() -> asyncpg.Connection:
-    try:
-        return await asyncpg.connect(PG_DSN, timeout=5)
-    except (OSError, asyncpg.PostgresError) as exc:
-        reason = f"PostgreSQL unreachable at {PG_DSN}: {exc}"
-        if os.environ.get("CRONOQ_REQUIRE_POSTGRES") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-
-
-@pytest_asyncio.fixture
-async def pg_schema() -> AsyncIterator[str]:
-    name = f"cronoq_test_{uuid.uuid4().hex[:12]}"
-    conn = await pg_connect()
-    try:
-        yield name
-    finally:
-        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        await conn.close()
-
-
-async def pg_tables(schema: str) -> set[str]:
-    conn = await pg_connect()
-    try:
-        rows = await conn.fetch(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = $1", schema
-        )
-    finally:
-        await conn.close()
-    return {row["table_name"] for row in rows}
 
 
 async def test_migrate_postgres_creates_the_schema(tmp_path: Path, pg_schema: str) -> None:

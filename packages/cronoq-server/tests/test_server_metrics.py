@@ -209,6 +209,39 @@ async def test_counters_stay_monotonic_across_scheduler_swaps() -> None:
                 assert value >= after.get(name, {}).get(labels, 0), (name, labels)
 
 
+async def test_a_draining_leader_keeps_counting_after_it_is_replaced() -> None:
+    """The server stops watching a leader when it starts draining; the attempts it finishes
+    while draining still count."""
+    started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def blocking(ctx: TaskContext, payload: bytes | None) -> None:
+        started.set()
+        await release.wait()
+
+    collector, registry = new_collector([0])
+    scheduler = Scheduler([Pool("slow", blocking)])
+    await scheduler.start()
+    collector.watch(scheduler)
+    await scheduler.submit("k", pool="slow")
+    async with asyncio.timeout(10):
+        await started.wait()
+    closing = asyncio.create_task(scheduler.close(timeout=10))
+    collector.watch(None)
+    assert "cronoq_tasks_finished_total" not in scrape(registry)
+    release.set()
+    async with asyncio.timeout(10):
+        await closing
+    for _ in range(2):  # the stopped scheduler is folded in once, not once per scrape
+        samples = scrape(registry)
+        assert by(samples["cronoq_tasks_finished_total"], "pool", "status") == {
+            ("slow", "succeeded"): 1
+        }
+        assert by(samples["cronoq_tasks_submitted_total"], "pool") == {("slow",): 1}
+        assert samples["cronoq_leader"] == {frozenset(): 0}
+    assert collector._retiring == [], "a stopped scheduler is not kept alive"
+
+
 async def test_watching_the_same_scheduler_again_counts_nothing_twice() -> None:
     collector, registry = new_collector([0])
     async with Scheduler(pools()) as scheduler:

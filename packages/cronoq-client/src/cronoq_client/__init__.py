@@ -1,7 +1,10 @@
-"""Client for cronoq-server.
+"""Client for cronoq-server: ``AsyncClient`` (the Scheduler's calls over gRPC) and ``Worker``
+(runs remote attempts with the same executor contract as a local Pool).
 
-Will hold the wire protocol (generated from the `.proto` files), the async and sync clients, the
-remote worker runtime and the `cronoq` CLI; not implemented yet.
+The wire protocol is :mod:`cronoq_client.protocol`.
 """
 
-__all__: list[str] = []
+from cronoq_client._client import AsyncClient
+from cronoq_client._worker import Worker
+
+__all__ = ["AsyncClient", "Worker"]

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import sys
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any, cast
+from collections.abc import Sequence
 
 from cronoq.errors import CronoqError
 from cronoq_server._config import ServerConfig, load_config, open_store, render_config
 from cronoq_server._errors import ConfigError
-from cronoq_server._logging import configure_logging
 
 __all__ = ["main"]
 
@@ -61,10 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "migrate":
         return asyncio.run(_migrate(config))
-    configure_logging(config.logging)
     # Imported here: the gRPC side (and its imports) is needed by `serve` alone.
-    server = importlib.import_module("cronoq_server._server")
-    run = cast(Callable[[ServerConfig], Coroutine[Any, Any, int]], server.run)
+    from cronoq_server._server import run
+
     return asyncio.run(run(config))
 
 

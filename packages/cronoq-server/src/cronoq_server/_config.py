@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from cronoq import MemoryStore
+from cronoq import MemoryStore, RemotePool
 from cronoq.errors import InvalidArgument
 from cronoq.store import Store
 from cronoq_server._errors import ConfigError, ConfigIssue
@@ -213,7 +213,8 @@ def _shown(value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
         return f"an int of {value.bit_length()} bits"
     text = repr(value)
-    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+    # Long enough for a deep path, short enough to keep a pasted blob from filling the screen.
+    return text if len(text) <= 240 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def _integer(low: int, high: int) -> _Parser[int]:
@@ -417,7 +418,6 @@ class _Loader:
         self.ignored: list[str] = []
         self.origins: dict[str, str] = {}
         self.failed: set[str] = set()
-        self.file: str | None = None
 
     def issue(self, key: str, source: str, value: object, problem: str) -> None:
         shown = "" if value is _UNSET else _mask_value(key, value)
@@ -436,7 +436,6 @@ class _Loader:
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             self.issue("--config", source, _UNSET, f"is not valid TOML: {exc}")
             return
-        self.file = source
         for key, value in document.items():
             if key in _TOP_KEYS or key == "pools":
                 self.raw[key] = _Raw(value, source, text=False)
@@ -752,10 +751,8 @@ async def open_store(config: ServerConfig) -> Store:
     return await PgStore.connect(store.dsn, store.options)
 
 
-def remote_pools(config: ServerConfig) -> list[Any]:  # MERGE-TODO list[RemotePool]
+def remote_pools(config: ServerConfig) -> list[RemotePool]:
     """The configured pools, as the Scheduler's :class:`cronoq.RemotePool` list."""
-    from cronoq import RemotePool  # MERGE-TODO: top-level import once main has RemotePool
-
     return [
         RemotePool(pool.name, pool.concurrency, pool.max_live, pool.lease_s)
         for pool in config.pools

@@ -2,9 +2,10 @@
 
 A server process goes through several :class:`cronoq.Scheduler` objects: a standby's, which
 starts leading (or not), and a new one each time it leads again after stepping down. Each counts
-from zero, so :class:`SchedulerCollector` keeps what the schedulers it stopped watching had
-counted and adds it in: counters and histograms never go down while the process lives.
-Gauges (queue depth, running attempts, leadership) are the current scheduler's alone.
+from zero, so :class:`SchedulerCollector` adds in what the schedulers it watched before counted
+(read live while they still run, as a draining leader does, then kept once they stopped):
+counters and histograms never go down while the process lives. Gauges (queue depth, running
+attempts, leadership) are the current scheduler's alone.
 """
 
 from __future__ import annotations
@@ -93,14 +94,13 @@ class _Totals:
             else:
                 self.histograms[field] = _HistogramSum.of(histogram)
 
-    def plus(self, snapshot: SchedulerMetrics) -> _Totals:
+    def copy(self) -> _Totals:
         result = _Totals()
         result.counters = {field: dict(counts) for field, counts in self.counters.items()}
         result.histograms = {
             field: _HistogramSum(h.bounds, list(h.counts), h.total, h.count)
             for field, h in self.histograms.items()
         }
-        result.add(snapshot)
         return result
 
 
@@ -110,23 +110,40 @@ class SchedulerCollector(Collector):
     def __init__(self, workers_connected: Callable[[], int]) -> None:
         self._workers_connected = workers_connected
         self._current: Scheduler | None = None
+        self._retiring: list[Scheduler] = []
+        """Schedulers no longer watched that may still count (a leader draining its attempts):
+        read at every scrape until they stop, then folded into ``_retired``."""
         self._retired = _Totals()
 
     def watch(self, scheduler: Scheduler | None) -> None:
-        """Read ``scheduler`` from now on (None: no scheduler, as before the first).
+        """Read ``scheduler`` from now on (None: no scheduler, as on a standby).
 
-        The one watched until now is read a last time and its counts are kept: call this once
-        it has stopped (closed, or stepped down), so that it counts nothing more.
+        The one watched until now keeps counting into the totals until it stops, whenever this
+        is called: a leader that starts draining may be replaced at once.
         """
         if scheduler is self._current:
             return
         if self._current is not None:
-            self._retired.add(self._current.metrics())
+            self._retiring.append(self._current)
+        if scheduler in self._retiring:
+            self._retiring.remove(scheduler)  # watched again: counted as the current one
         self._current = scheduler
+
+    def _totals(self, snapshot: SchedulerMetrics | None) -> _Totals:
+        for scheduler in [s for s in self._retiring if not s.running]:
+            # Stopped: its counts are final, and the scheduler need not be kept alive.
+            self._retired.add(scheduler.metrics())
+            self._retiring.remove(scheduler)
+        totals = self._retired.copy()
+        for live in [s.metrics() for s in self._retiring] + (
+            [] if snapshot is None else [snapshot]
+        ):
+            totals.add(live)
+        return totals
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self._current.metrics() if self._current is not None else None
-        totals = self._retired if snapshot is None else self._retired.plus(snapshot)
+        totals = self._totals(snapshot)
         for name, field, labels, help_text in _COUNTERS:
             counter = CounterMetricFamily(name, help_text, labels=labels)
             for key, value in sorted(totals.counters[field].items(), key=_label_order):

@@ -110,9 +110,16 @@ class GrpcEndpoint:
             old = self._server
             self._server = self._build(leader)
             await self._server.start()
-            self._serving_as = role
             if old is not None:
                 await old.stop(_STEP_DOWN_GRACE_S if not leader else _STANDBY_GRACE_MS / 1000)
+            # Only now does every new connection reach the server of this role.
+            self._serving_as = role
+            lifecycle("serving", role=role.value, grpc_port=self.port)
+
+    @property
+    def leading(self) -> bool:
+        """The leader's server took over the port (the standby's stopped)."""
+        return self._serving_as is Role.LEADING
 
     async def stop(self, grace: float) -> None:
         async with self._swap:
@@ -151,7 +158,9 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
     )
     http = HttpServer(
         config.listen.http,
-        readiness=lambda: Readiness(replica.ready, replica.role.value),
+        # Ready once the leader's server alone holds the port, so that a balancer routing on
+        # readiness never reaches the standby's server in its last moments.
+        readiness=lambda: Readiness(replica.ready and endpoint.leading, replica.role.value),
         registry=metrics_registry(collector),
     )
     pending: set[asyncio.Task[None]] = set()

@@ -1,0 +1,314 @@
+"""``AsyncClient``: the calls of ``cronoq.Scheduler`` against a cronoq-server over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self, TypeVar
+
+import grpc
+from grpc import aio
+
+from cronoq import (
+    BytesCodec,
+    Codec,
+    ScheduleInfo,
+    Status,
+    TaskInfo,
+    TaskRequest,
+    TaskSummary,
+)
+from cronoq.errors import CronoqError, InvalidArgument, SchedulerError, SchedulerStopped
+from cronoq_client import _wire as wire
+from cronoq_client._channel import Channels, targets_of
+from cronoq_client._proto import cronoq_pb2 as pb
+from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
+from cronoq_client._retry import Backoff, Verdict, judge, never_sent
+from cronoq_client._status import error_from_rpc
+
+__all__ = ["WAIT_MARGIN", "AsyncClient"]
+
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+WAIT_MARGIN = 5.0
+"""Seconds a ``wait`` call's gRPC deadline runs past its wait, so that the server's
+WaitTimedOut (a definite answer) arrives before the transport's DEADLINE_EXCEEDED."""
+
+_R = TypeVar("_R")
+
+if TYPE_CHECKING:
+    # Only in the generated stubs (.pyi): the type of a stub made on an aio channel.
+    Stub = pb_grpc.SchedulerServiceAsyncStub
+
+
+class AsyncClient:
+    """A client of cronoq-server with the calls of :class:`cronoq.Scheduler`: same names,
+    arguments, return values and exceptions.
+
+    ``target`` is ``"host:port"`` or a list of replicas (tried in turn). ``timeout`` bounds
+    every call, its retries included. ``tls``: None for plaintext, True for TLS with the
+    system's roots, or ``grpc.ChannelCredentials``. Payloads and outputs go through ``codec``
+    (``BytesCodec`` by default), on this side: the server stores bytes.
+
+    A call is retried, with backoff and on a new connection, while nothing was applied (a
+    standby's or stopping leader's answer, a connection that could not be made) and, when its
+    outcome is unknown (the leader could not confirm it durable, the connection broke), only if
+    it is idempotent: reads, cancel, schedule calls, and a submit whose every task has a key.
+    A submit without a key whose outcome is unknown raises ``SchedulerError`` with
+    ``applied=None`` at once.
+    """
+
+    def __init__(
+        self,
+        target: str | Sequence[str],
+        *,
+        codec: Codec | None = None,
+        tls: grpc.ChannelCredentials | bool | None = None,
+        timeout: float = 30.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
+            raise InvalidArgument(
+                f"max_message_bytes must be an int, got {type(max_message_bytes).__name__}"
+            )
+        if max_message_bytes < 1:
+            raise InvalidArgument(f"max_message_bytes must be positive, got {max_message_bytes}")
+        if tls is True:
+            credentials: grpc.ChannelCredentials | None = grpc.ssl_channel_credentials()
+        elif tls is None or tls is False:
+            credentials = None
+        elif isinstance(tls, grpc.ChannelCredentials):
+            credentials = tls
+        else:
+            raise InvalidArgument(
+                f"tls must be None, True or grpc.ChannelCredentials, got {type(tls).__name__}"
+            )
+        self._codec: Codec = BytesCodec() if codec is None else codec
+        self._timeout = float(timeout)
+        self._backoff = Backoff()
+        self._channels = Channels(targets_of(target), credentials, max_message_bytes, timeout)
+
+    @property
+    def codec(self) -> Codec:
+        return self._codec
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connection; calls in flight are cancelled, later calls raise
+        ``SchedulerStopped``."""
+        await self._channels.close()
+
+    # --- the retry loop ---------------------------------------------------------------------
+
+    async def _call(
+        self,
+        send: Callable[[Stub, float | None], Awaitable[_R]],
+        *,
+        idempotent: bool,
+        seconds: float | Literal["client"] | None = "client",
+    ) -> _R:
+        """Send until answered, retrying by the rule of ``_retry`` within ``seconds`` (by
+        default the client's timeout; None: no deadline)."""
+        loop = asyncio.get_running_loop()
+        budget = self._timeout if seconds == "client" else seconds
+        deadline = None if budget is None else loop.time() + budget
+        attempt = 0
+        while True:
+            if self._channels.closed:
+                raise SchedulerStopped("the client is closed", applied=False)
+            connection = self._channels.current()
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            try:
+                return await send(connection.stub, remaining)
+            except aio.AioRpcError as err:
+                if judge(err, idempotent=idempotent) is Verdict.RAISE:
+                    raise error_from_rpc(err) from err
+                self._channels.replace(connection)
+                pause = self._backoff.delay(attempt)
+                attempt += 1
+                if deadline is not None and loop.time() + pause >= deadline:
+                    raise _final(err, attempt, budget) from err
+                await asyncio.sleep(pause)
+            except aio.UsageError as err:  # the channel was closed under the call
+                raise SchedulerStopped("the client is closed", applied=False) from err
+
+    # --- tasks ------------------------------------------------------------------------------
+
+    async def submit(self, kind: str, payload: Any = None, **options: Any) -> int:
+        """Submit one task; return its id (the existing task's id if its key is held)."""
+        try:
+            request = TaskRequest(kind, payload, **options)
+        except TypeError as exc:
+            raise InvalidArgument(str(exc)) from None
+        message = wire.submit_request(request, self._codec)
+        reply = await self._call(
+            lambda stub, timeout: stub.Submit(message, timeout=timeout),
+            idempotent=message.task.HasField("key"),
+        )
+        return reply.task_id
+
+    async def submit_many(self, requests: Iterable[TaskRequest]) -> builtins.list[int]:
+        """Submit several tasks in one step: all are accepted, or none is."""
+        message = wire.submit_many_request(requests, self._codec)
+        if not message.tasks:
+            return []
+        reply = await self._call(
+            lambda stub, timeout: stub.SubmitMany(message, timeout=timeout),
+            idempotent=all(task.HasField("key") for task in message.tasks),
+        )
+        return list(reply.task_ids)
+
+    async def get(self, task_id: int) -> TaskInfo:
+        """The task with this id. Raises TaskNotFound if it is unknown or pruned."""
+        message = wire.get_request(task_id)
+        reply = await self._call(
+            lambda stub, timeout: stub.Get(message, timeout=timeout), idempotent=True
+        )
+        return wire.task_info_from_pb(reply, self._codec)
+
+    async def get_by_key(self, key: str) -> TaskInfo | None:
+        """The task holding ``key`` (live or finished within the retention), or None."""
+        message = wire.get_by_key_request(key)
+        reply = await self._call(
+            lambda stub, timeout: stub.GetByKey(message, timeout=timeout), idempotent=True
+        )
+        return wire.task_info_from_pb(reply.task, self._codec) if reply.HasField("task") else None
+
+    async def wait(self, task_id: int, timeout: float | None = None) -> TaskInfo:
+        """Wait until the task is terminal; return it with its output. Past ``timeout``
+        seconds, ``WaitTimedOut``. The call's deadline is the longer of ``timeout`` and the
+        client's, plus WAIT_MARGIN; with ``timeout=None`` it has none."""
+        wire.wait_request(task_id, timeout)  # refuse bad arguments before any wait
+        loop = asyncio.get_running_loop()
+        until = None if timeout is None else loop.time() + _seconds(timeout)
+
+        def send(stub: Stub, remaining: float | None) -> Awaitable[pb.TaskInfo]:
+            # A retry waits only for what is left of the caller's timeout.
+            left = None if until is None else max(0.0, until - loop.time())
+            return stub.Wait(wire.wait_request(task_id, left), timeout=remaining)
+
+        seconds = None if timeout is None else max(_seconds(timeout), self._timeout) + WAIT_MARGIN
+        reply = await self._call(send, idempotent=True, seconds=seconds)
+        return wire.task_info_from_pb(reply, self._codec)
+
+    async def list(
+        self,
+        *,
+        status: Status | str | Iterable[Status | str] | None = None,
+        pool: str | None = None,
+        kind: str | None = None,
+        tag: str | None = None,
+        limit: int | None = None,
+        after: int | None = None,
+    ) -> builtins.list[TaskSummary]:
+        """One page of tasks, in ascending id order: ids above ``after``, ``limit`` at most."""
+        message = wire.list_request(
+            status=status, pool=pool, kind=kind, tag=tag, limit=limit, after=after
+        )
+        reply = await self._call(
+            lambda stub, timeout: stub.List(message, timeout=timeout), idempotent=True
+        )
+        tasks, _ = wire.list_response(reply)
+        return tasks
+
+    async def cancel(self, task_id: int, reason: str = "cancelled by request") -> Status:
+        """Cancel a task; return its status (``running`` while its attempt stops)."""
+        message = wire.cancel_request(task_id, reason)
+        reply = await self._call(
+            lambda stub, timeout: stub.Cancel(message, timeout=timeout), idempotent=True
+        )
+        return wire.status_from_pb(reply.status)
+
+    # --- schedules --------------------------------------------------------------------------
+
+    async def add_schedule(
+        self, name: str, cron: str, *, kind: str, **options: Any
+    ) -> ScheduleInfo:
+        """Create a recurring schedule (or replace one of that name with ``replace=True``);
+        the options are those of ``Scheduler.add_schedule``."""
+        message = wire.add_schedule_request(self._codec, name, cron, kind=kind, **options)
+        # Idempotent: a repeat that finds the schedule it made raises DuplicateSchedule (or,
+        # with replace, replaces it with the same), never a second schedule.
+        reply = await self._call(
+            lambda stub, timeout: stub.AddSchedule(message, timeout=timeout), idempotent=True
+        )
+        return wire.schedule_info_from_pb(reply)
+
+    async def pause_schedule(self, name: str) -> ScheduleInfo:
+        message = pb.PauseScheduleRequest(name=_name(name))
+        reply = await self._call(
+            lambda stub, timeout: stub.PauseSchedule(message, timeout=timeout), idempotent=True
+        )
+        return wire.schedule_info_from_pb(reply)
+
+    async def resume_schedule(self, name: str) -> ScheduleInfo:
+        """Resume from the next occurrence after now; those missed while paused do not run."""
+        message = pb.ResumeScheduleRequest(name=_name(name))
+        reply = await self._call(
+            lambda stub, timeout: stub.ResumeSchedule(message, timeout=timeout), idempotent=True
+        )
+        return wire.schedule_info_from_pb(reply)
+
+    async def remove_schedule(self, name: str) -> None:
+        """Remove a schedule; tasks it already created carry on."""
+        message = pb.RemoveScheduleRequest(name=_name(name))
+        await self._call(
+            lambda stub, timeout: stub.RemoveSchedule(message, timeout=timeout), idempotent=True
+        )
+
+    async def list_schedules(self) -> builtins.list[ScheduleInfo]:
+        message = pb.ListSchedulesRequest()
+        reply = await self._call(
+            lambda stub, timeout: stub.ListSchedules(message, timeout=timeout), idempotent=True
+        )
+        return [wire.schedule_info_from_pb(s) for s in reply.schedules]
+
+    async def preview(
+        self, cron: str, timezone: str = "UTC", n: int = 10, *, after: datetime | None = None
+    ) -> builtins.list[datetime]:
+        """The next ``n`` occurrences of a cron expression (as ``cronoq.preview``), computed by
+        the server, so that its cron rules and time zone data decide."""
+        message = wire.preview_request(cron, timezone=timezone, n=n, after=after)
+        reply = await self._call(
+            lambda stub, timeout: stub.PreviewSchedule(message, timeout=timeout), idempotent=True
+        )
+        return wire.preview_response(reply)
+
+
+def _name(name: object) -> str:
+    return wire._text(name, "schedule name")
+
+
+def _seconds(timeout: float | timedelta) -> float:
+    """The wait's timeout as float seconds (wait_request has checked it is a duration; a
+    timedelta is accepted as the embedded Scheduler accepts it)."""
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+
+
+def _final(err: aio.AioRpcError, attempts: int, budget: float | None) -> CronoqError:
+    """The exception for a call whose deadline ran out while it was being retried."""
+    tried = f"(after {attempts} tries in {budget:g} s)" if budget is not None else ""
+    if never_sent(err):
+        # The connect failure is certain to have applied nothing, which error_from_rpc (seeing
+        # a plain UNAVAILABLE) cannot know.
+        return SchedulerError(
+            f"no connection could be made {tried}: {err.details()}", applied=False
+        )
+    found = error_from_rpc(err)
+    if isinstance(found, SchedulerError):
+        found.args = (f"{found} {tried}",)
+    return found
