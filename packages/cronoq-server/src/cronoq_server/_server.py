@@ -61,6 +61,9 @@ class GrpcEndpoint:
         self._swap = asyncio.Lock()
 
     async def start(self) -> None:
+        # grpcio's health servicer starts out SERVING: a replica that never gets as far as a
+        # role change (its store cannot be opened) would claim to serve.
+        await self._set_health(self._replica.role)
         await self._serve(self._replica.role)
 
     def _build(self, leader: bool) -> grpc.aio.Server:
@@ -91,6 +94,12 @@ class GrpcEndpoint:
         return server
 
     async def role_changed(self, role: Role) -> None:
+        await self._set_health(role)
+        if role in (Role.LEADING, Role.STANDBY):
+            await self._serve(role)
+        # DRAINING keeps the leader's server: connections stay open for the last reports.
+
+    async def _set_health(self, role: Role) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if role is Role.LEADING
@@ -98,9 +107,6 @@ class GrpcEndpoint:
         )
         for service in ("", *SERVICE_NAMES):
             await self._health.set(service, status)
-        if role in (Role.LEADING, Role.STANDBY):
-            await self._serve(role)
-        # DRAINING keeps the leader's server: connections stay open for the last reports.
 
     async def _serve(self, role: Role) -> None:
         async with self._swap:
