@@ -1089,15 +1089,6 @@ def _serves(channel: grpc.Channel) -> None:
     assert reply.task_id > 0
 
 
-UNDECODABLE = pytest.mark.xfail(
-    strict=True,
-    reason="server defect: the services are registered with grpcio's own deserializers "
-    "(pb_grpc.add_*_to_server in _server.py), whose DecodeError grpcio answers UNKNOWN before "
-    "any handler runs; fixed on branch server-tests-decode-fix",
-)
-
-
-@UNDECODABLE
 @pytest.mark.parametrize("method", [m for _, m in METHODS], ids=lambda m: m.name)
 async def test_undecodable_requests_are_invalid_argument(api: Api, method: Any) -> None:
     path = f"/{method.containing_service.full_name}/{method.name}"
@@ -1125,7 +1116,6 @@ def _raw(method: Any) -> st.SearchStrategy[bytes]:
     return st.binary(max_size=64) | spliced
 
 
-@UNDECODABLE
 async def test_arbitrary_bytes_never_get_internal_or_unknown(fuzz_server: ServerProcess) -> None:
     def fuzz() -> None:
         with grpc.insecure_channel(fuzz_server.target) as channel:
