@@ -801,7 +801,7 @@ class EngineMachine(RuleBasedStateMachine):
             count = taken[config.name]
             assert count <= config.concurrency, f"pool {config.name}: {count} running"
             slots = self.engine._pools[config.name].running  # white box: the slot counter
-            assert slots == count, (config.name, slots, taken)
+            assert slots == count, (config.name, slots, count)
 
 
 TestEngineProperties = EngineMachine.TestCase

@@ -222,7 +222,8 @@ class Driver:
                 _resolve(reply_to, self.failure_error())
             return
         self._executing.pop(token, None)
-        self._inbox.append(AttemptReport(token, outcome, reply_to, remote))
+        received = self._clock() if remote else None
+        self._inbox.append(AttemptReport(token, outcome, reply_to, remote, received))
         self._wake()
 
     def heartbeat(self, token: AttemptToken, reply_to: asyncio.Future[object]) -> None:
@@ -230,7 +231,7 @@ class Driver:
         if self.stopped.is_set():
             _resolve(reply_to, self.failure_error())
             return
-        self._inbox.append(Heartbeat(token, reply_to, remote=True))
+        self._inbox.append(Heartbeat(token, reply_to, remote=True, received_ns=self._clock()))
         self._wake()
 
     def withdraw(self, token: AttemptToken, reason: str) -> None:
@@ -509,11 +510,11 @@ class Driver:
             return state
 
     def _fail_waiting_callers(self, error: BaseException) -> None:
-        # A queued WithdrawAttempts goes too: the next rebuild puts back every attempt that
-        # was never released (InFlight does not name it).
-        kept = [i for i in self._inbox if isinstance(i, _REPORTS)]
+        # Reports and withdrawals stay for the rebuilt engine: a withdrawal that arrived after
+        # the rebuild's InFlight was taken is the only word that its attempt never left.
+        kept = [i for i in self._inbox if isinstance(i, (*_REPORTS, WithdrawAttempts))]
         for item in self._inbox:
-            if not isinstance(item, _REPORTS):
+            if not isinstance(item, (*_REPORTS, WithdrawAttempts)):
                 _resolve(item.reply_to, error)
         self._inbox = deque(kept)
 
@@ -535,6 +536,9 @@ class Driver:
             self.lost.set()
         error = self.failure_error()
         self._fail_waiting_callers(error)
+        for item in self._inbox:  # no engine will apply them now: their callers are told
+            _resolve(item.reply_to, error)
+        self._inbox.clear()
         if self._committing is not None:
             uncertain = SchedulerStopped(
                 f"{error}; it stopped while committing the operation, which may have been "

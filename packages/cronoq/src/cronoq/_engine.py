@@ -187,6 +187,9 @@ class AttemptReport:
     reply_to: object = None
     remote: bool = False
     """From a remote worker: only an attempt of a leased pool may be reported so."""
+    received_ns: int | None = None
+    """When the driver received it: a lease is judged by that, not by a step a slow commit
+    delayed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +197,7 @@ class Heartbeat:
     token: AttemptToken
     reply_to: object = None
     remote: bool = False
+    received_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +349,8 @@ class Dispatch:
     spec: TaskSpec
     lease_expires_ns: int | None = None
     """Leased pools: when the attempt is lost unless its worker heartbeats."""
+    slot_pools: frozenset[str] | None = None
+    """Leased pools: the offered slot group it took (the pools of the workers it may go to)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -777,7 +783,9 @@ class Engine:
             return None
         return task
 
-    def _stale(self, token: AttemptToken, remote: bool) -> StaleAttempt | None:
+    def _stale(
+        self, token: AttemptToken, remote: bool, received_ns: int | None = None
+    ) -> StaleAttempt | None:
         """Why a heartbeat or report of ``token`` must change nothing, if it must."""
         name = f"attempt {token.attempt} of task {token.task_id} (epoch {token.epoch})"
         task = self._tasks.get(token.task_id)
@@ -798,14 +806,18 @@ class Engine:
                 "attempt",
             )
         lease_end = self._leases.get(task.id)
-        if lease_end is not None and lease_end <= self._now:
+        if lease_end is not None and lease_end <= (received_ns or self._now):
             return StaleAttempt(f"{name}: its lease expired", "lease")
         return None
 
     def _report(self, item: AttemptReport) -> None:
-        stale = self._stale(item.token, item.remote)
+        stale = self._stale(item.token, item.remote, item.received_ns)
         if stale is not None:
-            if not item.remote:
+            zombie = self._zombies.get(item.token.task_id)
+            # A worker's report ends only a leased zombie: never an attempt of this process.
+            if zombie is not None and (
+                not item.remote or self._pools[zombie[1]].config.lease_ns is not None
+            ):
                 self._end_zombie(item.token)
             self._reply(item.reply_to, stale)
             return
@@ -869,7 +881,7 @@ class Engine:
         self._arm(task, check_miss=False)
 
     def _heartbeat(self, item: Heartbeat) -> None:
-        stale = self._stale(item.token, item.remote)
+        stale = self._stale(item.token, item.remote, item.received_ns)
         if stale is not None:
             self._reply(item.reply_to, stale)
             return
@@ -1219,7 +1231,12 @@ class Engine:
                 )
                 self._set_wake(task, self._running_wake(task))
                 self._out.dispatches.append(
-                    Dispatch(task.token(self.epoch), task.spec, self._leases.get(task.id))
+                    Dispatch(
+                        task.token(self.epoch),
+                        task.spec,
+                        self._leases.get(task.id),
+                        None if slot is None else slot.pools,
+                    )
                 )
 
     def _free_slot(self, pool: str) -> _SlotGroup | None:

@@ -15,6 +15,8 @@ the worker, so an attempt lost in the network is retried after its lease, as a c
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -131,7 +133,10 @@ class WorkerLink:
         self.slots = slots
         self.free = slots
         self._hub = hub
-        self._events: asyncio.Queue[LeasedAttempt | CancelRequested] = asyncio.Queue()
+        # A deque and an event, not an asyncio.Queue: a next() cancelled just as an event
+        # arrived must leave the event in place (a Queue getter may have taken it already).
+        self._events: deque[LeasedAttempt | CancelRequested] = deque()
+        self._arrived = asyncio.Event()
         self._stopped = stopped
         self._closed = False
 
@@ -139,26 +144,29 @@ class WorkerLink:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def queued(self) -> int:
+        """Events that arrived and were not taken yet."""
+        return len(self._events)
+
     async def next(self) -> LeasedAttempt | CancelRequested:
         """The next attempt or cancellation. Raises WorkerDetached once closed, and
         SchedulerStopped when the scheduler stops (a new leader will lease again)."""
         while True:
-            if not self._events.empty():
-                return self._events.get_nowait()
+            if self._events:
+                return self._events.popleft()
             if self._closed:
                 raise WorkerDetached("this worker link was closed")
             if self._stopped.is_set():
                 raise SchedulerStopped("the scheduler stopped: attach to the new leader")
-            getter = asyncio.ensure_future(self._events.get())
+            self._arrived.clear()
+            arrived = asyncio.ensure_future(self._arrived.wait())
             stopped = asyncio.ensure_future(self._stopped.wait())
             try:
-                await asyncio.wait((getter, stopped), return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait((arrived, stopped), return_when=asyncio.FIRST_COMPLETED)
             finally:
+                arrived.cancel()
                 stopped.cancel()
-                if not getter.done():
-                    getter.cancel()
-            if getter.done() and not getter.cancelled():
-                return getter.result()
 
     def __aiter__(self) -> WorkerLink:
         return self
@@ -178,8 +186,9 @@ class WorkerLink:
         if self._closed:
             return
         self._closed = True
-        while not self._events.empty():
-            event = self._events.get_nowait()
+        self._arrived.set()
+        while self._events:
+            event = self._events.popleft()
             if isinstance(event, LeasedAttempt):
                 self._hub.unsent(self, event.token)
         self._hub.detach(self)
@@ -191,7 +200,8 @@ class WorkerLink:
         self.close()
 
     def _put(self, event: LeasedAttempt | CancelRequested) -> None:
-        self._events.put_nowait(event)
+        self._events.append(event)
+        self._arrived.set()
 
 
 class RemoteExecutor:
@@ -201,13 +211,15 @@ class RemoteExecutor:
     def __init__(self, pools: frozenset[str]) -> None:
         self.pools = pools
         self._links: list[WorkerLink] = []
-        # Attempts that left for a worker and have not been reported, by the link they went to.
+        # Attempts that left for a worker and have not been reported, by the link they went to,
+        # and when each one's lease ends (Unix ns; renewed by heartbeats).
         self._leased: dict[AttemptToken, WorkerLink] = {}
+        self._lease_ends: dict[AttemptToken, int] = {}
         self._reporter: Reporter | None = None
         self._wake: Callable[[], None] | None = None
         self._stopped = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
+        # Set whenever an attempt is reported or a link detaches: a drain looks again.
+        self._changed = asyncio.Event()
 
     def bind(self, reporter: Reporter, wake: Callable[[], None], stopped: asyncio.Event) -> None:
         """Connect to the driver: withdrawals go to ``reporter``; ``wake`` asks for a step
@@ -229,9 +241,10 @@ class RemoteExecutor:
     ) -> WorkerLink:
         link = WorkerLink(self, pools, slots, stopped)
         # A reconnecting worker names the attempts it still runs: they keep their slots on
-        # the new link, whose reports free them.
+        # the new link, whose reports free them (all of them, even beyond its slots: the
+        # worker runs them whatever it asks for now).
         for token in running:
-            if token in self._leased and link.free > 0:
+            if token in self._leased:
                 self._leased[token] = link
                 link.free -= 1
         self._links.append(link)
@@ -241,6 +254,7 @@ class RemoteExecutor:
     def detach(self, link: WorkerLink) -> None:
         if link in self._links:
             self._links.remove(link)
+        self._changed.set()
 
     def _poke(self) -> None:
         if self._wake is not None:
@@ -261,38 +275,51 @@ class RemoteExecutor:
         if not candidates:
             reporter.withdraw(dispatch.token, "its worker left before it was sent")
             return
-        # As the engine counted slots: a worker of this pool alone before a shared one.
-        link = min(candidates, key=lambda link: (len(link.pools), -link.free))
+        # A link of the slot group the engine counted it against, so that the slots it left
+        # for other pools stay where it expects them; the most free first.
+        link = min(candidates, key=lambda link: (link.pools != dispatch.slot_pools, -link.free))
         link.free -= 1
         self._leased[dispatch.token] = link
-        self._idle.clear()
+        assert dispatch.lease_expires_ns is not None
+        self._lease_ends[dispatch.token] = dispatch.lease_expires_ns
         link._put(LeasedAttempt.of(dispatch))
 
     def cancel(self, token: AttemptToken, reason: str) -> None:
         link = self._leased.get(token)
-        if link is None:
-            return
-        if link.closed:
-            # Its worker is gone from this link; the attempt ended in the engine (its lease
-            # expired, say), so nothing waits for its report any more.
-            self._finished(token)
-            return
-        link._put(CancelRequested(token, reason))
+        if link is not None and not link.closed:
+            # A worker whose link closed may still run it and reattach naming it: it keeps
+            # its place until it reports or its lease ends.
+            link._put(CancelRequested(token, reason))
 
     async def drain(self, timeout: float) -> set[AttemptToken]:
-        if self._leased:
-            idle = asyncio.ensure_future(self._idle.wait())
+        """Wait for every leased attempt to be reported, until ``timeout``; one whose worker
+        left and whose lease ended is not waited for (the engine counted it lost)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._leased and not self._stopped.is_set():
+            now = time.time_ns()
+            gone = {t: end for t, end in self._lease_ends.items() if self._leased[t].closed}
+            for token in [t for t, end in gone.items() if end <= now]:
+                self._finished(token)
+                del gone[token]
+            wait = deadline - loop.time()
+            if not self._leased or wait <= 0:
+                break
+            if gone:
+                wait = min(wait, (min(gone.values()) - now) / 1e9)
+            self._changed.clear()
+            changed = asyncio.ensure_future(self._changed.wait())
             stopped = asyncio.ensure_future(self._stopped.wait())
             try:
                 await asyncio.wait(
-                    (idle, stopped), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                    (changed, stopped), timeout=wait, return_when=asyncio.FIRST_COMPLETED
                 )
             finally:
-                idle.cancel()
+                changed.cancel()
                 stopped.cancel()
         left = set(self._leased)
         self._leased.clear()
-        self._idle.set()
+        self._lease_ends.clear()
         return left
 
     # --- what the scheduler tells it ------------------------------------------------------
@@ -301,8 +328,13 @@ class RemoteExecutor:
         return token in self._leased
 
     def reported(self, token: AttemptToken) -> None:
-        """The attempt's report was answered (applied or stale): its worker slot is free."""
+        """The attempt's report was answered (applied or stale), or its heartbeat was answered
+        stale (its worker stops it): its worker slot is free."""
         self._finished(token)
+
+    def renewed(self, token: AttemptToken, lease_ends_ns: int) -> None:
+        if token in self._lease_ends:
+            self._lease_ends[token] = lease_ends_ns
 
     def unsent(self, link: WorkerLink, token: AttemptToken) -> None:
         if self._leased.get(token) is link:
@@ -311,9 +343,9 @@ class RemoteExecutor:
             self._reporter.withdraw(token, "it could not be sent to its worker")
 
     def _finished(self, token: AttemptToken) -> None:
+        self._lease_ends.pop(token, None)
         link = self._leased.pop(token, None)
         if link is not None and not link.closed:
             link.free += 1
             self._poke()
-        if not self._leased:
-            self._idle.set()
+        self._changed.set()

@@ -618,7 +618,9 @@ class Scheduler:
         if not names:
             raise InvalidArgument("a worker must attach to at least one pool")
         check.integer(slots, "slots", 1, MAX_WORKER_SLOTS)
-        tokens = check.bounded(running, "running", "an iterable of AttemptToken", slots, _token)
+        tokens = check.bounded(
+            running, "running", "an iterable of AttemptToken", MAX_WORKER_SLOTS, _token
+        )
         if not self.running:
             raise self._driver.failure_error()
         return self._remote.attach(names, slots, self._driver.stopped, tokens)
@@ -637,8 +639,13 @@ class Scheduler:
         _token(token)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._driver.heartbeat(token, future)
-        reply: HeartbeatReply = await future
+        try:
+            reply: HeartbeatReply = await future
+        except StaleAttempt:
+            self._remote.reported(token)  # its worker is told to stop it: the slot is free
+            raise
         assert reply.lease_expires_ns is not None, "a remote attempt has a lease"
+        self._remote.renewed(token, reply.lease_expires_ns)
         return LeaseRenewed(_utc(reply.lease_expires_ns), reply.cancel_reason)
 
     async def report_success(self, token: AttemptToken, output: bytes | None = None) -> None:
@@ -677,10 +684,10 @@ class Scheduler:
         self._driver.report(token, outcome, future, remote=True)
         try:
             await future
-        except StaleAttempt:
-            self._remote.reported(token)  # the worker is done with it either way
-            raise
-        self._remote.reported(token)
+        finally:
+            # The worker is done with it whatever the answer (applied, stale, or unknown and
+            # retried by the worker), and even if this caller gave up: the report stays queued.
+            self._remote.reported(token)
 
     # --- schedules ------------------------------------------------------------------------
 

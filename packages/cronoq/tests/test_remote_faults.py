@@ -1,0 +1,224 @@
+"""Remote attempts under faults: each test failed on the first version of the remote pools
+(an independent review found them); each says what must hold."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from cronoq import (
+    LeasedAttempt,
+    MemoryStore,
+    RemotePool,
+    RetryPolicy,
+    Scheduler,
+    SchedulerStopped,
+    StaleAttempt,
+    Status,
+    TaskRequest,
+)
+
+FAST = RetryPolicy(max_attempts=5, initial_ns=0, max_ns=0, jitter=0.0)
+
+
+@contextlib.asynccontextmanager
+async def _serving(sched: Scheduler) -> AsyncIterator[Scheduler]:
+    """Started; closed without waiting for attempts a test leaves leased."""
+    await sched.start()
+    try:
+        yield sched
+    finally:
+        await sched.close(timeout=0.1)
+
+
+async def _attempt(link: object, timeout: float = 5) -> LeasedAttempt:
+    event = await asyncio.wait_for(link.next(), timeout)  # type: ignore[attr-defined]
+    assert isinstance(event, LeasedAttempt), event
+    return event
+
+
+async def test_a_report_queued_when_the_scheduler_halts_is_answered() -> None:
+    sched = Scheduler([RemotePool("remote")], store=MemoryStore())
+    await sched.start()
+    link = sched.attach(["remote"], slots=1)
+    await sched.submit("job", pool="remote")
+    attempt = await _attempt(link)
+    report = asyncio.create_task(sched.report_success(attempt.token, b"out"))
+    beat = asyncio.create_task(sched.heartbeat(attempt.token))
+    await asyncio.sleep(0)  # both are in the driver's inbox now
+    sched.abort()  # or: fenced, leadership lost, close() timing out
+    for call in (report, beat):
+        with pytest.raises(SchedulerStopped):
+            await asyncio.wait_for(call, 2)
+
+
+async def test_a_stale_heartbeat_without_report_does_not_leak_the_worker_slot() -> None:
+    # cronoq_client.Worker: a heartbeat answered stale -> the attempt is abandoned, NO report.
+    async with _serving(Scheduler([RemotePool("remote", lease=0.2)], store=MemoryStore())) as sched:
+        link = sched.attach(["remote"], slots=1)
+        await sched.submit("job", pool="remote", retry=FAST)
+        first = await _attempt(link)
+        await asyncio.sleep(0.35)  # a GC pause / network blip: the lease expires
+        with pytest.raises(StaleAttempt):
+            await sched.heartbeat(first.token)
+        # The worker abandons it without a report, as the Worker runtime does. Its one slot
+        # should be free again; it must not stay taken for the life of the link.
+        events = []
+        while True:
+            event = await asyncio.wait_for(link.next(), 2)  # the CancelRequested, then ...
+            events.append(event)
+            if isinstance(event, LeasedAttempt):
+                break
+        assert events[-1].token.attempt == 2
+
+
+async def test_a_report_whose_caller_is_cancelled_still_frees_the_slot() -> None:
+    # gRPC cancels the Report handler when the worker's call deadline passes / its
+    # connection drops while the commit is under way; the report is applied anyway.
+    async with _serving(Scheduler([RemotePool("remote")], store=MemoryStore())) as sched:
+        link = sched.attach(["remote"], slots=1)
+        first_id = await sched.submit("a", pool="remote")
+        first = await _attempt(link)
+        call = asyncio.create_task(sched.report_success(first.token, b"x"))
+        await asyncio.sleep(0)
+        call.cancel()
+        assert (await sched.wait(first_id, timeout=2)).status is Status.SUCCEEDED
+        await sched.submit("b", pool="remote")
+        await _attempt(link, timeout=2)  # the slot came back
+
+
+async def test_cancel_while_disconnected_keeps_the_slot_on_reattach() -> None:
+    async with _serving(Scheduler([RemotePool("remote")], store=MemoryStore())) as sched:
+        link = sched.attach(["remote"], slots=1)
+        t1 = await sched.submit("a", pool="remote")
+        first = await _attempt(link)
+        link.close()  # the stream broke; the worker goes on running the attempt
+        assert await sched.cancel(t1) is Status.RUNNING  # still running until it reports
+        await sched.submit("b", pool="remote")
+        back = sched.attach(["remote"], slots=1, running=[first.token])
+        await sched.list()  # a step: it would lease "b" if a slot were offered
+        assert back.queued == 0, "a slots=1 worker still running attempt 1 is sent a second"
+
+
+async def test_a_worker_running_more_than_its_slots_can_reattach() -> None:
+    # A worker may run more attempts than it now asks slots for: naming them all on its
+    # reconnect must not be refused (the Worker takes INVALID_ARGUMENT on Attach for good).
+    async with _serving(Scheduler([RemotePool("remote")], store=MemoryStore())) as sched:
+        link = sched.attach(["remote"], slots=2)
+        await sched.submit_many([TaskRequest("a", pool="remote"), TaskRequest("b", pool="remote")])
+        first, second = await _attempt(link), await _attempt(link)
+        link.close()
+        await sched.submit("c", pool="remote")
+        back = sched.attach(["remote"], slots=1, running=[first.token, second.token])
+        await sched.list()  # a step: nothing may be leased to it while it runs two
+        assert back.queued == 0
+        await sched.report_success(first.token)
+        await sched.list()
+        assert back.queued == 0  # still one running: its one slot is taken
+        await sched.report_success(second.token)
+        assert (await _attempt(back)).kind == "c"
+
+
+async def test_executor_picks_the_link_the_engine_counted() -> None:
+    # The executor must put each attempt on a link of the slot group the engine counted it
+    # against, or an attempt it placed is withdrawn ("its worker left").
+    async with _serving(
+        Scheduler([RemotePool("a"), RemotePool("b"), RemotePool("c")], store=MemoryStore())
+    ) as sched:
+        await sched.submit("jb", pool="b")
+        await sched.submit("jc1", pool="c")
+        await sched.submit("jc2", pool="c")
+        l1 = sched.attach(["a", "b"], slots=1)
+        l2 = sched.attach(["b", "c"], slots=2)
+        await sched.list()  # a step with both links' slots offered
+        got = []
+        for link in (l1, l2):
+            while link.queued:
+                event = await link.next()
+                assert isinstance(event, LeasedAttempt)
+                got.append(event.kind)
+        summaries = await sched.list()
+        withdrawn = [s for s in summaries if s.status is Status.READY]
+        # 3 tasks, 3 slots that can take them: all three should be leased in the first step.
+        assert sorted(got) == ["jb", "jc1", "jc2"], (got, withdrawn)
+
+
+async def test_graceful_close_is_not_held_by_a_dead_worker_whose_lease_expired() -> None:
+    async with _serving(Scheduler([RemotePool("remote", lease=0.2)], store=MemoryStore())) as sched:
+        link = sched.attach(["remote"], slots=1)
+        await sched.submit("job", pool="remote", retry=RetryPolicy(max_attempts=1))
+        await _attempt(link)
+        await asyncio.sleep(0.4)  # lease expired while the link is still open (half-open TCP)
+        link.close()  # the server notices later
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await sched.close(timeout=3)
+        assert loop.time() - began < 1, "close waited its whole drain for an attempt already lost"
+
+
+@pytest.mark.parametrize("spins", range(3))
+async def test_an_attempt_taken_by_a_cancelled_next_goes_back(spins: int) -> None:
+    # The Attach handler is cancelled (the worker's stream ends) while link.next() waits.
+    async with _serving(Scheduler([RemotePool("remote", lease=30)], store=MemoryStore())) as sched:
+        link = sched.attach(["remote"], slots=1)
+        waiting = asyncio.create_task(link.next())
+        await asyncio.sleep(0)
+        task_id = await sched.submit("job", pool="remote")
+        # Yield to the loop step by step, to land in the window where the attempt arrived.
+        while link.free:  # noqa: ASYNC110  # the driver handed the attempt to the link
+            await asyncio.sleep(0)
+        for _ in range(spins):
+            await asyncio.sleep(0)
+        if waiting.done():
+            pytest.skip("next() already returned")
+        waiting.cancel()
+        link.close()  # the handler's finally
+        other = sched.attach(["remote"], slots=1)
+        # Never sent: it must come back uncounted (attempt 1) at once, not after 30 s.
+        again = await _attempt(other, timeout=2)
+        assert again.token.attempt == 1 and again.token.task_id == task_id
+        await sched.report_success(again.token)
+
+
+async def test_a_withdraw_during_a_failing_rebuild_is_not_lost() -> None:
+    store = MemoryStore()
+    async with _serving(
+        Scheduler([RemotePool("remote", lease=30)], store=store, commit_timeout=0.3)
+    ) as sched:
+        link = sched.attach(["remote"], slots=2)
+        _, second_id = await sched.submit_many(
+            [TaskRequest("a", pool="remote"), TaskRequest("b", pool="remote")]
+        )
+        await _attempt(link)  # the worker took "a"; "b" waits in the link
+        store.set_available(False)
+        failing = asyncio.create_task(sched.submit("c", pool="remote", key="c"))
+        await asyncio.sleep(0.6)  # the commit gave up; the rebuild is retrying recover()
+        link.close()  # the worker's stream ends: "b" was never sent -> withdraw
+        await asyncio.sleep(0.3)  # ... and one more failed recover() drops that withdraw
+        store.set_available(True)
+        await asyncio.gather(failing, return_exceptions=True)
+        other = sched.attach(["remote"], slots=1)
+        again = await _attempt(other, timeout=3)
+        assert again.token.task_id == second_id and again.token.attempt == 1
+
+
+async def test_a_heartbeat_sent_in_time_is_not_judged_late_because_a_commit_stalled() -> None:
+    store = MemoryStore()
+    async with _serving(
+        Scheduler([RemotePool("remote", lease=0.5)], store=store, commit_timeout=5)
+    ) as sched:
+        link = sched.attach(["remote"], slots=1)
+        await sched.submit("a", pool="remote", retry=FAST)
+        attempt = await _attempt(link)
+        store.set_available(False)  # a slow commit (within commit_timeout): no rebuild
+        slow = asyncio.create_task(sched.submit("b", pool="remote", key="b"))
+        await asyncio.sleep(0.2)
+        beat = asyncio.create_task(sched.heartbeat(attempt.token))  # 0.2 s into a 0.5 s lease
+        await asyncio.sleep(0.6)
+        store.set_available(True)
+        await slow
+        renewed = await beat
+        assert renewed.cancel_reason is None
