@@ -469,14 +469,15 @@ async def test_wait_deadline_covers_the_wait(scripted: Start) -> None:
         await client.wait(1)  # no timeout: no deadline
     first, retry, unbounded = servicer.remaining
     # The deadline is max(2 s, the client's 0.5 s) + WAIT_MARGIN, not the client's timeout.
-    assert first is not None and 2 + WAIT_MARGIN - 0.5 < first <= 2 + WAIT_MARGIN
+    # (With room for a loaded machine's connection setup, still clearly above the 0.5 s.)
+    assert first is not None and 2.5 < first <= 2 + WAIT_MARGIN
     # (grpc-timeout is relative: the first call's connection setup counts against it, so the
     # retry's may read higher; both are within the one overall deadline.)
     assert retry is not None and retry <= 2 + WAIT_MARGIN
     assert unbounded is None
     # The retry asks the server to wait only for what is left of the 2 s.
     left = servicer.requests[1].timeout.ToTimedelta()
-    assert timedelta(seconds=1) < left < timedelta(seconds=2)
+    assert timedelta(0) < left < timedelta(seconds=2)
     assert not servicer.requests[2].HasField("timeout")
 
 
@@ -501,3 +502,16 @@ def test_constructor_options_are_checked(bad: dict[str, Any]) -> None:
 def test_a_target_is_required(target: Any) -> None:
     with pytest.raises(InvalidArgument):
         AsyncClient(target)
+
+
+async def test_an_earlier_unknown_outcome_is_not_reported_as_not_applied(
+    scripted: Start,
+) -> None:
+    # Try 1 reached a leader that could not confirm the commit (it may have landed); the
+    # retries then only meet standbys until the deadline: applied must stay None.
+    servicer, target = await scripted(NOT_DURABLE, STANDBY)
+    async with AsyncClient(target, timeout=0.5) as client:
+        with pytest.raises(SchedulerError) as caught:
+            await client.submit("k", key="once")
+    assert servicer.calls >= 2
+    assert caught.value.applied is None, f"applied={caught.value.applied}: {caught.value}"

@@ -32,6 +32,10 @@ def targets_of(target: str | Sequence[str]) -> tuple[str, ...]:
     return targets
 
 
+KEEPALIVE_MS = 10_000
+KEEPALIVE_TIMEOUT_MS = 5_000
+
+
 class Channels:
     """The current channel, opened on first use; ``replace`` opens the next one."""
 
@@ -51,6 +55,12 @@ class Channels:
             # subchannel pool: a "new" channel would reuse the connection to the replica that
             # just refused the call. A channel of its own makes a new TCP connection.
             ("grpc.use_local_subchannel_pool", 1),
+            # A server that vanished without a FIN (a dead host, a partition) is noticed in
+            # seconds, not at the next call or never (a worker's idle Attach stream).
+            ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+            ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.max_pings_without_data", 0),
         ]
         self._retire_grace = retire_grace
         self._next = 0

@@ -27,7 +27,7 @@ from cronoq_client._channel import Channels, targets_of
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 from cronoq_client._retry import Backoff, Verdict, judge, never_sent
-from cronoq_client._status import error_from_rpc
+from cronoq_client._status import Outcome, error_from_rpc, outcome
 
 __all__ = ["WAIT_MARGIN", "AsyncClient"]
 
@@ -127,21 +127,23 @@ class AsyncClient:
         budget = self._timeout if seconds == "client" else seconds
         deadline = None if budget is None else loop.time() + budget
         attempt = 0
+        unknown = False  # once a try may have applied, no later answer can say it did not
         while True:
             if self._channels.closed:
-                raise SchedulerStopped("the client is closed", applied=False)
+                raise SchedulerStopped("the client is closed", applied=None if unknown else False)
             connection = self._channels.current()
             remaining = None if deadline is None else max(0.0, deadline - loop.time())
             try:
                 return await send(connection.stub, remaining)
             except aio.AioRpcError as err:
                 if judge(err, idempotent=idempotent) is Verdict.RAISE:
-                    raise error_from_rpc(err) from err
+                    raise _answer(error_from_rpc(err), unknown) from err
+                unknown = unknown or (outcome(err) is Outcome.UNKNOWN and not never_sent(err))
                 self._channels.replace(connection)
                 pause = self._backoff.delay(attempt)
                 attempt += 1
                 if deadline is not None and loop.time() + pause >= deadline:
-                    raise _final(err, attempt, budget) from err
+                    raise _answer(_final(err, attempt, budget), unknown) from err
                 await asyncio.sleep(pause)
             except aio.UsageError as err:  # the channel was closed under the call
                 raise SchedulerStopped("the client is closed", applied=False) from err
@@ -297,6 +299,13 @@ def _seconds(timeout: float | timedelta) -> float:
     """The wait's timeout as float seconds (wait_request has checked it is a duration; a
     timedelta is accepted as the embedded Scheduler accepts it)."""
     return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+
+
+def _answer(error: CronoqError, unknown: bool) -> CronoqError:
+    """``error``, but "may have been applied" if an earlier try of the call may have been."""
+    if unknown and isinstance(error, SchedulerError) and error.applied is False:
+        error.applied = None
+    return error
 
 
 def _final(err: aio.AioRpcError, attempts: int, budget: float | None) -> CronoqError:

@@ -71,6 +71,14 @@ class GrpcEndpoint:
             ("grpc.max_receive_message_length", self._options.max_message_bytes),
             ("grpc.max_send_message_length", self._options.max_message_bytes),
             ("grpc.so_reuseport", 1),
+            # A worker whose host vanished without a FIN is noticed within seconds: its link
+            # closes and its slots are no longer offered (else attempts would be written into
+            # a dead connection and lost one lease after another). Clients ping as often.
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_timeout_ms", 5_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
+            ("grpc.http2.max_pings_without_data", 0),
         ]
         if not leader:
             options += [
