@@ -45,8 +45,11 @@ from cronoq import (
     LeaseRenewed,
     MissPolicy,
     OverlapPolicy,
+    Pool,
     RetryPolicy,
+    Scheduler,
     Status,
+    TaskContext,
     TaskInfo,
     TaskRequest,
 )
@@ -405,3 +408,38 @@ def test_an_empty_payload_is_no_payload_on_the_wire() -> None:
     message = w.worker_event_to_pb(attempt)
     assert not message.attempt.HasField("payload")
     assert w.worker_event_from_pb(wire(message)) == attempt
+
+
+# --- through a real Scheduler ---------------------------------------------------------------
+
+
+async def _hold(ctx: TaskContext, payload: Any) -> Any:
+    return payload
+
+
+async def test_a_remote_submission_is_the_embedded_one() -> None:
+    """The client's request through the server's BytesCodec Scheduler, and its TaskInfo back
+    through the client's codec, equal the same calls on an embedded JsonCodec Scheduler."""
+    request = TaskRequest(
+        "email", {"to": "ada"}, key="k1", tags=["a", "b"], name="n", priority=-3,
+        retry=RetryPolicy.exponential(5, initial=0.5), start_at=timedelta(hours=1),
+        grace=timedelta(seconds=7), timeout=1.5, deadline=datetime.now(UTC) + timedelta(days=30),
+    )  # fmt: skip
+    no_payload = TaskRequest("ping", pool="default", start_at=timedelta(hours=1))
+    pools = [Pool("default", _hold)]
+    async with (
+        Scheduler(pools, codec=JsonCodec()) as embedded,
+        Scheduler(pools, codec=BytesCodec()) as server,
+    ):
+        local = [await embedded.get(i) for i in await embedded.submit_many([request, no_payload])]
+        message = wire(w.submit_many_request([request, no_payload], JsonCodec()))
+        ids = await server.submit_many(w.submit_many_requests(message))
+        remote = [
+            w.task_info_from_pb(wire(w.task_info_to_pb(await server.get(i))), JsonCodec())
+            for i in ids
+        ]
+    for mine, theirs in zip(local, remote, strict=True):
+        assert _with(theirs, submitted_at=None, updated_at=None) == _with(
+            mine, submitted_at=None, updated_at=None
+        )
+    assert remote[1].payload is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 from enum import StrEnum
+from fractions import Fraction
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
@@ -145,19 +146,21 @@ def wire(message: M) -> M:
 
 
 def duration_ns(value: timedelta | float) -> int:
-    """Nanoseconds, as the Scheduler reads seconds or a timedelta (its range checks aside)."""
+    """Seconds or a timedelta in exact nanoseconds (the Scheduler's float arithmetic may differ
+    by a nanosecond past 2**52 ns)."""
     if isinstance(value, timedelta):
         return (value.days * 86_400 + value.seconds) * NS_PER_S + value.microseconds * 1000
-    if isinstance(value, int):
-        return value * NS_PER_S
-    return round(value * NS_PER_S)
+    return round(Fraction(value) * NS_PER_S)
 
 
-def instant(value: Any) -> tuple[str, Any]:
-    """An instant in a comparable form: a delay in ns, or a datetime (compared as instants)."""
+def instant(value: timedelta | datetime) -> tuple[str, int]:
+    """An instant as the Scheduler reads it: a delay, or ns since 1970 by its UTC offset (not
+    datetime equality, under which a wall time in a DST gap equals nothing in another zone)."""
     if isinstance(value, timedelta):
         return ("delay", duration_ns(value))
-    return ("at", value)
+    offset = value.utcoffset()
+    assert offset is not None
+    return ("at", duration_ns(value.replace(tzinfo=None) - offset - datetime(1970, 1, 1)))
 
 
 tokens = st.builds(AttemptToken, epoch=int64s, task_id=int64s, attempt=int64s)

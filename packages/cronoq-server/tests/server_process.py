@@ -143,13 +143,14 @@ async def start_server(
 DEFAULT_POOL = '[[pools]]\nname = "default"\n'
 
 
-def config_toml(store: str, *, pools: str = DEFAULT_POOL, extra: str = "") -> str:
-    """A test configuration: ports the OS picks, quick timings, this store section."""
+def config_toml(store: str, *, pools: str = DEFAULT_POOL, extra: str = "", tables: str = "") -> str:
+    """A test configuration: ports the OS picks, quick timings, this store section; ``extra``
+    holds top-level keys, ``tables`` more sections ([tls], [limits], ...)."""
     return (
         f"{extra}\n"
         "commit_timeout_s = 2.0\ndrain_timeout_s = 5.0\n"
         '[listen]\ngrpc = "127.0.0.1:0"\nhttp = "127.0.0.1:0"\n'
-        f"{store}\n{pools}"
+        f"{store}\n{tables}\n{pools}"
     )
 
 

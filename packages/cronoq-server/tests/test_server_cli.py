@@ -152,7 +152,8 @@ async def test_serve_without_configuration_leads_and_stops_on_sigterm(tmp_path: 
     try:
         lines: list[str] = []
         async with asyncio.timeout(20):
-            while not any('msg="leading"' in line for line in lines):
+            # Ready once the leader's gRPC server alone holds the port (logged after the swap).
+            while not any('msg="serving" role=leading' in line for line in lines):
                 lines.append((await process.stderr.readline()).decode())
                 assert lines[-1], f"serve exited: {lines}"
         (listening,) = (line for line in lines if 'msg="listening"' in line)

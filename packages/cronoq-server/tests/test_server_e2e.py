@@ -14,7 +14,8 @@ import grpc
 import pytest
 from server_process import config_toml, running_server
 
-from cronoq import BytesCodec, LeasedAttempt, Status, TaskRequest
+from cronoq import BytesCodec, LeasedAttempt, SchedulerError, Status, TaskRequest
+from cronoq_client import AsyncClient
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
 
@@ -58,6 +59,7 @@ async def test_a_task_submitted_over_grpc_runs_on_an_attached_worker(tmp_path: P
 _NO_CONFIG_CLIENT = """
 import asyncio, grpc, sys
 from cronoq import BytesCodec, TaskRequest
+from cronoq_client import AsyncClient
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
 
@@ -143,3 +145,35 @@ async def test_sigterm_drains_a_running_remote_attempt(tmp_path: Path) -> None:
             await workers.Report(wire.report_request(attempt.token, wire.ReportSuccess(b"done")))
             assert await server.wait_exit(10) == 0
         assert server.events("stepped_down")
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs openssl to make a certificate")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+async def test_tls_serves_a_client_that_trusts_the_certificate(
+    tmp_path: Path, certificate: tuple[Path, Path]
+) -> None:
+    cert, key = certificate
+    tls = f'[tls]\ncert = "{cert}"\nkey = "{key}"\n'
+    async with running_server(tmp_path, config_toml(MEMORY, tables=tls)) as server:
+        await server.leading()
+        trusted = grpc.ssl_channel_credentials(cert.read_bytes())
+        async with AsyncClient(server.target, tls=trusted, timeout=10) as client:
+            task_id = await client.submit("job", b"x", key="tls")
+            assert (await client.get(task_id)).payload == b"x"
+        # A plaintext client gets no answer from a TLS port.
+        async with AsyncClient(server.target, timeout=1) as plain:
+            with pytest.raises(SchedulerError):
+                await plain.get(task_id)

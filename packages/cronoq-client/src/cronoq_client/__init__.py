@@ -1,8 +1,10 @@
-"""Client for cronoq-server: ``AsyncClient``, the Scheduler's calls over gRPC.
+"""Client for cronoq-server: ``AsyncClient`` (the Scheduler's calls over gRPC) and ``Worker``
+(runs remote attempts with the same executor contract as a local Pool).
 
 The wire protocol is :mod:`cronoq_client.protocol`.
 """
 
 from cronoq_client._client import AsyncClient
+from cronoq_client._worker import Worker
 
-__all__ = ["AsyncClient"]
+__all__ = ["AsyncClient", "Worker"]

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from fractions import Fraction
 from typing import Any, TypeVar
 
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -213,7 +214,9 @@ def _duration(value: object, what: str) -> duration_pb2.Duration:
     elif isinstance(value, float) and abs(value) > _MAX_DURATION_S:  # before 1e300 * 1e9 = inf
         ns = _MAX_DURATION_S * NS_PER_S + 1
     else:
-        ns = value * NS_PER_S if isinstance(value, int) else round(value * NS_PER_S)
+        # Exact: value * 1e9 in floats is off by a nanosecond or more past 2**52 ns, and
+        # then a float made from nanoseconds (LeasedAttempt.timeout) would not come back.
+        ns = value * NS_PER_S if isinstance(value, int) else round(Fraction(value) * NS_PER_S)
     if abs(ns) > _MAX_DURATION_S * NS_PER_S:
         given = str(value) if isinstance(value, timedelta) else f"{_shown(value)} seconds"
         raise InvalidArgument(f"{what} of {given} is longer than a protobuf Duration can be")

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from cronoq import CancelRequested, Scheduler, preview
+from cronoq import Scheduler, preview
 from cronoq.errors import CronoqError
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
@@ -184,14 +184,11 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                 except CronoqError as exc:  # detached, or the scheduler stopped
                     await _abort(context, exc)
                     return
-                if isinstance(event, CancelRequested):
-                    await context.write(wire.worker_event_to_pb(event))
-                    continue
-                try:
-                    await context.write(wire.worker_event_to_pb(event))
-                except BaseException:
-                    link.unsent(event)  # the write failed: it never left, so it is not counted
-                    raise
+                # Once a write began, the attempt may have reached the worker even if the write
+                # raises (a stream cancelled mid-write): it counts, and is retried after its
+                # lease if the worker never got it. Only attempts still queued in the link
+                # when it closes go back uncounted.
+                await context.write(wire.worker_event_to_pb(event))
         finally:
             link.close()
             log.info("worker detached", extra={"worker": request.worker_id})

@@ -66,11 +66,7 @@ class _StatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Status.ValueTy
     STATUS_CANCELLED: _Status.ValueType  # 8
 
 class Status(_Status, metaclass=_StatusEnumTypeWrapper):
-    """---------------------------------------------------------------------------------------------
-    Enums
-
-    Status of a task (cronoq.Status).
-    """
+    """Status of a task (cronoq.Status)."""
 
 STATUS_UNSPECIFIED: Status.ValueType  # 0
 """Never valid: a reply always says the status, and a filter naming it is rejected."""
@@ -155,10 +151,7 @@ Global___CatchUpPolicy: _TypeAlias = CatchUpPolicy  # noqa: Y015
 
 @_typing.final
 class RetryPolicy(_message.Message):
-    """---------------------------------------------------------------------------------------------
-    Values
-
-    Attempts and exponential backoff (cronoq.RetryPolicy). Every field is optional: absent means
+    """Attempts and exponential backoff (cronoq.RetryPolicy). Every field is optional: absent means
     the field's default (3 attempts, 1 s, x2, 300 s, 0.1), since a zero jitter is a real value.
     """
 

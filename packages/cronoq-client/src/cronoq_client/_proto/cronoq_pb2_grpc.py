@@ -26,10 +26,7 @@ if _version_not_supported:
 
 
 class SchedulerServiceStub:
-    """---------------------------------------------------------------------------------------------
-    SchedulerService
-
-    The calls of cronoq.Scheduler, with the same arguments, semantics and errors.
+    """The calls of cronoq.Scheduler, with the same arguments, semantics and errors.
     """
 
     def __init__(self, channel):
@@ -106,10 +103,7 @@ class SchedulerServiceStub:
 
 
 class SchedulerServiceServicer:
-    """---------------------------------------------------------------------------------------------
-    SchedulerService
-
-    The calls of cronoq.Scheduler, with the same arguments, semantics and errors.
+    """The calls of cronoq.Scheduler, with the same arguments, semantics and errors.
     """
 
     def Submit(self, request, context):
@@ -279,10 +273,7 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class SchedulerService:
-    """---------------------------------------------------------------------------------------------
-    SchedulerService
-
-    The calls of cronoq.Scheduler, with the same arguments, semantics and errors.
+    """The calls of cronoq.Scheduler, with the same arguments, semantics and errors.
     """
 
     @staticmethod
@@ -638,17 +629,13 @@ class SchedulerService:
 
 
 class WorkerServiceStub:
-    """---------------------------------------------------------------------------------------------
-    WorkerService
-
-    Remote workers lease and run the attempts of the server's remote pools.
+    """Remote workers lease and run the attempts of the server's remote pools.
 
     Attempts are pushed on a server stream rather than long-polled: the leader learns at once
     when a worker goes away (the stream breaks, so its link closes and stops taking slots), an
     attempt reaches a free slot without a poll round trip, and cancel requests travel on the same
     stream. Heartbeats and reports are unary calls, so a report survives a broken stream: it is
     retried on a new connection while the lease lasts.
-
     """
 
     def __init__(self, channel):
@@ -675,17 +662,13 @@ class WorkerServiceStub:
 
 
 class WorkerServiceServicer:
-    """---------------------------------------------------------------------------------------------
-    WorkerService
-
-    Remote workers lease and run the attempts of the server's remote pools.
+    """Remote workers lease and run the attempts of the server's remote pools.
 
     Attempts are pushed on a server stream rather than long-polled: the leader learns at once
     when a worker goes away (the stream breaks, so its link closes and stops taking slots), an
     attempt reaches a free slot without a poll round trip, and cancel requests travel on the same
     stream. Heartbeats and reports are unary calls, so a report survives a broken stream: it is
     retried on a new connection while the lease lasts.
-
     """
 
     def Attach(self, request, context):
@@ -741,17 +724,13 @@ def add_WorkerServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class WorkerService:
-    """---------------------------------------------------------------------------------------------
-    WorkerService
-
-    Remote workers lease and run the attempts of the server's remote pools.
+    """Remote workers lease and run the attempts of the server's remote pools.
 
     Attempts are pushed on a server stream rather than long-polled: the leader learns at once
     when a worker goes away (the stream breaks, so its link closes and stops taking slots), an
     attempt reaches a free slot without a poll round trip, and cancel requests travel on the same
     stream. Heartbeats and reports are unary calls, so a report survives a broken stream: it is
     retried on a new connection while the lease lasts.
-
     """
 
     @staticmethod

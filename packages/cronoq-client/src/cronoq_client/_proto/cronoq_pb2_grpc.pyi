@@ -49,11 +49,7 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class SchedulerServiceStub:
-    """---------------------------------------------------------------------------------------------
-    SchedulerService
-
-    The calls of cronoq.Scheduler, with the same arguments, semantics and errors.
-    """
+    """The calls of cronoq.Scheduler, with the same arguments, semantics and errors."""
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
@@ -88,11 +84,7 @@ class SchedulerServiceStub:
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
-    """---------------------------------------------------------------------------------------------
-    SchedulerService
-
-    The calls of cronoq.Scheduler, with the same arguments, semantics and errors.
-    """
+    """The calls of cronoq.Scheduler, with the same arguments, semantics and errors."""
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Submit: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.SubmitRequest, _cronoq_pb2.SubmitResponse]  # type: ignore[assignment]
@@ -123,11 +115,7 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """The next occurrences of a cron expression (cronoq.preview); needs no leader's state."""
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
-    """---------------------------------------------------------------------------------------------
-    SchedulerService
-
-    The calls of cronoq.Scheduler, with the same arguments, semantics and errors.
-    """
+    """The calls of cronoq.Scheduler, with the same arguments, semantics and errors."""
 
     @_abc_1.abstractmethod
     def Submit(

@@ -1,0 +1,457 @@
+"""The remote worker runtime: runs attempts of remote pools leased by a cronoq server.
+
+The executor contract is a local ``Pool``'s: ``async def fn(ctx, payload)`` runs on the loop and
+is cancelled (``asyncio.CancelledError``) when its attempt is asked to stop; a plain function
+runs in a thread and polls ``ctx.cancelled``; ``TaskError`` controls the retry; any other
+exception is a retryable failure; an attempt that returns after it was asked to stop ends as a
+failure with the reason.
+
+The worker holds one Attach stream (attempts and cancellations arrive on it) and makes unary
+Heartbeat and Report calls, each on whatever connection is current. When the stream ends or
+fails, it opens a new connection (the next target, when there are several, so that a balancer
+picks a replica again) after a backoff with full jitter, and reattaches naming the attempts it
+still runs, which it goes on heartbeating and reporting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import grpc
+
+from cronoq import (
+    AttemptToken,
+    BytesCodec,
+    CancelRequested,
+    Codec,
+    LeasedAttempt,
+    TaskContext,
+    TaskError,
+)
+from cronoq.errors import InvalidArgument, PayloadError, StaleAttempt
+from cronoq_client._channel import Channels, Connection, targets_of
+from cronoq_client._client import DEFAULT_MAX_MESSAGE_BYTES
+from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
+from cronoq_client._retry import Backoff, Verdict, judge
+from cronoq_client._status import error_from_rpc
+from cronoq_client._wire import (
+    Attached,
+    ReportFailure,
+    ReportSuccess,
+    _payload_of,
+    _value_of,
+    attach_request,
+    heartbeat_request,
+    lease_renewed_from_pb,
+    report_request,
+    worker_event_from_pb,
+)
+
+__all__ = ["Worker"]
+
+log = logging.getLogger("cronoq_client.worker")
+
+TaskFunction = Callable[[TaskContext, Any], Awaitable[Any]] | Callable[[TaskContext, Any], Any]
+
+MAX_MESSAGE = 64 * 1024
+"""Characters of a failure message the server accepts (the Scheduler's limit)."""
+_BACKOFF = Backoff()
+_REPORT_CALL_TIMEOUT_S = 10.0
+_CHANNEL_CLOSE_GRACE_S = 1.0
+"""An old connection's calls get this long to finish once a new connection replaced it."""
+_STOPPING = "the worker is stopping"
+
+
+def _truncate(message: str) -> str:
+    if len(message) <= MAX_MESSAGE:
+        return message
+    marker = f"... ({len(message)} characters, truncated)"
+    return message[: MAX_MESSAGE - len(marker)] + marker
+
+
+def _is_async(fn: object) -> bool:
+    # A callable object with ``async def __call__`` is async too (as for a local Pool).
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """An attempt this worker runs (mutable: its lease and state change as it runs)."""
+
+    leased: LeasedAttempt
+    ctx: TaskContext
+    lease_s: float
+    lease_end: float
+    """Loop time after which the server no longer holds the lease (as last renewed)."""
+    task: asyncio.Task[None] | None = None
+    executing: bool = True
+    """The function still runs: a cancellation interrupts it (not the report that follows)."""
+    stale: bool = False
+    """The server said the attempt is no longer current: it ends without a report."""
+    heartbeat: asyncio.Task[None] | None = field(default=None)
+
+
+class Worker:
+    """Runs the attempts of remote pools, ``slots`` at a time, until stopped.
+
+    ``target`` is ``host:port``, or a list of them, tried in turn on reconnect (as for
+    ``AsyncClient``). ``pools`` maps each remote pool's name to its function. ``codec`` decodes
+    payloads and encodes outputs, as the submitting client's codec does (default
+    ``BytesCodec``). ``tls``: channel credentials, or None for plaintext. ``worker_id`` names the
+    worker in the server's logs (default ``host:pid``).
+
+    ``await run()`` works until :meth:`stop` (or SIGTERM, when run in the main thread): the first
+    stop drains (no new attempt; the running ones finish and report), a second one cancels the
+    running attempts, which are then lost and retried after their lease.
+    """
+
+    def __init__(
+        self,
+        target: str | Sequence[str],
+        pools: Mapping[str, TaskFunction],
+        *,
+        slots: int = 10,
+        codec: Codec | None = None,
+        tls: grpc.ChannelCredentials | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        targets = targets_of(target)
+        if not isinstance(pools, Mapping) or not pools:
+            raise InvalidArgument("pools must map at least one pool name to its function")
+        for name, fn in pools.items():
+            if not isinstance(name, str) or not callable(fn):
+                raise InvalidArgument(f"pools must map names to functions, got {name!r}: {fn!r}")
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise InvalidArgument(f"slots must be a positive int, got {slots!r}")
+        self._pools = dict(pools)
+        self._async = {name: _is_async(fn) for name, fn in self._pools.items()}
+        self._slots = slots
+        self._codec: Codec = codec if codec is not None else BytesCodec()
+        self._channels = Channels(
+            targets, tls, DEFAULT_MAX_MESSAGE_BYTES, retire_grace=_CHANNEL_CLOSE_GRACE_S
+        )
+        self._stubs: tuple[int, pb_grpc.WorkerServiceAsyncStub] | None = None
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
+        self._attempts: dict[AttemptToken, _Attempt] = {}
+        self._leases: dict[str, float] = {}
+        self._stopping = asyncio.Event()
+        self._aborting = asyncio.Event()
+        self._running = False
+        self._threads: ThreadPoolExecutor | None = None
+        self._attached = asyncio.Event()
+
+    # --- control ----------------------------------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        """Attempts this worker runs now."""
+        return len(self._attempts)
+
+    async def attached(self) -> None:
+        """Return once an Attach stream is established (for tests and readiness checks)."""
+        await self._attached.wait()
+
+    def stop(self) -> None:
+        """First call: drain (take no new attempt, let the running ones finish and report).
+        Second call: cancel the running attempts and return without reporting them."""
+        if not self._stopping.is_set():
+            log.info("worker draining", extra={"worker": self.worker_id, "running": self.running})
+            self._stopping.set()
+        elif not self._aborting.is_set():
+            log.info("worker stopping now", extra={"worker": self.worker_id})
+            self._aborting.set()
+
+    async def run(self) -> None:
+        """Attach and run attempts until stopped; see the class. Raises InvalidArgument if the
+        server refuses the attachment for good (an unknown pool, a pool that is not remote)."""
+        if self._running:
+            raise RuntimeError("this Worker is already running")
+        self._running = True
+        loop = asyncio.get_running_loop()
+        handled = threading.current_thread() is threading.main_thread()
+        if handled:
+            loop.add_signal_handler(signal.SIGTERM, self.stop)
+        if not all(self._async.values()):
+            # Never more threads than slots: the server sends no more attempts than that.
+            self._threads = ThreadPoolExecutor(self._slots, thread_name_prefix="cronoq-worker")
+        attach = loop.create_task(self._attach_loop(), name="cronoq-worker-attach")
+        try:
+            stopping = loop.create_task(self._stopping.wait())
+            try:
+                await asyncio.wait((attach, stopping), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+            if attach.done():
+                attach.result()  # a refusal for good
+            attach.cancel()
+            await asyncio.gather(attach, return_exceptions=True)
+            await self._drain()
+        finally:
+            attach.cancel()
+            await self._abandon_all()
+            if handled:
+                loop.remove_signal_handler(signal.SIGTERM)
+            if self._threads is not None:
+                # A thread cannot be stopped: it was told by its ctx and is left to finish.
+                self._threads.shutdown(wait=False, cancel_futures=True)
+            await self._channels.close()
+            self._running = False
+
+    async def _drain(self) -> None:
+        aborting = asyncio.ensure_future(self._aborting.wait())
+        try:
+            while self._attempts and not self._aborting.is_set():
+                tasks = {a.task for a in self._attempts.values() if a.task is not None}
+                await asyncio.wait({*tasks, aborting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            aborting.cancel()
+        if not self._attempts:
+            log.info("worker drained", extra={"worker": self.worker_id})
+
+    async def _abandon_all(self) -> None:
+        tasks = []
+        for attempt in self._attempts.values():
+            attempt.stale = True  # no report: the lease runs out and the server retries it
+            attempt.ctx.cancel_reason = attempt.ctx.cancel_reason or _STOPPING
+            if attempt.task is not None:
+                attempt.task.cancel()
+                tasks.append(attempt.task)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- connections ------------------------------------------------------------------------
+
+    def _current(self) -> tuple[Connection, pb_grpc.WorkerServiceAsyncStub]:
+        connection = self._channels.current()
+        if self._stubs is None or self._stubs[0] != connection.generation:
+            self._stubs = (connection.generation, pb_grpc.WorkerServiceStub(connection.channel))
+        return connection, self._stubs[1]
+
+    def _reconnect(self, failed: Connection) -> None:
+        """A new connection (to the next target), unless a call that saw the same failure
+        made one already; calls in flight on the old one get a grace period."""
+        self._channels.replace(failed)
+
+    # --- the Attach stream ------------------------------------------------------------------
+
+    async def _attach_loop(self) -> None:
+        failures = 0
+        while True:
+            connection, stub = self._current()
+            request = attach_request(
+                self.worker_id, self._pools, self._slots, running=tuple(self._attempts)
+            )
+            call = stub.Attach(request)
+            try:
+                async for message in call:
+                    event = worker_event_from_pb(message)
+                    if isinstance(event, Attached):
+                        failures = 0
+                        self._leases.update(event.leases)
+                        self._attached.set()
+                        log.info(
+                            "worker attached",
+                            extra={"worker": self.worker_id, "epoch": event.epoch},
+                        )
+                    elif isinstance(event, LeasedAttempt):
+                        self._start(event)
+                    else:
+                        self._cancel(event)
+                log.info("attach stream ended; reconnecting", extra={"worker": self.worker_id})
+            except grpc.RpcError as err:
+                error = error_from_rpc(err)
+                if judge(err, idempotent=True) is Verdict.RAISE and isinstance(
+                    error, InvalidArgument
+                ):
+                    raise error from None
+                log.info("attach failed; reconnecting: %s", error, extra={"worker": self.worker_id})
+            except InvalidArgument as exc:  # a malformed event: the server is not one we know
+                log.warning("bad worker event; reconnecting: %s", exc)
+            finally:
+                call.cancel()  # no new attempt on this stream, whatever ended it
+            self._attached.clear()
+            await asyncio.sleep(_BACKOFF.delay(failures))
+            failures += 1
+            self._reconnect(connection)
+
+    # --- attempts ---------------------------------------------------------------------------
+
+    def _start(self, leased: LeasedAttempt) -> None:
+        if leased.token in self._attempts:
+            return  # sent again after a reconnect: it runs already
+        loop = asyncio.get_running_loop()
+        lease_s = self._leases.get(leased.pool)
+        if lease_s is None:
+            lease_s = max((leased.lease_expires_at - datetime.now(UTC)).total_seconds(), 0.03)
+        ctx = TaskContext(
+            leased.token.task_id,
+            leased.token.attempt,
+            leased.pool,
+            leased.kind,
+            leased.key,
+            leased.tags,
+            leased.name,
+            leased.deadline,
+        )
+        attempt = _Attempt(leased, ctx, lease_s, loop.time() + lease_s)
+        self._attempts[leased.token] = attempt
+        attempt.task = loop.create_task(self._run(attempt), name=f"cronoq-attempt-{ctx.task_id}")
+        attempt.heartbeat = loop.create_task(self._heartbeats(attempt))
+
+    def _cancel(self, event: CancelRequested) -> None:
+        attempt = self._attempts.get(event.token)
+        if attempt is not None:
+            self._interrupt(attempt, event.reason)
+
+    def _interrupt(self, attempt: _Attempt, reason: str) -> None:
+        if attempt.ctx.cancel_reason is not None:
+            return
+        attempt.ctx.cancel_reason = reason
+        if attempt.executing and self._async[attempt.leased.pool] and attempt.task is not None:
+            attempt.task.cancel(reason)
+
+    async def _run(self, attempt: _Attempt) -> None:
+        token = attempt.leased.token
+        try:
+            try:
+                result = await self._execute(attempt)
+            except asyncio.CancelledError:
+                if attempt.stale:
+                    raise  # abandoned: nobody waits for this attempt any more
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+                result = ReportFailure(attempt.ctx.cancel_reason or "cancelled")
+            attempt.executing = False
+            if attempt.stale:
+                log.info("attempt abandoned", extra={"task_id": token.task_id})
+                return
+            if attempt.ctx.cancel_reason is not None and isinstance(result, ReportSuccess):
+                # It returned after being asked to stop: as a local Pool's attempt does, it
+                # ends cancelled (a thread cannot be interrupted).
+                result = ReportFailure(attempt.ctx.cancel_reason)
+            await self._report(attempt, result)
+        finally:
+            if attempt.heartbeat is not None:
+                attempt.heartbeat.cancel()
+            self._attempts.pop(token, None)
+
+    async def _execute(self, attempt: _Attempt) -> ReportSuccess | ReportFailure:
+        leased = attempt.leased
+        try:
+            value = (
+                None if leased.payload == b"" else _value_of(self._codec, leased.payload, "payload")
+            )
+        except PayloadError as exc:
+            return ReportFailure(f"payload could not be decoded: {exc}", retryable=False)
+        fn = self._pools.get(leased.pool)
+        if fn is None:  # the server sent a pool this worker did not attach to: a server bug
+            return ReportFailure(f"worker {self.worker_id} has no function for {leased.pool!r}")
+        try:
+            if self._async[leased.pool]:
+                result = await fn(attempt.ctx, value)
+            else:
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(self._threads, fn, attempt.ctx, value)
+        except TaskError as exc:
+            return ReportFailure(_truncate(exc.message), exc.retryable, exc.retry_after)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return ReportFailure(_truncate(f"{type(exc).__name__}: {exc}"))
+        if result is None:
+            return ReportSuccess(None)
+        try:
+            return ReportSuccess(_payload_of(self._codec, result, "output"))
+        except PayloadError as exc:
+            return ReportFailure(_truncate(str(exc)), retryable=False)
+
+    def _abandon(self, attempt: _Attempt, error: StaleAttempt) -> None:
+        log.info(
+            "attempt is stale (%s): stopping it without a report",
+            error.reason,
+            extra={"task_id": attempt.ctx.task_id},
+        )
+        attempt.stale = True
+        self._interrupt(attempt, f"the attempt is no longer current: {error}")
+
+    # --- heartbeats and reports -------------------------------------------------------------
+
+    async def _heartbeats(self, attempt: _Attempt) -> None:
+        interval = attempt.lease_s / 3
+        token = attempt.leased.token
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            connection, stub = self._current()
+            sent = loop.time()
+            try:
+                reply = await stub.Heartbeat(heartbeat_request(token), timeout=interval)
+            except grpc.RpcError as err:
+                error = error_from_rpc(err)
+                if isinstance(error, StaleAttempt):
+                    if attempt.executing:
+                        self._abandon(attempt, error)
+                    else:
+                        attempt.stale = True  # its report is answered stale too
+                    return
+                if judge(err, idempotent=True) is Verdict.RETRY:
+                    self._reconnect(connection)
+                log.info("heartbeat failed: %s", error, extra={"task_id": token.task_id})
+                continue
+            attempt.lease_end = sent + attempt.lease_s
+            renewed = lease_renewed_from_pb(reply)
+            if renewed.cancel_reason is not None:
+                self._interrupt(attempt, renewed.cancel_reason)
+
+    async def _report(self, attempt: _Attempt, result: ReportSuccess | ReportFailure) -> None:
+        """Report until the server answers, while the lease lasts (a report is idempotent:
+        a repeat of an applied one is answered stale and changes nothing)."""
+        token = attempt.leased.token
+        loop = asyncio.get_running_loop()
+        request = report_request(token, result)
+        failures = 0
+        while not attempt.stale:
+            connection, stub = self._current()
+            left = attempt.lease_end - loop.time()
+            try:
+                await stub.Report(request, timeout=min(max(left, 0.05), _REPORT_CALL_TIMEOUT_S))
+                return
+            except grpc.RpcError as err:
+                error = error_from_rpc(err)
+                if isinstance(error, StaleAttempt):
+                    log.info(
+                        "report answered stale (%s): the attempt's outcome is not this one",
+                        error.reason,
+                        extra={"task_id": token.task_id},
+                    )
+                    return
+                if judge(err, idempotent=True) is Verdict.RAISE:
+                    if isinstance(result, ReportSuccess) and isinstance(error, InvalidArgument):
+                        # An output the server refuses (too large): the attempt fails instead.
+                        result = ReportFailure(_truncate(f"output refused: {error}"), False)
+                        request = report_request(token, result)
+                        continue
+                    log.error("report refused: %s", error, extra={"task_id": token.task_id})
+                    return
+                if loop.time() >= attempt.lease_end:
+                    log.warning(
+                        "report failed and the lease is over; the server retries the attempt: %s",
+                        error,
+                        extra={"task_id": token.task_id},
+                    )
+                    return
+                log.info("report failed; retrying: %s", error, extra={"task_id": token.task_id})
+                self._reconnect(connection)
+            await asyncio.sleep(_BACKOFF.delay(failures))
+            failures += 1

@@ -1,0 +1,611 @@
+"""The remote Worker against real gRPC servers.
+
+Most tests run against a real ``cronoq-server serve`` process (memory store, a remote pool
+``default`` with a 1 s lease), submitting and waiting with ``AsyncClient``. The tests that
+restart the server on the same port, make it answer as a standby, or watch the Attach stream
+close use an in-process server instead: a Scheduler with a RemotePool behind a minimal
+WorkerService (below) that forwards to the Scheduler's public worker API. Workers run in this
+process, or in child processes for SIGKILL and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from server_process import config_toml, running_server
+
+from cronoq import (
+    AttemptToken,
+    BytesCodec,
+    MemoryStore,
+    RemotePool,
+    RetryPolicy,
+    Scheduler,
+    Status,
+    TaskContext,
+    TaskError,
+)
+from cronoq.errors import CronoqError
+from cronoq_client import AsyncClient
+from cronoq_client._worker import MAX_MESSAGE, Worker
+from cronoq_client.protocol import (
+    Attached,
+    Reason,
+    attach_kwargs,
+    heartbeat_token,
+    lease_renewed_to_pb,
+    pb,
+    pb_grpc,
+    report_from_pb,
+    rich_status,
+    status_for,
+    worker_event_to_pb,
+)
+from cronoq_client.protocol import ReportSuccess as WireSuccess
+
+LEASE_S = 1.0
+WAIT_S = 10.0
+CODEC = BytesCodec()
+FAST_RETRY = RetryPolicy(max_attempts=3, initial_ns=10_000_000, jitter=0.0)
+
+
+class _Service(pb_grpc.WorkerServiceServicer):
+    """WorkerService over a Scheduler, as the server has it; ``standby`` refuses as a standby
+    replica does."""
+
+    def __init__(self, sched: Scheduler, lease: float) -> None:
+        self.sched = sched
+        self.lease = lease
+        self.standby = False
+        self.refused = 0
+        self.refusals = asyncio.Event()
+        self.attaches: list[tuple[AttemptToken, ...]] = []
+        self.detached = asyncio.Event()
+        self.reattached = asyncio.Event()
+
+    async def Attach(self, request: pb.AttachRequest, context: Any) -> None:  # type: ignore[override]
+        if self.standby:
+            self.refused += 1
+            if self.refused >= 3:
+                self.refusals.set()
+            await context.abort_with_status(
+                rich_status(grpc.StatusCode.UNAVAILABLE, "a standby", Reason.STANDBY)
+            )
+        options = attach_kwargs(request)
+        try:
+            link = self.sched.attach(**options)
+        except CronoqError as exc:
+            await context.abort_with_status(status_for(exc))
+        self.attaches.append(options["running"])
+        if len(self.attaches) >= 2:
+            self.reattached.set()
+        self.detached.clear()
+        try:
+            leases = dict.fromkeys(options["pools"], self.lease)
+            await context.write(worker_event_to_pb(Attached(self.sched.epoch or 0, leases)))
+            async for event in link:
+                await context.write(worker_event_to_pb(event))
+        finally:
+            link.close()
+            self.detached.set()
+
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
+        try:
+            return lease_renewed_to_pb(await self.sched.heartbeat(heartbeat_token(request)))
+        except CronoqError as exc:
+            await context.abort_with_status(status_for(exc))
+            raise
+
+    async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:
+        token, outcome = report_from_pb(request)
+        try:
+            if isinstance(outcome, WireSuccess):
+                await self.sched.report_success(token, outcome.output)
+            else:
+                await self.sched.report_failure(
+                    token,
+                    outcome.message,
+                    retryable=outcome.retryable,
+                    retry_after=outcome.retry_after,
+                )
+        except CronoqError as exc:
+            await context.abort_with_status(status_for(exc))
+        return pb.ReportResponse()
+
+
+class Served:
+    """A Scheduler served in process; ``stop`` and ``start`` again keep the port."""
+
+    def __init__(self, sched: Scheduler, lease: float) -> None:
+        self.sched = sched
+        self.service = _Service(sched, lease)
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        server = grpc.aio.server()
+        pb_grpc.add_WorkerServiceServicer_to_server(self.service, server)
+        self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
+        await server.start()
+        self._server = server
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(0)
+            self._server = None
+
+
+async def _served(lease: float) -> AsyncIterator[Served]:
+    sched = Scheduler([RemotePool("default", lease=lease)], store=MemoryStore(), codec=BytesCodec())
+    async with sched:
+        served = Served(sched, lease)
+        await served.start()
+        try:
+            yield served
+        finally:
+            await served.stop()
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Served]:
+    async for s in _served(LEASE_S):
+        yield s
+
+
+@pytest.fixture
+async def served_long() -> AsyncIterator[Served]:
+    """A lease that outlasts a server restart."""
+    async for s in _served(3.0):
+        yield s
+
+
+class Real:
+    """A ``cronoq-server serve`` process and a client of it."""
+
+    def __init__(self, target: str, sched: AsyncClient) -> None:
+        self.target = target
+        self.sched = sched
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[Real]:
+    pools = f'[[pools]]\nname = "default"\nlease_s = {LEASE_S}\n'
+    config = config_toml('[store]\nkind = "memory"\n', pools=pools)
+    async with running_server(tmp_path, config) as process:
+        await process.wait_for("leading")
+        async with AsyncClient(process.target, codec=CODEC, timeout=WAIT_S) as client:
+            yield Real(process.target, client)
+
+
+class Running:
+    """A Worker whose run() is a task; ``finish`` stops it and returns run()'s outcome."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.task = asyncio.create_task(worker.run())
+
+    async def attached(self) -> None:
+        attached = asyncio.ensure_future(self.worker.attached())
+        done, _ = await asyncio.wait(
+            {attached, self.task}, timeout=WAIT_S, return_when="FIRST_COMPLETED"
+        )
+        if self.task in done:
+            attached.cancel()
+            self.task.result()
+        assert attached in done, "the worker did not attach"
+
+    async def finish(self) -> None:
+        self.worker.stop()
+        self.worker.stop()
+        await asyncio.wait_for(self.task, WAIT_S)
+
+
+async def _worker(served: Served | Real, fn: Callable[..., Any], **options: Any) -> Running:
+    running = Running(Worker(served.target, {"default": fn}, **options))
+    await running.attached()
+    return running
+
+
+# --- running attempts -------------------------------------------------------------------------
+
+
+async def test_async_and_thread_functions_run_and_their_outputs_come_back(server: Real) -> None:
+    seen: list[tuple[int, int, str, str | None, tuple[str, ...], Any]] = []
+
+    async def upper(ctx: TaskContext, payload: bytes | None) -> bytes | None:
+        seen.append((ctx.task_id, ctx.attempt, ctx.kind, ctx.key, ctx.tags, payload))
+        return None if payload is None else payload.upper()
+
+    running = await _worker(server, upper)
+    try:
+        first = await server.sched.submit("greet", b"hello", key="k1", tags=["a", "b"])
+        empty = await server.sched.submit("greet")
+        info = await server.sched.wait(first, timeout=WAIT_S)
+        assert (info.status, info.output) == (Status.SUCCEEDED, b"HELLO")
+        info = await server.sched.wait(empty, timeout=WAIT_S)
+        assert (info.status, info.output) == (Status.SUCCEEDED, None)
+        assert (first, 1, "greet", "k1", ("a", "b"), b"hello") in seen
+        assert (empty, 1, "greet", None, (), None) in seen
+    finally:
+        await running.finish()
+
+    threads: list[str] = []
+
+    def reverse(ctx: TaskContext, payload: bytes) -> bytes:
+        threads.append(threading.current_thread().name)
+        return payload[::-1]
+
+    running = await _worker(server, reverse, slots=2)
+    try:
+        ids = [await server.sched.submit("rev", f"ab{i}".encode()) for i in range(4)]
+        for i, task_id in enumerate(ids):
+            info = await server.sched.wait(task_id, timeout=WAIT_S)
+            assert (info.status, info.output) == (Status.SUCCEEDED, f"{i}ba".encode())
+        assert threads and all(name.startswith("cronoq-worker") for name in threads)
+    finally:
+        await running.finish()
+
+
+async def test_task_errors_and_exceptions_become_failures_with_their_retry(server: Real) -> None:
+    starts: dict[str, list[float]] = {}
+
+    async def flaky(ctx: TaskContext, payload: bytes) -> bytes:
+        starts.setdefault(ctx.kind, []).append(time.monotonic())
+        if ctx.kind == "fatal":
+            raise TaskError("bad input", retryable=False)
+        if ctx.kind == "later" and ctx.attempt == 1:
+            raise TaskError("busy", retry_after=0.3)
+        if ctx.kind == "boom" and ctx.attempt == 1:
+            raise ValueError("boom")
+        if ctx.kind == "long":
+            raise TaskError("x" * (3 * MAX_MESSAGE))
+        return b"ok"
+
+    running = await _worker(server, flaky)
+    try:
+        sched = server.sched
+        fatal = await sched.submit("fatal", retry=FAST_RETRY)
+        later = await sched.submit("later", retry=FAST_RETRY)
+        boom = await sched.submit("boom", retry=FAST_RETRY)
+        long = await sched.submit("long", retry=RetryPolicy(max_attempts=1))
+        info = await sched.wait(fatal, timeout=WAIT_S)
+        assert (info.status, info.attempt) == (Status.FAILED, 1)
+        assert "not retryable" in info.message and info.message.endswith(": bad input")
+        info = await sched.wait(later, timeout=WAIT_S)
+        assert (info.status, info.attempt, info.output) == (Status.SUCCEEDED, 2, b"ok")
+        gap = starts["later"][1] - starts["later"][0]
+        assert gap >= 0.3, f"retry_after=0.3 was not kept: {gap:.3f}s"
+        info = await sched.wait(boom, timeout=WAIT_S)
+        assert (info.status, info.attempt) == (Status.SUCCEEDED, 2)
+        info = await sched.wait(long, timeout=WAIT_S)
+        assert info.status is Status.FAILED
+        assert len(info.message) < MAX_MESSAGE + 100, "truncated before it was sent"
+        assert f"xx... ({3 * MAX_MESSAGE} characters, truncated)" in info.message
+    finally:
+        await running.finish()
+
+
+async def test_boom_message_names_the_exception_type(server: Real) -> None:
+    async def boom(ctx: TaskContext, payload: bytes) -> None:
+        raise KeyError("missing")
+
+    running = await _worker(server, boom)
+    try:
+        task_id = await server.sched.submit("boom", retry=RetryPolicy(max_attempts=1))
+        info = await server.sched.wait(task_id, timeout=WAIT_S)
+        assert info.status is Status.FAILED
+        assert "failed: KeyError: 'missing'" in info.message
+    finally:
+        await running.finish()
+
+
+# --- cancellation -----------------------------------------------------------------------------
+
+
+async def test_a_cancel_interrupts_a_running_async_function(server: Real) -> None:
+    started = asyncio.Event()
+    interrupted: list[str | None] = []
+
+    async def forever(ctx: TaskContext, payload: bytes) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            interrupted.append(ctx.cancel_reason)
+            raise
+
+    running = await _worker(server, forever)
+    try:
+        task_id = await server.sched.submit("forever")
+        await asyncio.wait_for(started.wait(), WAIT_S)
+        await server.sched.cancel(task_id, "enough")
+        info = await server.sched.wait(task_id, timeout=WAIT_S)
+        assert info.status is Status.CANCELLED
+        assert interrupted == ["enough"]
+    finally:
+        await running.finish()
+
+
+async def test_a_cancel_reaches_a_thread_function_through_its_ctx(server: Real) -> None:
+    started = threading.Event()
+    polled: list[bool] = []
+
+    def polling(ctx: TaskContext, payload: bytes) -> bytes:
+        started.set()
+        deadline = time.monotonic() + WAIT_S
+        while not ctx.cancelled and time.monotonic() < deadline:
+            time.sleep(0.005)
+        polled.append(ctx.cancelled)
+        return b"returned anyway"
+
+    running = await _worker(server, polling)
+    try:
+        task_id = await server.sched.submit("poll")
+        assert await asyncio.to_thread(started.wait, WAIT_S)
+        await server.sched.cancel(task_id, "stop polling")
+        info = await server.sched.wait(task_id, timeout=WAIT_S)
+        # It returned after the cancel reached it: the attempt ends cancelled, not succeeded.
+        assert (info.status, info.output) == (Status.CANCELLED, None)
+        assert polled == [True]
+    finally:
+        await running.finish()
+
+
+# --- connections ------------------------------------------------------------------------------
+
+
+async def test_running_attempts_survive_a_server_restart_and_report_on_the_new_one(
+    served_long: Served,
+) -> None:
+    served = served_long
+    gates = {"during": asyncio.Event(), "after": asyncio.Event()}
+    started = {kind: asyncio.Event() for kind in gates}
+
+    async def gated(ctx: TaskContext, payload: bytes) -> bytes:
+        started[ctx.kind].set()
+        await gates[ctx.kind].wait()
+        return ctx.kind.encode()
+
+    running = await _worker(served, gated)
+    try:
+        during = await served.sched.submit("during")
+        after = await served.sched.submit("after")
+        for event in started.values():
+            await asyncio.wait_for(event.wait(), WAIT_S)
+        await served.stop()
+        await asyncio.wait_for(served.service.detached.wait(), WAIT_S)
+        gates["during"].set()  # it reports while the server is gone: the report is retried
+        await asyncio.sleep(0.2)
+        await served.start()
+        await asyncio.wait_for(served.service.reattached.wait(), WAIT_S)
+        # It reattached naming the attempt it still runs, which keeps its slot and lease.
+        assert after in {token.task_id for token in served.service.attaches[1]}
+        gates["after"].set()
+        for task_id, output in ((during, b"during"), (after, b"after")):
+            info = await served.sched.wait(task_id, timeout=WAIT_S)
+            assert (info.status, info.attempt, info.output) == (Status.SUCCEEDED, 1, output)
+    finally:
+        await running.finish()
+
+
+async def test_the_worker_retries_a_standby_until_it_serves(served: Served) -> None:
+    async def echo(ctx: TaskContext, payload: bytes) -> bytes:
+        return payload
+
+    served.service.standby = True
+    running = Running(Worker(served.target, {"default": echo}))
+    try:
+        await asyncio.wait_for(served.service.refusals.wait(), WAIT_S)
+        assert not running.task.done()
+        served.service.standby = False
+        await running.attached()
+        task_id = await served.sched.submit("echo", b"x")
+        info = await served.sched.wait(task_id, timeout=WAIT_S)
+        assert (info.status, info.output) == (Status.SUCCEEDED, b"x")
+    finally:
+        await running.finish()
+
+
+async def test_the_worker_waits_for_a_server_not_yet_listening(served: Served) -> None:
+    await served.stop()  # the port is known; nothing listens on it
+
+    async def echo(ctx: TaskContext, payload: bytes) -> bytes:
+        return payload
+
+    running = Running(Worker(served.target, {"default": echo}))
+    try:
+        await asyncio.sleep(0.3)  # refused connections meanwhile: it must keep trying
+        assert not running.task.done()
+        await served.start()
+        await running.attached()
+        task_id = await served.sched.submit("echo", b"y")
+        info = await served.sched.wait(task_id, timeout=WAIT_S)
+        assert info.output == b"y"
+    finally:
+        await running.finish()
+
+
+async def test_an_unknown_pool_is_refused_for_good(served: Served) -> None:
+    async def echo(ctx: TaskContext, payload: bytes) -> bytes:
+        return payload
+
+    worker = Worker(served.target, {"nope": echo})
+    with pytest.raises(CronoqError, match="nope"):
+        await asyncio.wait_for(worker.run(), WAIT_S)
+
+
+# --- drain and stop ---------------------------------------------------------------------------
+
+
+async def test_stop_drains_the_running_attempt_and_takes_no_new_one(served: Served) -> None:
+    gate = asyncio.Event()
+    started = asyncio.Event()
+    runs: list[int] = []
+
+    async def gated(ctx: TaskContext, payload: bytes) -> bytes:
+        runs.append(ctx.task_id)
+        started.set()
+        await gate.wait()
+        return b"drained"
+
+    running = await _worker(served, gated)
+    task_id = await served.sched.submit("gated")
+    await asyncio.wait_for(started.wait(), WAIT_S)
+    running.worker.stop()
+    await asyncio.wait_for(served.service.detached.wait(), WAIT_S)  # its stream is gone
+    later = await served.sched.submit("later")
+    assert not running.task.done()
+    gate.set()
+    await asyncio.wait_for(running.task, WAIT_S)
+    info = await served.sched.get(task_id)
+    assert (info.status, info.output) == (Status.SUCCEEDED, b"drained")
+    assert runs == [task_id]
+    assert (await served.sched.get(later)).status is Status.READY
+
+
+async def test_a_second_stop_cancels_the_running_attempt_and_returns(served: Served) -> None:
+    started = asyncio.Event()
+    cancelled: list[str | None] = []
+
+    async def stuck(ctx: TaskContext, payload: bytes) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.append(ctx.cancel_reason)
+            raise
+
+    running = await _worker(served, stuck)
+    task_id = await served.sched.submit("stuck", retry=RetryPolicy(max_attempts=1))
+    await asyncio.wait_for(started.wait(), WAIT_S)
+    running.worker.stop()
+    await asyncio.sleep(0.05)
+    assert not running.task.done()
+    running.worker.stop()
+    await asyncio.wait_for(running.task, WAIT_S)
+    # (In process: cronoq-server's Attach withdraws an attempt whose write was still pending
+    # when the worker cancelled the stream, so this would read READY there.)
+    assert cancelled == ["the worker is stopping"]
+    # Not reported: the attempt is lost when its lease runs out.
+    assert (await served.sched.get(task_id)).status is Status.RUNNING
+    info = await served.sched.wait(task_id, timeout=WAIT_S)
+    assert info.status is Status.FAILED
+
+
+# --- worker processes -------------------------------------------------------------------------
+
+_WORKER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys, time
+    from cronoq_client._worker import Worker
+
+    def slow(ctx, payload):
+        print(f"started {ctx.task_id} {ctx.attempt}", flush=True)
+        time.sleep(float(sys.argv[2]))
+        return b"from the process"
+
+    asyncio.run(Worker(sys.argv[1], {"default": slow}).run())
+    print("exited", flush=True)
+    """
+)
+
+
+def _spawn(tmp_path: Path, target: str, sleep_s: float) -> subprocess.Popen[str]:
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER_SCRIPT)
+    return subprocess.Popen(
+        [sys.executable, str(script), target, str(sleep_s)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _reap(process: subprocess.Popen[str]) -> None:
+    process.kill()
+    process.wait()
+    assert process.stdout is not None
+    process.stdout.close()
+
+
+async def _line(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None
+    line = await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), WAIT_S)
+    return line.strip()
+
+
+async def test_a_sigkilled_worker_loses_its_lease_and_another_worker_runs_it(
+    server: Real, tmp_path: Path
+) -> None:
+    process = _spawn(tmp_path, server.target, 60)
+    try:
+        task_id = await server.sched.submit("slow", retry=FAST_RETRY)
+        assert await _line(process) == f"started {task_id} 1"
+        process.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(process.wait, WAIT_S)
+    finally:
+        _reap(process)
+
+    attempts: list[int] = []
+
+    async def quick(ctx: TaskContext, payload: bytes) -> bytes:
+        attempts.append(ctx.attempt)
+        return b"second worker"
+
+    lost_at = time.monotonic()
+    running = await _worker(server, quick)
+    try:
+        info = await server.sched.wait(task_id, timeout=WAIT_S)
+        assert (info.status, info.output, info.attempt) == (Status.SUCCEEDED, b"second worker", 2)
+        assert attempts == [2]
+        assert time.monotonic() - lost_at < LEASE_S + 2.0
+    finally:
+        await running.finish()
+
+
+async def test_sigterm_drains_a_worker_process(server: Real, tmp_path: Path) -> None:
+    process = _spawn(tmp_path, server.target, 0.5)
+    try:
+        task_id = await server.sched.submit("slow")
+        assert await _line(process) == f"started {task_id} 1"
+        process.send_signal(signal.SIGTERM)
+        assert await _line(process) == "exited"
+        assert await asyncio.to_thread(process.wait, WAIT_S) == 0
+        info = await server.sched.get(task_id)
+        assert (info.status, info.output) == (Status.SUCCEEDED, b"from the process")
+    finally:
+        _reap(process)
+
+
+async def test_stop_drains_the_running_attempt_on_a_real_server(server: Real) -> None:
+    gate = asyncio.Event()
+    started = asyncio.Event()
+
+    async def gated(ctx: TaskContext, payload: bytes) -> bytes:
+        started.set()
+        await gate.wait()
+        return b"drained"
+
+    running = await _worker(server, gated)
+    task_id = await server.sched.submit("gated", retry=RetryPolicy(max_attempts=1))
+    await asyncio.wait_for(started.wait(), WAIT_S)
+    running.worker.stop()
+    await asyncio.sleep(0.1)
+    gate.set()
+    await asyncio.wait_for(running.task, WAIT_S)
+    info = await server.sched.get(task_id)  # reported before run() returned
+    assert (info.status, info.attempt, info.output) == (Status.SUCCEEDED, 1, b"drained"), info
