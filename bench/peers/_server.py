@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import signal
 import sys
@@ -37,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-from cronoq import Status, TaskRequest
+from cronoq import Status, TaskContext, TaskRequest
 from cronoq_client import AsyncClient
 
 from ._harness import EndToEnd, Latency, Sizes, Usage, end_to_end_result, probe
@@ -315,42 +314,21 @@ _MODULE = "_server"
 
 
 class _RemoteWorker:
-    """The worker process's side: one remote worker attached to the server."""
+    """The worker process's side: ``cronoq_client.Worker`` with one pool, attached to the
+    server (one Attach stream; a Report per attempt; heartbeats as the Worker schedules
+    them)."""
 
     name = _MODULE
     worker_loop: Literal["asyncio", "uvloop"] = "asyncio"
 
     async def serve(self, target: str, concurrency: int) -> None:
-        """Attach with ``concurrency`` slots; run each attempt and report its success."""
-        from grpc import aio
+        from cronoq_client import Worker as RemoteWorker
 
-        from cronoq import LeasedAttempt
-        from cronoq_client import protocol as wire
+        async def noop(ctx: TaskContext, payload: bytes) -> None:
+            probe.started(int(payload))
 
-        running: set[asyncio.Task[None]] = set()
-
-        def _reported(task: asyncio.Task[None]) -> None:
-            running.discard(task)
-            if not task.cancelled() and (error := task.exception()) is not None:
-                # A lost report would stall the row until its timeout: fail it now, loudly.
-                print(f"report failed: {error!r}", file=sys.stderr, flush=True)
-                os._exit(1)
-
-        async with aio.insecure_channel(target) as channel:
-            stub = wire.pb_grpc.WorkerServiceStub(channel)
-
-            async def run(attempt: LeasedAttempt) -> None:
-                probe.started(int(attempt.payload))
-                await stub.Report(wire.report_request(attempt.token, wire.ReportSuccess()))
-
-            request = wire.attach_request(f"bench-{os.getpid()}", [POOL], concurrency)
-            async for message in stub.Attach(request):
-                event = wire.worker_event_from_pb(message)
-                if isinstance(event, LeasedAttempt):
-                    task = asyncio.create_task(run(event))
-                    running.add(task)
-                    task.add_done_callback(_reported)
-        raise RuntimeError("the server ended the Attach stream")
+        await RemoteWorker(target, pools={POOL: noop}, slots=concurrency).run()
+        raise RuntimeError("the remote worker stopped")
 
 
 PEER = _RemoteWorker()
