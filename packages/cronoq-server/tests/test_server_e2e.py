@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,24 @@ async def test_tls_serves_a_client_that_trusts_the_certificate(
         async with AsyncClient(server.target, timeout=1) as plain:
             with pytest.raises(SchedulerError):
                 await plain.get(task_id)
+
+
+async def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
+    """The drain waits up to drain_timeout_s (5 s here) for an attempt that never reports;
+    a second SIGTERM ends it at once."""
+    async with running_server(tmp_path, config_toml(MEMORY)) as server:
+        await server.leading()
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            tasks = pb_grpc.SchedulerServiceStub(channel)
+            workers = pb_grpc.WorkerServiceStub(channel)
+            await tasks.Submit(wire.submit_request(TaskRequest("job", b""), BytesCodec()))
+            stream = workers.Attach(wire.attach_request("stubborn", ["default"], 1))
+            await stream.read()
+            await _attempt(stream)  # held, never reported
+            server.signal(15)
+            await server.wait_for("draining")
+            started = time.monotonic()
+            server.signal(15)
+            await server.wait_exit(5)
+            assert time.monotonic() - started < 2.0
+        assert server.events("shutdown_forced")

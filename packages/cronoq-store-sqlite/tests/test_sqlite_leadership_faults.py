@@ -198,6 +198,10 @@ async def test_a_recovery_longer_than_the_lease_keeps_the_lease(tmp_path: Path) 
         standing_by.append(asyncio.ensure_future(standby.acquire_leadership()))
         started = time.monotonic()
         state = await recover(epoch, time_base, retention_ns)
+        # A machine fast enough to read them all within the lease reads them again, so that the
+        # recovery outlasts the lease whatever the machine (the premise, asserted below).
+        while time.monotonic() - started <= SHORT.lease_ttl + SHORT.lease_renew:
+            state = await recover(epoch, time_base, retention_ns)
         timed.append(time.monotonic() - started)
         return state
 

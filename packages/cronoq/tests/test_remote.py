@@ -378,3 +378,15 @@ def test_a_report_after_the_lease_is_stale_even_before_the_timer_fired() -> None
     assert isinstance(value, StaleAttempt) and value.reason == "lease"
     statuses = [m.status for m in result.mutations if isinstance(m, TaskUpdated)]
     assert statuses == [Status.RETRYING]  # lost, as if the report never came
+
+
+async def test_an_abort_ends_a_close_that_waits_for_a_remote_attempt() -> None:
+    sched = Scheduler([RemotePool("remote")], store=MemoryStore())
+    await sched.start()
+    link = sched.attach(["remote"], slots=1)
+    await sched.submit("job", pool="remote")
+    await _attempt(link)  # held by a worker that never reports
+    closing = asyncio.create_task(sched.close(timeout=30))
+    await asyncio.sleep(0)  # the close is waiting for the attempt now
+    sched.abort()
+    await asyncio.wait_for(closing, 2)

@@ -51,6 +51,8 @@ from cronoq import (
     TaskInfo,
     TaskRequest,
     TaskSummary,
+    decode_with,
+    encode_with,
 )
 from cronoq.errors import InvalidArgument, PayloadError
 from cronoq_client._proto import cronoq_pb2 as pb
@@ -267,34 +269,6 @@ def _enum_to_pb(value: object, kind: type[_E], table: Mapping[_E, int], what: st
     raise InvalidArgument(f"{what} must be one of {allowed}, got {given}")
 
 
-def _payload_of(codec: Codec, value: object, what: str) -> bytes:
-    """Encode through the client's codec; whatever it raises becomes a PayloadError, as the
-    Scheduler does with its codec."""
-    try:
-        data = codec.encode(value)
-    except PayloadError:
-        raise
-    except Exception as exc:
-        raise PayloadError(f"{type(codec).__name__} cannot encode the {what}: {exc!r}") from exc
-    if not isinstance(data, bytes):
-        raise PayloadError(
-            f"{type(codec).__name__}.encode returned {type(data).__name__} for the {what}, "
-            "not bytes"
-        )
-    return data
-
-
-def _value_of(codec: Codec, data: bytes, what: str) -> Any:
-    try:
-        return codec.decode(data)
-    except PayloadError:
-        raise
-    except Exception as exc:
-        raise PayloadError(
-            f"{type(codec).__name__} cannot decode the {what} ({len(data)} bytes): {exc!r}"
-        ) from exc
-
-
 # --- scalars, decoding ----------------------------------------------------------------------
 
 
@@ -456,7 +430,7 @@ def task_request_to_pb(request: object, codec: Codec) -> pb.TaskRequest:
         ],
     )
     if request.payload is not None:
-        message.payload = _payload_of(codec, request.payload, "payload")
+        message.payload = encode_with(codec, request.payload, "payload")
     if request.key is not None:
         message.key = _text(request.key, "key")
     if request.name is not None:
@@ -595,8 +569,10 @@ def task_info_from_pb(message: pb.TaskInfo, codec: Codec) -> TaskInfo:
     """
     status = status_from_pb(message.status)
     try:
-        payload = _value_of(codec, message.payload, "payload") if message.payload else None
-        output = _value_of(codec, message.output, "output") if message.HasField("output") else None
+        payload = decode_with(codec, message.payload, "payload") if message.payload else None
+        output = (
+            decode_with(codec, message.output, "output") if message.HasField("output") else None
+        )
     except PayloadError as exc:
         text = message.message if len(message.message) <= 200 else f"{message.message[:200]}..."
         raise PayloadError(f"task {message.task_id} ({status}: {text}): {exc}") from exc
@@ -836,7 +812,7 @@ def add_schedule_request(
         name=_text(name, "schedule name"), cron=_text(cron, "cron"), kind=_text(kind, "kind")
     )
     if options.get("payload") is not None:
-        message.payload = _payload_of(codec, options["payload"], "payload")
+        message.payload = encode_with(codec, options["payload"], "payload")
     for text in ("pool", "timezone"):
         if text in options:
             setattr(message, text, _text(options[text], text))

@@ -38,6 +38,8 @@ from cronoq import (
     LeasedAttempt,
     TaskContext,
     TaskError,
+    decode_with,
+    encode_with,
 )
 from cronoq.errors import InvalidArgument, PayloadError, StaleAttempt
 from cronoq_client._channel import Channels, Connection, targets_of
@@ -49,8 +51,6 @@ from cronoq_client._wire import (
     Attached,
     ReportFailure,
     ReportSuccess,
-    _payload_of,
-    _value_of,
     attach_request,
     heartbeat_request,
     lease_renewed_from_pb,
@@ -350,7 +350,9 @@ class Worker:
         leased = attempt.leased
         try:
             value = (
-                None if leased.payload == b"" else _value_of(self._codec, leased.payload, "payload")
+                None
+                if leased.payload == b""
+                else decode_with(self._codec, leased.payload, "payload")
             )
         except PayloadError as exc:
             return ReportFailure(f"payload could not be decoded: {exc}", retryable=False)
@@ -372,7 +374,7 @@ class Worker:
         if result is None:
             return ReportSuccess(None)
         try:
-            return ReportSuccess(_payload_of(self._codec, result, "output"))
+            return ReportSuccess(encode_with(self._codec, result, "output"))
         except PayloadError as exc:
             return ReportFailure(_truncate(str(exc)), retryable=False)
 

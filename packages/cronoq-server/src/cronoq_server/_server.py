@@ -21,13 +21,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from cronoq_client.protocol import SERVICE_NAMES, pb_grpc
+from cronoq_client.protocol import SERVICE_NAMES
 from cronoq_server._config import ServerConfig, open_store, remote_pools
 from cronoq_server._http import HttpServer, Readiness
 from cronoq_server._logging import configure_logging, lifecycle
 from cronoq_server._metrics import SchedulerCollector, metrics_registry
 from cronoq_server._replica import Replica, Role
-from cronoq_server._service import SchedulerService, WorkerService
+from cronoq_server._service import SchedulerService, WorkerService, add_services
 
 __all__ = ["GrpcEndpoint", "run"]
 
@@ -61,6 +61,9 @@ class GrpcEndpoint:
         self._swap = asyncio.Lock()
 
     async def start(self) -> None:
+        # grpcio's health servicer starts out SERVING: a replica that never gets as far as a
+        # role change (its store cannot be opened) would claim to serve.
+        await self._set_health(self._replica.role)
         await self._serve(self._replica.role)
 
     def _build(self, leader: bool) -> grpc.aio.Server:
@@ -75,9 +78,7 @@ class GrpcEndpoint:
                 ("grpc.max_connection_age_grace_ms", _STANDBY_GRACE_MS),
             ]
         server = grpc.aio.server(options=options)
-        scheduler, worker = self._services
-        pb_grpc.add_SchedulerServiceServicer_to_server(scheduler, server)
-        pb_grpc.add_WorkerServiceServicer_to_server(worker, server)
+        add_services(server, *self._services)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -93,6 +94,12 @@ class GrpcEndpoint:
         return server
 
     async def role_changed(self, role: Role) -> None:
+        await self._set_health(role)
+        if role in (Role.LEADING, Role.STANDBY):
+            await self._serve(role)
+        # DRAINING keeps the leader's server: connections stay open for the last reports.
+
+    async def _set_health(self, role: Role) -> None:
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if role is Role.LEADING
@@ -100,9 +107,6 @@ class GrpcEndpoint:
         )
         for service in ("", *SERVICE_NAMES):
             await self._health.set(service, status)
-        if role in (Role.LEADING, Role.STANDBY):
-            await self._serve(role)
-        # DRAINING keeps the leader's server: connections stay open for the last reports.
 
     async def _serve(self, role: Role) -> None:
         async with self._swap:

@@ -8,25 +8,76 @@ exception goes back through the protocol's status mapping. A replica that does n
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import Message
 
 from cronoq import Scheduler, preview
-from cronoq.errors import CronoqError
+from cronoq.errors import CronoqError, InvalidArgument, WaitTimedOut
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
 from cronoq_server._replica import NotServing, Replica
 
-__all__ = ["SchedulerService", "WorkerService"]
+__all__ = ["SchedulerService", "WorkerService", "add_services"]
 
 log = logging.getLogger("cronoq.server")
 
 _Request = TypeVar("_Request")
 _Reply = TypeVar("_Reply")
+
+
+@dataclass(frozen=True, slots=True)
+class _Undecodable:
+    """What a handler receives for request bytes that are not its message."""
+
+    error: InvalidArgument
+
+
+def _decoder(message_type: type[Message]) -> Callable[[bytes], Message | _Undecodable]:
+    # grpcio answers a request its deserializer refuses with UNKNOWN, before any handler runs:
+    # the refusal is handed to the handler instead, which raises it as bad input.
+    def decode(data: bytes) -> Message | _Undecodable:
+        try:
+            return wire.parse(message_type, data)
+        except InvalidArgument as exc:
+            return _Undecodable(exc)
+
+    return decode
+
+
+def _decoded(request: Any) -> None:
+    if isinstance(request, _Undecodable):
+        raise request.error
+
+
+def add_services(
+    server: grpc.aio.Server, scheduler: SchedulerService, worker: WorkerService
+) -> None:
+    """Both services on ``server``, as ``pb_grpc.add_*_to_server`` would add them but with
+    deserializers that never fail (see ``_decoder``)."""
+    for servicer, name in ((scheduler, "SchedulerService"), (worker, "WorkerService")):
+        service = pb.DESCRIPTOR.services_by_name[name]
+        handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        for method in service.methods:
+            make = (
+                grpc.unary_stream_rpc_method_handler
+                if method.server_streaming
+                else grpc.unary_unary_rpc_method_handler
+            )
+            handlers[method.name] = make(
+                getattr(servicer, method.name),
+                request_deserializer=_decoder(getattr(pb, method.input_type.name)),
+                response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+            )
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service.full_name, handlers),)
+        )
+        server.add_registered_method_handlers(service.full_name, handlers)
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
@@ -49,6 +100,7 @@ def _unary(
         self: Any, request: _Request, context: grpc.aio.ServicerContext[Any, Any]
     ) -> _Reply:
         try:
+            _decoded(request)
             return await body(self, request, context)
         except grpc.aio.AbortError:
             raise
@@ -101,14 +153,24 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
     @_unary
     async def Wait(self, request: pb.WaitRequest, context: Any) -> pb.TaskInfo:
         options = wire.wait_kwargs(request)
-        # The call's own deadline bounds the wait too: answered before the client gives up.
+        sched = self._leader()
         remaining = context.time_remaining()
-        if remaining is not None:
-            asked = options.get("timeout")
-            if isinstance(asked, timedelta):
-                asked = asked.total_seconds()
-            options["timeout"] = remaining if asked is None else min(float(asked), remaining)
-        return wire.task_info_to_pb(await self._leader().wait(**options))
+        if remaining is None:
+            return wire.task_info_to_pb(await sched.wait(**options))
+        # The call's own deadline bounds the wait too: answered before the client gives up.
+        # Around the wait, not in place of its timeout, which is still the Scheduler's to
+        # check (ten years and more is INVALID_ARGUMENT, whatever the deadline).
+        timer = asyncio.timeout(remaining)
+        try:
+            async with timer:
+                info = await sched.wait(**options)
+        except TimeoutError:
+            if not timer.expired():
+                raise  # the Scheduler's own WaitTimedOut
+            raise WaitTimedOut(
+                f"task {request.task_id} did not finish within the call's deadline"
+            ) from None
+        return wire.task_info_to_pb(info)
 
     @_unary
     async def Cancel(self, request: pb.CancelRequest, context: Any) -> pb.CancelResponse:
@@ -168,6 +230,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
         self, request: pb.AttachRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         try:
+            _decoded(request)
             sched = self._replica.leader(leasing=True)
             options = wire.attach_kwargs(request)
             link = sched.attach(**options)

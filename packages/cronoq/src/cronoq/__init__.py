@@ -4,7 +4,7 @@ The public API is what this module exports; everything in ``_``-prefixed modules
 Store authors also use :mod:`cronoq.store`; every exception lives in :mod:`cronoq.errors`.
 """
 
-from cronoq._codecs import BytesCodec, Codec, JsonCodec
+from cronoq._codecs import BytesCodec, Codec, JsonCodec, decode_with, encode_with
 from cronoq._engine import AttemptToken, TaskSummary
 from cronoq._executors import TaskContext
 from cronoq._memory import MemoryStore
@@ -62,6 +62,8 @@ __all__ = [
     "WaitTimedOut",
     "WorkerDetached",
     "WorkerLink",
+    "decode_with",
+    "encode_with",
     "preview",
 ]
 

@@ -205,14 +205,16 @@ class RemoteExecutor:
         self._leased: dict[AttemptToken, WorkerLink] = {}
         self._reporter: Reporter | None = None
         self._wake: Callable[[], None] | None = None
+        self._stopped = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def bind(self, reporter: Reporter, wake: Callable[[], None]) -> None:
+    def bind(self, reporter: Reporter, wake: Callable[[], None], stopped: asyncio.Event) -> None:
         """Connect to the driver: withdrawals go to ``reporter``; ``wake`` asks for a step
-        when slots free up."""
+        when slots free up; ``stopped`` ends a drain (an abort during a close)."""
         self._reporter = reporter
         self._wake = wake
+        self._stopped = stopped
 
     @property
     def links(self) -> int:
@@ -279,11 +281,15 @@ class RemoteExecutor:
 
     async def drain(self, timeout: float) -> set[AttemptToken]:
         if self._leased:
+            idle = asyncio.ensure_future(self._idle.wait())
+            stopped = asyncio.ensure_future(self._stopped.wait())
             try:
-                async with asyncio.timeout(timeout):
-                    await self._idle.wait()
-            except TimeoutError:
-                pass
+                await asyncio.wait(
+                    (idle, stopped), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                idle.cancel()
+                stopped.cancel()
         left = set(self._leased)
         self._leased.clear()
         self._idle.set()

@@ -296,7 +296,7 @@ class Scheduler:
             executors,
             check.duration_ns(commit_timeout, "commit_timeout", allow_zero=False) / NS_PER_S,
         )
-        self._remote.bind(self._driver, self._driver.nudge)
+        self._remote.bind(self._driver, self._driver.nudge, self._driver.stopped)
         self._started = False
 
     # --- lifecycle ------------------------------------------------------------------------

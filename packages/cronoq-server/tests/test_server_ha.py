@@ -1,0 +1,282 @@
+"""Two ``cronoq-server`` processes on one store (a SQLite file, a PostgreSQL schema): the HA
+serving rules of the seed, through real processes, real gRPC channels, and a TCP balancer that
+sends each new connection to the next replica."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2
+from server_cluster import (
+    QUICK_RETRY,
+    Balancer,
+    Progress,
+    channel_lifetime,
+    echo,
+    first_of,
+    health,
+    hold_http2,
+    http_get,
+    log_time,
+    new_channel,
+    pg_store,
+    read_event,
+    sqlite_store,
+    submit_keyed,
+)
+from server_pg import pg_schema
+from server_process import ServerProcess, config_toml, running_server, start_server
+
+from cronoq import BytesCodec, LeasedAttempt, Status, TaskRequest, TaskSummary
+from cronoq_client import AsyncClient, Worker
+from cronoq_client import protocol as wire
+from cronoq_client.protocol import pb, pb_grpc
+
+__all__ = ["pg_schema"]  # a fixture: requested by name
+
+POOLS = '[[pools]]\nname = "default"\nlease_s = 5.0\n'
+StoreSection = Callable[[float], str]
+"""The ``[store]`` TOML of this test's own store, given the SQLite lease's ttl (the PostgreSQL
+lock needs none: it goes with the leader's session, which ends with its process)."""
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> StoreSection:
+    if request.param == "sqlite":
+        path = str(tmp_path / "cluster.db")
+        return lambda lease_ttl: sqlite_store(path, lease_ttl=lease_ttl)
+    schema: str = request.getfixturevalue("pg_schema")
+    return lambda lease_ttl: pg_store(schema)
+
+
+@contextlib.asynccontextmanager
+async def cluster(directory: Path, section: str) -> AsyncIterator[tuple[ServerProcess, ...]]:
+    """Two servers on one store, started at once: (leader, standby) once one leads."""
+    config = config_toml(section, pools=POOLS)
+    servers = await asyncio.gather(
+        start_server(directory, config), start_server(directory, config), return_exceptions=True
+    )
+    started = [s for s in servers if isinstance(s, ServerProcess)]
+    try:
+        for outcome in servers:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        leader = await first_of(started, lambda s: s.leading())
+        [standby] = [s for s in started if s is not leader]
+        await standby.wait_for("standby")
+        yield leader, standby
+    finally:
+        await asyncio.gather(*(s.stop() for s in started))
+
+
+# --- 1. exactly one serves; the standby refuses and closes its connections ------------------
+
+
+async def test_one_replica_serves_and_the_standby_refuses_and_closes_connections(
+    tmp_path: Path, store: StoreSection
+) -> None:
+    async with cluster(tmp_path, store(1.5)) as (leader, standby):
+        ready = {"ready": True, "reason": "leading"}
+        assert await http_get(f"{leader.http}/readyz") == (200, ready)
+        assert await http_get(f"{standby.http}/readyz") == (
+            503,
+            {"ready": False, "reason": "standby"},
+        )
+        assert await health(leader.target) == health_pb2.HealthCheckResponse.SERVING
+        assert await health(standby.target) == health_pb2.HealthCheckResponse.NOT_SERVING
+
+        codec = BytesCodec()
+        async with grpc.aio.insecure_channel(standby.target) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await pb_grpc.SchedulerServiceStub(channel).Submit(
+                    wire.submit_request(TaskRequest("job", b"", key="on-standby"), codec)
+                )
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert _reason(refused.value) == wire.Reason.STANDBY
+        assert wire.outcome(refused.value) is wire.Outcome.NOT_APPLIED
+        async with grpc.aio.insecure_channel(leader.target) as channel:
+            tasks = pb_grpc.SchedulerServiceStub(channel)
+            assert not (await tasks.GetByKey(wire.get_by_key_request("on-standby"))).HasField(
+                "task"
+            )
+            assert not (await tasks.List(wire.list_request())).tasks
+
+        # The standby closes a connection about a second after accepting it; the leader keeps
+        # its connections (measured side by side, so the leader's is held past the bound).
+        on_standby, on_leader, lifetime = await asyncio.gather(
+            hold_http2(standby.grpc_port, limit=5.0),
+            hold_http2(leader.grpc_port, limit=3.0),
+            channel_lifetime(standby.target, limit=5.0),
+        )
+        print(f"standby: raw HTTP/2 {on_standby}, channel connected {lifetime} s")
+        assert on_standby.goaway is not None and 0.5 <= on_standby.goaway <= 2.5, on_standby
+        assert on_standby.closed is not None and 0.5 <= on_standby.closed <= 2.5, on_standby
+        assert lifetime is not None and 0.5 <= lifetime <= 2.5, lifetime
+        assert on_leader == type(on_leader)(None, None), on_leader
+
+
+async def test_a_replica_that_cannot_open_its_store_is_a_standby(tmp_path: Path) -> None:
+    """It never led, so its role never changed: health must not be grpcio's initial SERVING."""
+    unreachable = '[store]\nkind = "postgres"\ndsn = "postgresql://postgres@127.0.0.1:1/x"\n'
+    async with running_server(tmp_path, config_toml(unreachable, pools=POOLS)) as server:
+        await server.wait_for("listening")
+        assert await health(server.target) == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert await http_get(f"{server.http}/readyz") == (
+            503,
+            {"ready": False, "reason": "standby"},
+        )
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await pb_grpc.SchedulerServiceStub(channel).Submit(
+                    wire.submit_request(TaskRequest("job", b""), BytesCodec())
+                )
+        assert _reason(refused.value) == wire.Reason.STANDBY
+        assert not server.events("standby")  # it never got as far as waiting for leadership
+
+
+# --- 2. the leader is killed under load -----------------------------------------------------
+
+
+async def test_sigkill_of_the_leader_under_load_loses_no_acknowledged_submission(
+    tmp_path: Path, store: StoreSection
+) -> None:
+    lease_ttl = 1.5
+    async with (
+        cluster(tmp_path, store(lease_ttl)) as (old, new),
+        Balancer([old.grpc_port, new.grpc_port]) as balancer,
+    ):
+        progress, stop = Progress(), asyncio.Event()
+        clients = [AsyncClient(balancer.target, timeout=20) for _ in range(3)]
+        load = [
+            asyncio.ensure_future(submit_keyed(client, f"c{i}", progress, 0.02, stop))
+            for i, client in enumerate(clients)
+        ]
+        worker = Worker(balancer.target, {"default": echo(progress)}, slots=8)
+        working = asyncio.ensure_future(worker.run())
+        try:
+            await progress.until(lambda p: len(p.acked) >= 60 and len(p.runs) >= 30, 20)
+            before, connections = len(progress.acked), len(balancer.routed)
+            progress.mark("kill")
+            killed_at = time.time()
+            old.signal(signal.SIGKILL)
+            serving = await new.leading()
+            await progress.until(lambda p: len(p.acked) >= before + 60, 20)
+            stop.set()
+            await asyncio.gather(*load)
+            acked = dict(progress.acked)
+            async with AsyncClient(new.target, timeout=30) as reader:
+                finished = await asyncio.gather(
+                    *(reader.wait(i, timeout=20) for i in acked.values())
+                )
+                present = await _all_tasks(reader)
+        finally:
+            for task in load:
+                task.cancel()
+            worker.stop()
+            worker.stop()  # the second stop abandons what still runs (after a failure)
+            await asyncio.gather(*load, working, return_exceptions=True)
+            for client in clients:
+                await client.close()
+        reconnections = len(balancer.routed) - connections
+    takeover = log_time(new.events("leading")[0]) - killed_at
+    first_ack = progress.first_ack_after["kill"] - progress.marks["kill"]
+    print(
+        f"takeover: 'leading' {takeover:.3f} s after the SIGKILL, 'serving' "
+        f"{log_time(serving) - killed_at:.3f} s, first acknowledgement of a submission begun "
+        f"after it {first_ack:.3f} s; "
+        f"acked {len(acked)} ({before} before the kill), present {len(present)}; balancer "
+        f"connections after the kill {reconnections}; attempts run {len(progress.runs)} "
+        f"({sum(t > progress.marks['kill'] for t in progress.runs)} after the kill)"
+    )
+    assert {t.task_id: t.key for t in present} == {i: k for k, i in acked.items()}
+    assert {info.status for info in finished} == {Status.SUCCEEDED}
+    assert all(i.output == i.payload == str(i.key).encode() for i in finished)
+    assert takeover < lease_ttl + 3.0
+
+
+async def _all_tasks(client: AsyncClient) -> list[TaskSummary]:
+    found: list[TaskSummary] = []
+    while page := await client.list(after=found[-1].task_id if found else None, limit=500):
+        found.extend(page)
+    return found
+
+
+# --- 3. the leader is stopped while a remote attempt runs -----------------------------------
+
+
+async def test_sigterm_of_the_leader_lets_the_running_attempt_report_then_hands_over_at_once(
+    tmp_path: Path, store: StoreSection
+) -> None:
+    # A long lease: a takeover within it can only come from the leader's release.
+    lease_ttl = 6.0
+    async with cluster(tmp_path, store(lease_ttl)) as (old, new):
+        async with Balancer([old.grpc_port, new.grpc_port]) as balancer:
+            codec = BytesCodec()
+            request = wire.submit_request(
+                TaskRequest("held", b"in", key="held", retry=QUICK_RETRY), codec
+            )
+            async with grpc.aio.insecure_channel(old.target) as channel:
+                submitted = await pb_grpc.SchedulerServiceStub(channel).Submit(request)
+            channel, stream = await _attach(balancer.target)
+            async with channel:
+                event = await read_event(stream)
+                assert isinstance(event, LeasedAttempt), event
+                assert event.token.task_id == submitted.task_id
+                workers = pb_grpc.WorkerServiceStub(channel)
+                old.signal(signal.SIGTERM)
+                await old.wait_for("draining")
+                # Through the same connection: a draining leader keeps it open.
+                await workers.Heartbeat(wire.heartbeat_request(event.token), timeout=2)
+                await workers.Report(
+                    wire.report_request(event.token, wire.ReportSuccess(b"out")), timeout=2
+                )
+                assert await old.wait_exit(10) == 0
+                stream.cancel()
+        leading = await new.wait_for("leading", timeout=lease_ttl)
+        async with grpc.aio.insecure_channel(new.target) as channel:
+            done = await pb_grpc.SchedulerServiceStub(channel).Get(
+                wire.get_request(submitted.task_id)
+            )
+    released = log_time(old.events("stepped_down")[0])
+    exited = log_time(old.events("stopped")[0])
+    handover = log_time(leading) - exited
+    print(
+        f"handover: 'leading' {handover:+.3f} s after the old leader's last line "
+        f"({log_time(leading) - released:+.3f} s after it released leadership); "
+        f"lease ttl {lease_ttl} s"
+    )
+    assert (done.status, done.output, done.attempt) == (pb.STATUS_SUCCEEDED, b"out", 1)
+    assert handover < 1.0
+
+
+async def _attach(
+    target: str,
+) -> tuple[grpc.aio.Channel, grpc.aio.UnaryStreamCall[pb.AttachRequest, pb.WorkerEvent]]:
+    """Attach through the balancer, on a new connection each time, until the leader takes it."""
+    async with asyncio.timeout(10):
+        while True:
+            channel = new_channel(target)
+            stream = pb_grpc.WorkerServiceStub(channel).Attach(
+                wire.attach_request("holder", ["default"], 1)
+            )
+            try:
+                first = await read_event(stream)
+            except grpc.aio.AioRpcError as exc:
+                await channel.close()
+                if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+                    raise
+                continue
+            assert isinstance(first, wire.Attached), first
+            return channel, stream
+
+
+def _reason(err: grpc.aio.AioRpcError) -> str | None:
+    info = wire.error_info(err)
+    return None if info is None or info.domain != wire.DOMAIN else info.reason
