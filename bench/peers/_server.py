@@ -38,6 +38,7 @@ from typing import Literal
 
 from cronoq import Status, TaskContext, TaskRequest
 from cronoq_client import AsyncClient
+from cronoq_client import Worker as RemoteWorker
 
 from ._harness import EndToEnd, Latency, Sizes, Usage, end_to_end_result, probe
 from ._peer import (
@@ -318,12 +319,9 @@ class _RemoteWorker:
     server (one Attach stream; a Report per attempt; heartbeats as the Worker schedules
     them)."""
 
-    name = _MODULE
     worker_loop: Literal["asyncio", "uvloop"] = "asyncio"
 
     async def serve(self, target: str, concurrency: int) -> None:
-        from cronoq_client import Worker as RemoteWorker
-
         async def noop(ctx: TaskContext, payload: bytes) -> None:
             probe.started(int(payload))
 
