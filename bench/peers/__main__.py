@@ -33,13 +33,21 @@ SYSTEMS = [
     ("cronoq_pg", "cronoq-pg", "cronoq-store-postgres"),
     ("cronoq_sqlite", "cronoq-sqlite", "cronoq-store-sqlite"),
     ("cronoq_memory", "cronoq-memory", "cronoq"),
+    ("cronoq_server_pg", "cronoq-server-pg", "cronoq-server"),
+    ("cronoq_server_sqlite", "cronoq-server-sqlite", "cronoq-server"),
     ("pgqueuer", "pgqueuer", "pgqueuer"),
     ("procrastinate", "procrastinate", "procrastinate"),
     ("oban", "oban", "oban"),
     ("apscheduler", "apscheduler", "apscheduler"),
 ]
 PEERS = ("pgqueuer", "procrastinate", "oban", "apscheduler")
-COMPARED = ("cronoq_pg", "cronoq_sqlite")  # cronoq_memory is a reference line only
+# cronoq_memory is a reference line only
+COMPARED = {
+    "cronoq_pg": "cronoq-pg",
+    "cronoq_sqlite": "cronoq-sqlite",
+    "cronoq_server_pg": "cronoq-server-pg",
+    "cronoq_server_sqlite": "cronoq-server-sqlite",
+}
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,10 @@ def metrics(sizes: Sizes) -> list[Metric]:
         Metric("5. worker peak RSS, row 3 (MiB)", "end_to_end", "peak_rss_mib", "lower", 1),
         Metric("5. enqueuing process CPU per task, row 3 (µs; cronoq: in the worker's)",
                "end_to_end", "enqueuer_cpu_us_per_task", "lower", 0, compared=False),
+        Metric("5. cronoq-server process CPU per task, row 3 (µs)",
+               "end_to_end", "server_cpu_us_per_task", "lower", 0, compared=False),
+        Metric("5. cronoq-server process peak RSS, row 3 (MiB)",
+               "end_to_end", "server_peak_rss_mib", "lower", 1, compared=False),
     ]  # fmt: skip
 
 
@@ -147,7 +159,8 @@ def _ratio(value: float | str | None, best: float | None, better: str) -> str:
 
 def table(results: Results, sizes: Sizes, modules: list[str]) -> str:
     columns = [column for module, column, _ in SYSTEMS if module in modules]
-    header = ["row", *columns, "cronoq-pg vs best peer", "cronoq-sqlite vs best peer"]
+    compared = [module for module in COMPARED if module in modules]
+    header = ["row", *columns, *(f"{COMPARED[m]} vs best peer" for m in compared)]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for metric in metrics(sizes):
         cells = [metric.label]
@@ -162,9 +175,8 @@ def table(results: Results, sizes: Sizes, modules: list[str]) -> str:
         best = (max(peers) if metric.better == "higher" else min(peers)) if peers else None
         if not metric.compared:
             best = None
-        for module in COMPARED:
-            value = results.median(module, metric) if module in modules else "-"
-            cells.append(_ratio(value, best, metric.better))
+        for module in compared:
+            cells.append(_ratio(results.median(module, metric), best, metric.better))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -63,6 +64,10 @@ class EndToEnd:
     """The worker process's peak resident set over its whole life."""
     enqueuer_cpu_us_per_task: float | None = None
     """CPU of the enqueuing process per task (None for cronoq: it enqueues in the worker)."""
+    server_cpu_us_per_task: float | None = None
+    """CPU of the cronoq-server process per task over the timed run (None for the others)."""
+    server_peak_rss_mib: float | None = None
+    """The cronoq-server process's peak resident set over its whole life."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +133,20 @@ class Usage:
         ru = resource.getrusage(resource.RUSAGE_SELF)
         return cls(ru.ru_utime + ru.ru_stime, ru.ru_maxrss)
 
+    @classmethod
+    def of_pid(cls, pid: int) -> Usage:
+        """Another process's, from Linux's /proc (CPU in clock ticks: 10 ms steps)."""
+        proc = Path("/proc") / str(pid)
+        # The command name (field 2) may hold spaces: count the fields after its ")".
+        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+        peak = next(
+            int(line.split()[1])
+            for line in (proc / "status").read_text().splitlines()
+            if line.startswith("VmHWM:")
+        )
+        return cls(ticks / os.sysconf("SC_CLK_TCK"), peak)
+
     def line(self) -> str:
         return f"STATS {self.cpu_s:.6f} {self.max_rss_kib}"
 
@@ -143,14 +162,18 @@ def end_to_end_result(
     before: Usage,
     after: Usage,
     enqueuer: tuple[Usage, Usage] | None = None,
+    server: tuple[Usage, Usage] | None = None,
 ) -> EndToEnd:
+    def per_task(usage: tuple[Usage, Usage] | None) -> float | None:
+        return None if usage is None else (usage[1].cpu_s - usage[0].cpu_s) / n * 1e6
+
     return EndToEnd(
         tasks_per_s=n / elapsed,
         cpu_us_per_task=(after.cpu_s - before.cpu_s) / n * 1e6,
         peak_rss_mib=after.max_rss_kib / 1024,
-        enqueuer_cpu_us_per_task=(
-            None if enqueuer is None else (enqueuer[1].cpu_s - enqueuer[0].cpu_s) / n * 1e6
-        ),
+        enqueuer_cpu_us_per_task=per_task(enqueuer),
+        server_cpu_us_per_task=per_task(server),
+        server_peak_rss_mib=None if server is None else server[1].max_rss_kib / 1024,
     )
 
 

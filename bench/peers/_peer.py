@@ -84,7 +84,7 @@ class PeerSystem:
             enqueuer = await self.peer.open(dsn)
             try:
                 start = time.perf_counter()
-                n = await _submit_singly(enqueuer, sizes.single, sizes.submitters)
+                n = await submit_singly(enqueuer, sizes.single, sizes.submitters)
                 elapsed = time.perf_counter() - start
             finally:
                 await enqueuer.close()
@@ -99,7 +99,7 @@ class PeerSystem:
             enqueuer = await self.peer.open(dsn)
             try:
                 start = time.perf_counter()
-                await _submit_batches(enqueuer, sizes.batch, sizes.batch_size)
+                await submit_batches(enqueuer, sizes.batch, sizes.batch_size)
                 elapsed = time.perf_counter() - start
             finally:
                 await enqueuer.close()
@@ -113,16 +113,16 @@ class PeerSystem:
             enqueuer = await self.peer.open(dsn)
             poller = await _connect(dsn)
             try:
-                async with Worker(self.peer, dsn, sizes.concurrency, target=n) as worker:
+                async with Worker(self.peer.name, dsn, sizes.concurrency, target=n) as worker:
                     await self._warm_up(enqueuer, poller, sizes, worker)
                     before = await worker.usage()
                     enqueuer_before = Usage.of_self()
                     start = time.perf_counter()
                     if self.peer.batch_api:
-                        await _submit_batches(enqueuer, n, sizes.batch_size)
+                        await submit_batches(enqueuer, n, sizes.batch_size)
                     else:
-                        await _submit_singly(enqueuer, n, sizes.submitters)
-                    await worker.done(timeout=_timeout(n))
+                        await submit_singly(enqueuer, n, sizes.submitters)
+                    await worker.done(timeout=worker_timeout(n))
                     # Every task has started; now wait for the last completion to be committed.
                     end = await wait_until_zero(
                         poller,
@@ -150,21 +150,15 @@ class PeerSystem:
                 poller = await _connect(dsn)
                 try:
                     async with Worker(
-                        self.peer, dsn, sizes.concurrency, target=count, record=record
+                        self.peer.name, dsn, sizes.concurrency, target=count, record=record
                     ) as worker:
                         await self._warm_up(enqueuer, poller, sizes, worker)
-                        sent, acks = await _open_loop(enqueuer, sizes.rate, count)
-                        await worker.done(timeout=_timeout(count) + sizes.seconds)
+                        sent, acks = await open_loop(enqueuer, sizes.rate, count)
+                        await worker.done(timeout=worker_timeout(count) + sizes.seconds)
                 finally:
                     await poller.close()
                     await enqueuer.close()
-            starts: dict[int, float] = {}
-            for line in record.read_text().splitlines():
-                index, at = line.split()
-                starts.setdefault(int(index), float(at))  # a re-run keeps its first start
-        missing = set(sent) - set(starts)
-        assert not missing, f"{len(missing)} tasks never started"
-        return latency_of([starts[i] - t0 for i, t0 in sent.items()], acks)
+            return latency_from_record(record, sent, acks)
 
     async def _warm_up(
         self, enqueuer: Enqueuer, poller: asyncpg.Connection, sizes: Sizes, worker: Worker
@@ -194,12 +188,23 @@ async def _connect(dsn: str) -> asyncpg.Connection:
     return await asyncpg.connect(dsn)
 
 
-def _timeout(n: int) -> float:
+def worker_timeout(n: int) -> float:
     """Generous: 100 tasks/s at least, and never under two minutes."""
     return max(120.0, n / 100)
 
 
-async def _submit_singly(enqueuer: Enqueuer, n: int, submitters: int) -> int:
+def latency_from_record(record: Path, sent: dict[int, float], acks: list[float]) -> Latency:
+    """Enqueue-to-start from the worker's record of starts (``index monotonic-time`` lines)."""
+    starts: dict[int, float] = {}
+    for line in record.read_text().splitlines():
+        index, at = line.split()
+        starts.setdefault(int(index), float(at))  # a re-run keeps its first start
+    missing = set(sent) - set(starts)
+    assert not missing, f"{len(missing)} tasks never started"
+    return latency_of([starts[i] - t0 for i, t0 in sent.items()], acks)
+
+
+async def submit_singly(enqueuer: Enqueuer, n: int, submitters: int) -> int:
     per = n // submitters
 
     async def submitter(first: int) -> None:
@@ -210,12 +215,12 @@ async def _submit_singly(enqueuer: Enqueuer, n: int, submitters: int) -> int:
     return per * submitters
 
 
-async def _submit_batches(enqueuer: Enqueuer, n: int, size: int) -> None:
+async def submit_batches(enqueuer: Enqueuer, n: int, size: int) -> None:
     for first in range(0, n, size):
         await enqueuer.many(list(range(first, min(n, first + size))))
 
 
-async def _open_loop(
+async def open_loop(
     enqueuer: Enqueuer, rate: float, count: int
 ) -> tuple[dict[int, float], list[float]]:
     """Enqueue ``count`` tasks at ``rate``; a slow acknowledgement does not delay the next."""
@@ -241,13 +246,20 @@ async def _open_loop(
 
 
 class Worker:
-    """The peer's worker in a process of its own; lines on its stdout say DONE and STATS."""
+    """The worker of ``bench.peers.MODULE.PEER`` in a process of its own, connected to
+    ``address`` (a DSN, or a gRPC target); lines on its stdout say DONE and STATS."""
 
     def __init__(
-        self, peer: Peer, dsn: str, concurrency: int, *, target: int, record: Path | None = None
+        self,
+        module: str,
+        address: str,
+        concurrency: int,
+        *,
+        target: int,
+        record: Path | None = None,
     ) -> None:
         self.args = [
-            sys.executable, "-m", "bench.peers._worker", peer.name, dsn, str(concurrency),
+            sys.executable, "-m", "bench.peers._worker", module, address, str(concurrency),
             str(target), str(record) if record else "-",
         ]  # fmt: skip
         self.process: asyncio.subprocess.Process | None = None
