@@ -253,7 +253,9 @@ async def test_sigterm_of_the_leader_lets_the_running_attempt_report_then_hands_
         f"lease ttl {lease_ttl} s"
     )
     assert (done.status, done.output, done.attempt) == (pb.STATUS_SUCCEEDED, b"out", 1)
-    assert handover < 1.0
+    # Well inside the lease ttl: the standby led because the old leader released, not because
+    # the lease ran out (room left for a loaded machine's scheduling).
+    assert handover < lease_ttl / 2
 
 
 async def _attach(

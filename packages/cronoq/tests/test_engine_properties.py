@@ -793,12 +793,16 @@ class EngineMachine(RuleBasedStateMachine):
         # The engine believes running only attempts that were dispatched and not yet reported.
         assert running <= set(self.inflight), running - set(self.inflight)
         per_pool = Counter(self.inflight[token] for token in running)
-        # A local attempt keeps its slot until it reports, even once the engine stopped it (a
-        # timeout, a deadline): every unreported attempt counts. A leased one frees it at once.
+        # An attempt keeps its slot until it reports, even once the engine stopped it (a
+        # timeout, a deadline): every unreported attempt counts. A leased one also lets go
+        # when its lease ends (white box: the stopped ones still inside their lease).
         unreported = Counter(self.inflight.values())
+        leased_zombies = Counter(pool for _, pool in self.engine._zombies.values())
         for config in POOLS:
-            taken = per_pool if config.lease_ns is not None else unreported
-            count = taken[config.name]
+            if config.lease_ns is None:
+                count = unreported[config.name]
+            else:
+                count = per_pool[config.name] + leased_zombies[config.name]
             assert count <= config.concurrency, f"pool {config.name}: {count} running"
             slots = self.engine._pools[config.name].running  # white box: the slot counter
             assert slots == count, (config.name, slots, count)

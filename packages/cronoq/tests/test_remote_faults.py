@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from cronoq import (
+    AttemptToken,
+    CancelRequested,
     LeasedAttempt,
     MemoryStore,
     RemotePool,
@@ -222,3 +224,35 @@ async def test_a_heartbeat_sent_in_time_is_not_judged_late_because_a_commit_stal
         await slow
         renewed = await beat
         assert renewed.cancel_reason is None
+
+
+async def test_a_stopped_remote_attempt_holds_its_task_until_it_reports() -> None:
+    # Worker A is alive and heartbeating, but its function ignores the cancellation of its
+    # timeout for a while (a thread, say): attempt 2 must not start on worker B before A
+    # reports (or its lease ends), as a local pool's stopped attempts hold their task.
+    sched = Scheduler([RemotePool("remote", lease=30)], store=MemoryStore())
+    async with _serving(sched):
+        a = sched.attach(["remote"], slots=1)
+        b = sched.attach(["remote"], slots=1)
+        task_id = await sched.submit("job", pool="remote", timeout=0.2, retry=FAST)
+        first = await _attempt(a)
+        assert isinstance(await asyncio.wait_for(a.next(), 5), CancelRequested)  # timed out
+        await sched.list()  # a step after the timeout: it would lease attempt 2 to B
+        assert b.queued == 0  # held back, although its backoff is over and B is free
+        assert (await sched.get(task_id)).status is Status.READY
+        with pytest.raises(StaleAttempt):
+            await sched.report_failure(first.token, "stopped")  # A ends it at last
+        second = await _attempt(b)  # now the retry starts
+        assert second.token.attempt == 2
+
+
+async def test_a_stopped_remote_attempt_lets_go_when_its_lease_ends() -> None:
+    sched = Scheduler([RemotePool("remote", lease=0.3)], store=MemoryStore())
+    async with _serving(sched):
+        a = sched.attach(["remote"], slots=1)
+        task_id = await sched.submit("job", pool="remote", timeout=0.1, retry=FAST)
+        await _attempt(a)
+        a.close()  # its worker is gone for good: nothing will report attempt 1
+        b = sched.attach(["remote"], slots=1)
+        second = await _attempt(b, timeout=3)  # after attempt 1's lease, not never
+        assert second.token == AttemptToken(second.token.epoch, task_id, 2)

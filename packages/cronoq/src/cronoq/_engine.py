@@ -502,6 +502,8 @@ class Engine:
         # Attempts told to stop (a timeout, a deadline) that have not reported yet: each keeps
         # its pool slot, and its task starts no other attempt, until it does.
         self._zombies: dict[int, tuple[AttemptToken, str]] = {}
+        # A leased zombie also ends when its lease does (its worker may be gone for good).
+        self._zombie_leases: dict[int, int] = {}
         self._deferred: set[int] = set()
         """Ready tasks held back from dispatch while their previous attempt still runs."""
         self._quarantined: dict[int, TaskRecord] = {}
@@ -555,6 +557,7 @@ class Engine:
         for item in inputs:
             self._apply(item)
         self._fire_task_timers()
+        self._expire_zombies()
         self._fire_schedules()
         self._dispatch_ready()
         out.next_wake_ns = self._next_wake()
@@ -840,6 +843,7 @@ class Engine:
         if zombie is None or zombie[0] != token:
             return
         del self._zombies[token.task_id]
+        self._zombie_leases.pop(token.task_id, None)
         pool = self._pools.get(zombie[1])
         if pool is not None:
             pool.running -= 1
@@ -851,19 +855,17 @@ class Engine:
     def _stop_attempt(self, task: _Task, reason: str) -> None:
         """Cancel the running attempt of ``task``, which the engine is ending on its own.
 
-        A local attempt keeps its slot until it reports (Python cannot kill a thread, and an
-        async function may ignore its cancellation): the pool's limit and "one attempt of a
-        task at a time" hold for attempts that outlive their timeout. A leased (remote) attempt
-        frees its slot at once: its worker may be gone and would never report.
+        The attempt keeps its slot until it reports (Python cannot kill a thread, an async
+        function may ignore its cancellation, a worker may finish first): the pool's limit and
+        "one attempt of a task at a time" hold for attempts that outlive their timeout. A leased
+        (remote) attempt also lets go when its lease ends, since its worker may be gone.
         """
         token = task.token(self.epoch)
-        pool = self._pools[task.spec.pool]
         self._out.cancels.append(CancelAttempt(token, task.spec.pool, reason))
-        if pool.config.lease_ns is None:
-            self._zombies[task.id] = (token, task.spec.pool)
-        else:
-            pool.running -= 1
-            self._leases.pop(task.id, None)
+        self._zombies[task.id] = (token, task.spec.pool)
+        lease_end = self._leases.pop(task.id, None)
+        if lease_end is not None:
+            self._zombie_leases[task.id] = lease_end
 
     def _unstart(self, task: _Task, message: str) -> None:
         """Put back a dispatched attempt that no executor received: it does not count."""
@@ -1245,8 +1247,14 @@ class Engine:
                 return slot
         return None
 
+    def _expire_zombies(self) -> None:
+        for task_id, lease_end in list(self._zombie_leases.items()):
+            if lease_end <= self._now:
+                self._end_zombie(self._zombies[task_id][0])
+
     def _next_wake(self) -> int | None:
         self._compact_heaps()
+        zombie_end = min(self._zombie_leases.values(), default=None)
         # Drop stale heads so a cancelled task's timer does not cause a useless wake-up.
         tasks, schedules = self._timers, self._schedule_timers
         while tasks and self._tasks.get(tasks[0][1], _NO_TASK).wake_ns != tasks[0][0]:
@@ -1254,7 +1262,8 @@ class Engine:
         while schedules and not self._schedule_due(*schedules[0]):
             heapq.heappop(schedules)
         return self._earliest(
-            tasks[0][0] if tasks else None, schedules[0][0] if schedules else None
+            self._earliest(tasks[0][0] if tasks else None, zombie_end),
+            schedules[0][0] if schedules else None,
         )
 
     def _compact_heaps(self) -> None:
@@ -1378,6 +1387,8 @@ class Engine:
         if pool is None:
             return
         self._out.cancels.append(CancelAttempt(token, pool_name, reason))
+        # A remote one is not held again: the engine before the rebuild may have let it go
+        # already (its lease ended) and given its slot to another attempt.
         if pool.config.lease_ns is None:
             pool.running += 1
             self._zombies[token.task_id] = (token, pool_name)
