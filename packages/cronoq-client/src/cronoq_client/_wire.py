@@ -53,6 +53,7 @@ from cronoq import (
     TaskSummary,
     decode_with,
     encode_with,
+    unix_ns,
 )
 from cronoq.errors import InvalidArgument, PayloadError
 from cronoq_client._proto import cronoq_pb2 as pb
@@ -117,7 +118,6 @@ _MAX_DURATION_S = 315_576_000_000  # protobuf's range of a Duration: about 10,00
 # Seconds since 1970 of 0001-01-01T00:00:00 and 9999-12-31T23:59:59: a datetime's range.
 _MIN_TIMESTAMP_S = -62_135_596_800
 _MAX_TIMESTAMP_S = 253_402_300_799
-_EPOCH = datetime(1970, 1, 1)
 _EPOCH_UTC = datetime(1970, 1, 1, tzinfo=UTC)
 
 _M = TypeVar("_M", bound=Message)
@@ -226,28 +226,7 @@ def _duration(value: object, what: str) -> duration_pb2.Duration:
 
 
 def _timestamp(value: object, what: str) -> timestamp_pb2.Timestamp:
-    if not isinstance(value, datetime):
-        raise InvalidArgument(
-            f"{what} must be a timezone-aware datetime, got {type(value).__name__}"
-        )
-    # The wall time without the caller's tzinfo, which is called exactly once (as cronoq does):
-    # it may raise, return a non-timedelta or a different answer each time.
-    wall = datetime(
-        value.year, value.month, value.day, value.hour, value.minute, value.second,
-        value.microsecond,
-    )  # fmt: skip
-    try:
-        offset = value.utcoffset()
-    except Exception as exc:
-        raise InvalidArgument(
-            f"{what} {wall.isoformat()}: its tzinfo ({type(value.tzinfo).__name__}) failed "
-            f"in utcoffset(): {type(exc).__name__}"
-        ) from exc
-    if offset is None:
-        raise InvalidArgument(f"{what} must be timezone-aware, got naive {wall.isoformat()}")
-    delta = wall - _EPOCH - offset
-    seconds = delta.days * 86_400 + delta.seconds
-    return timestamp_pb2.Timestamp(seconds=seconds, nanos=delta.microseconds * 1000)
+    return _timestamp_of_ns(unix_ns(value, what))
 
 
 def _timestamp_of_ns(ns: int) -> timestamp_pb2.Timestamp:

@@ -12,6 +12,7 @@ from cronoq._metrics import Histogram, SchedulerMetrics
 from cronoq._model import CatchUpPolicy, MissPolicy, OverlapPolicy, RetryPolicy, Status
 from cronoq._remote import CancelRequested, LeasedAttempt, LeaseRenewed, RemotePool, WorkerLink
 from cronoq._scheduler import Pool, ScheduleInfo, Scheduler, TaskInfo, TaskRequest, preview
+from cronoq._validate import unix_ns
 from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
@@ -65,6 +66,7 @@ __all__ = [
     "decode_with",
     "encode_with",
     "preview",
+    "unix_ns",
 ]
 
 __version__ = "0.1.0"

@@ -168,15 +168,8 @@ def optional_duration_ns(value: object, what: str, *, allow_zero: bool = True) -
     return None if value is None else duration_ns(value, what, allow_zero=allow_zero)
 
 
-def instant_ns(value: object, what: str, now_ns: int) -> int:
-    """An aware datetime, or a timedelta from now, within ten years of now."""
-    if isinstance(value, timedelta):
-        return now_ns + duration_ns(value, what)
-    if not isinstance(value, datetime):
-        raise InvalidArgument(
-            f"{what} must be a timezone-aware datetime or a timedelta from now, "
-            f"got {type(value).__name__}"
-        )
+def _instant(value: datetime, what: str) -> tuple[int, datetime, timedelta]:
+    """Unix ns of an aware datetime, its wall time and UTC offset; tzinfo called exactly once."""
     # The wall time, without the caller's tzinfo: isoformat() or timestamp() would call it again.
     wall = datetime(
         value.year, value.month, value.day, value.hour, value.minute, value.second,
@@ -195,6 +188,29 @@ def instant_ns(value: object, what: str, now_ns: int) -> int:
         raise InvalidArgument(f"{what} must be timezone-aware, got naive {wall.isoformat()}")
     delta = wall - _EPOCH - offset
     ns = (delta.days * 86_400 + delta.seconds) * NS_PER_S + delta.microseconds * 1000
+    return ns, wall, offset
+
+
+def unix_ns(value: object, what: str) -> int:
+    """The instant of an aware datetime in Unix nanoseconds (any year), checked as the
+    Scheduler checks its instants: for code that carries them elsewhere (the wire)."""
+    if not isinstance(value, datetime):
+        raise InvalidArgument(
+            f"{what} must be a timezone-aware datetime, got {type(value).__name__}"
+        )
+    return _instant(value, what)[0]
+
+
+def instant_ns(value: object, what: str, now_ns: int) -> int:
+    """An aware datetime, or a timedelta from now, within ten years of now."""
+    if isinstance(value, timedelta):
+        return now_ns + duration_ns(value, what)
+    if not isinstance(value, datetime):
+        raise InvalidArgument(
+            f"{what} must be a timezone-aware datetime or a timedelta from now, "
+            f"got {type(value).__name__}"
+        )
+    ns, wall, offset = _instant(value, what)
     if abs(ns - now_ns) > MAX_DURATION_NS:
         raise InvalidArgument(
             f"{what} {wall.isoformat()} (UTC offset {offset}) is more than ten years from now"
