@@ -35,6 +35,16 @@ async def _attempt(stream: grpc.aio.UnaryStreamCall[Any, Any]) -> LeasedAttempt:
     return event
 
 
+async def _one_leased(
+    tasks: pb_grpc.SchedulerServiceStub, workers: pb_grpc.WorkerServiceStub
+) -> tuple[grpc.aio.UnaryStreamCall[Any, Any], LeasedAttempt]:
+    """Submit a task and attach a one-slot worker: its stream, and the attempt it leased."""
+    await tasks.Submit(wire.submit_request(TaskRequest("job", b""), BytesCodec()))
+    stream = workers.Attach(wire.attach_request("test", ["default"], 1))
+    assert isinstance(await _event(stream), wire.Attached)
+    return stream, await _attempt(stream)
+
+
 async def test_a_task_submitted_over_grpc_runs_on_an_attached_worker(tmp_path: Path) -> None:
     async with running_server(tmp_path, config_toml(MEMORY)) as server:
         await server.leading()
@@ -131,10 +141,7 @@ async def test_sigterm_drains_a_running_remote_attempt(tmp_path: Path) -> None:
         async with grpc.aio.insecure_channel(server.target) as channel:
             tasks = pb_grpc.SchedulerServiceStub(channel)
             workers = pb_grpc.WorkerServiceStub(channel)
-            await tasks.Submit(wire.submit_request(TaskRequest("job", b""), BytesCodec()))
-            stream = workers.Attach(wire.attach_request("test", ["default"], 1))
-            await stream.read()
-            attempt = await _attempt(stream)
+            _stream, attempt = await _one_leased(tasks, workers)  # kept open while draining
             server.signal(15)
             await server.wait_for("draining")
             # Draining: no new call is taken, but the running attempt may heartbeat and report.
@@ -188,10 +195,7 @@ async def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
         async with grpc.aio.insecure_channel(server.target) as channel:
             tasks = pb_grpc.SchedulerServiceStub(channel)
             workers = pb_grpc.WorkerServiceStub(channel)
-            await tasks.Submit(wire.submit_request(TaskRequest("job", b""), BytesCodec()))
-            stream = workers.Attach(wire.attach_request("stubborn", ["default"], 1))
-            await stream.read()
-            await _attempt(stream)  # held, never reported
+            await _one_leased(tasks, workers)  # held, never reported
             server.signal(15)
             await server.wait_for("draining")
             started = time.monotonic()
