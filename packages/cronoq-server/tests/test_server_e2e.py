@@ -36,7 +36,7 @@ async def _attempt(stream: grpc.aio.UnaryStreamCall[Any, Any]) -> LeasedAttempt:
 
 
 async def _one_leased(
-    tasks: pb_grpc.SchedulerServiceStub, workers: pb_grpc.WorkerServiceStub
+    tasks: pb_grpc.SchedulerServiceAsyncStub, workers: pb_grpc.WorkerServiceAsyncStub
 ) -> tuple[grpc.aio.UnaryStreamCall[Any, Any], LeasedAttempt]:
     """Submit a task and attach a one-slot worker: its stream, and the attempt it leased."""
     await tasks.Submit(wire.submit_request(TaskRequest("job", b""), BytesCodec()))
