@@ -240,6 +240,9 @@ async def test_sigterm_of_the_leader_lets_the_running_attempt_report_then_hands_
                 assert await old.wait_exit(10) == 0
                 stream.cancel()
         leading = await new.wait_for("leading", timeout=lease_ttl)
+        # A raw stub does not retry: a call that reaches the standby's server object as it
+        # stops is CANCELLED (the client retries that; this test asks once the swap is done).
+        await new.leading(timeout=lease_ttl)
         async with grpc.aio.insecure_channel(new.target) as channel:
             done = await pb_grpc.SchedulerServiceStub(channel).Get(
                 wire.get_request(submitted.task_id)
