@@ -35,6 +35,7 @@ from cronoq import (
     Status,
     TaskContext,
     TaskError,
+    TaskRequest,
 )
 from cronoq.errors import CronoqError
 from cronoq_client import AsyncClient
@@ -47,10 +48,12 @@ from cronoq_client.protocol import (
     lease_renewed_to_pb,
     pb,
     pb_grpc,
+    refused_for_good,
     report_from_pb,
+    report_result,
     rich_status,
     status_for,
-    worker_event_to_pb,
+    worker_events_to_pb,
 )
 from cronoq_client.protocol import ReportSuccess as WireSuccess
 
@@ -73,6 +76,10 @@ class _Service(pb_grpc.WorkerServiceServicer):
         self.attaches: list[tuple[AttemptToken, ...]] = []
         self.detached = asyncio.Event()
         self.reattached = asyncio.Event()
+        self.report_calls: list[int] = []
+        """The number of reports of each ReportMany call."""
+        self.hold_first_report: asyncio.Event | None = None
+        """Set: the first ReportMany call is answered only once it is set."""
 
     async def Attach(self, request: pb.AttachRequest, context: Any) -> None:  # type: ignore[override]
         if self.standby:
@@ -93,9 +100,9 @@ class _Service(pb_grpc.WorkerServiceServicer):
         self.detached.clear()
         try:
             leases = dict.fromkeys(options["pools"], self.lease)
-            await context.write(worker_event_to_pb(Attached(self.sched.epoch or 0, leases)))
+            await context.write(worker_events_to_pb([Attached(self.sched.epoch or 0, leases)]))
             async for event in link:
-                await context.write(worker_event_to_pb(event))
+                await context.write(worker_events_to_pb([event]))
         finally:
             link.close()
             self.detached.set()
@@ -107,21 +114,39 @@ class _Service(pb_grpc.WorkerServiceServicer):
             await context.abort_with_status(status_for(exc))
             raise
 
-    async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:
+    async def _report(self, request: pb.ReportRequest) -> None:
         token, outcome = report_from_pb(request)
+        if isinstance(outcome, WireSuccess):
+            await self.sched.report_success(token, outcome.output)
+        else:
+            await self.sched.report_failure(
+                token, outcome.message, retryable=outcome.retryable, retry_after=outcome.retry_after
+            )
+
+    async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:
         try:
-            if isinstance(outcome, WireSuccess):
-                await self.sched.report_success(token, outcome.output)
-            else:
-                await self.sched.report_failure(
-                    token,
-                    outcome.message,
-                    retryable=outcome.retryable,
-                    retry_after=outcome.retry_after,
-                )
+            await self._report(request)
         except CronoqError as exc:
             await context.abort_with_status(status_for(exc))
         return pb.ReportResponse()
+
+    async def ReportMany(
+        self, request: pb.ReportManyRequest, context: Any
+    ) -> pb.ReportManyResponse:
+        self.report_calls.append(len(request.reports))
+        if self.hold_first_report is not None and len(self.report_calls) == 1:
+            await self.hold_first_report.wait()
+        outcomes = await asyncio.gather(
+            *(self._report(report) for report in request.reports), return_exceptions=True
+        )
+        results = []
+        for outcome in outcomes:
+            if isinstance(outcome, CronoqError) and not refused_for_good(outcome):
+                await context.abort_with_status(status_for(outcome))
+            if isinstance(outcome, BaseException) and not isinstance(outcome, CronoqError):
+                raise outcome
+            results.append(report_result(outcome))
+        return pb.ReportManyResponse(results=results)
 
 
 class Served:
@@ -222,6 +247,33 @@ async def _worker(served: Served | Real, fn: Callable[..., Any], **options: Any)
 
 
 # --- running attempts -------------------------------------------------------------------------
+
+
+async def test_reports_that_finish_during_a_report_call_leave_together_in_the_next(
+    served: Served,
+) -> None:
+    finished = 0
+    all_finished = asyncio.Event()
+    served.service.hold_first_report = all_finished
+
+    async def quick(ctx: TaskContext, payload: bytes | None) -> bytes:
+        nonlocal finished
+        finished += 1
+        if finished == 5:
+            all_finished.set()  # the first report call is answered now
+        return b"done"
+
+    running = await _worker(served, quick, slots=5)
+    try:
+        ids = await served.sched.submit_many([TaskRequest("t") for _ in range(5)])
+        for task_id in ids:
+            info = await served.sched.wait(task_id, timeout=WAIT_S)
+            assert (info.status, info.output) == (Status.SUCCEEDED, b"done")
+    finally:
+        await running.finish()
+    # One call in flight at a time: what finished meanwhile went in one more call.
+    assert sum(served.service.report_calls) == 5
+    assert len(served.service.report_calls) <= 2, served.service.report_calls
 
 
 async def test_async_and_thread_functions_run_and_their_outputs_come_back(server: Real) -> None:

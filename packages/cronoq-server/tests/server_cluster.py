@@ -23,10 +23,8 @@ from grpc_health.v1 import health_pb2
 from server_pg import PG_DSN
 from server_process import ServerProcess
 
-from cronoq import CancelRequested, LeasedAttempt, RetryPolicy, TaskContext
+from cronoq import RetryPolicy, TaskContext
 from cronoq_client import AsyncClient
-from cronoq_client import protocol as wire
-from cronoq_client.protocol import pb
 
 CALL_TIMEOUT_S = 2.0
 QUICK_RETRY = RetryPolicy(max_attempts=5, initial_ns=50_000_000, jitter=0.0)
@@ -313,11 +311,3 @@ def echo(progress: Progress) -> Callable[[TaskContext, bytes], Awaitable[bytes]]
         return payload
 
     return run
-
-
-async def read_event(
-    stream: grpc.aio.UnaryStreamCall[Any, Any],
-) -> wire.Attached | LeasedAttempt | CancelRequested:
-    message = await stream.read()
-    assert isinstance(message, pb.WorkerEvent), message
-    return wire.worker_event_from_pb(message)

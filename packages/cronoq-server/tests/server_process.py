@@ -9,11 +9,40 @@ import os
 import shlex
 import signal
 import sys
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import grpc
+
+from cronoq_client import protocol as wire
+from cronoq_client.protocol import pb
 
 STARTUP_TIMEOUT_S = 30.0
+
+
+class AttachStream:
+    """An Attach call read event by event: one stream message carries one or more."""
+
+    def __init__(self, call: grpc.aio.UnaryStreamCall[Any, Any]) -> None:
+        self.call = call
+        self._unread: deque[pb.WorkerEvent] = deque()
+
+    async def raw(self) -> pb.WorkerEvent:
+        while not self._unread:
+            message = await self.call.read()
+            assert isinstance(message, pb.AttachResponse), message
+            assert message.events, "a stream message without events"
+            self._unread.extend(message.events)
+        return self._unread.popleft()
+
+    async def event(self) -> wire.WorkerEvent:
+        return wire.worker_event_from_pb(await self.raw())
+
+    def cancel(self) -> None:
+        self.call.cancel()
 
 
 def parse_line(line: str) -> dict[str, str]:

@@ -36,9 +36,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pb_strategies import messages, variations
 from prometheus_client.parser import text_string_to_metric_families
-from server_process import ServerProcess, config_toml, running_server
+from server_process import AttachStream, ServerProcess, config_toml, running_server
 
-from cronoq.errors import PayloadError
+from cronoq.errors import PayloadError, StaleAttempt
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
 
@@ -57,7 +57,8 @@ NEVER = "0 0 1 1 *"
 # another test; "bounded" admits one live task.
 POOLS = (
     "".join(
-        f'[[pools]]\nname = "{name}"\n' for name in ("default", "attach", "stale", "cancel", "fuzz")
+        f'[[pools]]\nname = "{name}"\n'
+        for name in ("default", "attach", "stale", "cancel", "fuzz", "batched", "large", "many")
     )
     + '[[pools]]\nname = "bounded"\nmax_live = 1\n'
 )
@@ -394,15 +395,15 @@ class Worker:
 
     def __init__(self, api: Api, pools: list[str], slots: int = 1) -> None:
         self.api = api
-        self.stream = api.workers.Attach(
-            pb.AttachRequest(worker_id=unique("worker"), pools=pools, slots=slots)
+        self.stream = AttachStream(
+            api.workers.Attach(
+                pb.AttachRequest(worker_id=unique("worker"), pools=pools, slots=slots)
+            )
         )
 
     async def event(self) -> pb.WorkerEvent:
         async with asyncio.timeout(CALL_TIMEOUT):
-            message = await self.stream.read()
-        assert isinstance(message, pb.WorkerEvent), message
-        return message
+            return await self.stream.raw()
 
     async def attempt(self) -> pb.Attempt:
         event = await self.event()
@@ -414,12 +415,12 @@ class Worker:
 
 
 @pytest_asyncio.fixture(loop_scope="module")
-async def attach(api: Api) -> AsyncIterator[Callable[[str], Awaitable[tuple[Worker, int]]]]:
+async def attach(api: Api) -> AsyncIterator[Attacher]:
     """Attach a worker to a pool; yields it with the leader's epoch (from ``attached``)."""
     opened: list[Worker] = []
 
-    async def open_one(pool: str) -> tuple[Worker, int]:
-        worker = Worker(api, [pool])
+    async def open_one(pool: str, slots: int = 1) -> tuple[Worker, int]:
+        worker = Worker(api, [pool], slots)
         opened.append(worker)
         first = await worker.event()
         assert first.WhichOneof("event") == "attached", first
@@ -431,13 +432,15 @@ async def attach(api: Api) -> AsyncIterator[Callable[[str], Awaitable[tuple[Work
         worker.close()
 
 
+Attacher = Callable[..., Awaitable[tuple[Worker, int]]]
+"""``attach(pool, slots=1)``: a worker attached to the pool, and the leader's epoch."""
+
+
 def token(epoch: int, task_id: int, attempt: int) -> pb.AttemptToken:
     return pb.AttemptToken(epoch=epoch, task_id=task_id, attempt=attempt)
 
 
-async def test_a_worker_attaches_heartbeats_and_reports(
-    api: Api, attach: Callable[[str], Awaitable[tuple[Worker, int]]]
-) -> None:
+async def test_a_worker_attaches_heartbeats_and_reports(api: Api, attach: Attacher) -> None:
     worker, epoch = await attach("attach")
     assert epoch >= 1
     task_id = await submitted(api, pool="attach", payload=b"in", key=unique("k"), tags=["w"],
@@ -476,7 +479,7 @@ async def test_a_worker_attaches_heartbeats_and_reports(
 
 
 async def test_stale_tokens_are_failed_precondition_and_change_nothing(
-    api: Api, attach: Callable[[str], Awaitable[tuple[Worker, int]]]
+    api: Api, attach: Attacher
 ) -> None:
     worker, epoch = await attach("stale")
     retry = pb.RetryPolicy(max_attempts=3, initial=seconds(0), maximum=seconds(0))
@@ -515,9 +518,7 @@ async def test_stale_tokens_are_failed_precondition_and_change_nothing(
     assert (done.status, done.attempt, done.output) == (pb.STATUS_SUCCEEDED, 2, b"new")
 
 
-async def test_cancel_of_a_running_task_reaches_its_worker(
-    api: Api, attach: Callable[[str], Awaitable[tuple[Worker, int]]]
-) -> None:
+async def test_cancel_of_a_running_task_reaches_its_worker(api: Api, attach: Attacher) -> None:
     worker, _ = await attach("cancel")
     task_id = await submitted(api, pool="cancel")
     attempt = await worker.attempt()
@@ -543,6 +544,91 @@ async def test_cancel_of_a_running_task_reaches_its_worker(
     await api.workers.Report(pb.ReportRequest(token=attempt.token, failure=failure))
     done = await api.tasks.Wait(pb.WaitRequest(task_id=task_id, timeout=seconds(5)))
     assert (done.status, done.message) == (pb.STATUS_CANCELLED, "stop it")
+
+
+async def test_attempts_that_are_ready_together_leave_in_one_stream_message(
+    api: Api, attach: Attacher
+) -> None:
+    # Due before the worker attaches: its three slots take them in one step.
+    ids = [await submitted(api, pool="batched") for _ in range(3)]
+    worker, epoch = await attach("batched", 3)
+    async with asyncio.timeout(CALL_TIMEOUT):
+        message = await worker.stream.call.read()
+    assert isinstance(message, pb.AttachResponse)
+    assert sorted(e.attempt.token.task_id for e in message.events) == ids
+    assert {e.attempt.token.epoch for e in message.events} == {epoch}
+    reports = [
+        pb.ReportRequest(token=e.attempt.token, success=pb.Success()) for e in message.events
+    ]
+    reply = await api.workers.ReportMany(pb.ReportManyRequest(reports=reports))
+    assert list(reply.results) == [pb.ReportResult()] * 3
+    for task_id in ids:
+        done = await api.tasks.Wait(pb.WaitRequest(task_id=task_id, timeout=seconds(5)))
+        assert done.status == pb.STATUS_SUCCEEDED
+
+
+async def test_attempts_too_large_to_share_a_message_leave_one_by_one(
+    api: Api, attach: Attacher
+) -> None:
+    # Two of these payloads exceed the server's message limit together: each attempt is sent
+    # alone, none is lost or sent twice.
+    payload = b"p" * (LIMIT * 6 // 10)
+    ids = [await submitted(api, pool="large", payload=payload) for _ in range(3)]
+    worker, _ = await attach("large", 3)
+    seen = []
+    async with asyncio.timeout(CALL_TIMEOUT):
+        for _ in ids:
+            message = await worker.stream.call.read()
+            assert isinstance(message, pb.AttachResponse) and len(message.events) == 1
+            seen.append(message.events[0].attempt)
+    assert sorted(a.token.task_id for a in seen) == ids
+    assert {a.payload for a in seen} == {payload}
+    for attempt in seen:
+        await api.workers.Report(pb.ReportRequest(token=attempt.token, success=pb.Success()))
+
+
+async def test_report_many_judges_each_report_alone(api: Api, attach: Attacher) -> None:
+    worker, epoch = await attach("many", 2)
+    ok, refused = await submitted(api, pool="many"), await submitted(api, pool="many")
+    attempts = {}
+    for _ in range(2):
+        attempt = await worker.attempt()
+        attempts[attempt.token.task_id] = attempt
+    current, other = attempts[ok].token, attempts[refused].token
+    reply = await api.workers.ReportMany(
+        pb.ReportManyRequest(
+            reports=[
+                pb.ReportRequest(token=current, success=pb.Success(output=b"out")),
+                pb.ReportRequest(token=token(epoch + 1, refused, 1), success=pb.Success()),
+                pb.ReportRequest(token=other),  # no outcome
+                pb.ReportRequest(token=current, success=pb.Success(output=b"again")),
+            ]
+        )
+    )
+    accepted, stale_epoch, bad, repeated = reply.results
+    assert accepted == pb.ReportResult()
+    assert (stale_epoch.reason, stale_epoch.metadata["why"]) == ("STALE_ATTEMPT", "epoch")
+    assert (bad.reason, bad.message) == (
+        "INVALID_ARGUMENT", "a report needs an outcome: success or failure",
+    )  # fmt: skip
+    # The same attempt twice in one call: one outcome stands, the other is answered stale.
+    assert (repeated.reason, repeated.metadata["why"]) == ("STALE_ATTEMPT", "finished")
+    assert isinstance(wire.error_from_report_result(stale_epoch), StaleAttempt)
+    done = await api.tasks.Wait(pb.WaitRequest(task_id=ok, timeout=seconds(5)))
+    assert (done.status, done.output) == (pb.STATUS_SUCCEEDED, b"out")
+    # The refused reports changed nothing: the other attempt still runs, and reports.
+    running = await api.tasks.Get(pb.GetRequest(task_id=refused))
+    assert (running.status, running.attempt) == (pb.STATUS_RUNNING, 1)
+    failure = pb.Failure(message="no", retryable=False)
+    reply = await api.workers.ReportMany(
+        pb.ReportManyRequest(reports=[pb.ReportRequest(token=other, failure=failure)])
+    )
+    assert list(reply.results) == [pb.ReportResult()]
+    failed = await api.tasks.Wait(pb.WaitRequest(task_id=refused, timeout=seconds(5)))
+    assert (failed.status, failed.message) == (
+        pb.STATUS_FAILED,
+        "attempt 1 failed (not retryable): no",
+    )
 
 
 # === 2. the bad inputs of tests/test_validation.py, in their wire form ============================
@@ -864,6 +950,9 @@ def bad_others() -> Iterator[Bad]:
         bad("Report-retry-after-nanos", "Report",
             pb.ReportRequest(token=token(1, 1, 1), failure=pb.Failure(retry_after=seconds(1, -1))),
             "retry_after: a Duration's nanos"),
+        bad("ReportMany-too-many", "ReportMany",
+            pb.ReportManyRequest(reports=[pb.ReportRequest(token=token(1, 1, 1))] * 1001),
+            "reports: 1001 given; the limit is 1000"),
         bad("Report-unknown-task", "Report",
             pb.ReportRequest(token=token(1, 10**15, 1), success=pb.Success()),
             "no such task", "STALE_ATTEMPT", Code.FAILED_PRECONDITION),
@@ -886,7 +975,7 @@ def invoke(api: Api, method: str, request: Message, **kwargs: Any) -> Awaitable[
                 stream.cancel()
 
         return first()
-    stub = api.workers if method in ("Heartbeat", "Report") else api.tasks
+    stub = api.workers if method in ("Heartbeat", "Report", "ReportMany") else api.tasks
     result: Awaitable[Any] = getattr(stub, method)(request, **kwargs)
     return result
 
@@ -929,10 +1018,19 @@ async def test_messages_above_the_size_limit_are_resource_exhausted(api: Api) ->
         pb.SubmitManyRequest(tasks=[task(kind=kind, payload=b"x" * (LIMIT // 2))] * 2),
         schedule(name=kind, payload=b"x" * LIMIT),
         pb.ReportRequest(token=token(1, 1, 1), success=pb.Success(output=b"x" * LIMIT)),
+        pb.ReportManyRequest(
+            reports=[
+                pb.ReportRequest(
+                    token=token(1, 1, 1), success=pb.Success(output=b"x" * (LIMIT // 2))
+                )
+            ]
+            * 2
+        ),
     ):
         method = {
             pb.SubmitRequest: "Submit", pb.SubmitManyRequest: "SubmitMany",
             pb.AddScheduleRequest: "AddSchedule", pb.ReportRequest: "Report",
+            pb.ReportManyRequest: "ReportMany",
         }[type(request)]  # fmt: skip
         err = await rejected(invoke(api, method, request, timeout=CALL_TIMEOUT))
         assert err.code() is Code.RESOURCE_EXHAUSTED, err
@@ -990,7 +1088,7 @@ async def test_reflection_lists_and_describes_the_services(api: Api) -> None:
     ]
     [ours] = [f for f in files if f.package == "cronoq.v1"]
     services = {s.name: [m.name for m in s.method] for s in ours.service}
-    assert services["WorkerService"] == ["Attach", "Heartbeat", "Report"]
+    assert services["WorkerService"] == ["Attach", "Heartbeat", "Report", "ReportMany"]
     assert "PreviewSchedule" in services["SchedulerService"]
 
 
@@ -1053,6 +1151,9 @@ VALID: dict[str, Message] = {
     "Attach": pb.AttachRequest(pools=["fuzz"], slots=1),
     "Heartbeat": pb.HeartbeatRequest(token=token(1, 1, 1)),
     "Report": pb.ReportRequest(token=token(1, 1, 1), success=pb.Success()),
+    "ReportMany": pb.ReportManyRequest(
+        reports=[pb.ReportRequest(token=token(1, 1, 1), success=pb.Success())]
+    ),
 }
 """A valid request of each method with arguments, for the fuzzing to vary a field or two of."""
 

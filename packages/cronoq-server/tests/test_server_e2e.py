@@ -9,39 +9,32 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
-from server_process import config_toml, running_server
+from server_process import AttachStream, config_toml, running_server
 
 from cronoq import BytesCodec, LeasedAttempt, SchedulerError, Status, TaskRequest
 from cronoq_client import AsyncClient
 from cronoq_client import protocol as wire
-from cronoq_client.protocol import pb, pb_grpc
+from cronoq_client.protocol import pb_grpc
 
 MEMORY = '[store]\nkind = "memory"\n'
 
 
-async def _event(stream: grpc.aio.UnaryStreamCall[Any, Any]) -> object:
-    message = await stream.read()
-    assert isinstance(message, pb.WorkerEvent), message
-    return wire.worker_event_from_pb(message)
-
-
-async def _attempt(stream: grpc.aio.UnaryStreamCall[Any, Any]) -> LeasedAttempt:
-    event = await _event(stream)
+async def _attempt(stream: AttachStream) -> LeasedAttempt:
+    event = await stream.event()
     assert isinstance(event, LeasedAttempt), event
     return event
 
 
 async def _one_leased(
     tasks: pb_grpc.SchedulerServiceAsyncStub, workers: pb_grpc.WorkerServiceAsyncStub
-) -> tuple[grpc.aio.UnaryStreamCall[Any, Any], LeasedAttempt]:
+) -> tuple[AttachStream, LeasedAttempt]:
     """Submit a task and attach a one-slot worker: its stream, and the attempt it leased."""
     await tasks.Submit(wire.submit_request(TaskRequest("job", b""), BytesCodec()))
-    stream = workers.Attach(wire.attach_request("test", ["default"], 1))
-    assert isinstance(await _event(stream), wire.Attached)
+    stream = AttachStream(workers.Attach(wire.attach_request("test", ["default"], 1)))
+    assert isinstance(await stream.event(), wire.Attached)
     return stream, await _attempt(stream)
 
 
@@ -54,8 +47,8 @@ async def test_a_task_submitted_over_grpc_runs_on_an_attached_worker(tmp_path: P
             submitted = await tasks.Submit(
                 wire.submit_request(TaskRequest("job", b"in"), BytesCodec())
             )
-            stream = workers.Attach(wire.attach_request("test", ["default"], 1))
-            attached = await _event(stream)
+            stream = AttachStream(workers.Attach(wire.attach_request("test", ["default"], 1)))
+            attached = await stream.event()
             assert isinstance(attached, wire.Attached) and attached.leases == {"default": 30.0}
             attempt = await _attempt(stream)
             assert attempt.token.task_id == submitted.task_id
@@ -89,7 +82,7 @@ async def main():
                 await asyncio.sleep(0.05)
         stream = workers.Attach(wire.attach_request("w", ["default"], 1))
         await stream.read()
-        attempt = wire.worker_event_from_pb(await stream.read())
+        [attempt] = wire.worker_events_from_pb(await stream.read())
         await workers.Report(wire.report_request(attempt.token, wire.ReportSuccess(b"y")))
         info = await tasks.Wait(wire.wait_request(sub.task_id, 10))
         print("status", info.status, info.output)

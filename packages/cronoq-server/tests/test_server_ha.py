@@ -27,12 +27,17 @@ from server_cluster import (
     log_time,
     new_channel,
     pg_store,
-    read_event,
     sqlite_store,
     submit_keyed,
 )
 from server_pg import pg_schema
-from server_process import ServerProcess, config_toml, running_server, start_server
+from server_process import (
+    AttachStream,
+    ServerProcess,
+    config_toml,
+    running_server,
+    start_server,
+)
 
 from cronoq import BytesCodec, LeasedAttempt, Status, TaskRequest, TaskSummary
 from cronoq_client import AsyncClient, Worker
@@ -226,7 +231,7 @@ async def test_sigterm_of_the_leader_lets_the_running_attempt_report_then_hands_
                 submitted = await pb_grpc.SchedulerServiceStub(channel).Submit(request)
             channel, stream = await _attach(balancer.target)
             async with channel:
-                event = await read_event(stream)
+                event = await stream.event()
                 assert isinstance(event, LeasedAttempt), event
                 assert event.token.task_id == submitted.task_id
                 workers = pb_grpc.WorkerServiceStub(channel)
@@ -263,16 +268,18 @@ async def test_sigterm_of_the_leader_lets_the_running_attempt_report_then_hands_
 
 async def _attach(
     target: str,
-) -> tuple[grpc.aio.Channel, grpc.aio.UnaryStreamCall[pb.AttachRequest, pb.WorkerEvent]]:
+) -> tuple[grpc.aio.Channel, AttachStream]:
     """Attach through the balancer, on a new connection each time, until the leader takes it."""
     async with asyncio.timeout(10):
         while True:
             channel = new_channel(target)
-            stream = pb_grpc.WorkerServiceStub(channel).Attach(
-                wire.attach_request("holder", ["default"], 1)
+            stream = AttachStream(
+                pb_grpc.WorkerServiceStub(channel).Attach(
+                    wire.attach_request("holder", ["default"], 1)
+                )
             )
             try:
-                first = await read_event(stream)
+                first = await stream.event()
             except grpc.aio.AioRpcError as exc:
                 await channel.close()
                 if exc.code() is not grpc.StatusCode.UNAVAILABLE:

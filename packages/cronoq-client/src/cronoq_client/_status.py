@@ -62,6 +62,7 @@ from cronoq.errors import (
     UnknownTimeZone,
     WaitTimedOut,
 )
+from cronoq_client._proto import cronoq_pb2 as pb
 
 __all__ = [
     "DETAILS_KEY",
@@ -69,8 +70,11 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "Outcome",
     "Reason",
+    "error_from_report_result",
     "error_from_rpc",
     "outcome",
+    "refused_for_good",
+    "report_result",
     "rich_status",
     "status_for",
     "status_of",
@@ -184,6 +188,21 @@ def status_for(exc: BaseException) -> grpc.Status:
     code, _, metadata = _classify(exc)
     _, message, reason = status_of(exc)
     return rich_status(code, message, reason, metadata)
+
+
+def refused_for_good(exc: BaseException) -> bool:
+    """The exception is a definite answer (``Outcome.ANSWERED`` on the client): nothing was
+    applied and another try gets the same. A ReportMany answers these report by report."""
+    _, reason, _ = _classify(exc)
+    return reason not in _NOT_APPLIED and reason not in _UNCERTAIN
+
+
+def report_result(refusal: CronoqError | None) -> pb.ReportResult:
+    """One report's result in a ReportMany: accepted (None) or refused for good."""
+    if refusal is None:
+        return pb.ReportResult()
+    _, message, reason = status_of(refusal)
+    return pb.ReportResult(reason=reason, message=message, metadata=_classify(refusal)[2])
 
 
 # --- the client side ------------------------------------------------------------------------
@@ -318,6 +337,17 @@ _BY_REASON: dict[Reason, Callable[[str, Mapping[str, str]], CronoqError]] = {
     ),
     Reason.INTERNAL: lambda m, _: _scheduler_error(m, None),
 }
+
+
+def error_from_report_result(result: pb.ReportResult) -> CronoqError | None:
+    """None if the report was accepted, else the exception a Report call would have raised."""
+    if not result.reason:
+        return None
+    try:
+        reason = Reason(result.reason)
+    except ValueError:  # a reason of a newer server: a refusal all the same
+        return SchedulerError(f"{result.reason}: {result.message}", applied=False)
+    return _BY_REASON[reason](result.message, result.metadata)
 
 
 def error_from_rpc(err: grpc.RpcError) -> CronoqError:

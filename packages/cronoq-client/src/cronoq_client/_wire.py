@@ -59,6 +59,7 @@ from cronoq.errors import InvalidArgument, PayloadError
 from cronoq_client._proto import cronoq_pb2 as pb
 
 __all__ = [
+    "MAX_REPORTS_PER_CALL",
     "Attached",
     "ReportFailure",
     "ReportSuccess",
@@ -84,6 +85,7 @@ __all__ = [
     "preview_response",
     "preview_response_to_pb",
     "report_from_pb",
+    "report_many_from_pb",
     "report_request",
     "retry_from_pb",
     "retry_to_pb",
@@ -106,6 +108,8 @@ __all__ = [
     "wait_request",
     "worker_event_from_pb",
     "worker_event_to_pb",
+    "worker_events_from_pb",
+    "worker_events_to_pb",
 ]
 
 NS_PER_S = 1_000_000_000
@@ -895,6 +899,10 @@ class Attached:
     """Pool name -> seconds an attempt stays leased without a heartbeat."""
 
 
+WorkerEvent = Attached | LeasedAttempt | CancelRequested
+"""What the Attach stream carries."""
+
+
 @dataclass(frozen=True, slots=True)
 class ReportSuccess:
     output: bytes | None = None
@@ -987,7 +995,7 @@ def _attempt_from_pb(message: pb.Attempt) -> LeasedAttempt:
     )
 
 
-def worker_event_to_pb(event: Attached | LeasedAttempt | CancelRequested) -> pb.WorkerEvent:
+def worker_event_to_pb(event: WorkerEvent) -> pb.WorkerEvent:
     if isinstance(event, Attached):
         leases = {name: _duration(s, f"lease of {name}") for name, s in event.leases.items()}
         return pb.WorkerEvent(attached=pb.Attached(epoch=event.epoch, leases=leases))
@@ -998,7 +1006,7 @@ def worker_event_to_pb(event: Attached | LeasedAttempt | CancelRequested) -> pb.
     )
 
 
-def worker_event_from_pb(message: pb.WorkerEvent) -> Attached | LeasedAttempt | CancelRequested:
+def worker_event_from_pb(message: pb.WorkerEvent) -> WorkerEvent:
     kind = message.WhichOneof("event")
     if kind == "attached":
         leases = {
@@ -1011,6 +1019,17 @@ def worker_event_from_pb(message: pb.WorkerEvent) -> Attached | LeasedAttempt | 
     if kind == "cancel":
         return CancelRequested(token_from_pb(message.cancel.token), message.cancel.reason)
     raise InvalidArgument("a worker event must be attached, attempt or cancel; it is empty")
+
+
+def worker_events_to_pb(events: Iterable[WorkerEvent]) -> pb.AttachResponse:
+    """One message of the Attach stream."""
+    return pb.AttachResponse(events=[worker_event_to_pb(event) for event in events])
+
+
+def worker_events_from_pb(message: pb.AttachResponse) -> list[WorkerEvent]:
+    if not message.events:
+        raise InvalidArgument("a message of the Attach stream carries at least one event")
+    return [worker_event_from_pb(event) for event in message.events]
 
 
 def heartbeat_request(token: AttemptToken) -> pb.HeartbeatRequest:
@@ -1054,6 +1073,19 @@ def report_request(token: AttemptToken, outcome: ReportSuccess | ReportFailure) 
     if outcome.retry_after is not None:
         message.failure.retry_after.CopyFrom(_duration(outcome.retry_after, "retry_after"))
     return message
+
+
+MAX_REPORTS_PER_CALL = 1_000
+"""Most reports one ReportMany may carry (a worker sends at most this many at once)."""
+
+
+def report_many_from_pb(message: pb.ReportManyRequest) -> Sequence[pb.ReportRequest]:
+    """The reports of a ReportMany, each for ``report_from_pb`` (and so judged alone)."""
+    if len(message.reports) > MAX_REPORTS_PER_CALL:
+        raise InvalidArgument(
+            f"reports: {len(message.reports)} given; the limit is {MAX_REPORTS_PER_CALL}"
+        )
+    return message.reports
 
 
 def report_from_pb(message: pb.ReportRequest) -> tuple[AttemptToken, ReportSuccess | ReportFailure]:

@@ -6,8 +6,10 @@ runs in a thread and polls ``ctx.cancelled``; ``TaskError`` controls the retry; 
 exception is a retryable failure; an attempt that returns after it was asked to stop ends as a
 failure with the reason.
 
-The worker holds one Attach stream (attempts and cancellations arrive on it) and makes unary
-Heartbeat and Report calls, each on whatever connection is current. When the stream ends or
+The worker holds one Attach stream (attempts and cancellations arrive on it, a batch per
+message under load) and makes unary Heartbeat and ReportMany calls (the reports that finish
+while one call is in flight leave together in the next: ``_reports.py``), each on whatever
+connection is current. When the stream ends or
 fails, it opens a new connection (the next target, when there are several, so that a balancer
 picks a replica again) after a backoff with full jitter, and reattaches naming the attempts it
 still runs, which it goes on heartbeating and reporting.
@@ -45,6 +47,7 @@ from cronoq.errors import InvalidArgument, PayloadError, StaleAttempt
 from cronoq_client._channel import Channels, Connection, targets_of
 from cronoq_client._client import DEFAULT_MAX_MESSAGE_BYTES
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
+from cronoq_client._reports import Reports
 from cronoq_client._retry import Backoff, Verdict, judge
 from cronoq_client._status import error_from_rpc
 from cronoq_client._wire import (
@@ -55,7 +58,7 @@ from cronoq_client._wire import (
     heartbeat_request,
     lease_renewed_from_pb,
     report_request,
-    worker_event_from_pb,
+    worker_events_from_pb,
 )
 
 __all__ = ["Worker"]
@@ -67,7 +70,6 @@ TaskFunction = Callable[[TaskContext, Any], Awaitable[Any]] | Callable[[TaskCont
 MAX_MESSAGE = 64 * 1024
 """Characters of a failure message the server accepts (the Scheduler's limit)."""
 _BACKOFF = Backoff()
-_REPORT_CALL_TIMEOUT_S = 10.0
 _CHANNEL_CLOSE_GRACE_S = 1.0
 """An old connection's calls get this long to finish once a new connection replaced it."""
 _STOPPING = "the worker is stopping"
@@ -142,6 +144,7 @@ class Worker:
             targets, tls, DEFAULT_MAX_MESSAGE_BYTES, retire_grace=_CHANNEL_CLOSE_GRACE_S
         )
         self._stubs: tuple[int, pb_grpc.WorkerServiceAsyncStub] | None = None
+        self._reports = Reports(self._current, DEFAULT_MAX_MESSAGE_BYTES)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._attempts: dict[AttemptToken, _Attempt] = {}
         self._leases: dict[str, float] = {}
@@ -205,6 +208,7 @@ class Worker:
             if self._threads is not None:
                 # A thread cannot be stopped: it was told by its ctx and is left to finish.
                 self._threads.shutdown(wait=False, cancel_futures=True)
+            await self._reports.close()
             await self._channels.close()
             self._running = False
 
@@ -254,19 +258,19 @@ class Worker:
             call = stub.Attach(request)
             try:
                 async for message in call:
-                    event = worker_event_from_pb(message)
-                    if isinstance(event, Attached):
-                        failures = 0
-                        self._leases.update(event.leases)
-                        self._attached.set()
-                        log.info(
-                            "worker attached",
-                            extra={"worker": self.worker_id, "epoch": event.epoch},
-                        )
-                    elif isinstance(event, LeasedAttempt):
-                        self._start(event)
-                    else:
-                        self._cancel(event)
+                    for event in worker_events_from_pb(message):
+                        if isinstance(event, Attached):
+                            failures = 0
+                            self._leases.update(event.leases)
+                            self._attached.set()
+                            log.info(
+                                "worker attached",
+                                extra={"worker": self.worker_id, "epoch": event.epoch},
+                            )
+                        elif isinstance(event, LeasedAttempt):
+                            self._start(event)
+                        else:
+                            self._cancel(event)
                 log.info("attach stream ended; reconnecting", extra={"worker": self.worker_id})
             except grpc.RpcError as err:
                 error = error_from_rpc(err)
@@ -424,36 +428,37 @@ class Worker:
         request = report_request(token, result)
         failures = 0
         while not attempt.stale:
-            connection, stub = self._current()
-            left = attempt.lease_end - loop.time()
-            try:
-                await stub.Report(request, timeout=min(max(left, 0.05), _REPORT_CALL_TIMEOUT_S))
+            connection, answer = await self._reports.send(request, attempt.lease_end)
+            if answer is None:
                 return
-            except grpc.RpcError as err:
-                error = error_from_rpc(err)
-                if isinstance(error, StaleAttempt):
-                    log.info(
-                        "report answered stale (%s): the attempt's outcome is not this one",
-                        error.reason,
-                        extra={"task_id": token.task_id},
-                    )
-                    return
-                if judge(err, idempotent=True) is Verdict.RAISE:
-                    if isinstance(result, ReportSuccess) and isinstance(error, InvalidArgument):
-                        # An output the server refuses (too large): the attempt fails instead.
-                        result = ReportFailure(_truncate(f"output refused: {error}"), False)
-                        request = report_request(token, result)
-                        continue
-                    log.error("report refused: %s", error, extra={"task_id": token.task_id})
-                    return
-                if loop.time() >= attempt.lease_end:
-                    log.warning(
-                        "report failed and the lease is over; the server retries the attempt: %s",
-                        error,
-                        extra={"task_id": token.task_id},
-                    )
-                    return
-                log.info("report failed; retrying: %s", error, extra={"task_id": token.task_id})
-                self._reconnect(connection)
+            if isinstance(answer, grpc.RpcError):
+                error = error_from_rpc(answer)
+                definite = judge(answer, idempotent=True) is Verdict.RAISE
+            else:  # refused, this report alone
+                error, definite = answer, True
+            if isinstance(error, StaleAttempt):
+                log.info(
+                    "report answered stale (%s): the attempt's outcome is not this one",
+                    error.reason,
+                    extra={"task_id": token.task_id},
+                )
+                return
+            if definite:
+                if isinstance(result, ReportSuccess) and isinstance(error, InvalidArgument):
+                    # An output the server refuses (too large): the attempt fails instead.
+                    result = ReportFailure(_truncate(f"output refused: {error}"), False)
+                    request = report_request(token, result)
+                    continue
+                log.error("report refused: %s", error, extra={"task_id": token.task_id})
+                return
+            if loop.time() >= attempt.lease_end:
+                log.warning(
+                    "report failed and the lease is over; the server retries the attempt: %s",
+                    error,
+                    extra={"task_id": token.task_id},
+                )
+                return
+            log.info("report failed; retrying: %s", error, extra={"task_id": token.task_id})
+            self._reconnect(connection)
             await asyncio.sleep(_BACKOFF.delay(failures))
             failures += 1

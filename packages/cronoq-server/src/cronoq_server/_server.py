@@ -55,7 +55,10 @@ class GrpcEndpoint:
         self._options = options
         self.port = port
         self._health = health.aio.HealthServicer()
-        self._services = (SchedulerService(replica), WorkerService(replica))
+        self._services = (
+            SchedulerService(replica),
+            WorkerService(replica, options.max_message_bytes),
+        )
         self._server: grpc.aio.Server | None = None
         self._serving_as: Role | None = None
         self._swap = asyncio.Lock()

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from cronoq import Scheduler, preview
+from cronoq import CancelRequested, LeasedAttempt, Scheduler, preview
 from cronoq.errors import CronoqError, InvalidArgument, WaitTimedOut
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
@@ -218,13 +218,20 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         return wire.preview_response_to_pb(preview(**wire.preview_kwargs(request)))
 
 
+_MAX_EVENTS_PER_MESSAGE = 512
+_EVENT_FRAMING_BYTES = 6
+"""A repeated field's element costs its tag (1 byte) and length (up to 5) beyond its size."""
+
+
 class WorkerService(pb_grpc.WorkerServiceServicer):
     """Attach is a server stream: attempts and cancellations are pushed the moment the
-    scheduler releases them (no polling); heartbeats and reports are unary calls, so that each
-    gets its own status and a report can be retried on a new connection."""
+    scheduler releases them (no polling), all that are ready in one message; heartbeats and
+    reports are unary calls, so that each gets its own status and a report can be retried on a
+    new connection."""
 
-    def __init__(self, replica: Replica) -> None:
+    def __init__(self, replica: Replica, max_message_bytes: int) -> None:
         self._replica = replica
+        self._max_message_bytes = max_message_bytes
 
     async def Attach(  # type: ignore[override]  # writes with context.write, not yield
         self, request: pb.AttachRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -238,21 +245,39 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
             await _abort(context, exc)
             return
         log.info("worker attached", extra={"worker": request.worker_id, "pools": options["pools"]})
+        # Taken from the link but left for the next message (it would not fit in this one).
+        carried: LeasedAttempt | CancelRequested | None = None
         try:
             attached = wire.Attached(sched.epoch or 0, self._replica.leases)
-            await context.write(wire.worker_event_to_pb(attached))
+            await context.write(wire.worker_events_to_pb([attached]))
             while True:
                 try:
-                    event = await link.next()
+                    first = carried if carried is not None else await link.next()
                 except CronoqError as exc:  # detached, or the scheduler stopped
                     await _abort(context, exc)
                     return
-                # Once a write began, the attempt may have reached the worker even if the write
-                # raises (a stream cancelled mid-write): it counts, and is retried after its
-                # lease if the worker never got it. Only attempts still queued in the link
-                # when it closes go back uncounted.
-                await context.write(wire.worker_event_to_pb(event))
+                carried = None
+                message = wire.worker_events_to_pb([first])
+                size = message.ByteSize()
+                # Whatever else is ready leaves with it: under load a worker gets its attempts
+                # a batch per message, and alone one at once (nothing waits to fill a batch).
+                while link.queued and len(message.events) < _MAX_EVENTS_PER_MESSAGE:
+                    event = await link.next()
+                    encoded = wire.worker_event_to_pb(event)
+                    size += encoded.ByteSize() + _EVENT_FRAMING_BYTES
+                    if size > self._max_message_bytes:
+                        carried = event
+                        break
+                    message.events.append(encoded)
+                # Once a write began, its attempts may have reached the worker even if the
+                # write raises (a stream cancelled mid-write): they count, and are retried
+                # after their lease if the worker never got them. Only attempts that never
+                # left go back uncounted: the carried one, and those still queued in the link
+                # when it closes.
+                await context.write(message)
         finally:
+            if isinstance(carried, LeasedAttempt):
+                link.unsent(carried)
             link.close()
             log.info("worker detached", extra={"worker": request.worker_id})
 
@@ -264,12 +289,38 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
 
     @_unary
     async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:
-        sched = self._replica.leader(reporting=True)
-        token, outcome = wire.report_from_pb(request)
-        if isinstance(outcome, wire.ReportSuccess):
-            await sched.report_success(token, outcome.output)
-        else:
-            await sched.report_failure(
-                token, outcome.message, retryable=outcome.retryable, retry_after=outcome.retry_after
-            )
+        await _report(self._replica.leader(reporting=True), request)
         return pb.ReportResponse()
+
+    @_unary
+    async def ReportMany(
+        self, request: pb.ReportManyRequest, context: Any
+    ) -> pb.ReportManyResponse:
+        sched = self._replica.leader(reporting=True)
+        reports = wire.report_many_from_pb(request)
+        # Each report is a Scheduler call of its own; those that arrive together are judged
+        # in one step and committed together.
+        outcomes = await asyncio.gather(
+            *(_report(sched, report) for report in reports), return_exceptions=True
+        )
+        results = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                if not isinstance(outcome, CronoqError) or not wire.refused_for_good(outcome):
+                    # Not known for every report: the call fails as a whole, and the worker
+                    # sends them all again (a repeat of one that landed is answered stale).
+                    raise outcome
+                results.append(wire.report_result(outcome))
+            else:
+                results.append(wire.report_result(None))
+        return pb.ReportManyResponse(results=results)
+
+
+async def _report(sched: Scheduler, request: pb.ReportRequest) -> None:
+    token, outcome = wire.report_from_pb(request)
+    if isinstance(outcome, wire.ReportSuccess):
+        await sched.report_success(token, outcome.output)
+    else:
+        await sched.report_failure(
+            token, outcome.message, retryable=outcome.retryable, retry_after=outcome.retry_after
+        )

@@ -636,6 +636,10 @@ class WorkerServiceStub:
     attempt reaches a free slot without a poll round trip, and cancel requests travel on the same
     stream. Heartbeats and reports are unary calls, so a report survives a broken stream: it is
     retried on a new connection while the lease lasts.
+
+    Both directions batch under load, as a group commit does, without waiting to fill a batch:
+    one stream message carries every event the server has ready, and a worker sends the reports
+    that finished while its previous ReportMany call was in flight in one call.
     """
 
     def __init__(self, channel):
@@ -647,7 +651,7 @@ class WorkerServiceStub:
         self.Attach = channel.unary_stream(
                 '/cronoq.v1.WorkerService/Attach',
                 request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.AttachRequest.SerializeToString,
-                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.WorkerEvent.FromString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.AttachResponse.FromString,
                 _registered_method=True)
         self.Heartbeat = channel.unary_unary(
                 '/cronoq.v1.WorkerService/Heartbeat',
@@ -659,6 +663,11 @@ class WorkerServiceStub:
                 request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ReportRequest.SerializeToString,
                 response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ReportResponse.FromString,
                 _registered_method=True)
+        self.ReportMany = channel.unary_unary(
+                '/cronoq.v1.WorkerService/ReportMany',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ReportManyRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ReportManyResponse.FromString,
+                _registered_method=True)
 
 
 class WorkerServiceServicer:
@@ -669,6 +678,10 @@ class WorkerServiceServicer:
     attempt reaches a free slot without a poll round trip, and cancel requests travel on the same
     stream. Heartbeats and reports are unary calls, so a report survives a broken stream: it is
     retried on a new connection while the lease lasts.
+
+    Both directions batch under load, as a group commit does, without waiting to fill a batch:
+    one stream message carries every event the server has ready, and a worker sends the reports
+    that finished while its previous ReportMany call was in flight in one call.
     """
 
     def Attach(self, request, context):
@@ -697,13 +710,23 @@ class WorkerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportMany(self, request, context):
+        """Several outcomes in one call, each judged as Report judges it. The call fails as a whole
+        (as Report would) when the server cannot say what became of every report (not durable,
+        standby, stopping): reports are idempotent, so the worker sends them all again, and those
+        that had landed are answered stale ("finished"). Otherwise each report has its result.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Attach': grpc.unary_stream_rpc_method_handler(
                     servicer.Attach,
                     request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.AttachRequest.FromString,
-                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.WorkerEvent.SerializeToString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.AttachResponse.SerializeToString,
             ),
             'Heartbeat': grpc.unary_unary_rpc_method_handler(
                     servicer.Heartbeat,
@@ -714,6 +737,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Report,
                     request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ReportRequest.FromString,
                     response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ReportResponse.SerializeToString,
+            ),
+            'ReportMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportMany,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ReportManyRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ReportManyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -731,6 +759,10 @@ class WorkerService:
     attempt reaches a free slot without a poll round trip, and cancel requests travel on the same
     stream. Heartbeats and reports are unary calls, so a report survives a broken stream: it is
     retried on a new connection while the lease lasts.
+
+    Both directions batch under load, as a group commit does, without waiting to fill a batch:
+    one stream message carries every event the server has ready, and a worker sends the reports
+    that finished while its previous ReportMany call was in flight in one call.
     """
 
     @staticmethod
@@ -749,7 +781,7 @@ class WorkerService:
             target,
             '/cronoq.v1.WorkerService/Attach',
             cronoq__client_dot___proto_dot_cronoq__pb2.AttachRequest.SerializeToString,
-            cronoq__client_dot___proto_dot_cronoq__pb2.WorkerEvent.FromString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.AttachResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -804,6 +836,33 @@ class WorkerService:
             '/cronoq.v1.WorkerService/Report',
             cronoq__client_dot___proto_dot_cronoq__pb2.ReportRequest.SerializeToString,
             cronoq__client_dot___proto_dot_cronoq__pb2.ReportResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.WorkerService/ReportMany',
+            cronoq__client_dot___proto_dot_cronoq__pb2.ReportManyRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.ReportManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

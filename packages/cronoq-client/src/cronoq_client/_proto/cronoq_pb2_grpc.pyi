@@ -231,13 +231,17 @@ class WorkerServiceStub:
     attempt reaches a free slot without a poll round trip, and cancel requests travel on the same
     stream. Heartbeats and reports are unary calls, so a report survives a broken stream: it is
     retried on a new connection while the lease lasts.
+
+    Both directions batch under load, as a group commit does, without waiting to fill a batch:
+    one stream message carries every event the server has ready, and a worker sends the reports
+    that finished while its previous ReportMany call was in flight in one call.
     """
 
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> WorkerServiceAsyncStub: ...
-    Attach: _grpc.UnaryStreamMultiCallable[_cronoq_pb2.AttachRequest, _cronoq_pb2.WorkerEvent]
+    Attach: _grpc.UnaryStreamMultiCallable[_cronoq_pb2.AttachRequest, _cronoq_pb2.AttachResponse]
     """Attach to pools with a number of slots. The first event is always `attached`; then
     attempts (each takes a slot until its report is accepted) and cancel requests, until the
     worker cancels the call or the server stops leading (UNAVAILABLE, STOPPING / STANDBY).
@@ -251,6 +255,12 @@ class WorkerServiceStub:
     (STALE_ATTEMPT) if the token is not current: nothing changed and the newer attempt's
     outcome stands.
     """
+    ReportMany: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ReportManyRequest, _cronoq_pb2.ReportManyResponse]
+    """Several outcomes in one call, each judged as Report judges it. The call fails as a whole
+    (as Report would) when the server cannot say what became of every report (not durable,
+    standby, stopping): reports are idempotent, so the worker sends them all again, and those
+    that had landed are answered stale ("finished"). Otherwise each report has its result.
+    """
 
 @_typing.type_check_only
 class WorkerServiceAsyncStub(WorkerServiceStub):
@@ -261,10 +271,14 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     attempt reaches a free slot without a poll round trip, and cancel requests travel on the same
     stream. Heartbeats and reports are unary calls, so a report survives a broken stream: it is
     retried on a new connection while the lease lasts.
+
+    Both directions batch under load, as a group commit does, without waiting to fill a batch:
+    one stream message carries every event the server has ready, and a worker sends the reports
+    that finished while its previous ReportMany call was in flight in one call.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
-    Attach: _aio.UnaryStreamMultiCallable[_cronoq_pb2.AttachRequest, _cronoq_pb2.WorkerEvent]  # type: ignore[assignment]
+    Attach: _aio.UnaryStreamMultiCallable[_cronoq_pb2.AttachRequest, _cronoq_pb2.AttachResponse]  # type: ignore[assignment]
     """Attach to pools with a number of slots. The first event is always `attached`; then
     attempts (each takes a slot until its report is accepted) and cancel requests, until the
     worker cancels the call or the server stops leading (UNAVAILABLE, STOPPING / STANDBY).
@@ -278,6 +292,12 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     (STALE_ATTEMPT) if the token is not current: nothing changed and the newer attempt's
     outcome stands.
     """
+    ReportMany: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ReportManyRequest, _cronoq_pb2.ReportManyResponse]  # type: ignore[assignment]
+    """Several outcomes in one call, each judged as Report judges it. The call fails as a whole
+    (as Report would) when the server cannot say what became of every report (not durable,
+    standby, stopping): reports are idempotent, so the worker sends them all again, and those
+    that had landed are answered stale ("finished"). Otherwise each report has its result.
+    """
 
 class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     """Remote workers lease and run the attempts of the server's remote pools.
@@ -287,6 +307,10 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     attempt reaches a free slot without a poll round trip, and cancel requests travel on the same
     stream. Heartbeats and reports are unary calls, so a report survives a broken stream: it is
     retried on a new connection while the lease lasts.
+
+    Both directions batch under load, as a group commit does, without waiting to fill a batch:
+    one stream message carries every event the server has ready, and a worker sends the reports
+    that finished while its previous ReportMany call was in flight in one call.
     """
 
     @_abc_1.abstractmethod
@@ -294,7 +318,7 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         self,
         request: _cronoq_pb2.AttachRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_abc.Iterator[_cronoq_pb2.WorkerEvent], _abc.AsyncIterator[_cronoq_pb2.WorkerEvent]]:
+    ) -> _typing.Union[_abc.Iterator[_cronoq_pb2.AttachResponse], _abc.AsyncIterator[_cronoq_pb2.AttachResponse]]:
         """Attach to pools with a number of slots. The first event is always `attached`; then
         attempts (each takes a slot until its report is accepted) and cancel requests, until the
         worker cancels the call or the server stops leading (UNAVAILABLE, STOPPING / STANDBY).
@@ -319,6 +343,18 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         """The outcome of an attempt; returns once it is committed. FAILED_PRECONDITION
         (STALE_ATTEMPT) if the token is not current: nothing changed and the newer attempt's
         outcome stands.
+        """
+
+    @_abc_1.abstractmethod
+    def ReportMany(
+        self,
+        request: _cronoq_pb2.ReportManyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.ReportManyResponse, _abc.Awaitable[_cronoq_pb2.ReportManyResponse]]:
+        """Several outcomes in one call, each judged as Report judges it. The call fails as a whole
+        (as Report would) when the server cannot say what became of every report (not durable,
+        standby, stopping): reports are idempotent, so the worker sends them all again, and those
+        that had landed are answered stale ("finished"). Otherwise each report has its result.
         """
 
 def add_WorkerServiceServicer_to_server(servicer: WorkerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
