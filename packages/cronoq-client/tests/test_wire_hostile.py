@@ -42,6 +42,7 @@ from cronoq import (
 from cronoq.errors import InvalidArgument, StaleAttempt, TaskNotFound
 from cronoq_client import _wire as w
 from cronoq_client._proto import cronoq_pb2 as pb
+from cronoq_client._status import error_from_report_result
 
 HOSTILE = settings(
     max_examples=200,
@@ -99,12 +100,14 @@ def _message(draw: st.DrawFn, descriptor: Descriptor, depth: int = 0) -> Message
         sub_type = field.message_type
         if sub_type is not None and sub_type.GetOptions().map_entry:
             key_field, value_field = sub_type.fields
-            assert value_field.message_type is not None, "every map of the protocol has messages"
             for _ in range(draw(st.integers(0, 2))):
                 key = draw(_scalar(key_field))
-                getattr(message, field.name)[key].CopyFrom(
-                    draw(_message(value_field.message_type, depth + 1))
-                )
+                if value_field.message_type is None:
+                    getattr(message, field.name)[key] = draw(_scalar(value_field))
+                else:
+                    getattr(message, field.name)[key].CopyFrom(
+                        draw(_message(value_field.message_type, depth + 1))
+                    )
         elif sub_type is not None:
             if depth > 3:
                 continue
@@ -279,6 +282,8 @@ REPLIES: list[tuple[type[Message], Callable[[Any], object]]] = [
     (pb.PreviewScheduleResponse, w.preview_response),
     (pb.CancelResponse, lambda m: w.status_from_pb(m.status)),
     (pb.WorkerEvent, w.worker_event_from_pb),
+    (pb.AttachResponse, w.worker_events_from_pb),
+    (pb.ReportResult, error_from_report_result),
     (pb.HeartbeatResponse, w.lease_renewed_from_pb),
     (pb.RetryPolicy, w.retry_from_pb),
 ]

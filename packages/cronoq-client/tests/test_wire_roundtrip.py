@@ -53,9 +53,10 @@ from cronoq import (
     TaskInfo,
     TaskRequest,
 )
-from cronoq.errors import PayloadError
+from cronoq.errors import CronoqError, InvalidArgument, PayloadError, StaleAttempt, TaskNotFound
 from cronoq_client import _wire as w
 from cronoq_client._proto import cronoq_pb2 as pb
+from cronoq_client._status import error_from_report_result, report_result, status_of
 from cronoq_client._wire import NS_PER_S
 
 ROUND_TRIPS = settings(max_examples=150, deadline=None)
@@ -351,6 +352,56 @@ def test_attach_arguments_round_trip(
         "slots": slots,
         "running": tuple(running),
     }
+
+
+@ROUND_TRIPS
+@given(
+    st.lists(
+        st.one_of(leased_attempts, st.builds(CancelRequested, tokens, texts)),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_a_stream_message_carries_its_events_in_order(
+    events: list[LeasedAttempt | CancelRequested],
+) -> None:
+    assert w.worker_events_from_pb(wire(w.worker_events_to_pb(events))) == events
+
+
+def test_a_stream_message_without_events_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="at least one event"):
+        w.worker_events_from_pb(pb.AttachResponse())
+
+
+@ROUND_TRIPS
+@given(st.integers(0, 2**63 - 1))
+def test_the_workers_message_limit_reaches_the_server(limit: int) -> None:
+    message = wire(w.attach_request("w", ["p"], 1, max_message_bytes=limit))
+    assert w.attach_message_limit(message) == (limit or None)
+
+
+@ROUND_TRIPS
+@given(
+    st.one_of(
+        st.builds(
+            StaleAttempt, texts, reason=st.sampled_from(["epoch", "attempt", "lease", "finished"])
+        ),
+        st.builds(InvalidArgument, texts),
+        st.builds(PayloadError, texts),
+        st.builds(TaskNotFound, texts),
+    )
+)
+def test_a_refused_report_is_answered_with_its_exception(refusal: CronoqError) -> None:
+    result = wire(report_result(refusal))
+    error = error_from_report_result(result)
+    assert type(error) is type(refusal)
+    assert str(error) == status_of(refusal)[1]
+    if isinstance(refusal, StaleAttempt):
+        assert isinstance(error, StaleAttempt) and error.reason == refusal.reason
+
+
+def test_an_accepted_report_has_no_error() -> None:
+    assert error_from_report_result(wire(report_result(None))) is None
 
 
 @ROUND_TRIPS

@@ -156,6 +156,8 @@ class Served:
         self.sched = sched
         self.service = _Service(sched, lease)
         self.port = 0
+        self.max_receive_bytes: int | None = None
+        """Set before ``start``: the server refuses larger messages."""
         self._server: grpc.aio.Server | None = None
 
     @property
@@ -163,7 +165,10 @@ class Served:
         return f"127.0.0.1:{self.port}"
 
     async def start(self) -> None:
-        server = grpc.aio.server()
+        limit = self.max_receive_bytes
+        server = grpc.aio.server(
+            options=[] if limit is None else [("grpc.max_receive_message_length", limit)]
+        )
         pb_grpc.add_WorkerServiceServicer_to_server(self.service, server)
         self.port = server.add_insecure_port(f"127.0.0.1:{self.port}")
         await server.start()
@@ -274,6 +279,38 @@ async def test_reports_that_finish_during_a_report_call_leave_together_in_the_ne
     # One call in flight at a time: what finished meanwhile went in one more call.
     assert sum(served.service.report_calls) == 5
     assert len(served.service.report_calls) <= 2, served.service.report_calls
+
+
+async def test_a_batch_of_reports_over_the_servers_limit_is_split_not_failed(
+    served: Served,
+) -> None:
+    # Two of these outputs exceed the server's message limit together, not alone.
+    await served.stop()
+    served.max_receive_bytes = 64 * 1024
+    await served.start()
+    output = b"o" * (40 * 1024)
+    finished = 0
+    all_finished = asyncio.Event()
+    served.service.hold_first_report = all_finished
+
+    async def large(ctx: TaskContext, payload: bytes | None) -> bytes:
+        nonlocal finished
+        finished += 1
+        if finished == 3:
+            all_finished.set()
+        return output
+
+    running = await _worker(served, large, slots=3)
+    try:
+        ids = await served.sched.submit_many([TaskRequest("t") for _ in range(3)])
+        for task_id in ids:
+            info = await served.sched.wait(task_id, timeout=WAIT_S)
+            assert (info.status, info.output) == (Status.SUCCEEDED, output)
+    finally:
+        await running.finish()
+    # The first report went alone; the two that waited for it were refused together (the
+    # server never saw that call) and then sent one by one.
+    assert served.service.report_calls == [1, 1, 1]
 
 
 async def test_async_and_thread_functions_run_and_their_outputs_come_back(server: Real) -> None:

@@ -393,13 +393,17 @@ async def test_admission_is_resource_exhausted(api: Api) -> None:
 class Worker:
     """One Attach stream, read event by event."""
 
-    def __init__(self, api: Api, pools: list[str], slots: int = 1) -> None:
+    def __init__(
+        self, api: Api, pools: list[str], slots: int = 1, max_message_bytes: int = 0
+    ) -> None:
         self.api = api
-        self.stream = AttachStream(
-            api.workers.Attach(
-                pb.AttachRequest(worker_id=unique("worker"), pools=pools, slots=slots)
-            )
+        request = pb.AttachRequest(
+            worker_id=unique("worker"),
+            pools=pools,
+            slots=slots,
+            max_message_bytes=max_message_bytes,
         )
+        self.stream = AttachStream(api.workers.Attach(request))
 
     async def event(self) -> pb.WorkerEvent:
         async with asyncio.timeout(CALL_TIMEOUT):
@@ -419,8 +423,8 @@ async def attach(api: Api) -> AsyncIterator[Attacher]:
     """Attach a worker to a pool; yields it with the leader's epoch (from ``attached``)."""
     opened: list[Worker] = []
 
-    async def open_one(pool: str, slots: int = 1) -> tuple[Worker, int]:
-        worker = Worker(api, [pool], slots)
+    async def open_one(pool: str, slots: int = 1, max_message_bytes: int = 0) -> tuple[Worker, int]:
+        worker = Worker(api, [pool], slots, max_message_bytes)
         opened.append(worker)
         first = await worker.event()
         assert first.WhichOneof("event") == "attached", first
@@ -433,7 +437,8 @@ async def attach(api: Api) -> AsyncIterator[Attacher]:
 
 
 Attacher = Callable[..., Awaitable[tuple[Worker, int]]]
-"""``attach(pool, slots=1)``: a worker attached to the pool, and the leader's epoch."""
+"""``attach(pool, slots=1, max_message_bytes=0)``: a worker attached to the pool, and the
+leader's epoch."""
 
 
 def token(epoch: int, task_id: int, attempt: int) -> pb.AttemptToken:
@@ -567,14 +572,19 @@ async def test_attempts_that_are_ready_together_leave_in_one_stream_message(
         assert done.status == pb.STATUS_SUCCEEDED
 
 
+@pytest.mark.parametrize(
+    ("payload_bytes", "worker_limit"),
+    [(LIMIT * 6 // 10, 0), (2_000, 3_000)],
+    ids=["the-servers-limit", "the-workers-limit"],
+)
 async def test_attempts_too_large_to_share_a_message_leave_one_by_one(
-    api: Api, attach: Attacher
+    api: Api, attach: Attacher, payload_bytes: int, worker_limit: int
 ) -> None:
-    # Two of these payloads exceed the server's message limit together: each attempt is sent
-    # alone, none is lost or sent twice.
-    payload = b"p" * (LIMIT * 6 // 10)
+    # Two of these payloads exceed the message limit (the server's, or the one the worker
+    # named) together: each attempt is sent alone, none is lost or sent twice.
+    payload = b"p" * payload_bytes
     ids = [await submitted(api, pool="large", payload=payload) for _ in range(3)]
-    worker, _ = await attach("large", 3)
+    worker, _ = await attach("large", 3, worker_limit)
     seen = []
     async with asyncio.timeout(CALL_TIMEOUT):
         for _ in ids:
@@ -927,6 +937,9 @@ def bad_others() -> Iterator[Bad]:
         bad("Attach-running-zero-token", "Attach",
             pb.AttachRequest(pools=["attach"], slots=1, running=[token(0, 0, 0)]),
             "token epoch must be between 1"),
+        bad("Attach-negative-message-limit", "Attach",
+            pb.AttachRequest(pools=["attach"], slots=1, max_message_bytes=-1),
+            "max_message_bytes must be >= 0 (0: unknown), got -1"),
         bad("Heartbeat-no-token", "Heartbeat", pb.HeartbeatRequest(),
             "a heartbeat needs the token of its attempt"),
         bad("Heartbeat-zero-token", "Heartbeat", pb.HeartbeatRequest(token=token(0, 0, 0)),

@@ -21,7 +21,7 @@ from cronoq.errors import CronoqError, SchedulerError
 from cronoq_client._channel import Connection
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
-from cronoq_client._status import error_from_report_result
+from cronoq_client._status import error_from_report_result, too_large
 from cronoq_client._wire import MAX_REPORTS_PER_CALL
 
 __all__ = ["Answer", "Reports"]
@@ -106,6 +106,13 @@ class Reports:
                 try:
                     reply = await stub.ReportMany(request, timeout=timeout)
                 except grpc.RpcError as err:
+                    if too_large(err) and len(batch) > 1:
+                        # The server's limit is below this worker's: the batch was refused
+                        # whole, and says nothing of any one report. They go again in
+                        # smaller calls (alone, at worst: then a refusal is the report's).
+                        self._max_bytes = max(request.ByteSize() // 2, 1)
+                        self._pending.extendleft(reversed(batch))
+                        continue
                     answers: list[Answer] = [err] * len(batch)
                 else:
                     answers = self._answers(reply, len(batch))

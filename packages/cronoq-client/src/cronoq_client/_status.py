@@ -78,6 +78,7 @@ __all__ = [
     "rich_status",
     "status_for",
     "status_of",
+    "too_large",
 ]
 
 DOMAIN = "cronoq"
@@ -301,6 +302,11 @@ def outcome(err: grpc.RpcError) -> Outcome:
     if code in _UNCERTAIN_CODES and not _too_large(code, _details(err)):
         return Outcome.UNKNOWN
     return Outcome.ANSWERED
+
+
+def too_large(err: grpc.RpcError) -> bool:
+    """The call was refused because its message is over the receiver's size limit."""
+    return _too_large(_code(err), _details(err))
 
 
 def _too_large(code: grpc.StatusCode, details: str) -> bool:

@@ -66,6 +66,7 @@ __all__ = [
     "add_schedule_kwargs",
     "add_schedule_request",
     "attach_kwargs",
+    "attach_message_limit",
     "attach_request",
     "cancel_kwargs",
     "cancel_request",
@@ -938,14 +939,28 @@ def _required_token(message: pb.HeartbeatRequest | pb.ReportRequest, what: str) 
 
 
 def attach_request(
-    worker_id: str, pools: Iterable[str], slots: int, running: Iterable[AttemptToken] = ()
+    worker_id: str,
+    pools: Iterable[str],
+    slots: int,
+    running: Iterable[AttemptToken] = (),
+    max_message_bytes: int = 0,
 ) -> pb.AttachRequest:
     return pb.AttachRequest(
         worker_id=_text(worker_id, "worker_id"),
         pools=_texts(pools, "pools", "a pool name"),
         slots=_int64(slots, "slots"),
         running=[token_to_pb(t) for t in _items(running, "running", "an iterable of tokens")],
+        max_message_bytes=_int64(max_message_bytes, "max_message_bytes"),
     )
+
+
+def attach_message_limit(message: pb.AttachRequest) -> int | None:
+    """The worker's largest acceptable stream message; None: it did not say."""
+    if message.max_message_bytes < 0:
+        raise InvalidArgument(
+            f"max_message_bytes must be >= 0 (0: unknown), got {message.max_message_bytes}"
+        )
+    return message.max_message_bytes or None
 
 
 def attach_kwargs(message: pb.AttachRequest) -> dict[str, Any]:

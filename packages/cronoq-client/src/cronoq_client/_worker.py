@@ -253,7 +253,11 @@ class Worker:
         while True:
             connection, stub = self._current()
             request = attach_request(
-                self.worker_id, self._pools, self._slots, running=tuple(self._attempts)
+                self.worker_id,
+                self._pools,
+                self._slots,
+                running=tuple(self._attempts),
+                max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES,
             )
             call = stub.Attach(request)
             try:

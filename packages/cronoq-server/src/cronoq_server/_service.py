@@ -240,11 +240,14 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
             _decoded(request)
             sched = self._replica.leader(leasing=True)
             options = wire.attach_kwargs(request)
+            worker_limit = wire.attach_message_limit(request)
             link = sched.attach(**options)
         except Exception as exc:
             await _abort(context, exc)
             return
         log.info("worker attached", extra={"worker": request.worker_id, "pools": options["pools"]})
+        # The worker's channel refuses a larger message (the stream would break).
+        limit = min(self._max_message_bytes, worker_limit or self._max_message_bytes)
         # Taken from the link but left for the next message (it would not fit in this one).
         carried: LeasedAttempt | CancelRequested | None = None
         try:
@@ -265,7 +268,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                     event = await link.next()
                     encoded = wire.worker_event_to_pb(event)
                     size += encoded.ByteSize() + _EVENT_FRAMING_BYTES
-                    if size > self._max_message_bytes:
+                    if size > limit:
                         carried = event
                         break
                     message.events.append(encoded)

@@ -1130,10 +1130,15 @@ class AttachRequest(_message.Message):
     POOLS_FIELD_NUMBER: _builtins.int
     SLOTS_FIELD_NUMBER: _builtins.int
     RUNNING_FIELD_NUMBER: _builtins.int
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """Free-form name of the worker (host, pid) for logs and metrics; not an identity."""
     slots: _builtins.int
     """Most attempts leased to this worker at once, over all its pools."""
+    max_message_bytes: _builtins.int
+    """The largest stream message this worker accepts (its channel's receive limit): the server
+    puts no more attempts in one message than fit. 0: the server's own limit.
+    """
     @_builtins.property
     def pools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Remote pools (configured on the server) this worker runs attempts of."""
@@ -1151,10 +1156,11 @@ class AttachRequest(_message.Message):
         pools: _abc.Iterable[_builtins.str] | None = ...,
         slots: _builtins.int = ...,
         running: _abc.Iterable[Global___AttemptToken] | None = ...,
+        max_message_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pools", b"pools", "running", b"running", "slots", b"slots", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_message_bytes", b"max_message_bytes", "pools", b"pools", "running", b"running", "slots", b"slots", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
