@@ -256,3 +256,19 @@ async def test_a_stopped_remote_attempt_lets_go_when_its_lease_ends() -> None:
         b = sched.attach(["remote"], slots=1)
         second = await _attempt(b, timeout=3)  # after attempt 1's lease, not never
         assert second.token == AttemptToken(second.token.epoch, task_id, 2)
+
+
+async def test_an_attempt_lost_with_its_worker_is_forgotten_by_the_driver() -> None:
+    # A long-lived server whose workers come and go must not keep every attempt they lost.
+    sched = Scheduler([RemotePool("remote", lease=0.2)], store=MemoryStore())
+    async with _serving(sched):
+        a = sched.attach(["remote"], slots=1)
+        await sched.submit("job", pool="remote", retry=FAST)
+        first = await _attempt(a)
+        a.close()  # its worker vanished: nothing will report attempt 1
+        b = sched.attach(["remote"], slots=1)
+        second = await _attempt(b, timeout=3)
+        assert second.token.attempt == 2
+        executing = sched._driver._executing  # white box: the driver's attempts in flight
+        assert first.token not in executing
+        assert second.token in executing

@@ -347,6 +347,8 @@ class Driver:
                 self._executors[dispatch.spec.pool].start(dispatch, self)
         for cancel in result.cancels:
             self._executors[cancel.pool].cancel(cancel.token, cancel.reason)
+        for token in result.expired:
+            self._executing.pop(token, None)  # its worker is gone: no rebuild may adopt it
         for item in inputs:
             if isinstance(item, WaitTask) and item.timeout_s is not None:
                 self._arm_wait_timeout(item, item.timeout_s)

@@ -379,6 +379,9 @@ class StepResult:
     """(reply_to, value); a value that is an exception is raised to the caller."""
     dispatches: list[Dispatch] = field(default_factory=list)
     cancels: list[CancelAttempt] = field(default_factory=list)
+    expired: list[AttemptToken] = field(default_factory=list)
+    """Stopped leased attempts whose lease ended without a report: no report of theirs is
+    awaited any more (one that comes is stale)."""
     next_wake_ns: int | None = None
 
 
@@ -1250,7 +1253,9 @@ class Engine:
     def _expire_zombies(self) -> None:
         for task_id, lease_end in list(self._zombie_leases.items()):
             if lease_end <= self._now:
-                self._end_zombie(self._zombies[task_id][0])
+                token = self._zombies[task_id][0]
+                self._out.expired.append(token)
+                self._end_zombie(token)
 
     def _next_wake(self) -> int | None:
         self._compact_heaps()
