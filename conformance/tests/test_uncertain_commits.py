@@ -16,8 +16,11 @@ from typing import Any, TypeVar
 import pytest
 
 from cronoq import (
+    CancelRequested,
+    LeasedAttempt,
     MemoryStore,
     Pool,
+    RemotePool,
     RetryPolicy,
     Scheduler,
     SchedulerError,
@@ -26,7 +29,7 @@ from cronoq import (
     TaskContext,
     WaitTimedOut,
 )
-from cronoq.errors import StoreFatal
+from cronoq.errors import StaleAttempt, StoreFatal
 from cronoq.store import Mutation, RecoveredState, TimeBase
 from cronoq_conformance import CommitFault, FaultyStore
 
@@ -694,3 +697,34 @@ async def test_a_start_that_fails_gives_leadership_up(executor: Executor) -> Non
         await sched.start()
     await sched.close(timeout=0.1)
     await asyncio.wait_for(first.connect_another().acquire_leadership(), ANSWER_WITHIN)
+
+
+@pytest.mark.parametrize("fault", LANDING)
+async def test_a_remote_attempt_stopped_in_a_commit_that_landed_late_still_holds_its_task(
+    fault: CommitFault,
+) -> None:
+    # As for a local pool: the rebuild after the uncertain commit re-holds the stopped remote
+    # attempt, so its retry does not start on another worker while the first may still run.
+    store = FaultyStore(MemoryStore())
+    retry = RetryPolicy(max_attempts=2, initial_ns=0, max_ns=0, jitter=0.0)
+    sched = Scheduler([RemotePool("remote", lease=30)], store=store, commit_timeout=COMMIT_TIMEOUT)
+    await sched.start()
+    try:
+        a = sched.attach(["remote"], slots=1)
+        b = sched.attach(["remote"], slots=1)
+        task_id = await sched.submit("job", pool="remote", timeout=0.2, retry=retry)
+        first = await asyncio.wait_for(a.next(), 5)
+        assert isinstance(first, LeasedAttempt)
+        store.arm(fault)  # the next commit is the timeout's
+        cancel = await asyncio.wait_for(a.next(), 5)  # told to stop, by the rebuild
+        assert isinstance(cancel, CancelRequested) and cancel.token == first.token
+        assert "TaskUpdated" in landed_kinds(store)
+        await sched.list()  # a step after the rebuild: it would lease attempt 2 to B
+        assert b.queued == 0, "the retry started beside the stopped attempt"
+        assert (await sched.get(task_id)).status is Status.READY
+        with pytest.raises(StaleAttempt):
+            await sched.report_failure(first.token, "stopped")  # A ends it at last
+        second = await asyncio.wait_for(b.next(), 5)
+        assert isinstance(second, LeasedAttempt) and second.token.attempt == 2
+    finally:
+        await sched.close(timeout=0.1)

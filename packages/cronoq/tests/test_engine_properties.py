@@ -16,6 +16,7 @@ public surface says too little (which tasks are live): this is a white-box test 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Set
 from dataclasses import dataclass
 
 import hypothesis.strategies as st
@@ -308,7 +309,8 @@ class EngineMachine(RuleBasedStateMachine):
             # it stay in flight (the driver re-applies them), so their tokens are adopted too.
             self.engine = self._rebuild(InFlight(executing=dict(self.inflight)), failures=0)
             return None
-        self._persist(result)
+        reported = {item.token for item in inputs if isinstance(item, AttemptReport)}
+        self._persist(result, reported=reported)
         return result
 
     def _rebuild(self, inflight: InFlight | None, failures: int) -> Engine:
@@ -324,12 +326,24 @@ class EngineMachine(RuleBasedStateMachine):
             self._persist(engine.step(self.now, [WORKERS]), engine)
             return engine
 
-    def _persist(self, result: StepResult, engine: Engine | None = None) -> None:
-        """Commit a step, then release it: check its dispatches and put them in flight."""
+    def _persist(
+        self,
+        result: StepResult,
+        engine: Engine | None = None,
+        reported: Set[AttemptToken] = frozenset(),
+    ) -> None:
+        """Commit a step, then release it: check its dispatches and put them in flight.
+        ``reported``: attempts whose reports this step took (they no longer run)."""
         self._observe(result.mutations)
         self.cluster.apply(result.mutations, TimeBase())
+        for token in result.expired:
+            # As the driver does: a stopped leased attempt whose lease ended is let go (its
+            # worker may be gone); a report of it is stale from now on.
+            assert token in self.inflight, f"{token} expired but was not in flight"
+            del self.inflight[token]
+            self.retired.add(token)
         for dispatch in result.dispatches:
-            self._check_dispatch(dispatch.token, engine or self.engine)
+            self._check_dispatch(dispatch.token, engine or self.engine, reported)
             self.inflight[dispatch.token] = dispatch.spec.pool
         # The driver sleeps until next_wake_ns: in the past it would spin.
         assert result.next_wake_ns is None or result.next_wake_ns > self.now, result.next_wake_ns
@@ -408,9 +422,13 @@ class EngineMachine(RuleBasedStateMachine):
         if after.is_terminal:
             model.finished_ns = update.at_ns
 
-    def _check_dispatch(self, token: AttemptToken, engine: Engine) -> None:
+    def _check_dispatch(
+        self, token: AttemptToken, engine: Engine, reported: Set[AttemptToken]
+    ) -> None:
         assert token.epoch == self.epoch == engine.epoch, token
         assert token not in self.inflight and token not in self.retired, f"{token} dispatched twice"
+        beside = [t for t in self.inflight if t.task_id == token.task_id and t not in reported]
+        assert not beside, f"{token} started while {beside} may still run"
         model = self.tasks[token.task_id]
         assert model.status is Status.RUNNING and model.attempt == token.attempt, (
             token,

@@ -1382,21 +1382,30 @@ class Engine:
         task = self._tasks.get(token.task_id)
         if task is not None and task.status is Status.RUNNING and task.attempt == token.attempt:
             return  # adopted by _restore_task
+        done = self._finished.get(token.task_id) if task is None else None
         reason = f"attempt {token.attempt} is no longer current"
         if task is not None:
             reason = task.message
-        elif (done := self._finished.get(token.task_id)) is not None:
+        elif done is not None:
             reason = f"the task is {done.status}"
         pool_name = inflight.executing[token]
         pool = self._pools.get(pool_name)
         if pool is None:
             return
         self._out.cancels.append(CancelAttempt(token, pool_name, reason))
-        # A remote one is not held again: the engine before the rebuild may have let it go
-        # already (its lease ended) and given its slot to another attempt.
-        if pool.config.lease_ns is None:
-            pool.running += 1
-            self._zombies[token.task_id] = (token, pool_name)
+        lease = pool.config.lease_ns
+        latest = task.attempt if task is not None else done.attempt if done is not None else None
+        if lease is not None and latest != token.attempt:
+            return  # a later attempt began: this one had been let go (its lease ended)
+        pool.running += 1
+        self._zombies[token.task_id] = (token, pool_name)
+        if lease is not None:
+            # Its lease as the engine before the rebuild knew it is gone: a whole one from now
+            # holds the task (its worker may still run it), and no longer (it may be gone).
+            # One whose lease had ended is not here (the driver forgets those: ``expired``),
+            # unless the step that ended it is the uncertain one: it then holds one lease
+            # more, a later retry but never two attempts at once.
+            self._zombie_leases[token.task_id] = self._now + lease
 
     def _restore_task(self, task: _Task, due_ns: int | None, inflight: InFlight | None) -> None:
         spec = task.spec
