@@ -283,6 +283,8 @@ async def test_a_real_standby_is_retried_and_the_leader_reached(tmp_path: Path) 
 STANDBY = rich_status(Code.UNAVAILABLE, "this replica is a standby", Reason.STANDBY)
 NOT_DURABLE = rich_status(Code.UNAVAILABLE, "the commit was not confirmed", Reason.NOT_DURABLE)
 NOT_FOUND = rich_status(Code.NOT_FOUND, "no task 5", Reason.TASK_NOT_FOUND)
+DUPLICATE = rich_status(Code.ALREADY_EXISTS, "schedule exists", Reason.DUPLICATE_SCHEDULE)
+NO_SCHEDULE = rich_status(Code.NOT_FOUND, "no schedule nightly", Reason.SCHEDULE_NOT_FOUND)
 BREAK = "break"  # stop the server while the call is in flight: the connection breaks mid-call
 Answer = grpc.Status | str | None
 
@@ -298,6 +300,8 @@ class Scripted(pb_grpc.SchedulerServiceServicer):
     peers: list[str] = field(default_factory=list)
     requests: list[Any] = field(default_factory=list)
     remaining: list[float | None] = field(default_factory=list)
+    schedules: list[pb.ScheduleInfo] = field(default_factory=list)
+    """What ListSchedules answers (it is not scripted)."""
 
     @property
     def calls(self) -> int:
@@ -327,6 +331,17 @@ class Scripted(pb_grpc.SchedulerServiceServicer):
     async def List(self, request: Any, context: Any) -> pb.ListResponse:
         await self._answer(request, context)
         return pb.ListResponse()
+
+    async def AddSchedule(self, request: Any, context: Any) -> pb.ScheduleInfo:
+        await self._answer(request, context)
+        return pb.ScheduleInfo(name=request.name, cron=request.cron, kind=request.kind)
+
+    async def RemoveSchedule(self, request: Any, context: Any) -> pb.RemoveScheduleResponse:
+        await self._answer(request, context)
+        return pb.RemoveScheduleResponse()
+
+    async def ListSchedules(self, request: Any, context: Any) -> pb.ListSchedulesResponse:
+        return pb.ListSchedulesResponse(schedules=self.schedules)
 
     async def Wait(self, request: Any, context: Any) -> pb.TaskInfo:
         await self._answer(request, context)
@@ -516,3 +531,59 @@ async def test_an_earlier_unknown_outcome_is_not_reported_as_not_applied(
             await client.submit("k", key="once")
     assert servicer.calls >= 2
     assert caught.value.applied is None, f"applied={caught.value.applied}: {caught.value}"
+
+
+def _nightly(**fields: Any) -> pb.ScheduleInfo:
+    info = {"cron": "0 3 * * *", "timezone": "UTC", "kind": "report", "pool": "default"}
+    message = pb.ScheduleInfo(
+        name="nightly",
+        overlap=pb.OVERLAP_POLICY_SKIP,
+        catch_up=pb.CATCH_UP_POLICY_COALESCE,
+        **{**info, **fields},
+    )
+    message.next_run_at.GetCurrentTime()
+    return message
+
+
+@pytest.mark.parametrize(
+    ("found", "returned"),
+    [([_nightly()], True), ([_nightly(cron="0 4 * * *")], False), ([], False)],
+    ids=["its-own", "another-cron", "gone-again"],
+)
+async def test_add_schedule_repeated_after_an_unknown_outcome_finds_its_own(
+    scripted: Start, found: list[pb.ScheduleInfo], returned: bool
+) -> None:
+    # Try 1 may have made the schedule: try 2's DuplicateSchedule is then its own trace,
+    # when the schedule under that name shows what was asked.
+    servicer, target = await scripted(NOT_DURABLE, DUPLICATE)
+    servicer.schedules = found
+    async with AsyncClient(target, timeout=5.0) as client:
+        if returned:
+            info = await client.add_schedule("nightly", "0 3 * * *", kind="report")
+            assert (info.name, info.cron) == ("nightly", "0 3 * * *")
+        else:
+            with pytest.raises(DuplicateSchedule):
+                await client.add_schedule("nightly", "0 3 * * *", kind="report")
+    assert servicer.calls == 2
+
+
+async def test_add_schedule_answered_duplicate_at_once_raises(scripted: Start) -> None:
+    servicer, target = await scripted(DUPLICATE)
+    servicer.schedules = [_nightly()]  # the same, but made by somebody else's call
+    async with AsyncClient(target, timeout=5.0) as client:
+        with pytest.raises(DuplicateSchedule):
+            await client.add_schedule("nightly", "0 3 * * *", kind="report")
+    assert servicer.calls == 1
+
+
+async def test_remove_schedule_repeated_after_an_unknown_outcome_is_done(
+    scripted: Start,
+) -> None:
+    servicer, target = await scripted(NOT_DURABLE, NO_SCHEDULE)
+    async with AsyncClient(target, timeout=5.0) as client:
+        await client.remove_schedule("nightly")  # try 1 removed it
+        assert servicer.calls == 2
+        servicer.script = [NO_SCHEDULE]
+        with pytest.raises(ScheduleNotFound):  # answered at once: it never existed
+            await client.remove_schedule("nightly")
+    assert servicer.calls == 3

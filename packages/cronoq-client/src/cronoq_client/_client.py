@@ -21,7 +21,14 @@ from cronoq import (
     TaskRequest,
     TaskSummary,
 )
-from cronoq.errors import CronoqError, InvalidArgument, SchedulerError, SchedulerStopped
+from cronoq.errors import (
+    CronoqError,
+    DuplicateSchedule,
+    InvalidArgument,
+    ScheduleNotFound,
+    SchedulerError,
+    SchedulerStopped,
+)
 from cronoq_client import _wire as wire
 from cronoq_client._channel import Channels, targets_of
 from cronoq_client._proto import cronoq_pb2 as pb
@@ -120,9 +127,12 @@ class AsyncClient:
         *,
         idempotent: bool,
         seconds: float | Literal["client"] | None = "client",
+        settle: Callable[[CronoqError], Awaitable[_R]] | None = None,
     ) -> _R:
         """Send until answered, retrying by the rule of ``_retry`` within ``seconds`` (by
-        default the client's timeout; None: no deadline)."""
+        default the client's timeout; None: no deadline). ``settle`` decides a definite answer
+        to a repeat of the call when an earlier try may have been applied (returns the
+        result, or raises): the error may be the trace of that earlier try."""
         loop = asyncio.get_running_loop()
         budget = self._timeout if seconds == "client" else seconds
         deadline = None if budget is None else loop.time() + budget
@@ -137,7 +147,10 @@ class AsyncClient:
                 return await send(connection.stub, remaining)
             except aio.AioRpcError as err:
                 if judge(err, idempotent=idempotent) is Verdict.RAISE:
-                    raise _answer(error_from_rpc(err), unknown) from err
+                    error = error_from_rpc(err)
+                    if unknown and settle is not None:
+                        return await settle(error)
+                    raise _answer(error, unknown) from err
                 unknown = unknown or (outcome(err) is Outcome.UNKNOWN and not never_sent(err))
                 self._channels.replace(connection)
                 pause = self._backoff.delay(attempt)
@@ -243,12 +256,32 @@ class AsyncClient:
         """Create a recurring schedule (or replace one of that name with ``replace=True``);
         the options are those of ``Scheduler.add_schedule``."""
         message = wire.add_schedule_request(self._codec, name, cron, kind=kind, **options)
-        # Idempotent: a repeat that finds the schedule it made raises DuplicateSchedule (or,
-        # with replace, replaces it with the same), never a second schedule.
+
+        async def settle(error: CronoqError) -> pb.ScheduleInfo:
+            # A repeat whose first try may have made the schedule: the schedule found under
+            # its name is that try's if it shows what was asked (a ScheduleInfo shows the cron,
+            # zone, kind, pool and policies; not the payload, tags or retry policy).
+            if isinstance(error, DuplicateSchedule):
+                found = await self._schedule_named(message.name)
+                if found is not None and _as_asked(found, message):
+                    return found
+            raise error
+
+        # Idempotent: a repeat never makes a second schedule (with replace, it replaces the
+        # schedule with the same).
         reply = await self._call(
-            lambda stub, timeout: stub.AddSchedule(message, timeout=timeout), idempotent=True
+            lambda stub, timeout: stub.AddSchedule(message, timeout=timeout),
+            idempotent=True,
+            settle=settle,
         )
         return wire.schedule_info_from_pb(reply)
+
+    async def _schedule_named(self, name: str) -> pb.ScheduleInfo | None:
+        reply = await self._call(
+            lambda stub, timeout: stub.ListSchedules(pb.ListSchedulesRequest(), timeout=timeout),
+            idempotent=True,
+        )
+        return next((s for s in reply.schedules if s.name == name), None)
 
     async def pause_schedule(self, name: str) -> ScheduleInfo:
         message = pb.PauseScheduleRequest(name=_name(name))
@@ -268,8 +301,17 @@ class AsyncClient:
     async def remove_schedule(self, name: str) -> None:
         """Remove a schedule; tasks it already created carry on."""
         message = pb.RemoveScheduleRequest(name=_name(name))
+
+        async def settle(error: CronoqError) -> pb.RemoveScheduleResponse:
+            # A repeat whose first try may have removed it: gone is what was asked.
+            if isinstance(error, ScheduleNotFound):
+                return pb.RemoveScheduleResponse()
+            raise error
+
         await self._call(
-            lambda stub, timeout: stub.RemoveSchedule(message, timeout=timeout), idempotent=True
+            lambda stub, timeout: stub.RemoveSchedule(message, timeout=timeout),
+            idempotent=True,
+            settle=settle,
         )
 
     async def list_schedules(self) -> builtins.list[ScheduleInfo]:
@@ -289,6 +331,21 @@ class AsyncClient:
             lambda stub, timeout: stub.PreviewSchedule(message, timeout=timeout), idempotent=True
         )
         return wire.preview_response(reply)
+
+
+def _as_asked(found: pb.ScheduleInfo, asked: pb.AddScheduleRequest) -> bool:
+    """The schedule shows what the request asked for, as far as a ScheduleInfo tells (a
+    field the request left out is the server's default, which the client does not judge)."""
+    if (found.cron, found.kind) != (asked.cron, asked.kind):
+        return False
+    if asked.HasField("pool") and found.pool != asked.pool:
+        return False
+    if asked.HasField("timezone") and found.timezone != asked.timezone:
+        return False
+    overlap, catch_up = asked.overlap, asked.catch_up
+    return (overlap == pb.OVERLAP_POLICY_UNSPECIFIED or found.overlap == overlap) and (
+        catch_up == pb.CATCH_UP_POLICY_UNSPECIFIED or found.catch_up == catch_up
+    )
 
 
 def _name(name: object) -> str:
