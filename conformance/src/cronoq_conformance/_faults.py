@@ -22,7 +22,7 @@ import asyncio
 import enum
 from collections.abc import Sequence
 
-from cronoq.errors import Unavailable
+from cronoq.errors import CronoqError, Unavailable
 from cronoq.store import Lease, Mutation, RecoveredState, Store, TaskRecord, TimeBase, shielded
 
 __all__ = ["CommitFault", "FaultyStore"]
@@ -51,8 +51,8 @@ class DelegatingStore:
     async def acquire_leadership(self) -> Lease:
         return await self.inner.acquire_leadership()
 
-    async def leadership_lost(self) -> None:
-        await self.inner.leadership_lost()
+    async def leadership_lost(self) -> CronoqError | None:
+        return await self.inner.leadership_lost()
 
     async def release_leadership(self) -> None:
         await self.inner.release_leadership()

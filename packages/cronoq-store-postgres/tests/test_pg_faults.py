@@ -137,12 +137,16 @@ async def test_killed_lock_session_steps_the_leader_down_at_once_and_loses_no_ac
         killed = time.monotonic()
         await query("SELECT pg_terminate_backend($1)", holder["pid"])
         async with asyncio.timeout(cfg.session_timeout):
-            await store_a.leadership_lost()
+            reason = await store_a.leadership_lost()
         stepped_down = time.monotonic() - killed
         assert stepped_down < cfg.session_timeout / 4, stepped_down  # at once, not on timeout
         async with asyncio.timeout(1.0):
             await sched_a.leadership_lost()
         assert isinstance(sched_a.failure, Fenced)
+        # The scheduler stops with the store's reason (from its watch, or from a commit that
+        # met the loss first), not a generic one.
+        assert "was terminated" in str(reason), reason
+        assert "was terminated" in str(sched_a.failure), sched_a.failure
         await load.finished()
 
         async with asyncio.timeout(cfg.lock_poll + 3.0):
@@ -193,12 +197,14 @@ async def _blackhole_scenario(schema: str, proxy: PgProxy, mid_commit: bool) -> 
         assert proxy.blackholed_at is not None
 
         async with asyncio.timeout(cfg.session_timeout + 2.0):
-            await store_a.leadership_lost()
+            reason = await store_a.leadership_lost()
         stepped_down = time.monotonic() - proxy.blackholed_at
         assert stepped_down < cfg.session_timeout + 0.5, stepped_down
         async with asyncio.timeout(1.0):
             await sched_a.leadership_lost()
         assert isinstance(sched_a.failure, Fenced)
+        assert "stopped answering" in str(reason), reason
+        assert "stopped answering" in str(sched_a.failure), sched_a.failure
         await load.finished()
 
         # The standby leads once the server has dropped the old lock session (its

@@ -350,7 +350,10 @@ async def test_a_fatal_error_in_background_pruning_gives_up_leadership(
             await smash_while_open(db, "cronoq_tasks_finished")
             # Not retried every prune_interval for ever: the store stops leading at once.
             async with asyncio.timeout(PROMPTLY):
-                await store.leadership_lost()
+                reason = await store.leadership_lost()
+        # The scheduler is told why (it stops with this as its failure).
+        assert isinstance(reason, StoreFatal), reason
+        says_fatal(reason, db, "SQLITE_CORRUPT")
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert any("SQLITE_CORRUPT" in m and str(db) in m for m in errors), caplog.text
         assert "taken over" not in caplog.text
@@ -375,9 +378,31 @@ async def test_a_fatal_error_renewing_the_lease_gives_up_leadership_and_says_why
         with caplog.at_level(logging.WARNING, logger="cronoq.sqlite"):
             await smash_while_open(db, "cronoq_leader")
             async with asyncio.timeout(FAST.lease_renew + PROMPTLY):
-                await store.leadership_lost()
+                reason = await store.leadership_lost()
+        assert isinstance(reason, StoreFatal), reason
+        says_fatal(reason, db, "SQLITE_CORRUPT")
         errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
         assert any("SQLITE_CORRUPT" in m and str(db) in m for m in errors), caplog.text
         assert "taken over" not in caplog.text, "a damaged file is not a takeover"
     finally:
+        await store.close()
+
+
+async def test_a_scheduler_whose_store_gave_up_leadership_stops_with_the_stores_reason(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "reason.db"
+    await make_database(db)
+    store = await SqliteStore.open(db, KEEP)
+    scheduler = Scheduler([Pool("default", noop)], store=store, commit_timeout=COMMIT_TIMEOUT)
+    try:
+        await scheduler.start()
+        await smash_while_open(db, "cronoq_leader")  # the next lease renewal meets it
+        async with asyncio.timeout(FAST.lease_renew + PROMPTLY):
+            await scheduler.leadership_lost()
+        # Not a generic "leadership was lost": the error the store gave up on.
+        assert isinstance(scheduler.failure, StoreFatal), scheduler.failure
+        says_fatal(scheduler.failure, db, "SQLITE_CORRUPT")
+    finally:
+        scheduler.abort()
         await store.close()

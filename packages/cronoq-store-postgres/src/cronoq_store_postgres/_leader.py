@@ -26,6 +26,7 @@ import time
 
 import asyncpg
 
+from cronoq.errors import Fenced
 from cronoq_store_postgres._config import PgStoreConfig
 from cronoq_store_postgres._direct import verify_direct
 from cronoq_store_postgres._errors import CLASSIFIED, classify, rejects_startup_parameters
@@ -61,6 +62,8 @@ class LockSession:
         self._conn: asyncpg.Connection | None = None
         self._keepalive: asyncio.Task[None] | None = None
         self.lost = asyncio.Event()
+        self.lost_reason: Fenced | None = None
+        """Why the lock was lost (None: released)."""
 
     async def acquire(self) -> None:
         """Block until this session holds the lock; then watch the session."""
@@ -75,6 +78,7 @@ class LockSession:
                 log.debug("advisory lock attempt failed, trying again: %s", exc)
             await asyncio.sleep(self._config.lock_poll)
         self.lost = asyncio.Event()
+        self.lost_reason = None
         self._keepalive = asyncio.get_running_loop().create_task(self._watch())
 
     async def _try_lock(self) -> bool:
@@ -100,7 +104,7 @@ class LockSession:
 
     def _on_terminated(self, conn: object) -> None:
         log.warning("the advisory lock session was terminated: stepping down")
-        self._step_down()
+        self._step_down(Fenced("the advisory lock session was terminated"))
 
     async def _watch(self) -> None:
         """Keep the session busy and check it answers; step down when it stops answering."""
@@ -117,12 +121,14 @@ class LockSession:
                     config.session_timeout
                 ):
                     log.warning("the advisory lock session stopped answering: %r", exc)
-                    self._step_down()
+                    self._step_down(Fenced(f"the advisory lock session stopped answering: {exc!r}"))
                     return
                 continue
             answered = time.monotonic()
 
-    def _step_down(self) -> None:
+    def _step_down(self, reason: Fenced | None = None) -> None:
+        if not self.lost.is_set():
+            self.lost_reason = reason
         self.lost.set()
         current = asyncio.current_task()
         if self._keepalive is not None and self._keepalive is not current:

@@ -279,8 +279,9 @@ class PgStore:
             self._unsettled = False
         return int(row["epoch"])
 
-    async def leadership_lost(self) -> None:
+    async def leadership_lost(self) -> Fenced | None:
         await self._lock_session.lost.wait()
+        return self._lock_session.lost_reason
 
     async def release_leadership(self) -> None:
         self._stop_leading()
@@ -298,7 +299,11 @@ class PgStore:
 
     def _check_leading(self, epoch: int | None) -> None:
         if self._lock_session.lost.is_set() or epoch is None or self._epoch != epoch:
-            raise Fenced(f"epoch {epoch} no longer leads the schema {self._config.schema!r}")
+            why = self._lock_session.lost_reason
+            raise Fenced(
+                f"epoch {epoch} no longer leads the schema {self._config.schema!r}"
+                + ("" if why is None else f": {why}")
+            )
 
     # --- writes ---------------------------------------------------------------------------
 

@@ -26,7 +26,14 @@ from typing import Any, NoReturn
 
 import aiosqlite
 
-from cronoq.errors import Fenced, InvalidArgument, StoreError, StoreFatal, Unavailable
+from cronoq.errors import (
+    CronoqError,
+    Fenced,
+    InvalidArgument,
+    StoreError,
+    StoreFatal,
+    Unavailable,
+)
 from cronoq.store import (
     RECOVERY_COLUMNS,
     TASK_COLUMNS,
@@ -111,6 +118,7 @@ class SqliteStore:
         self._holder = uuid.uuid4().hex
         self._epoch: int | None = None
         self._lost = asyncio.Event()
+        self._lost_reason: CronoqError | None = None
         self._time_base = TimeBase()
         self._renewal: asyncio.Task[None] | None = None
         self._pruning: asyncio.Task[None] | None = None
@@ -204,9 +212,10 @@ class SqliteStore:
             self._fenced(epoch)
 
     def _fenced(self, epoch: int) -> NoReturn:
+        fenced = Fenced(f"epoch {epoch} no longer holds the lease of {self._path!r}")
         if epoch == self._epoch:
-            self._step_down()
-        raise Fenced(f"epoch {epoch} no longer holds the lease of {self._path!r}")
+            self._step_down(fenced)
+        raise fenced
 
     def _leading_epoch(self, doing: str) -> int:
         if self._epoch is None:
@@ -245,6 +254,7 @@ class SqliteStore:
             if epoch is not None:
                 self._epoch = epoch
                 self._lost = asyncio.Event()
+                self._lost_reason = None
                 self._renewal = asyncio.get_running_loop().create_task(self._renew_lease())
                 self._pruning = asyncio.get_running_loop().create_task(self._prune_regularly())
                 return Lease(epoch)
@@ -286,15 +296,17 @@ class SqliteStore:
                 if time.monotonic() < valid_until:
                     log.warning("lease renewal failed, trying again: %s", exc)
                     continue
-                log.warning("leadership lost: the lease ran out while renewal failed (%s)", exc)
-                self._step_down()
+                lost = Fenced(f"the lease ran out while its renewal failed: {exc}")
+                log.warning("leadership lost: %s", lost)
+                self._step_down(lost)
                 return
             except StoreFatal as exc:
                 self._stop_on_fatal(exc)
                 return
             if not renewed:
-                log.warning("leadership lost: the lease of %r was taken over", self._path)
-                self._step_down()
+                lost = Fenced(f"the lease of {self._path!r} was taken over")
+                log.warning("leadership lost: %s", lost)
+                self._step_down(lost)
                 return
             valid_until = time.monotonic() + config.lease_ttl
 
@@ -311,10 +323,13 @@ class SqliteStore:
         unreachable file is not retried. Stop leading, so the scheduler stops, and leave the
         lease to run out as a crash would: writing its release would likely fail the same way."""
         log.error("leadership given up: %s", exc)
-        self._step_down()
+        self._step_down(exc)
 
-    def _step_down(self) -> None:
+    def _step_down(self, reason: CronoqError | None = None) -> None:
+        """Stop leading; ``reason``: why, for ``leadership_lost`` (None: released)."""
         self._epoch = None
+        if not self._lost.is_set():
+            self._lost_reason = reason
         self._lost.set()
         current = asyncio.current_task()
         for task in (self._renewal, self._pruning):
@@ -322,8 +337,9 @@ class SqliteStore:
                 task.cancel()
         self._renewal = self._pruning = None
 
-    async def leadership_lost(self) -> None:
+    async def leadership_lost(self) -> CronoqError | None:
         await self._lost.wait()
+        return self._lost_reason
 
     async def release_leadership(self) -> None:
         if self._epoch is None or self._closed:

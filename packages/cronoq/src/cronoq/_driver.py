@@ -48,6 +48,7 @@ from cronoq.errors import (
     Fenced,
     SchedulerError,
     SchedulerStopped,
+    StoreFatal,
     Unavailable,
     WaitTimedOut,
 )
@@ -521,10 +522,16 @@ class Driver:
         self._inbox = deque(kept)
 
     async def _watch_leadership(self) -> None:
-        await self._store.leadership_lost()
+        reason: CronoqError | None
+        try:
+            reason = await self._store.leadership_lost()  # why, if the store says
+        except Exception as exc:  # a store's bug: still a loss, never a watch that just dies
+            reason = StoreFatal(f"leadership was lost: the store raised {exc!r}")
+        if reason is None:
+            reason = Fenced("leadership was lost")
         if not self._stopping and not self.stopped.is_set():
-            log.warning("cronoq stopped: leadership was lost")
-            self._halt(Fenced("leadership was lost"))
+            log.warning("cronoq stopped: %s", reason)
+            self._halt(reason)
             if self._task is not None:
                 self._task.cancel()
 

@@ -20,7 +20,7 @@ from itertools import count
 from typing import TypeVar
 
 from cronoq import _validate as check
-from cronoq.errors import Fenced, StoreFatal, Unavailable
+from cronoq.errors import CronoqError, Fenced, StoreFatal, Unavailable
 from cronoq.store import (
     CancelRequested,
     Lease,
@@ -233,6 +233,7 @@ class MemoryStore:
         self._id = next(self._cluster.instance_ids)
         self._epoch: int | None = None
         self._lost = asyncio.Event()
+        self._lost_reason: CronoqError | None = None
         self._time_base = TimeBase()
 
     def connect_another(self) -> MemoryStore:
@@ -275,7 +276,7 @@ class MemoryStore:
         if cluster.leader is None and cluster.epoch == epoch:
             cluster.leader = self._id
         else:
-            self._lost.set()
+            self._lose(Fenced(f"epoch {epoch} was taken over while this instance was paused"))
 
     def fail_commits_fatally(self) -> None:
         """Make every later commit of this instance fail as a revoked privilege would."""
@@ -295,15 +296,22 @@ class MemoryStore:
         cluster.epoch += 1
         self._epoch = cluster.epoch
         self._lost = asyncio.Event()
+        self._lost_reason = None
         return Lease(cluster.epoch)
 
-    async def leadership_lost(self) -> None:
+    async def leadership_lost(self) -> CronoqError | None:
         await self._lost.wait()
+        return self._lost_reason
+
+    def _lose(self, reason: CronoqError | None) -> None:
+        if not self._lost.is_set():
+            self._lost_reason = reason
+        self._lost.set()
 
     async def release_leadership(self) -> None:
         if self._cluster.leader == self._id:
             self._cluster.leader = None
-            self._lost.set()
+            self._lose(None)
             self._cluster.wake_waiting()
 
     async def close(self) -> None:
@@ -311,8 +319,9 @@ class MemoryStore:
 
     def _fence(self, epoch: int) -> None:
         if epoch != self._cluster.epoch or self._cluster.leader != self._id:
-            self._lost.set()
-            raise Fenced(f"epoch {epoch} is stale; the cluster is at {self._cluster.epoch}")
+            fenced = Fenced(f"epoch {epoch} is stale; the cluster is at {self._cluster.epoch}")
+            self._lose(fenced)
+            raise fenced
 
     async def recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
         self._check_available()

@@ -48,7 +48,7 @@ from cronoq._rows import (
     encode_schedule_spec,
     encode_task_options,
 )
-from cronoq.errors import Fenced, StoreError, StoreFatal, Unavailable
+from cronoq.errors import CronoqError, Fenced, StoreError, StoreFatal, Unavailable
 
 __all__ = [
     "RECOVERY_COLUMNS",
@@ -164,8 +164,11 @@ class Store(Protocol):
         """Block until this instance leads the cluster; return a new, strictly larger epoch."""
         ...
 
-    async def leadership_lost(self) -> None:
-        """Return once leadership, after being acquired, is lost (or released)."""
+    async def leadership_lost(self) -> CronoqError | None:
+        """Return once leadership, after being acquired, is lost (or released), with why if
+        the store knows: ``Fenced`` (another instance took over, a lease ran out) or
+        ``StoreFatal`` (the store failed for good). The scheduler stops with it as its
+        ``failure`` (None: a generic ``Fenced``)."""
         ...
 
     async def release_leadership(self) -> None:
