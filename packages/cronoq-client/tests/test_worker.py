@@ -254,28 +254,34 @@ async def _worker(served: Served | Real, fn: Callable[..., Any], **options: Any)
 # --- running attempts -------------------------------------------------------------------------
 
 
-async def test_reports_that_finish_during_a_report_call_leave_together_in_the_next(
-    served: Served,
-) -> None:
+async def _run_while_the_first_report_is_held(served: Served, tasks: int, output: bytes) -> None:
+    """Run ``tasks`` tasks on a worker with as many slots; the first ReportMany call is
+    answered only once every function has returned (so the other reports wait meanwhile)."""
     finished = 0
     all_finished = asyncio.Event()
     served.service.hold_first_report = all_finished
 
-    async def quick(ctx: TaskContext, payload: bytes | None) -> bytes:
+    async def fn(ctx: TaskContext, payload: bytes | None) -> bytes:
         nonlocal finished
         finished += 1
-        if finished == 5:
-            all_finished.set()  # the first report call is answered now
-        return b"done"
+        if finished == tasks:
+            all_finished.set()
+        return output
 
-    running = await _worker(served, quick, slots=5)
+    running = await _worker(served, fn, slots=tasks)
     try:
-        ids = await served.sched.submit_many([TaskRequest("t") for _ in range(5)])
+        ids = await served.sched.submit_many([TaskRequest("t") for _ in range(tasks)])
         for task_id in ids:
             info = await served.sched.wait(task_id, timeout=WAIT_S)
-            assert (info.status, info.output) == (Status.SUCCEEDED, b"done")
+            assert (info.status, info.output) == (Status.SUCCEEDED, output)
     finally:
         await running.finish()
+
+
+async def test_reports_that_finish_during_a_report_call_leave_together_in_the_next(
+    served: Served,
+) -> None:
+    await _run_while_the_first_report_is_held(served, 5, b"done")
     # One call in flight at a time: what finished meanwhile went in one more call.
     assert sum(served.service.report_calls) == 5
     assert len(served.service.report_calls) <= 2, served.service.report_calls
@@ -288,26 +294,7 @@ async def test_a_batch_of_reports_over_the_servers_limit_is_split_not_failed(
     await served.stop()
     served.max_receive_bytes = 64 * 1024
     await served.start()
-    output = b"o" * (40 * 1024)
-    finished = 0
-    all_finished = asyncio.Event()
-    served.service.hold_first_report = all_finished
-
-    async def large(ctx: TaskContext, payload: bytes | None) -> bytes:
-        nonlocal finished
-        finished += 1
-        if finished == 3:
-            all_finished.set()
-        return output
-
-    running = await _worker(served, large, slots=3)
-    try:
-        ids = await served.sched.submit_many([TaskRequest("t") for _ in range(3)])
-        for task_id in ids:
-            info = await served.sched.wait(task_id, timeout=WAIT_S)
-            assert (info.status, info.output) == (Status.SUCCEEDED, output)
-    finally:
-        await running.finish()
+    await _run_while_the_first_report_is_held(served, 3, b"o" * (40 * 1024))
     # The first report went alone; the two that waited for it were refused together (the
     # server never saw that call) and then sent one by one.
     assert served.service.report_calls == [1, 1, 1]
