@@ -101,3 +101,30 @@ async def test_a_batch_without_new_tasks_is_fenced_too(schema: str, batch: list[
             await store.commit(lease.epoch, batch)
     finally:
         await store.close()
+
+
+async def test_a_batch_that_landed_before_is_taken_again_as_it_was(schema: str) -> None:
+    """New tasks are inserted plainly first; a taken id (the driver retrying a commit whose
+    outcome it did not learn) runs the statement again with ON CONFLICT, which finds the same
+    rows: no clash, and the rest of the batch is applied as before."""
+    store = await PgStore.connect(DSN, config(schema))
+    try:
+        lease = await store.acquire_leadership()
+        await store.recover(lease.epoch, TimeBase(), HOUR_NS)
+        first, second = lease.epoch << 40 | 1, lease.epoch << 40 | 2
+        batch: list[Mutation] = [
+            TaskSubmitted(first, TaskSpec("default", "job", b""), Status.READY, 1),
+            TaskSubmitted(second, TaskSpec("default", "job", b""), Status.READY, 1),
+            TaskUpdated(first, Status.RUNNING, 1, "started", 2),
+            ScheduleSaved(_schedule("s")),
+        ]
+        await store.commit(lease.epoch, batch)
+        await store.commit(lease.epoch, batch)
+        state = await store.recover(lease.epoch, TimeBase(), HOUR_NS)
+        assert {t.task_id: t.status for t in state.tasks} == {
+            first: Status.RUNNING,
+            second: Status.READY,
+        }
+        assert [s.spec.name for s in state.schedules] == ["s"]
+    finally:
+        await store.close()

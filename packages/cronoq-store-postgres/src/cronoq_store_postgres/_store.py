@@ -112,12 +112,7 @@ class _Sql:
                     $16::boolean[])
                     AS u(id, pool, kind, key, payload, options, after, status, attempt, message,
                         submitted, updated, due, finished, output, cancel)
-                WHERE EXISTS (SELECT FROM fence)
-                ON CONFLICT (id) DO UPDATE
-                    SET attempt = ('{ID_CLASH} ' || excluded.id)::integer
-                    WHERE (t.pool, t.kind, t.key, t.submitted_ns)
-                        IS DISTINCT FROM (excluded.pool, excluded.kind, excluded.key,
-                            excluded.submitted_ns)
+                WHERE EXISTS (SELECT FROM fence){{conflict}}
             )""",
             f"""changed AS (
                 UPDATE {s}.cronoq_tasks AS t SET
@@ -149,7 +144,18 @@ class _Sql:
                 WHERE name = ANY($1::text[]) AND EXISTS (SELECT FROM fence)
             )""",
         )
-        self._commits: dict[tuple[bool, ...], str] = {}
+        # A batch's new tasks are first inserted plainly; only when one of their ids is taken
+        # does the commit run again with this clause, which tells a batch applied before (the
+        # driver retries one whose outcome it did not learn) from a clash. A plain insert
+        # costs PostgreSQL a quarter less CPU than a speculative one (measured: 2.9 ms instead
+        # of 4.0 ms for 1,000 tasks), and a failed statement writes nothing.
+        self._on_conflict = f"""
+                ON CONFLICT (id) DO UPDATE
+                    SET attempt = ('{ID_CLASH} ' || excluded.id)::integer
+                    WHERE (t.pool, t.kind, t.key, t.submitted_ns)
+                        IS DISTINCT FROM (excluded.pool, excluded.kind, excluded.key,
+                            excluded.submitted_ns)"""
+        self._commits: dict[tuple[tuple[bool, ...], bool], str] = {}
         self.recover = f"""
             SELECT {RECOVERY_COLUMNS} FROM {s}.cronoq_tasks
             WHERE finished_ns IS NULL OR finished_ns >= $1 OR id IN (
@@ -178,21 +184,23 @@ class _Sql:
             SELECT (SELECT count(*) FROM fence) AS leading,
                 (SELECT count(*) FROM pruned) AS pruned"""
 
-    def commit(self, present: tuple[bool, ...]) -> str:
+    def commit(self, present: tuple[bool, ...], *, taken_ids: bool = False) -> str:
         """The commit statement with the parts of the batch that has ``present`` (new tasks,
         changes, saved schedules, removed schedules): a part with empty arrays writes nothing,
         and left out it costs PostgreSQL nothing to plan (planned for every call, see
-        ``plan_cache_mode``). Built once per combination."""
-        sql = self._commits.get(present)
+        ``plan_cache_mode``). ``taken_ids``: with the ON CONFLICT clause. Built once each."""
+        sql = self._commits.get((present, taken_ids))
         if sql is None:
             parts, offset = [], 3
             for part, count, wanted in zip(self._commit_parts, _PART_ARRAYS, present, strict=True):
                 if wanted:
                     parts.append(_renumbered(part, offset))
                     offset += count
-            sql = self._commits[present] = (
+            sql = (
                 ", ".join([self._commit_head, *parts]) + "\n            SELECT count(*) FROM fence"
             )
+            sql = sql.replace("{conflict}", self._on_conflict if taken_ids else "")
+            self._commits[present, taken_ids] = sql
         return sql
 
 
@@ -430,13 +438,18 @@ class PgStore:
             )
         if removed:
             arguments.append(removed)
-        statement = self._sql.commit(present)
         async with self._serial:
 
             async def write(conn: Connection) -> int:
+                arguments[2] = self._generation  # as of now: a settle may raise it
                 try:
-                    arguments[2] = self._generation  # as of now: a settle may raise it
-                    return int(await conn.fetchval(statement, *arguments))
+                    try:
+                        return int(await conn.fetchval(self._sql.commit(present), *arguments))
+                    except asyncpg.UniqueViolationError:
+                        # A new task's id is taken (the only unique key): the statement wrote
+                        # nothing, and the one with ON CONFLICT tells a retry from a clash.
+                        retried = self._sql.commit(present, taken_ids=True)
+                        return int(await conn.fetchval(retried, *arguments))
                 except asyncpg.InvalidTextRepresentationError as exc:
                     if ID_CLASH not in str(exc):
                         raise
