@@ -405,7 +405,10 @@ class PgStore:
                 [t.spec.key for t in new],
                 [t.spec.payload for t in new],
                 [encode_task_options(t.spec) for t in new],
-                ["{" + ",".join(map(str, t.spec.after)) + "}" for t in new],
+                [
+                    "{" + ",".join(map(str, t.spec.after)) + "}" if t.spec.after else "{}"
+                    for t in new
+                ],
                 [t.status.value for t in new],
                 [t.attempt for t in new],
                 [t.message for t in new],
