@@ -429,8 +429,8 @@ def task_request_to_pb(request: object, codec: Codec) -> pb.TaskRequest:
         miss_policy=pb.MissPolicy.ValueType(miss_policy),
         grace=grace,
     )
-    # Extended only when not empty: an empty list given to the constructor costs as much as
-    # the rest of the message (the same message either way).
+    # Extended only when not empty: an empty list given to the constructor costs nearly as
+    # much as the rest of the message (the same message either way).
     if tags:
         message.tags.extend(tags)
     if after:
