@@ -1,10 +1,11 @@
 """PgStore: the ``Store`` protocol over PostgreSQL, through asyncpg.
 
-Every batch is ONE statement (one round trip): the batch is folded into the final state of each
-row it touches (``collapse_batch``) and written with ``unnest`` arrays, every part gated on an
-``UPDATE ... WHERE epoch = $2 AND generation = $34`` of the leader row. That row lock makes a
-concurrent takeover (which bumps the row) wait until the commit is over. Every other write
-(pruning, quarantine) is gated on the same row in its own statement.
+Every batch is ONE statement (one round trip; a second only when a new task's id is taken, see
+``_Sql``): the batch is folded into the final state of each row it touches (``collapse_batch``)
+and written with ``unnest`` arrays, every part gated on an ``UPDATE ... WHERE epoch = $2 AND
+generation = $3`` of the leader row. That row lock makes a concurrent takeover (which bumps the
+row) wait until the commit is over. Every other write (pruning, quarantine) is gated on the same
+row in its own statement.
 
 The generation fences this leader's own writes whose outcome it never learned. A statement
 whose connection broke or timed out may still be running on the server, and commit later; the
