@@ -39,7 +39,7 @@ from cronoq._engine import (
 )
 from cronoq._ids import MAX_EPOCH, SEQUENCE_BITS, epoch_of
 from cronoq._memory import MemoryCluster
-from cronoq._model import NS_PER_S, TaskSpec
+from cronoq._model import NS_PER_S, MissPolicy, TaskSpec
 from cronoq.errors import (
     DuplicateSchedule,
     InvalidCron,
@@ -823,3 +823,68 @@ async def test_a_lone_surrogate_in_a_failure_message_does_not_reach_the_store() 
         expected = "attempt 1 failed: RuntimeError: no such file: \ufffd.txt; no attempts left"
         assert record.message == expected
         assert sched.running
+
+
+async def test_every_request_field_reaches_its_spec_field(sched: Scheduler) -> None:
+    """The spec is built positionally (it runs for every task): each field lands in its own.
+    Every value here differs from its default and from the others of its type."""
+    [parent] = await sched.submit_many([TaskRequest("parent")])
+    now = 1_700_000_000 * NS_PER_S
+    request = TaskRequest(
+        kind="the-kind",
+        payload=b"the-payload",
+        pool="slow",
+        key="the-key",
+        tags=("the-tag",),
+        name="the-name",
+        priority=7,
+        retry=RetryPolicy(max_attempts=5),
+        start_at=timedelta(seconds=10),
+        miss_policy="skip",
+        grace=5,
+        deadline=timedelta(seconds=20),
+        timeout=3,
+        after=[parent],
+    )
+    assert sched._spec(request, now) == TaskSpec(
+        pool="slow",
+        kind="the-kind",
+        payload=b"the-payload",
+        key="the-key",
+        tags=("the-tag",),
+        name="the-name",
+        priority=7,
+        retry=RetryPolicy(max_attempts=5),
+        start_at_ns=now + 10 * NS_PER_S,
+        miss_policy=MissPolicy.SKIP,
+        grace_ns=5 * NS_PER_S,
+        deadline_ns=now + 20 * NS_PER_S,
+        timeout_ns=3 * NS_PER_S,
+        after=(parent,),
+        schedule=None,
+    )
+
+
+@pytest.mark.parametrize("bad_at", [0, 1, 2])
+async def test_a_list_of_requests_is_refused_as_any_iterable_is(
+    sched: Scheduler, bad_at: int
+) -> None:
+    """A list takes a shorter path through submit_many than other iterables: the same answer."""
+    requests = [TaskRequest("job"), TaskRequest("job", tags=["\x00"]), TaskRequest("job", pool="x")]
+    requests[bad_at] = TaskRequest("job", priority=True)
+    errors = []
+    for given in (requests, iter(requests), tuple(requests)):
+        with pytest.raises(InvalidArgument) as caught:
+            await sched.submit_many(given)
+        errors.append(str(caught.value))
+    assert len(set(errors)) == 1, errors
+    await assert_nothing_applied(sched)
+
+
+async def test_a_list_beyond_the_batch_limit_is_refused_as_any_iterable_is(
+    sched: Scheduler,
+) -> None:
+    requests = [TaskRequest("job")] * 100_001
+    with pytest.raises(InvalidArgument, match="submit_many requests: more than 100000 items"):
+        await sched.submit_many(requests)
+    await assert_nothing_applied(sched)

@@ -30,7 +30,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from fractions import Fraction
 from typing import Any, TypeVar
 
 from google.protobuf import duration_pb2, timestamp_pb2
@@ -197,13 +196,35 @@ def _items(value: object, what: str, expected: str) -> Iterator[Any]:
 
 
 def _texts(value: object, what: str, each: str) -> list[str]:
+    if type(value) is tuple and not value:
+        return []  # the default, on the path of every submission
     return [_text(item, each) for item in _items(value, what, "a list or tuple of str")]
+
+
+def _int64s(value: object, what: str, expected: str, each: str) -> list[int]:
+    if type(value) is tuple and not value:
+        return []  # the default, on the path of every submission
+    return [_int64(item, each) for item in _items(value, what, expected)]
+
+
+def _float_ns(value: float) -> int:
+    """``round(Fraction(value) * NS_PER_S)`` (exact, halves to even) in integer arithmetic,
+    without a Fraction: a float is ``numerator / 2**k``."""
+    numerator, denominator = value.as_integer_ratio()
+    ns, remainder = divmod(numerator * NS_PER_S, denominator)
+    twice = 2 * remainder
+    if twice > denominator or (twice == denominator and ns % 2):
+        ns += 1
+    return ns
 
 
 def _duration_of_ns(ns: int) -> duration_pb2.Duration:
     seconds, nanos = divmod(abs(ns), NS_PER_S)
-    sign = -1 if ns < 0 else 1
-    return duration_pb2.Duration(seconds=sign * seconds, nanos=sign * nanos)
+    if ns < 0:
+        seconds, nanos = -seconds, -nanos
+    if not nanos:
+        return duration_pb2.Duration(seconds=seconds)  # the same message, made faster
+    return duration_pb2.Duration(seconds=seconds, nanos=nanos)
 
 
 def _duration(value: object, what: str) -> duration_pb2.Duration:
@@ -223,7 +244,7 @@ def _duration(value: object, what: str) -> duration_pb2.Duration:
     else:
         # Exact: value * 1e9 in floats is off by a nanosecond or more past 2**52 ns, and
         # then a float made from nanoseconds (LeasedAttempt.timeout) would not come back.
-        ns = value * NS_PER_S if isinstance(value, int) else round(Fraction(value) * NS_PER_S)
+        ns = value * NS_PER_S if isinstance(value, int) else _float_ns(value)
     if abs(ns) > _MAX_DURATION_S * NS_PER_S:
         given = str(value) if isinstance(value, timedelta) else f"{_shown(value)} seconds"
         raise InvalidArgument(f"{what} of {given} is longer than a protobuf Duration can be")
@@ -399,20 +420,26 @@ def task_request_to_pb(request: object, codec: Codec) -> pb.TaskRequest:
     """The client's request, its payload encoded by ``codec`` (None: no payload)."""
     if not isinstance(request, TaskRequest):
         raise InvalidArgument(f"expected a TaskRequest, got {type(request).__name__}")
+    kind = _text(request.kind, "kind")
+    pool = _text(request.pool, "pool")
+    tags = _texts(request.tags, "tags", "tag")
+    priority = _int64(request.priority, "priority")
+    miss_policy = _enum_to_pb(request.miss_policy, MissPolicy, _MISS, "miss_policy")
+    grace = _duration(request.grace, "grace")
+    after = _int64s(request.after, "after", "a list of task ids", "a dependency id")
     message = pb.TaskRequest(
-        kind=_text(request.kind, "kind"),
-        pool=_text(request.pool, "pool"),
-        tags=_texts(request.tags, "tags", "tag"),
-        priority=_int64(request.priority, "priority"),
-        miss_policy=pb.MissPolicy.ValueType(
-            _enum_to_pb(request.miss_policy, MissPolicy, _MISS, "miss_policy")
-        ),
-        grace=_duration(request.grace, "grace"),
-        after=[
-            _int64(i, "a dependency id")
-            for i in _items(request.after, "after", "a list of task ids")
-        ],
+        kind=kind,
+        pool=pool,
+        priority=priority,
+        miss_policy=pb.MissPolicy.ValueType(miss_policy),
+        grace=grace,
     )
+    # Extended only when not empty: an empty list given to the constructor costs nearly as
+    # much as the rest of the message (the same message either way).
+    if tags:
+        message.tags.extend(tags)
+    if after:
+        message.after.extend(after)
     if request.payload is not None:
         message.payload = encode_with(codec, request.payload, "payload")
     if request.key is not None:
@@ -443,45 +470,52 @@ def _set_instant(message: pb.TaskRequest, at: str, delay: str, value: object, wh
         )
 
 
+_ABSENT = TaskRequest("")
+"""Where a request field is absent from the message, the Scheduler's default: this one's."""
+
+
 def task_request_from_pb(message: pb.TaskRequest) -> TaskRequest:
     """The request for a Scheduler with BytesCodec: the payload is the client's bytes, or None.
 
     A delay (``start_delay``, ``deadline_delay``) becomes a timedelta, which the Scheduler
     counts from when it takes the call, as it does for an embedded caller.
     """
-    fields: dict[str, Any] = {
-        "kind": message.kind,
-        "tags": tuple(message.tags),
-        "priority": message.priority,
-        "after": tuple(message.after),
-    }
-    if message.HasField("payload"):
-        fields["payload"] = message.payload
-    if message.HasField("pool"):
-        fields["pool"] = message.pool
-    if message.HasField("key"):
-        fields["key"] = message.key
-    if message.HasField("name"):
-        fields["name"] = message.name
-    if message.HasField("retry"):
-        fields["retry"] = retry_from_pb(message.retry)
-    start = message.WhichOneof("start_at")
-    if start == "start_time":
-        fields["start_at"] = _datetime(message.start_time, "start_at")
-    elif start == "start_delay":
-        fields["start_at"] = _delay(message.start_delay, "start_at")
-    if message.miss_policy != pb.MISS_POLICY_UNSPECIFIED:
-        fields["miss_policy"] = _enum_from_pb(message.miss_policy, _MISS_BACK, "miss_policy")
-    if message.HasField("grace"):
-        fields["grace"] = _seconds(message.grace, "grace")
-    end = message.WhichOneof("deadline")
-    if end == "deadline_time":
-        fields["deadline"] = _datetime(message.deadline_time, "deadline")
-    elif end == "deadline_delay":
-        fields["deadline"] = _delay(message.deadline_delay, "deadline")
-    if message.HasField("timeout"):
-        fields["timeout"] = _seconds(message.timeout, "timeout")
-    return TaskRequest(**fields)
+    # Built positionally, in field order, without a dict of keywords: this runs for every task
+    # of every submission. Fields are decoded in that order, so the first bad one is reported.
+    has = message.HasField
+    tags = message.tags
+    after = message.after
+    return TaskRequest(
+        message.kind,
+        message.payload if has("payload") else _ABSENT.payload,
+        message.pool if has("pool") else _ABSENT.pool,
+        message.key if has("key") else _ABSENT.key,
+        tuple(tags) if tags else (),
+        message.name if has("name") else _ABSENT.name,
+        message.priority,
+        retry_from_pb(message.retry) if has("retry") else _ABSENT.retry,
+        _instant_from_pb(message, "start_at", "start_time", "start_delay", _ABSENT.start_at),
+        (
+            _enum_from_pb(message.miss_policy, _MISS_BACK, "miss_policy")
+            if message.miss_policy != pb.MISS_POLICY_UNSPECIFIED
+            else _ABSENT.miss_policy
+        ),
+        _seconds(message.grace, "grace") if has("grace") else _ABSENT.grace,
+        _instant_from_pb(message, "deadline", "deadline_time", "deadline_delay", _ABSENT.deadline),
+        _seconds(message.timeout, "timeout") if has("timeout") else _ABSENT.timeout,
+        tuple(after) if after else (),
+    )
+
+
+def _instant_from_pb(
+    message: pb.TaskRequest, what: str, at: str, delay: str, absent: object
+) -> object:
+    which = message.WhichOneof(what)  # type: ignore[call-overload]
+    if which == at:
+        return _datetime(getattr(message, at), what)
+    if which == delay:
+        return _delay(getattr(message, delay), what)
+    return absent
 
 
 def submit_request(request: TaskRequest, codec: Codec) -> pb.SubmitRequest:

@@ -1,10 +1,11 @@
 """PgStore: the ``Store`` protocol over PostgreSQL, through asyncpg.
 
-Every batch is ONE statement (one round trip): the batch is folded into the final state of each
-row it touches (``collapse_batch``) and written with ``unnest`` arrays, every part gated on an
-``UPDATE ... WHERE epoch = $2 AND generation = $34`` of the leader row. That row lock makes a
-concurrent takeover (which bumps the row) wait until the commit is over. Every other write
-(pruning, quarantine) is gated on the same row in its own statement.
+Every batch is ONE statement (one round trip; a second only when a new task's id is taken, see
+``_Sql``): the batch is folded into the final state of each row it touches (``collapse_batch``)
+and written with ``unnest`` arrays, every part gated on an ``UPDATE ... WHERE epoch = $2 AND
+generation = $3`` of the leader row. That row lock makes a concurrent takeover (which bumps the
+row) wait until the commit is over. Every other write (pruning, quarantine) is gated on the same
+row in its own statement.
 
 The generation fences this leader's own writes whose outcome it never learned. A statement
 whose connection broke or timed out may still be running on the server, and commit later; the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -56,6 +58,8 @@ log = logging.getLogger("cronoq.postgres")
 NS = 1_000_000_000
 _T = TypeVar("_T")
 ID_CLASH = "id of a new task already taken:"
+_PART_ARRAYS = (16, 9, 5, 1)
+"""How many arrays each part of the commit statement takes."""
 
 
 class _Sql:
@@ -88,30 +92,30 @@ class _Sql:
         # casts a message to integer, and the error carries it. A join against the table
         # before the insert would do the same, at the cost of a hash of the whole table once
         # it grows (measured: 500-task batches took 55 ms instead of 31 ms at 20,000 rows).
-        self.commit = f"""
+        # $1 is the new high-water mark, $2 the epoch, $3 the generation; each part's arrays
+        # follow (its $n counted from 1 here, from after the parts before it in the statement).
+        self._commit_head = f"""
             WITH fence AS (
                 UPDATE {s}.cronoq_leader SET max_task_id = GREATEST(max_task_id, $1)
-                WHERE id = 1 AND epoch = $2 AND generation = $34 RETURNING epoch
-            ), new_tasks AS (
+                WHERE id = 1 AND epoch = $2 AND generation = $3 RETURNING epoch
+            )"""
+        self._commit_parts = (
+            f"""new_tasks AS (
                 INSERT INTO {s}.cronoq_tasks AS t (id, pool, kind, key, payload, options, after_ids,
                     status, attempt, message, submitted_ns, updated_ns, due_ns, finished_ns,
                     output, cancel_requested)
                 SELECT u.id, u.pool, u.kind, u.key, u.payload, u.options, u.after::bigint[],
                     u.status, u.attempt, u.message, u.submitted, u.updated, u.due, u.finished,
                     u.output, u.cancel
-                FROM unnest($3::bigint[], $4::text[], $5::text[], $6::text[], $7::bytea[],
-                    $8::text[], $9::text[], $10::text[], $11::integer[], $12::text[],
-                    $13::bigint[], $14::bigint[], $15::bigint[], $16::bigint[], $17::bytea[],
-                    $18::boolean[])
+                FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bytea[],
+                    $6::text[], $7::text[], $8::text[], $9::integer[], $10::text[],
+                    $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bytea[],
+                    $16::boolean[])
                     AS u(id, pool, kind, key, payload, options, after, status, attempt, message,
                         submitted, updated, due, finished, output, cancel)
-                WHERE EXISTS (SELECT FROM fence)
-                ON CONFLICT (id) DO UPDATE
-                    SET attempt = ('{ID_CLASH} ' || excluded.id)::integer
-                    WHERE (t.pool, t.kind, t.key, t.submitted_ns)
-                        IS DISTINCT FROM (excluded.pool, excluded.kind, excluded.key,
-                            excluded.submitted_ns)
-            ), changed AS (
+                WHERE EXISTS (SELECT FROM fence){{conflict}}
+            )""",
+            f"""changed AS (
                 UPDATE {s}.cronoq_tasks AS t SET
                     status = COALESCE(u.status, t.status),
                     attempt = CASE WHEN u.status IS NULL THEN t.attempt ELSE u.attempt END,
@@ -122,23 +126,37 @@ class _Sql:
                         ELSE u.finished END,
                     output = CASE WHEN u.status IS NULL THEN t.output ELSE u.output END,
                     cancel_requested = t.cancel_requested OR u.cancel
-                FROM unnest($19::bigint[], $20::text[], $21::integer[], $22::text[],
-                    $23::bigint[], $24::bigint[], $25::bigint[], $26::bytea[], $27::boolean[])
+                FROM unnest($1::bigint[], $2::text[], $3::integer[], $4::text[],
+                    $5::bigint[], $6::bigint[], $7::bigint[], $8::bytea[], $9::boolean[])
                     AS u(id, status, attempt, message, updated, due, finished, output, cancel)
                 WHERE t.id = u.id AND EXISTS (SELECT FROM fence)
-            ), saved AS (
+            )""",
+            f"""saved AS (
                 INSERT INTO {s}.cronoq_schedules (name, spec, next_ns, paused, last_task_id)
-                SELECT * FROM unnest($28::text[], $29::text[], $30::bigint[], $31::boolean[],
-                    $32::bigint[])
+                SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::boolean[],
+                    $5::bigint[])
                 WHERE EXISTS (SELECT FROM fence)
                 ON CONFLICT (name) DO UPDATE SET spec = excluded.spec,
                     next_ns = excluded.next_ns, paused = excluded.paused,
                     last_task_id = excluded.last_task_id
-            ), removed AS (
+            )""",
+            f"""removed AS (
                 DELETE FROM {s}.cronoq_schedules
-                WHERE name = ANY($33::text[]) AND EXISTS (SELECT FROM fence)
-            )
-            SELECT count(*) FROM fence"""
+                WHERE name = ANY($1::text[]) AND EXISTS (SELECT FROM fence)
+            )""",
+        )
+        # A batch's new tasks are first inserted plainly; only when one of their ids is taken
+        # does the commit run again with this clause, which tells a batch applied before (the
+        # driver retries one whose outcome it did not learn) from a clash. A plain insert
+        # costs PostgreSQL a quarter less CPU than a speculative one (measured: 2.9 ms instead
+        # of 4.0 ms for 1,000 tasks), and a failed statement writes nothing.
+        self._on_conflict = f"""
+                ON CONFLICT (id) DO UPDATE
+                    SET attempt = ('{ID_CLASH} ' || excluded.id)::integer
+                    WHERE (t.pool, t.kind, t.key, t.submitted_ns)
+                        IS DISTINCT FROM (excluded.pool, excluded.kind, excluded.key,
+                            excluded.submitted_ns)"""
+        self._commits: dict[tuple[tuple[bool, ...], bool], str] = {}
         self.recover = f"""
             SELECT {RECOVERY_COLUMNS} FROM {s}.cronoq_tasks
             WHERE finished_ns IS NULL OR finished_ns >= $1 OR id IN (
@@ -166,6 +184,32 @@ class _Sql:
             )
             SELECT (SELECT count(*) FROM fence) AS leading,
                 (SELECT count(*) FROM pruned) AS pruned"""
+
+    def commit(self, present: tuple[bool, ...], *, taken_ids: bool = False) -> str:
+        """The commit statement with the parts of the batch that has ``present`` (new tasks,
+        changes, saved schedules, removed schedules): a part with empty arrays writes nothing,
+        and left out it costs PostgreSQL nothing to plan (planned for every call, see
+        ``plan_cache_mode``). ``taken_ids``: with the ON CONFLICT clause. Built once each."""
+        sql = self._commits.get((present, taken_ids))
+        if sql is None:
+            parts, offset = [], 3
+            for part, count, wanted in zip(self._commit_parts, _PART_ARRAYS, present, strict=True):
+                if wanted:
+                    parts.append(_renumbered(part, offset))
+                    offset += count
+            sql = (
+                ", ".join([self._commit_head, *parts]) + "\n            SELECT count(*) FROM fence"
+            )
+            sql = sql.replace("{conflict}", self._on_conflict if taken_ids else "")
+            self._commits[present, taken_ids] = sql
+        return sql
+
+
+_PARAMETER = re.compile(r"\$(\d+)")
+
+
+def _renumbered(sql: str, offset: int) -> str:
+    return _PARAMETER.sub(lambda m: f"${int(m.group(1)) + offset}", sql)
 
 
 class _Connection(asyncpg.Connection):
@@ -356,46 +400,65 @@ class PgStore:
             return None if ns is None else to_unix(ns)
 
         new, changes, saved = rows.new_tasks, rows.changes, rows.saved_schedules
-        arguments = (
-            rows.max_task_id,
-            epoch,
-            [t.task_id for t in new],
-            [t.spec.pool for t in new],
-            [t.spec.kind for t in new],
-            [t.spec.key for t in new],
-            [t.spec.payload for t in new],
-            [encode_task_options(t.spec) for t in new],
-            ["{" + ",".join(map(str, t.spec.after)) + "}" for t in new],
-            [t.status.value for t in new],
-            [t.attempt for t in new],
-            [t.message for t in new],
-            [to_unix(t.submitted_ns) for t in new],
-            [to_unix(t.updated_ns) for t in new],
-            [unix(t.due_ns) for t in new],
-            [unix(t.finished_ns) for t in new],
-            [t.output for t in new],
-            [t.cancel_requested for t in new],
-            [c.task_id for c in changes],
-            [None if c.status is None else c.status.value for c in changes],
-            [c.attempt for c in changes],
-            [c.message for c in changes],
-            [to_unix(c.updated_ns) for c in changes],
-            [unix(c.due_ns) for c in changes],
-            [unix(c.finished_ns) for c in changes],
-            [c.output for c in changes],
-            [c.cancel_requested for c in changes],
-            [r.spec.name for r in saved],
-            [encode_schedule_spec(r.spec) for r in saved],
-            [to_unix(r.next_ns) for r in saved],
-            [r.paused for r in saved],
-            [r.last_task_id for r in saved],
-            rows.removed_schedules,
-        )
+        removed = rows.removed_schedules
+        present = (bool(new), bool(changes), bool(saved), bool(removed))
+        arguments: list[object] = [rows.max_task_id, epoch, None]  # the generation, below
+        if new:
+            arguments += (
+                [t.task_id for t in new],
+                [t.spec.pool for t in new],
+                [t.spec.kind for t in new],
+                [t.spec.key for t in new],
+                [t.spec.payload for t in new],
+                [encode_task_options(t.spec) for t in new],
+                [
+                    "{" + ",".join(map(str, t.spec.after)) + "}" if t.spec.after else "{}"
+                    for t in new
+                ],
+                [t.status.value for t in new],
+                [t.attempt for t in new],
+                [t.message for t in new],
+                [to_unix(t.submitted_ns) for t in new],
+                [to_unix(t.updated_ns) for t in new],
+                [unix(t.due_ns) for t in new],
+                [unix(t.finished_ns) for t in new],
+                [t.output for t in new],
+                [t.cancel_requested for t in new],
+            )
+        if changes:
+            arguments += (
+                [c.task_id for c in changes],
+                [None if c.status is None else c.status.value for c in changes],
+                [c.attempt for c in changes],
+                [c.message for c in changes],
+                [to_unix(c.updated_ns) for c in changes],
+                [unix(c.due_ns) for c in changes],
+                [unix(c.finished_ns) for c in changes],
+                [c.output for c in changes],
+                [c.cancel_requested for c in changes],
+            )
+        if saved:
+            arguments += (
+                [r.spec.name for r in saved],
+                [encode_schedule_spec(r.spec) for r in saved],
+                [to_unix(r.next_ns) for r in saved],
+                [r.paused for r in saved],
+                [r.last_task_id for r in saved],
+            )
+        if removed:
+            arguments.append(removed)
         async with self._serial:
 
             async def write(conn: Connection) -> int:
+                arguments[2] = self._generation  # as of now: a settle may raise it
                 try:
-                    return int(await conn.fetchval(self._sql.commit, *arguments, self._generation))
+                    try:
+                        return int(await conn.fetchval(self._sql.commit(present), *arguments))
+                    except asyncpg.UniqueViolationError:
+                        # A new task's id is taken (the only unique key): the statement wrote
+                        # nothing, and the one with ON CONFLICT tells a retry from a clash.
+                        retried = self._sql.commit(present, taken_ids=True)
+                        return int(await conn.fetchval(retried, *arguments))
                 except asyncpg.InvalidTextRepresentationError as exc:
                     if ID_CLASH not in str(exc):
                         raise

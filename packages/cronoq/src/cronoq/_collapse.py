@@ -75,19 +75,25 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
     schedules: dict[str, ScheduleRecord | None] = {}
     for mutation in batch:
         match mutation:
-            case TaskSubmitted(task_id, spec, status, at):
-                new[task_id] = NewTask(task_id, spec, status, 0, "submitted", at, at)
-            case TaskUpdated(task_id, status, attempt, message, at, due, output):
+            # The two that make up most of a batch are matched without positional captures,
+            # which cost more than the whole row otherwise (465 ns instead of 208 a task).
+            case TaskSubmitted():
+                at = mutation.submitted_ns
+                new[mutation.task_id] = NewTask(
+                    mutation.task_id, mutation.spec, mutation.status, 0, "submitted", at, at
+                )
+            case TaskUpdated():
+                task_id, status, at = mutation.task_id, mutation.status, mutation.at_ns
                 row: NewTask | TaskChange = new.get(task_id) or changes.setdefault(
                     task_id, TaskChange(task_id, "")
                 )
                 row.status = status
-                row.attempt = attempt
-                row.message = sanitize_message(message)
+                row.attempt = mutation.attempt
+                row.message = sanitize_message(mutation.message)
                 row.updated_ns = at
-                row.due_ns = due
+                row.due_ns = mutation.due_ns
                 row.finished_ns = at if status.is_terminal else None
-                row.output = output
+                row.output = mutation.output
             case CancelRequested(task_id, _, message):
                 row = new.get(task_id) or changes.setdefault(task_id, TaskChange(task_id, ""))
                 row.cancel_requested = True

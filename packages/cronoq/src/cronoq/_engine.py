@@ -702,7 +702,7 @@ class Engine:
         bump(self.counters.submitted, spec.pool)
         if spec.key is not None:
             self._keys[spec.key] = task.id
-        blocker = self._link_parents(task)
+        blocker = self._link_parents(task) if spec.after else None
         task.status = Status.WAITING if task.pending else self._initial_status(task)
         self._out.mutations.append(TaskSubmitted(task.id, spec, task.status, self._now))
         if blocker is not None:
@@ -1439,7 +1439,7 @@ class Engine:
             due = due_ns if due_ns is not None else self._now
             self._set_wake(task, self._earliest(due, spec.deadline_ns))
         else:
-            blocker = self._link_parents(task)
+            blocker = self._link_parents(task) if spec.after else None
             if blocker is not None:
                 task.status = Status.WAITING
                 self._end_for_parent(task, *blocker)

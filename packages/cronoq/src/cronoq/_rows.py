@@ -70,7 +70,8 @@ def encode_task_options(spec: TaskSpec) -> str:
         options["name"] = spec.name
     if spec.priority:
         options["priority"] = spec.priority
-    if spec.retry != _DEFAULT_SPEC.retry:
+    # Identity first: the default policy is one shared object, and comparing fields costs.
+    if spec.retry is not _DEFAULT_SPEC.retry and spec.retry != _DEFAULT_SPEC.retry:
         options["retry"] = _retry_fields(spec.retry)
     for field in _OPTIONAL_INTS:
         value = getattr(spec, field)

@@ -64,6 +64,8 @@ def shown(value: object) -> str:
 def _check_unicode(value: str, what: str) -> None:
     if "\x00" in value:
         raise InvalidArgument(f"{what} must not contain NUL characters: {shown(value)}")
+    if value.isascii():
+        return  # no surrogate, and no copy made to find out
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
