@@ -285,6 +285,7 @@ NOT_DURABLE = rich_status(Code.UNAVAILABLE, "the commit was not confirmed", Reas
 NOT_FOUND = rich_status(Code.NOT_FOUND, "no task 5", Reason.TASK_NOT_FOUND)
 DUPLICATE = rich_status(Code.ALREADY_EXISTS, "schedule exists", Reason.DUPLICATE_SCHEDULE)
 NO_SCHEDULE = rich_status(Code.NOT_FOUND, "no schedule nightly", Reason.SCHEDULE_NOT_FOUND)
+HOLD = "hold"  # wait until ``released`` is set, then answer with the next entry's rule
 BREAK = "break"  # stop the server while the call is in flight: the connection breaks mid-call
 Answer = grpc.Status | str | None
 
@@ -302,6 +303,8 @@ class Scripted(pb_grpc.SchedulerServiceServicer):
     remaining: list[float | None] = field(default_factory=list)
     schedules: list[pb.ScheduleInfo] = field(default_factory=list)
     """What ListSchedules answers (it is not scripted)."""
+    held: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a call is held (HOLD)."""
 
     @property
     def calls(self) -> int:
@@ -312,6 +315,9 @@ class Scripted(pb_grpc.SchedulerServiceServicer):
         self.requests.append(request)
         self.remaining.append(context.time_remaining())
         answer = self.script[min(self.calls, len(self.script)) - 1]
+        if answer == HOLD:
+            self.held.set()
+            await asyncio.sleep(30)  # until the client gives up on the call
         if answer == BREAK:
             assert self.server is not None
             # A task of its own: the stop cancels this very call, and must outlive it.
@@ -587,3 +593,41 @@ async def test_remove_schedule_repeated_after_an_unknown_outcome_is_done(
         with pytest.raises(ScheduleNotFound):  # answered at once: it never existed
             await client.remove_schedule("nightly")
     assert servicer.calls == 3
+
+
+async def test_a_call_whose_channel_another_call_retired_is_retried_not_cancelled(
+    scripted: Start,
+) -> None:
+    # A Wait without a timeout has no deadline; another call's failure replaces the channel,
+    # which is closed under the Wait once its grace is over: grpc.aio then ends the Wait with
+    # CancelledError, which must not reach a caller that cancelled nothing.
+    servicer, target = await scripted(HOLD, None)
+    async with AsyncClient(target, timeout=0.3) as client:
+        waiting = asyncio.create_task(client.wait(1))
+        await servicer.held.wait()
+        client._channels.replace(client._channels.current())  # as a failed call does
+        info = await asyncio.wait_for(waiting, 5)
+        assert info.status is Status.SUCCEEDED
+        assert servicer.calls == 2
+        assert len(set(servicer.peers)) == 2  # retried on the new connection
+
+
+async def test_a_keyless_submit_whose_channel_was_retired_has_an_unknown_outcome(
+    scripted: Start,
+) -> None:
+    servicer, target = await scripted(HOLD, None)
+    async with AsyncClient(target, timeout=0.3) as client:
+        # No deadline for this one call, so that only the retired channel can end it.
+        submitting = asyncio.create_task(
+            client._call(
+                lambda stub, _: stub.Submit(pb.SubmitRequest(task=pb.TaskRequest(kind="k"))),
+                idempotent=False,
+                seconds=None,
+            )
+        )
+        await servicer.held.wait()
+        client._channels.replace(client._channels.current())
+        with pytest.raises(SchedulerError) as caught:
+            await asyncio.wait_for(submitting, 5)
+        assert caught.value.applied is None
+        assert servicer.calls == 1  # not repeated

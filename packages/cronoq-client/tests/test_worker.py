@@ -37,8 +37,9 @@ from cronoq import (
     TaskError,
     TaskRequest,
 )
-from cronoq.errors import CronoqError
+from cronoq.errors import CronoqError, SchedulerError
 from cronoq_client import AsyncClient
+from cronoq_client._reports import Reports
 from cronoq_client._worker import MAX_MESSAGE, Worker
 from cronoq_client.protocol import (
     Attached,
@@ -685,3 +686,69 @@ async def test_stop_drains_the_running_attempt_on_a_real_server(server: Real) ->
     await asyncio.wait_for(running.task, WAIT_S)
     info = await server.sched.get(task_id)  # reported before run() returned
     assert (info.status, info.attempt, info.output) == (Status.SUCCEEDED, 1, b"drained"), info
+
+
+async def test_a_reconnect_while_the_stream_is_healthy_keeps_the_worker_and_its_attempt(
+    served_long: Served,
+) -> None:
+    # A heartbeat or report that fails with a retryable status replaces the connection; the
+    # old channel, closed after its grace, ends the healthy Attach stream (and any call still
+    # on it) with CancelledError: the worker must attach again, not stop.
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def held(ctx: TaskContext, payload: bytes | None) -> bytes:
+        started.set()
+        await release.wait()
+        return b"after"
+
+    running = await _worker(served_long, held, slots=1)
+    try:
+        task_id = await served_long.sched.submit("t")
+        await asyncio.wait_for(started.wait(), WAIT_S)
+        worker = running.worker
+        worker._reconnect(worker._current()[0])  # what a failed heartbeat or report does
+        await asyncio.wait_for(served_long.service.reattached.wait(), WAIT_S)
+        assert not running.task.done(), "the worker stopped after a reconnect"
+        assert served_long.service.attaches[-1] == (AttemptToken(1, task_id, 1),)
+        release.set()
+        info = await served_long.sched.wait(task_id, timeout=WAIT_S)
+        assert (info.status, info.attempt, info.output) == (Status.SUCCEEDED, 1, b"after")
+    finally:
+        release.set()
+        await running.finish()
+
+
+class _ClosedUnderTheFirstCall:
+    """A WorkerService stub whose first ReportMany ends as grpc.aio ends a call whose channel
+    is closed under it: CancelledError, in a task nobody cancelled."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.called = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def ReportMany(self, request: pb.ReportManyRequest, timeout: float) -> Any:
+        self.calls.append(len(request.reports))
+        self.called.set()
+        if len(self.calls) == 1:
+            await self.release.wait()
+            raise asyncio.CancelledError
+        return pb.ReportManyResponse(results=[pb.ReportResult() for _ in request.reports])
+
+
+async def test_a_report_call_ended_by_a_closed_channel_is_answered_and_the_queue_goes_on() -> None:
+    stub = _ClosedUnderTheFirstCall()
+    reports = Reports(lambda: ("connection", stub), 1 << 20)  # type: ignore[arg-type,return-value]
+    deadline = asyncio.get_running_loop().time() + 30
+    first = asyncio.create_task(reports.send(pb.ReportRequest(), deadline))
+    await stub.called.wait()
+    second = asyncio.create_task(reports.send(pb.ReportRequest(), deadline))  # queued behind
+    stub.release.set()
+    _, answer = await asyncio.wait_for(first, 5)
+    # Not a cancellation of the caller: an unknown outcome, which the worker retries.
+    assert isinstance(answer, SchedulerError) and answer.applied is None, answer
+    _, accepted = await asyncio.wait_for(second, 5)
+    assert accepted is None
+    assert stub.calls == [1, 1]
+    await reports.close()

@@ -13,7 +13,18 @@ from grpc import aio
 from cronoq.errors import InvalidArgument
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 
-__all__ = ["Channels", "Connection"]
+__all__ = ["Channels", "Connection", "closed_under_call"]
+
+CLOSED_UNDER_CALL = "the connection was closed while the call was in flight (a reconnect)"
+
+
+def closed_under_call() -> bool:
+    """For an ``asyncio.CancelledError`` out of a gRPC call: True if nobody cancelled this
+    task, so its channel was closed under the call. grpc.aio ends the calls of a channel that
+    closes so, and ``Channels.replace`` closes a retired channel after its grace: for the
+    caller this is a connection broken mid-call, to be judged as one, not a cancellation."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() == 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from cronoq.errors import (
     SchedulerStopped,
 )
 from cronoq_client import _wire as wire
-from cronoq_client._channel import Channels, targets_of
+from cronoq_client._channel import CLOSED_UNDER_CALL, Channels, closed_under_call, targets_of
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 from cronoq_client._retry import Backoff, Verdict, judge, never_sent
@@ -143,6 +143,7 @@ class AsyncClient:
                 raise SchedulerStopped("the client is closed", applied=None if unknown else False)
             connection = self._channels.current()
             remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            failed: aio.AioRpcError | None = None
             try:
                 return await send(connection.stub, remaining)
             except aio.AioRpcError as err:
@@ -152,14 +153,23 @@ class AsyncClient:
                         return await settle(error)
                     raise _answer(error, unknown) from err
                 unknown = unknown or (outcome(err) is Outcome.UNKNOWN and not never_sent(err))
-                self._channels.replace(connection)
-                pause = self._backoff.delay(attempt)
-                attempt += 1
-                if deadline is not None and loop.time() + pause >= deadline:
-                    raise _answer(_final(err, attempt, budget), unknown) from err
-                await asyncio.sleep(pause)
+                failed = err
+            except asyncio.CancelledError:
+                if not closed_under_call():
+                    raise
+                # Another call's reconnect retired this channel: the request may have been
+                # applied, as for a connection broken mid-call.
+                if not idempotent:
+                    raise SchedulerError(CLOSED_UNDER_CALL, applied=None) from None
+                unknown = True
             except aio.UsageError as err:  # the channel was closed under the call
                 raise SchedulerStopped("the client is closed", applied=False) from err
+            self._channels.replace(connection)
+            pause = self._backoff.delay(attempt)
+            attempt += 1
+            if deadline is not None and loop.time() + pause >= deadline:
+                raise _answer(_final(failed, attempt, budget), unknown) from failed
+            await asyncio.sleep(pause)
 
     # --- tasks ------------------------------------------------------------------------------
 
@@ -365,9 +375,12 @@ def _answer(error: CronoqError, unknown: bool) -> CronoqError:
     return error
 
 
-def _final(err: aio.AioRpcError, attempts: int, budget: float | None) -> CronoqError:
-    """The exception for a call whose deadline ran out while it was being retried."""
+def _final(err: aio.AioRpcError | None, attempts: int, budget: float | None) -> CronoqError:
+    """The exception for a call whose deadline ran out while it was being retried (``err``:
+    the last try's failure; None: its channel was closed under it)."""
     tried = f"(after {attempts} tries in {budget:g} s)" if budget is not None else ""
+    if err is None:
+        return SchedulerError(f"{CLOSED_UNDER_CALL} {tried}", applied=None)
     if never_sent(err):
         # The connect failure is certain to have applied nothing, which error_from_rpc (seeing
         # a plain UNAVAILABLE) cannot know.

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from cronoq.errors import CronoqError, SchedulerError
-from cronoq_client._channel import Connection
+from cronoq_client._channel import CLOSED_UNDER_CALL, Connection, closed_under_call
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 from cronoq_client._status import error_from_report_result, too_large
@@ -29,7 +29,9 @@ __all__ = ["Answer", "Reports"]
 log = logging.getLogger("cronoq_client.worker")
 
 Answer = CronoqError | grpc.RpcError | None
-"""None: accepted. A CronoqError: refused for good. An RpcError: the call failed as a whole."""
+"""None: accepted. An RpcError: the call failed as a whole. A CronoqError: refused for good,
+but a SchedulerError, which says nothing is known (the call failed in another way, or a server
+answered a reason a refusal never has): the worker retries those while the lease lasts."""
 
 CALL_TIMEOUT_S = 10.0
 _MIN_CALL_TIMEOUT_S = 0.05
@@ -93,42 +95,51 @@ class Reports:
         return batch
 
     async def _send_all(self) -> None:
-        loop = asyncio.get_running_loop()
         while self._pending:
             batch = self._batch()
             if not batch:
                 return
             try:
-                connection, stub = self._current()
-                left = max(p.deadline for p in batch) - loop.time()
-                timeout = min(max(left, _MIN_CALL_TIMEOUT_S), CALL_TIMEOUT_S)
-                request = pb.ReportManyRequest(reports=[p.request for p in batch])
-                try:
-                    reply = await stub.ReportMany(request, timeout=timeout)
-                except grpc.RpcError as err:
-                    if too_large(err) and len(batch) > 1:
-                        # The server's limit is below this worker's: the batch was refused
-                        # whole, and says nothing of any one report. They go again in
-                        # smaller calls (alone, at worst: then a refusal is the report's).
-                        self._max_bytes = max(request.ByteSize() // 2, 1)
-                        self._pending.extendleft(reversed(batch))
-                        continue
-                    answers: list[Answer] = [err] * len(batch)
-                else:
-                    answers = self._answers(reply, len(batch))
-                for pending, answer in zip(batch, answers, strict=True):
-                    if not pending.answer.done():
-                        pending.answer.set_result((connection, answer))
-            except BaseException as exc:
-                # No caller is left waiting for an answer that will never come.
-                for pending in batch:
-                    if pending.answer.done():
-                        continue
-                    if isinstance(exc, asyncio.CancelledError):
-                        pending.answer.cancel()
-                    else:
-                        pending.answer.set_exception(exc)
+                outcome = await self._send(batch)
+            except asyncio.CancelledError:
+                for pending in batch:  # close(): nobody waits for these any more
+                    pending.answer.cancel()
                 raise
+            if outcome is None:
+                self._pending.extendleft(reversed(batch))  # again, in smaller calls
+                continue
+            connection, answers = outcome
+            for pending, answer in zip(batch, answers, strict=True):
+                if not pending.answer.done():
+                    pending.answer.set_result((connection, answer))
+
+    async def _send(self, batch: list[_Pending]) -> tuple[Connection, list[Answer]] | None:
+        """One ReportMany call: an answer for each report, or None to send them again in
+        smaller calls. Any failure of the call is every report's answer, so that each is
+        judged and retried by its own lease: this sender never dies with reports waiting."""
+        connection, stub = self._current()
+        left = max(p.deadline for p in batch) - asyncio.get_running_loop().time()
+        timeout = min(max(left, _MIN_CALL_TIMEOUT_S), CALL_TIMEOUT_S)
+        request = pb.ReportManyRequest(reports=[p.request for p in batch])
+        try:
+            reply = await stub.ReportMany(request, timeout=timeout)
+        except grpc.RpcError as err:
+            if too_large(err) and len(batch) > 1:
+                # The server's limit is below this worker's: the batch was refused whole, and
+                # says nothing of any one report (alone, at worst, a refusal is the report's).
+                self._max_bytes = max(request.ByteSize() // 2, 1)
+                return None
+            return connection, [err] * len(batch)
+        except asyncio.CancelledError:
+            if not closed_under_call():
+                raise
+            failure = SchedulerError(CLOSED_UNDER_CALL, applied=None)
+            return connection, [failure] * len(batch)
+        except Exception as exc:  # a bug below us: still an answer, never a stranded report
+            log.exception("ReportMany failed")
+            failure = SchedulerError(f"the report call failed: {exc!r}", applied=None)
+            return connection, [failure] * len(batch)
+        return connection, self._answers(reply, len(batch))
 
     @staticmethod
     def _answers(reply: pb.ReportManyResponse, sent: int) -> list[Answer]:

@@ -43,8 +43,14 @@ from cronoq import (
     decode_with,
     encode_with,
 )
-from cronoq.errors import InvalidArgument, PayloadError, StaleAttempt
-from cronoq_client._channel import Channels, Connection, targets_of
+from cronoq.errors import InvalidArgument, PayloadError, SchedulerError, StaleAttempt
+from cronoq_client._channel import (
+    CLOSED_UNDER_CALL,
+    Channels,
+    Connection,
+    closed_under_call,
+    targets_of,
+)
 from cronoq_client._client import DEFAULT_MAX_MESSAGE_BYTES
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 from cronoq_client._reports import Reports
@@ -285,6 +291,12 @@ class Worker:
                 log.info("attach failed; reconnecting: %s", error, extra={"worker": self.worker_id})
             except InvalidArgument as exc:  # a malformed event: the server is not one we know
                 log.warning("bad worker event; reconnecting: %s", exc)
+            except asyncio.CancelledError:
+                if not closed_under_call():
+                    raise
+                # A heartbeat's or report's reconnect retired this stream's channel: attach
+                # again on the new one (the attempts running keep their slots).
+                log.info("attach stream closed by a reconnect", extra={"worker": self.worker_id})
             finally:
                 call.cancel()  # no new attempt on this stream, whatever ended it
             self._attached.clear()
@@ -407,6 +419,13 @@ class Worker:
             sent = loop.time()
             try:
                 reply = await stub.Heartbeat(heartbeat_request(token), timeout=interval)
+            except asyncio.CancelledError:
+                if not closed_under_call():
+                    raise
+                log.info(
+                    "heartbeat failed: %s", CLOSED_UNDER_CALL, extra={"task_id": token.task_id}
+                )
+                continue  # on the new connection, next time
             except grpc.RpcError as err:
                 error = error_from_rpc(err)
                 if isinstance(error, StaleAttempt):
@@ -438,8 +457,8 @@ class Worker:
             if isinstance(answer, grpc.RpcError):
                 error = error_from_rpc(answer)
                 definite = judge(answer, idempotent=True) is Verdict.RAISE
-            else:  # refused, this report alone
-                error, definite = answer, True
+            else:  # this report alone: refused, unless nothing is known (see Answer)
+                error, definite = answer, not isinstance(answer, SchedulerError)
             if isinstance(error, StaleAttempt):
                 log.info(
                     "report answered stale (%s): the attempt's outcome is not this one",
