@@ -303,6 +303,8 @@ class Scripted(pb_grpc.SchedulerServiceServicer):
     remaining: list[float | None] = field(default_factory=list)
     schedules: list[pb.ScheduleInfo] = field(default_factory=list)
     """What ListSchedules answers (it is not scripted)."""
+    list_refusal: grpc.Status | None = None
+    """Set: ListSchedules answers with this status."""
     held: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once a call is held (HOLD)."""
 
@@ -347,6 +349,8 @@ class Scripted(pb_grpc.SchedulerServiceServicer):
         return pb.RemoveScheduleResponse()
 
     async def ListSchedules(self, request: Any, context: Any) -> pb.ListSchedulesResponse:
+        if self.list_refusal is not None:
+            await context.abort_with_status(self.list_refusal)
         return pb.ListSchedulesResponse(schedules=self.schedules)
 
     async def Wait(self, request: Any, context: Any) -> pb.TaskInfo:
@@ -571,6 +575,18 @@ async def test_add_schedule_repeated_after_an_unknown_outcome_finds_its_own(
             with pytest.raises(DuplicateSchedule):
                 await client.add_schedule("nightly", "0 3 * * *", kind="report")
     assert servicer.calls == 2
+
+
+async def test_add_schedule_whose_check_fails_may_have_been_applied(scripted: Start) -> None:
+    servicer, target = await scripted(NOT_DURABLE, DUPLICATE)
+    servicer.list_refusal = STANDBY  # the check never gets an answer
+    async with AsyncClient(target, timeout=0.5) as client:
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(SchedulerError) as caught:
+            await client.add_schedule("nightly", "0 3 * * *", kind="report")
+        took = asyncio.get_running_loop().time() - began
+    assert caught.value.applied is None, caught.value
+    assert took < 0.5 + 0.25, f"{took:.2f} s: the check had a timeout of its own"
 
 
 async def test_add_schedule_answered_duplicate_at_once_raises(scripted: Start) -> None:

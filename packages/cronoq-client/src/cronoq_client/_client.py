@@ -127,12 +127,12 @@ class AsyncClient:
         *,
         idempotent: bool,
         seconds: float | Literal["client"] | None = "client",
-        settle: Callable[[CronoqError], Awaitable[_R]] | None = None,
+        settle: Callable[[CronoqError, float | None], Awaitable[_R]] | None = None,
     ) -> _R:
         """Send until answered, retrying by the rule of ``_retry`` within ``seconds`` (by
         default the client's timeout; None: no deadline). ``settle`` decides a definite answer
         to a repeat of the call when an earlier try may have been applied (returns the
-        result, or raises): the error may be the trace of that earlier try."""
+        result, or raises), within the seconds left: the error may be that try's trace."""
         loop = asyncio.get_running_loop()
         budget = self._timeout if seconds == "client" else seconds
         deadline = None if budget is None else loop.time() + budget
@@ -150,7 +150,8 @@ class AsyncClient:
                 if judge(err, idempotent=idempotent) is Verdict.RAISE:
                     error = error_from_rpc(err)
                     if unknown and settle is not None:
-                        return await settle(error)
+                        left = None if deadline is None else max(0.0, deadline - loop.time())
+                        return await settle(error, left)
                     raise _answer(error, unknown) from err
                 unknown = unknown or (outcome(err) is Outcome.UNKNOWN and not never_sent(err))
                 failed = err
@@ -267,14 +268,22 @@ class AsyncClient:
         the options are those of ``Scheduler.add_schedule``."""
         message = wire.add_schedule_request(self._codec, name, cron, kind=kind, **options)
 
-        async def settle(error: CronoqError) -> pb.ScheduleInfo:
+        async def settle(error: CronoqError, seconds: float | None) -> pb.ScheduleInfo:
             # A repeat whose first try may have made the schedule: the schedule found under
             # its name is that try's if it shows what was asked (a ScheduleInfo shows the cron,
             # zone, kind, pool and policies; not the payload, tags or retry policy).
-            if isinstance(error, DuplicateSchedule):
-                found = await self._schedule_named(message.name)
-                if found is not None and _as_asked(found, message):
-                    return found
+            if not isinstance(error, DuplicateSchedule):
+                raise error
+            try:
+                found = await self._schedule_named(message.name, seconds)
+            except CronoqError as exc:
+                raise SchedulerError(
+                    f"an earlier try may have added schedule {message.name!r}; "
+                    f"it could not be checked: {exc}",
+                    applied=None,
+                ) from exc
+            if found is not None and _as_asked(found, message):
+                return found
             raise error
 
         # Idempotent: a repeat never makes a second schedule (with replace, it replaces the
@@ -286,10 +295,11 @@ class AsyncClient:
         )
         return wire.schedule_info_from_pb(reply)
 
-    async def _schedule_named(self, name: str) -> pb.ScheduleInfo | None:
+    async def _schedule_named(self, name: str, seconds: float | None) -> pb.ScheduleInfo | None:
         reply = await self._call(
             lambda stub, timeout: stub.ListSchedules(pb.ListSchedulesRequest(), timeout=timeout),
             idempotent=True,
+            seconds=seconds,
         )
         return next((s for s in reply.schedules if s.name == name), None)
 
@@ -312,7 +322,7 @@ class AsyncClient:
         """Remove a schedule; tasks it already created carry on."""
         message = pb.RemoveScheduleRequest(name=_name(name))
 
-        async def settle(error: CronoqError) -> pb.RemoveScheduleResponse:
+        async def settle(error: CronoqError, seconds: float | None) -> pb.RemoveScheduleResponse:
             # A repeat whose first try may have removed it: gone is what was asked.
             if isinstance(error, ScheduleNotFound):
                 return pb.RemoveScheduleResponse()
