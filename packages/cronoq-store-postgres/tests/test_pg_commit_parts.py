@@ -8,7 +8,7 @@ import time
 
 import pytest
 from pg_fault_helpers import config, query
-from pg_harness import DSN
+from pg_harness import DSN, drop_schema, new_schema
 
 from cronoq import Status
 from cronoq.errors import Fenced
@@ -128,3 +128,25 @@ async def test_a_batch_that_landed_before_is_taken_again_as_it_was(schema: str) 
         assert [s.spec.name for s in state.schedules] == ["s"]
     finally:
         await store.close()
+
+
+async def test_a_schema_name_that_looks_like_sql_parameters_is_only_a_name() -> None:
+    # The statement is assembled from parts whose $n are renumbered: a "$1" in the (quoted)
+    # schema name must stay as it is, or the commit would write into another schema.
+    schema = f"{new_schema()}$1$20"
+    store = await PgStore.connect(DSN, config(schema))
+    try:
+        lease = await store.acquire_leadership()
+        await store.recover(lease.epoch, TimeBase(), HOUR_NS)
+        task_id = lease.epoch << 40 | 1
+        batch: list[Mutation] = [
+            TaskSubmitted(task_id, TaskSpec("default", "job", b""), Status.READY, 1),
+            ScheduleSaved(_schedule("s")),
+        ]
+        await store.commit(lease.epoch, batch)
+        await store.commit(lease.epoch, batch)  # again: the ON CONFLICT variant too
+        rows = await query(f"SELECT id FROM {quote_ident(schema)}.cronoq_tasks")
+        assert [row["id"] for row in rows] == [task_id]
+    finally:
+        await store.close()
+        await drop_schema(schema)

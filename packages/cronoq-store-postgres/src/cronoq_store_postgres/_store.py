@@ -58,6 +58,8 @@ log = logging.getLogger("cronoq.postgres")
 NS = 1_000_000_000
 _T = TypeVar("_T")
 ID_CLASH = "id of a new task already taken:"
+_CONFLICT = "\x00on-conflict\x00"
+"""Where the ON CONFLICT clause goes: NUL, which no schema name holds (the config refuses it)."""
 _PART_ARRAYS = (16, 9, 5, 1)
 """How many arrays each part of the commit statement takes."""
 
@@ -113,7 +115,7 @@ class _Sql:
                     $16::boolean[])
                     AS u(id, pool, kind, key, payload, options, after, status, attempt, message,
                         submitted, updated, due, finished, output, cancel)
-                WHERE EXISTS (SELECT FROM fence){{conflict}}
+                WHERE EXISTS (SELECT FROM fence){_CONFLICT}
             )""",
             f"""changed AS (
                 UPDATE {s}.cronoq_tasks AS t SET
@@ -200,12 +202,16 @@ class _Sql:
             sql = (
                 ", ".join([self._commit_head, *parts]) + "\n            SELECT count(*) FROM fence"
             )
-            sql = sql.replace("{conflict}", self._on_conflict if taken_ids else "")
+            # The marker is in the new tasks' part only, after the schema's every mention.
+            before, marker, after = sql.rpartition(_CONFLICT)
+            if marker:
+                sql = before + (self._on_conflict if taken_ids else "") + after
             self._commits[present, taken_ids] = sql
         return sql
 
 
-_PARAMETER = re.compile(r"\$(\d+)")
+# A part's parameters, each cast to its array type: a "$1" in a (quoted) schema name is not one.
+_PARAMETER = re.compile(r"\$(\d+)(?=::)")
 
 
 def _renumbered(sql: str, offset: int) -> str:
