@@ -272,3 +272,5 @@ async def test_an_attempt_lost_with_its_worker_is_forgotten_by_the_driver() -> N
         executing = sched._driver._executing  # white box: the driver's attempts in flight
         assert first.token not in executing
         assert second.token in executing
+        leased = sched._remote._leased  # and the remote executor's
+        assert first.token not in leased and second.token in leased

@@ -349,7 +349,11 @@ class Driver:
         for cancel in result.cancels:
             self._executors[cancel.pool].cancel(cancel.token, cancel.reason)
         for token in result.expired:
-            self._executing.pop(token, None)  # its worker is gone: no rebuild may adopt it
+            # Its worker is gone or will hear it is stale: no rebuild may hold it again.
+            pool = self._executing.pop(token, None)
+            executor = None if pool is None else self._executors.get(pool)
+            if executor is not None:
+                executor.expired(token)
         for item in inputs:
             if isinstance(item, WaitTask) and item.timeout_s is not None:
                 self._arm_wait_timeout(item, item.timeout_s)

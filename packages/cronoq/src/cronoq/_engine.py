@@ -380,8 +380,8 @@ class StepResult:
     dispatches: list[Dispatch] = field(default_factory=list)
     cancels: list[CancelAttempt] = field(default_factory=list)
     expired: list[AttemptToken] = field(default_factory=list)
-    """Stopped leased attempts whose lease ended without a report: no report of theirs is
-    awaited any more (one that comes is stale)."""
+    """Stopped leased attempts whose lease ended without a report, and attempts a rebuild does
+    not hold again: no report of theirs is awaited any more (one that comes is stale)."""
     next_wake_ns: int | None = None
 
 
@@ -1391,12 +1391,16 @@ class Engine:
         pool_name = inflight.executing[token]
         pool = self._pools.get(pool_name)
         if pool is None:
+            self._out.expired.append(token)  # nothing here can stop it or wait for it
             return
         self._out.cancels.append(CancelAttempt(token, pool_name, reason))
         lease = pool.config.lease_ns
         latest = task.attempt if task is not None else done.attempt if done is not None else None
         if lease is not None and latest != token.attempt:
-            return  # a later attempt began: this one had been let go (its lease ended)
+            # A later attempt began, or the task is gone: this one had been let go (its lease
+            # ended), and nothing waits for its report.
+            self._out.expired.append(token)
+            return
         pool.running += 1
         self._zombies[token.task_id] = (token, pool_name)
         if lease is not None:

@@ -72,6 +72,11 @@ class Executor(Protocol):
         """Ask the attempt to stop; it still reports (a cancelled failure, or its outcome)."""
         ...
 
+    def expired(self, token: AttemptToken) -> None:
+        """The engine stopped waiting for this stopped attempt (its lease ended): forget it if
+        nothing will report it (a leased attempt whose worker left)."""
+        ...
+
     async def drain(self, timeout: float) -> set[AttemptToken]:
         """Wait up to ``timeout`` for running attempts; return (and stop, without reports) the
         ones still running then. Returns within ``timeout``, whatever the attempts do."""
@@ -129,6 +134,9 @@ class LocalExecutor:
         ctx.cancel_reason = reason
         if self._is_async:
             task.cancel(reason)
+
+    def expired(self, token: AttemptToken) -> None:
+        pass  # a local attempt has no lease: the engine waits for its report
 
     async def drain(self, timeout: float) -> set[AttemptToken]:
         running = dict(self._running)

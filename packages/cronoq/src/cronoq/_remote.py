@@ -291,6 +291,14 @@ class RemoteExecutor:
             # its place until it reports or its lease ends.
             link._put(CancelRequested(token, reason))
 
+    def expired(self, token: AttemptToken) -> None:
+        link = self._leased.get(token)
+        if link is not None and link.closed:
+            # Its worker left: only a reattach naming it could bring it back, and its report
+            # would be stale now. One whose worker is still attached keeps its slot until the
+            # worker reports it or hears it is stale.
+            self._finished(token)
+
     async def drain(self, timeout: float) -> set[AttemptToken]:
         """Wait for every leased attempt to be reported, until ``timeout``; one whose worker
         left and whose lease ended is not waited for (the engine counted it lost)."""
