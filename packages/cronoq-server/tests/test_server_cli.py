@@ -4,6 +4,7 @@ real PostgreSQL schema of their own."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import re
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from server_pg import PG_DSN, pg_schema, pg_tables
+
+from cronoq_server._cli import SERVE_GC_THRESHOLDS, tune_collector
 
 __all__ = ["pg_schema"]  # a fixture: used by name
 COMMAND = str(Path(sys.executable).parent / "cronoq-server")
@@ -277,3 +280,13 @@ async def test_migrate_unreachable_postgres_fails_in_one_line(tmp_path: Path) ->
     (line,) = result.err.splitlines()
     assert line.startswith("cronoq-server migrate: Unavailable: ")
     assert "hunter2" not in line
+
+
+def test_serve_raises_the_collectors_thresholds() -> None:
+    before = gc.get_threshold()
+    try:
+        tune_collector()
+        assert gc.get_threshold() == SERVE_GC_THRESHOLDS
+        assert SERVE_GC_THRESHOLDS[0] > before[0]  # fewer young collections than the default
+    finally:
+        gc.set_threshold(*before)
