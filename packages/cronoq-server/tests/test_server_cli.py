@@ -20,7 +20,7 @@ from pathlib import Path
 
 from server_pg import PG_DSN, pg_schema, pg_tables
 
-from cronoq_server._cli import SERVE_GC_THRESHOLDS, tune_collector
+from cronoq_server._cli import SERVE_GC_THRESHOLDS, event_loop_factory, tune_collector
 
 __all__ = ["pg_schema"]  # a fixture: used by name
 COMMAND = str(Path(sys.executable).parent / "cronoq-server")
@@ -290,3 +290,11 @@ def test_serve_raises_the_collectors_thresholds() -> None:
         assert SERVE_GC_THRESHOLDS[0] > before[0]  # fewer young collections than the default
     finally:
         gc.set_threshold(*before)
+
+
+def test_serve_runs_on_uvloop_unless_told_otherwise() -> None:
+    import uvloop  # a dependency of cronoq-server on this platform
+
+    assert event_loop_factory("auto") is uvloop.new_event_loop
+    assert event_loop_factory("uvloop") is uvloop.new_event_loop
+    assert event_loop_factory("asyncio") is None

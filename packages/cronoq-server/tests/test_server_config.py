@@ -362,6 +362,11 @@ def test_mask_dsn(dsn: str, masked: str) -> None:
             "'keyvalue', 'json'",
         ),
         (
+            "CRONOQ_RUNTIME__EVENT_LOOP", "trio",
+            "runtime.event_loop = 'trio' (from env CRONOQ_RUNTIME__EVENT_LOOP): must be one of "
+            "'auto', 'uvloop', 'asyncio'",
+        ),
+        (
             "CRONOQ_LOGGING__LEVEL", "verbose",
             "logging.level = 'verbose' (from env CRONOQ_LOGGING__LEVEL): must be one of 'debug', "
             "'info', 'warning', 'error', 'critical'",
@@ -388,7 +393,7 @@ def test_mask_dsn(dsn: str, masked: str) -> None:
             "CRONOQ_SERVER__PORT", "1",
             "server.port = '1' (from env CRONOQ_SERVER__PORT): unknown key; the top-level keys "
             "are: commit_timeout_s, drain_timeout_s, keep_finished_s, pools, retention_s; the "
-            "sections: limits, listen, logging, store, tls",
+            "sections: limits, listen, logging, runtime, store, tls",
         ),
         (
             "CRONOQ_POOLS__0__NAME", "a",
@@ -564,7 +569,7 @@ def test_unknown_keys_in_the_file(tmp_path: Path) -> None:
     assert problems(path) == [
         f"keep_finished = 1 (from {path}): unknown key; the top-level keys are: "
         "commit_timeout_s, drain_timeout_s, keep_finished_s, pools, retention_s; the sections: "
-        "limits, listen, logging, store, tls",
+        "limits, listen, logging, runtime, store, tls",
         f"store.lock_poll = 0.5 (from {path}): unknown key; the keys of [store] are: "
         "busy_timeout_s, command_timeout_s, dsn, full_sync, journal_size_limit, keepalive_s, "
         "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, path, pool_size, "
@@ -665,5 +670,6 @@ def test_the_default_configuration_rendered() -> None:
         "listen": {"grpc": "127.0.0.1:50051", "http": "127.0.0.1:8080"},
         "limits": {"max_message_bytes": 4194304},
         "logging": {"format": "keyvalue", "level": "info"},
+        "runtime": {"event_loop": "auto"},
         "pools": [{"name": "default", "concurrency": 1000, "lease_s": 30.0}],
     }

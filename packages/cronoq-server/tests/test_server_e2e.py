@@ -41,6 +41,8 @@ async def _one_leased(
 async def test_a_task_submitted_over_grpc_runs_on_an_attached_worker(tmp_path: Path) -> None:
     async with running_server(tmp_path, config_toml(MEMORY)) as server:
         await server.leading()
+        # The default runtime.event_loop ("auto") with uvloop installed, as it is here.
+        assert server.events("listening")[0]["event_loop"] == "uvloop"
         async with grpc.aio.insecure_channel(server.target) as channel:
             tasks = pb_grpc.SchedulerServiceStub(channel)
             workers = pb_grpc.WorkerServiceStub(channel)

@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import gc
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from cronoq.errors import CronoqError
 from cronoq_server._config import ServerConfig, load_config, open_store, render_config
@@ -63,7 +63,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cronoq_server._server import run
 
     tune_collector()
-    return asyncio.run(run(config))
+    try:
+        loop_factory = event_loop_factory(config.runtime.event_loop)
+    except ImportError as exc:
+        print(f'cronoq-server: runtime.event_loop = "uvloop", but {exc}', file=sys.stderr)
+        return EXIT_INVALID
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(run(config))
+
+
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The loop ``serve`` runs on (None: asyncio's own). uvloop's cheaper callbacks and futures
+    made single-call submissions 10-20% faster (docs/performance.md)."""
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise
+        return None  # auto: where uvloop is not installed (Windows, say)
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 SERVE_GC_THRESHOLDS = (50_000, 20, 100)

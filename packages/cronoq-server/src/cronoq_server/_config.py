@@ -45,6 +45,7 @@ __all__ = [
     "MemoryStoreSettings",
     "PoolSettings",
     "PostgresStoreSettings",
+    "RuntimeSettings",
     "ServerConfig",
     "SqliteStoreSettings",
     "StoreSettings",
@@ -150,6 +151,7 @@ class TlsSettings:
 
 
 LogFormat: TypeAlias = Literal["keyvalue", "json"]
+EventLoop: TypeAlias = Literal["auto", "uvloop", "asyncio"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +159,13 @@ class LoggingSettings:
     format: LogFormat = "keyvalue"
     level: str = "info"
     """One of :data:`LOG_LEVELS`."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSettings:
+    event_loop: EventLoop = "auto"
+    """``auto``: uvloop where it is installed (a dependency on Linux and macOS), else asyncio's
+    own loop; ``uvloop`` requires it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +186,7 @@ class ServerConfig:
     limits: LimitSettings = LimitSettings()
     tls: TlsSettings | None = None
     logging: LoggingSettings = LoggingSettings()
+    runtime: RuntimeSettings = RuntimeSettings()
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """Where each setting came from, by dotted key: a file path, ``env NAME`` or ``default``."""
     ignored_env: tuple[str, ...] = field(default=(), compare=False, repr=False)
@@ -382,6 +392,7 @@ _SECTIONS: dict[str, frozenset[str]] = {
     "limits": frozenset({"max_message_bytes"}),
     "tls": frozenset({"cert", "key"}),
     "logging": frozenset({"format", "level"}),
+    "runtime": frozenset({"event_loop"}),
 }
 _POOL_KEYS: dict[str, _Parser[Any]] = {
     "name": _text,
@@ -535,6 +546,12 @@ class _Loader:
                     LogFormat, self.get("logging.format", _choice(*get_args(LogFormat)), "keyvalue")
                 ),
                 self.get("logging.level", _choice(*LOG_LEVELS, fold_case=True), "info"),
+            ),
+            runtime=RuntimeSettings(
+                cast(
+                    EventLoop,
+                    self.get("runtime.event_loop", _choice(*get_args(EventLoop)), "auto"),
+                )
             ),
             origins=dict(self.origins),
             ignored_env=tuple(self.ignored),
@@ -804,6 +821,8 @@ def render_config(config: ServerConfig) -> str:
     lines += ["", "[logging]"]
     put("format", config.logging.format, "logging.format")
     put("level", config.logging.level, "logging.level")
+    lines += ["", "[runtime]"]
+    put("event_loop", config.runtime.event_loop, "runtime.event_loop")
     for pool in config.pools:
         lines += ["", f"[[pools]]  # {origins.get('pools', 'default')}"]
         for f in dataclasses.fields(pool):

@@ -192,7 +192,8 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
     replica.on_change(changed)
     await endpoint.start()
     await http.start()
-    lifecycle("listening", grpc_port=endpoint.port, http_port=http.port)
+    loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio
+    lifecycle("listening", grpc_port=endpoint.port, http_port=http.port, event_loop=loop)
     _install_signals(replica)
     if ready is not None:
         ready.set()
