@@ -198,7 +198,8 @@ class StoreSuite:
         store = await cluster.open()
         await store.acquire_leadership()
         await store.release_leadership()
-        await asyncio.wait_for(store.leadership_lost(), cluster.leadership_timeout)
+        reason = await asyncio.wait_for(store.leadership_lost(), cluster.leadership_timeout)
+        assert reason is None, f"a release is no loss to explain: leadership_lost() -> {reason!r}"
 
     async def test_a_paused_leader_that_was_replaced_finds_out_when_it_resumes(
         self, cluster: StoreHarness
@@ -218,12 +219,14 @@ class StoreSuite:
         second_epoch = lease.epoch
         await second.recover(second_epoch, TimeBase(), HOUR_NS)
         try:
-            await asyncio.wait_for(first.leadership_lost(), cluster.leadership_timeout)
+            reason = await asyncio.wait_for(first.leadership_lost(), cluster.leadership_timeout)
         except TimeoutError:
             raise AssertionError(
                 "a leader resumed after another instance took over must notice (its lease "
                 "renewal must check who holds the lease), not renew as if it still led"
             ) from None
+        # Why, if the store says: the scheduler stops with it (None: a generic Fenced).
+        assert reason is None or isinstance(reason, Fenced | StoreFatal), reason
         with pytest.raises(StoreError):
             await first.commit(first_epoch, [submitted(1, now_ns())])
         await second.commit(second_epoch, [submitted(2, now_ns())])
