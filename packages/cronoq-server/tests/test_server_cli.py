@@ -4,6 +4,7 @@ real PostgreSQL schema of their own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -55,7 +56,8 @@ async def cronoq_server(
 
 
 def sqlite_tables(path: Path) -> set[str]:
-    with sqlite3.connect(path) as conn:
+    # closing(): a Connection's own context manager ends the transaction, not the connection.
+    with contextlib.closing(sqlite3.connect(path)) as conn:
         rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
     return {name for (name,) in rows}
 
