@@ -1232,16 +1232,17 @@ def _raw(method: Any) -> st.SearchStrategy[bytes]:
     return st.binary(max_size=64) | spliced
 
 
+_FUZZ_SETTINGS = settings(
+    max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), database=None
+)
+"""Each fuzz test: calls on a real server from a thread, no example database."""
+
+
 async def test_arbitrary_bytes_never_get_internal_or_unknown(fuzz_server: ServerProcess) -> None:
     def fuzz() -> None:
         with grpc.insecure_channel(fuzz_server.target) as channel:
 
-            @settings(
-                max_examples=100,
-                deadline=None,
-                suppress_health_check=list(HealthCheck),
-                database=None,
-            )
+            @_FUZZ_SETTINGS
             @given(st.data())
             def check(data: st.DataObject) -> None:
                 _, method = data.draw(st.sampled_from(METHODS))
@@ -1259,12 +1260,7 @@ async def test_arbitrary_field_values_never_get_internal_or_unknown(
     def fuzz() -> None:
         with grpc.insecure_channel(fuzz_server.target) as channel:
 
-            @settings(
-                max_examples=100,
-                deadline=None,
-                suppress_health_check=list(HealthCheck),
-                database=None,
-            )
+            @_FUZZ_SETTINGS
             @given(st.data())
             def check(data: st.DataObject) -> None:
                 _, method = data.draw(st.sampled_from(METHODS))
