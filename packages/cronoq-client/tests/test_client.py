@@ -517,7 +517,15 @@ async def test_a_closed_client_refuses_calls(scripted: Start) -> None:
 
 
 @pytest.mark.parametrize(
-    "bad", [{"timeout": 0}, {"timeout": True}, {"max_message_bytes": 0}, {"tls": "yes"}]
+    "bad",
+    [
+        {"timeout": 0},
+        {"timeout": True},
+        {"max_message_bytes": 0},
+        {"max_message_bytes": 2**31},
+        {"max_message_bytes": 1.5},
+        {"tls": "yes"},
+    ],
 )
 def test_constructor_options_are_checked(bad: dict[str, Any]) -> None:
     with pytest.raises(InvalidArgument):

@@ -37,7 +37,7 @@ from cronoq import (
     TaskError,
     TaskRequest,
 )
-from cronoq.errors import CronoqError, SchedulerError
+from cronoq.errors import CronoqError, InvalidArgument, SchedulerError
 from cronoq_client import AsyncClient
 from cronoq_client._reports import Reports
 from cronoq_client._worker import MAX_MESSAGE, Worker
@@ -752,3 +752,21 @@ async def test_a_report_call_ended_by_a_closed_channel_is_answered_and_the_queue
     assert accepted is None
     assert stub.calls == [1, 1]
     await reports.close()
+
+
+async def test_a_worker_whose_message_limit_is_below_the_servers_is_refused(server: Real) -> None:
+    # The server takes 4 MiB payloads: a worker that cannot receive them would break its
+    # stream on the first large attempt, and again at every retry.
+    worker = Worker(server.target, {"default": _noop}, max_message_bytes=64 * 1024)
+    with pytest.raises(InvalidArgument, match="below the server's limit of 4194304"):
+        await asyncio.wait_for(worker.run(), WAIT_S)
+
+
+async def _noop(ctx: TaskContext, payload: bytes | None) -> None:
+    return None
+
+
+@pytest.mark.parametrize("limit", [0, 2**31, True, "4MiB"])
+def test_the_workers_message_limit_is_checked(limit: Any) -> None:
+    with pytest.raises(InvalidArgument, match="max_message_bytes"):
+        Worker("127.0.0.1:1", {"default": _noop}, max_message_bytes=limit)

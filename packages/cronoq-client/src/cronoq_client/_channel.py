@@ -13,7 +13,22 @@ from grpc import aio
 from cronoq.errors import InvalidArgument
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 
-__all__ = ["Channels", "Connection", "closed_under_call"]
+__all__ = ["Channels", "Connection", "closed_under_call", "message_limit"]
+
+MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
+"""gRPC's limit: message lengths are signed 32-bit."""
+
+
+def message_limit(value: object) -> int:
+    """``max_message_bytes`` of a client or worker, checked."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"max_message_bytes must be an int, got {type(value).__name__}")
+    if not 1 <= value <= MAX_GRPC_MESSAGE_BYTES:
+        raise InvalidArgument(
+            f"max_message_bytes must be from 1 to {MAX_GRPC_MESSAGE_BYTES}, got {value}"
+        )
+    return value
+
 
 CLOSED_UNDER_CALL = "the connection was closed while the call was in flight (a reconnect)"
 

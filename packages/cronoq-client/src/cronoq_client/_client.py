@@ -30,7 +30,13 @@ from cronoq.errors import (
     SchedulerStopped,
 )
 from cronoq_client import _wire as wire
-from cronoq_client._channel import CLOSED_UNDER_CALL, Channels, closed_under_call, targets_of
+from cronoq_client._channel import (
+    CLOSED_UNDER_CALL,
+    Channels,
+    closed_under_call,
+    message_limit,
+    targets_of,
+)
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 from cronoq_client._retry import Backoff, Verdict, judge, never_sent
@@ -78,12 +84,7 @@ class AsyncClient:
     ) -> None:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
-            raise InvalidArgument(
-                f"max_message_bytes must be an int, got {type(max_message_bytes).__name__}"
-            )
-        if max_message_bytes < 1:
-            raise InvalidArgument(f"max_message_bytes must be positive, got {max_message_bytes}")
+        max_message_bytes = message_limit(max_message_bytes)
         if tls is True:
             credentials: grpc.ChannelCredentials | None = grpc.ssl_channel_credentials()
         elif tls is None or tls is False:

@@ -49,6 +49,7 @@ from cronoq_client._channel import (
     Channels,
     Connection,
     closed_under_call,
+    message_limit,
     targets_of,
 )
 from cronoq_client._client import DEFAULT_MAX_MESSAGE_BYTES
@@ -117,7 +118,9 @@ class Worker:
     ``AsyncClient``). ``pools`` maps each remote pool's name to its function. ``codec`` decodes
     payloads and encodes outputs, as the submitting client's codec does (default
     ``BytesCodec``). ``tls``: channel credentials, or None for plaintext. ``worker_id`` names the
-    worker in the server's logs (default ``host:pid``).
+    worker in the server's logs (default ``host:pid``). ``max_message_bytes``: the largest
+    message its channel takes (default 4 MiB, as the server's); a server whose limit is higher
+    refuses the worker (INVALID_ARGUMENT), since an attempt could be too large for it.
 
     ``await run()`` works until :meth:`stop` (or SIGTERM, when run in the main thread): the first
     stop drains (no new attempt; the running ones finish and report), a second one cancels the
@@ -133,8 +136,10 @@ class Worker:
         codec: Codec | None = None,
         tls: grpc.ChannelCredentials | None = None,
         worker_id: str | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         targets = targets_of(target)
+        self._max_message_bytes = message_limit(max_message_bytes)
         if not isinstance(pools, Mapping) or not pools:
             raise InvalidArgument("pools must map at least one pool name to its function")
         for name, fn in pools.items():
@@ -147,10 +152,10 @@ class Worker:
         self._slots = slots
         self._codec: Codec = codec if codec is not None else BytesCodec()
         self._channels = Channels(
-            targets, tls, DEFAULT_MAX_MESSAGE_BYTES, retire_grace=_CHANNEL_CLOSE_GRACE_S
+            targets, tls, self._max_message_bytes, retire_grace=_CHANNEL_CLOSE_GRACE_S
         )
         self._stubs: tuple[int, pb_grpc.WorkerServiceAsyncStub] | None = None
-        self._reports = Reports(self._current, DEFAULT_MAX_MESSAGE_BYTES)
+        self._reports = Reports(self._current, self._max_message_bytes)
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._attempts: dict[AttemptToken, _Attempt] = {}
         self._leases: dict[str, float] = {}
@@ -263,7 +268,7 @@ class Worker:
                 self._pools,
                 self._slots,
                 running=tuple(self._attempts),
-                max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES,
+                max_message_bytes=self._max_message_bytes,
             )
             call = stub.Attach(request)
             try:

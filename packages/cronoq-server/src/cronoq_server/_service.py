@@ -241,13 +241,19 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
             sched = self._replica.leader(leasing=True)
             options = wire.attach_kwargs(request)
             worker_limit = wire.attach_message_limit(request)
+            if worker_limit is not None and worker_limit < self._max_message_bytes:
+                # An attempt as large as the server takes would break this worker's stream,
+                # again at every retry: refused now, with what to change.
+                raise InvalidArgument(
+                    f"this worker accepts messages of at most {worker_limit} bytes, below "
+                    f"the server's limit of {self._max_message_bytes}: an attempt could be too "
+                    "large for it (raise the worker's max_message_bytes)"
+                )
             link = sched.attach(**options)
         except Exception as exc:
             await _abort(context, exc)
             return
         log.info("worker attached", extra={"worker": request.worker_id, "pools": options["pools"]})
-        # The worker's channel refuses a larger message (the stream would break).
-        limit = min(self._max_message_bytes, worker_limit or self._max_message_bytes)
         # Taken from the link but left for the next message (it would not fit in this one).
         carried: LeasedAttempt | CancelRequested | None = None
         try:
@@ -268,7 +274,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                     event = await link.next()
                     encoded = wire.worker_event_to_pb(event)
                     size += encoded.ByteSize() + _EVENT_FRAMING_BYTES
-                    if size > limit:
+                    if size > self._max_message_bytes:
                         carried = event
                         break
                     message.events.append(encoded)

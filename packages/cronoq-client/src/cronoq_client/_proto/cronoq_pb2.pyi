@@ -1136,8 +1136,9 @@ class AttachRequest(_message.Message):
     slots: _builtins.int
     """Most attempts leased to this worker at once, over all its pools."""
     max_message_bytes: _builtins.int
-    """The largest stream message this worker accepts (its channel's receive limit): the server
-    puts no more attempts in one message than fit. 0: the server's own limit.
+    """The largest stream message this worker accepts (its channel's receive limit). A server
+    whose own limit is higher refuses the attachment (INVALID_ARGUMENT): an attempt could be
+    too large for this worker. 0: not said.
     """
     @_builtins.property
     def pools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
