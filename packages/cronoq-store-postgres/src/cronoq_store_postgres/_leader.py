@@ -27,6 +27,7 @@ import time
 import asyncpg
 
 from cronoq.errors import Fenced
+from cronoq.store import LeadershipLoss
 from cronoq_store_postgres._config import PgStoreConfig
 from cronoq_store_postgres._direct import verify_direct
 from cronoq_store_postgres._errors import CLASSIFIED, classify, rejects_startup_parameters
@@ -61,9 +62,7 @@ class LockSession:
         self._key = key
         self._conn: asyncpg.Connection | None = None
         self._keepalive: asyncio.Task[None] | None = None
-        self.lost = asyncio.Event()
-        self.lost_reason: Fenced | None = None
-        """Why the lock was lost (None: released)."""
+        self.lost = LeadershipLoss()
 
     async def acquire(self) -> None:
         """Block until this session holds the lock; then watch the session."""
@@ -77,8 +76,7 @@ class LockSession:
                     raise classify(exc, "opening the advisory lock session") from exc
                 log.debug("advisory lock attempt failed, trying again: %s", exc)
             await asyncio.sleep(self._config.lock_poll)
-        self.lost = asyncio.Event()
-        self.lost_reason = None
+        self.lost = LeadershipLoss()
         self._keepalive = asyncio.get_running_loop().create_task(self._watch())
 
     async def _try_lock(self) -> bool:
@@ -127,9 +125,7 @@ class LockSession:
             answered = time.monotonic()
 
     def _step_down(self, reason: Fenced | None = None) -> None:
-        if not self.lost.is_set():
-            self.lost_reason = reason
-        self.lost.set()
+        self.lost.lose(reason)
         current = asyncio.current_task()
         if self._keepalive is not None and self._keepalive is not current:
             self._keepalive.cancel()

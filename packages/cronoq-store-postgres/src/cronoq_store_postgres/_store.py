@@ -27,7 +27,7 @@ from typing import TypeVar
 
 import asyncpg
 
-from cronoq.errors import Fenced, InvalidArgument, StoreError, StoreFatal, Unavailable
+from cronoq.errors import CronoqError, Fenced, InvalidArgument, StoreError, StoreFatal, Unavailable
 from cronoq.store import (
     RECOVERY_COLUMNS,
     TASK_COLUMNS,
@@ -329,9 +329,8 @@ class PgStore:
             self._unsettled = False
         return int(row["epoch"])
 
-    async def leadership_lost(self) -> Fenced | None:
-        await self._lock_session.lost.wait()
-        return self._lock_session.lost_reason
+    async def leadership_lost(self) -> CronoqError | None:
+        return await self._lock_session.lost.wait()
 
     async def release_leadership(self) -> None:
         self._stop_leading()
@@ -349,7 +348,7 @@ class PgStore:
 
     def _check_leading(self, epoch: int | None) -> None:
         if self._lock_session.lost.is_set() or epoch is None or self._epoch != epoch:
-            why = self._lock_session.lost_reason
+            why = self._lock_session.lost.reason
             raise Fenced(
                 f"epoch {epoch} no longer leads the schema {self._config.schema!r}"
                 + ("" if why is None else f": {why}")

@@ -37,6 +37,7 @@ from cronoq.errors import (
 from cronoq.store import (
     RECOVERY_COLUMNS,
     TASK_COLUMNS,
+    LeadershipLoss,
     Lease,
     Mutation,
     RecoveredState,
@@ -117,8 +118,7 @@ class SqliteStore:
         self._lease_lock = asyncio.Lock()
         self._holder = uuid.uuid4().hex
         self._epoch: int | None = None
-        self._lost = asyncio.Event()
-        self._lost_reason: CronoqError | None = None
+        self._lost = LeadershipLoss()
         self._time_base = TimeBase()
         self._renewal: asyncio.Task[None] | None = None
         self._pruning: asyncio.Task[None] | None = None
@@ -253,8 +253,7 @@ class SqliteStore:
                 epoch = None
             if epoch is not None:
                 self._epoch = epoch
-                self._lost = asyncio.Event()
-                self._lost_reason = None
+                self._lost = LeadershipLoss()
                 self._renewal = asyncio.get_running_loop().create_task(self._renew_lease())
                 self._pruning = asyncio.get_running_loop().create_task(self._prune_regularly())
                 return Lease(epoch)
@@ -328,9 +327,7 @@ class SqliteStore:
     def _step_down(self, reason: CronoqError | None = None) -> None:
         """Stop leading; ``reason``: why, for ``leadership_lost`` (None: released)."""
         self._epoch = None
-        if not self._lost.is_set():
-            self._lost_reason = reason
-        self._lost.set()
+        self._lost.lose(reason)
         current = asyncio.current_task()
         for task in (self._renewal, self._pruning):
             if task is not None and task is not current:
@@ -338,8 +335,7 @@ class SqliteStore:
         self._renewal = self._pruning = None
 
     async def leadership_lost(self) -> CronoqError | None:
-        await self._lost.wait()
-        return self._lost_reason
+        return await self._lost.wait()
 
     async def release_leadership(self) -> None:
         if self._epoch is None or self._closed:

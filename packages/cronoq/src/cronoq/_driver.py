@@ -112,7 +112,6 @@ class Driver:
         self._committing: StepResult | None = None
         self._last_unavailable = ""
         self.stopped = asyncio.Event()
-        self.lost = asyncio.Event()
         self.failure: BaseException | None = None
         self.commits = 0  # committed steps, for tests and diagnostics
         self.counters = Counters()  # kept across the engines a rebuild replaces
@@ -545,8 +544,6 @@ class Driver:
             return
         self._accepting = False
         self.failure = failure
-        if isinstance(failure, Fenced):
-            self.lost.set()
         error = self.failure_error()
         self._fail_waiting_callers(error)
         for item in self._inbox:  # no engine will apply them now: their callers are told

@@ -23,6 +23,7 @@ from cronoq import _validate as check
 from cronoq.errors import CronoqError, Fenced, StoreFatal, Unavailable
 from cronoq.store import (
     CancelRequested,
+    LeadershipLoss,
     Lease,
     Mutation,
     RecoveredState,
@@ -232,8 +233,7 @@ class MemoryStore:
         self._cluster = _cluster
         self._id = next(self._cluster.instance_ids)
         self._epoch: int | None = None
-        self._lost = asyncio.Event()
-        self._lost_reason: CronoqError | None = None
+        self._lost = LeadershipLoss()
         self._time_base = TimeBase()
 
     def connect_another(self) -> MemoryStore:
@@ -276,7 +276,7 @@ class MemoryStore:
         if cluster.leader is None and cluster.epoch == epoch:
             cluster.leader = self._id
         else:
-            self._lose(Fenced(f"epoch {epoch} was taken over while this instance was paused"))
+            self._lost.lose(Fenced(f"epoch {epoch} was taken over while this instance was paused"))
 
     def fail_commits_fatally(self) -> None:
         """Make every later commit of this instance fail as a revoked privilege would."""
@@ -295,23 +295,16 @@ class MemoryStore:
         cluster.leader = self._id
         cluster.epoch += 1
         self._epoch = cluster.epoch
-        self._lost = asyncio.Event()
-        self._lost_reason = None
+        self._lost = LeadershipLoss()
         return Lease(cluster.epoch)
 
     async def leadership_lost(self) -> CronoqError | None:
-        await self._lost.wait()
-        return self._lost_reason
-
-    def _lose(self, reason: CronoqError | None) -> None:
-        if not self._lost.is_set():
-            self._lost_reason = reason
-        self._lost.set()
+        return await self._lost.wait()
 
     async def release_leadership(self) -> None:
         if self._cluster.leader == self._id:
             self._cluster.leader = None
-            self._lose(None)
+            self._lost.lose()
             self._cluster.wake_waiting()
 
     async def close(self) -> None:
@@ -320,7 +313,7 @@ class MemoryStore:
     def _fence(self, epoch: int) -> None:
         if epoch != self._cluster.epoch or self._cluster.leader != self._id:
             fenced = Fenced(f"epoch {epoch} is stale; the cluster is at {self._cluster.epoch}")
-            self._lose(fenced)
+            self._lost.lose(fenced)
             raise fenced
 
     async def recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:

@@ -56,6 +56,7 @@ __all__ = [
     "CancelRequested",
     "CollapsedBatch",
     "Fenced",
+    "LeadershipLoss",
     "Lease",
     "Mutation",
     "NewTask",
@@ -117,6 +118,33 @@ async def shielded(operation: Coroutine[Any, Any, _T]) -> _T:
     # Nobody may be left to read its outcome: do not warn about an unretrieved exception.
     task.add_done_callback(lambda done: done.cancelled() or done.exception())
     return await asyncio.shield(task)
+
+
+class LeadershipLoss:
+    """What a store's ``leadership_lost()`` waits for: set once, keeping the first reason
+    given (a later step-down, say the release that follows a takeover, does not replace it)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._reason: CronoqError | None = None
+
+    def lose(self, reason: CronoqError | None = None) -> None:
+        """Leadership is lost (None: released, no loss to explain)."""
+        if not self._event.is_set():
+            self._reason = reason
+            self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    @property
+    def reason(self) -> CronoqError | None:
+        return self._reason
+
+    async def wait(self) -> CronoqError | None:
+        """Once lost: the reason, as ``Store.leadership_lost`` returns it."""
+        await self._event.wait()
+        return self._reason
 
 
 @dataclass(frozen=True, slots=True)
