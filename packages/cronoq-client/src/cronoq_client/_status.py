@@ -351,7 +351,8 @@ def error_from_report_result(result: pb.ReportResult) -> CronoqError | None:
         return None
     try:
         reason = Reason(result.reason)
-    except ValueError:  # a reason of a newer server: a refusal all the same
+    except ValueError:  # a reason of a newer server: nothing this client can judge, so the
+        # worker treats it as it treats any SchedulerError (retried while the lease lasts)
         return SchedulerError(f"{result.reason}: {result.message}", applied=False)
     return _BY_REASON[reason](result.message, result.metadata)
 

@@ -9,10 +9,10 @@ failure with the reason.
 The worker holds one Attach stream (attempts and cancellations arrive on it, a batch per
 message under load) and makes unary Heartbeat and ReportMany calls (the reports that finish
 while one call is in flight leave together in the next: ``_reports.py``), each on whatever
-connection is current. When the stream ends or
-fails, it opens a new connection (the next target, when there are several, so that a balancer
-picks a replica again) after a backoff with full jitter, and reattaches naming the attempts it
-still runs, which it goes on heartbeating and reporting.
+connection is current. When the stream ends or fails, it opens a new connection (the next
+target, when there are several, so that a balancer picks a replica again) after a backoff with
+full jitter, and reattaches naming the attempts it still runs, which it goes on heartbeating
+and reporting.
 """
 
 from __future__ import annotations
