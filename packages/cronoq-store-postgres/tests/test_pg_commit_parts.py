@@ -131,7 +131,7 @@ async def test_a_batch_that_landed_before_is_taken_again_as_it_was(schema: str) 
 
 
 async def test_a_schema_name_that_looks_like_sql_parameters_is_only_a_name() -> None:
-    # The statement is assembled from parts whose $n are renumbered: a "$1" in the (quoted)
+    # The statement is assembled from parts and numbered parameters: a "$1" in the (quoted)
     # schema name must stay as it is, or the commit would write into another schema.
     schema = f"{new_schema()}$1$20"
     store = await PgStore.connect(DSN, config(schema))

@@ -1,11 +1,7 @@
 """PgStore: the ``Store`` protocol over PostgreSQL, through asyncpg.
 
-Every batch is ONE statement (one round trip; a second only when a new task's id is taken, see
-``_Sql``): the batch is folded into the final state of each row it touches (``collapse_batch``)
-and written with ``unnest`` arrays, every part gated on an ``UPDATE ... WHERE epoch = $2 AND
-generation = $3`` of the leader row. That row lock makes a concurrent takeover (which bumps the
-row) wait until the commit is over. Every other write (pruning, quarantine) is gated on the same
-row in its own statement.
+Every batch is ONE statement (``_commit``), gated on the leader row's epoch and generation.
+Every other write (pruning, quarantine) is gated on the same row in its own statement.
 
 The generation fences this leader's own writes whose outcome it never learned. A statement
 whose connection broke or timed out may still be running on the server, and commit later; the
@@ -20,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
@@ -41,11 +36,10 @@ from cronoq.store import (
     decode_looked_up_record,
     decode_schedule_spec,
     decode_task_record,
-    encode_schedule_spec,
-    encode_task_options,
     prune_in_batches,
     shielded,
 )
+from cronoq_store_postgres._commit import ID_CLASH, CommitStatements
 from cronoq_store_postgres._config import PgStoreConfig
 from cronoq_store_postgres._direct import verify_direct
 from cronoq_store_postgres._errors import CLASSIFIED, CLASSIFIED_OR_BAD_DSN, classify
@@ -57,11 +51,6 @@ __all__ = ["PgStore"]
 log = logging.getLogger("cronoq.postgres")
 NS = 1_000_000_000
 _T = TypeVar("_T")
-ID_CLASH = "id of a new task already taken:"
-_CONFLICT = "\x00on-conflict\x00"
-"""Where the ON CONFLICT clause goes: NUL, which no schema name holds (the config refuses it)."""
-_PART_ARRAYS = (16, 9, 5, 1)
-"""How many arrays each part of the commit statement takes."""
 
 
 class _Sql:
@@ -85,80 +74,7 @@ class _Sql:
                 SELECT 1 FROM {s}.cronoq_leader
                 WHERE id = 1 AND epoch = $1 AND generation = $2 FOR SHARE
             )"""
-        # One statement per batch: atomic on its own, one round trip. Every part is gated on
-        # the fence, so a stale epoch or generation writes nothing; the fence's row lock makes
-        # a takeover's epoch bump wait until this statement is over. A new task whose id holds
-        # another task (ids are never reused: a bug, or a restored backup) must fail the whole
-        # batch, not be dropped by ON CONFLICT; the same batch applied again (the driver
-        # retries one whose outcome it did not learn) is no clash. SQL has no RAISE: the clash
-        # casts a message to integer, and the error carries it. A join against the table
-        # before the insert would do the same, at the cost of a hash of the whole table once
-        # it grows (measured: 500-task batches took 55 ms instead of 31 ms at 20,000 rows).
-        # $1 is the new high-water mark, $2 the epoch, $3 the generation; each part's arrays
-        # follow (its $n counted from 1 here, from after the parts before it in the statement).
-        self._commit_head = f"""
-            WITH fence AS (
-                UPDATE {s}.cronoq_leader SET max_task_id = GREATEST(max_task_id, $1)
-                WHERE id = 1 AND epoch = $2 AND generation = $3 RETURNING epoch
-            )"""
-        self._commit_parts = (
-            f"""new_tasks AS (
-                INSERT INTO {s}.cronoq_tasks AS t (id, pool, kind, key, payload, options, after_ids,
-                    status, attempt, message, submitted_ns, updated_ns, due_ns, finished_ns,
-                    output, cancel_requested)
-                SELECT u.id, u.pool, u.kind, u.key, u.payload, u.options, u.after::bigint[],
-                    u.status, u.attempt, u.message, u.submitted, u.updated, u.due, u.finished,
-                    u.output, u.cancel
-                FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::bytea[],
-                    $6::text[], $7::text[], $8::text[], $9::integer[], $10::text[],
-                    $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[], $15::bytea[],
-                    $16::boolean[])
-                    AS u(id, pool, kind, key, payload, options, after, status, attempt, message,
-                        submitted, updated, due, finished, output, cancel)
-                WHERE EXISTS (SELECT FROM fence){_CONFLICT}
-            )""",
-            f"""changed AS (
-                UPDATE {s}.cronoq_tasks AS t SET
-                    status = COALESCE(u.status, t.status),
-                    attempt = CASE WHEN u.status IS NULL THEN t.attempt ELSE u.attempt END,
-                    message = u.message,
-                    updated_ns = CASE WHEN u.status IS NULL THEN t.updated_ns ELSE u.updated END,
-                    due_ns = CASE WHEN u.status IS NULL THEN t.due_ns ELSE u.due END,
-                    finished_ns = CASE WHEN u.status IS NULL THEN t.finished_ns
-                        ELSE u.finished END,
-                    output = CASE WHEN u.status IS NULL THEN t.output ELSE u.output END,
-                    cancel_requested = t.cancel_requested OR u.cancel
-                FROM unnest($1::bigint[], $2::text[], $3::integer[], $4::text[],
-                    $5::bigint[], $6::bigint[], $7::bigint[], $8::bytea[], $9::boolean[])
-                    AS u(id, status, attempt, message, updated, due, finished, output, cancel)
-                WHERE t.id = u.id AND EXISTS (SELECT FROM fence)
-            )""",
-            f"""saved AS (
-                INSERT INTO {s}.cronoq_schedules (name, spec, next_ns, paused, last_task_id)
-                SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::boolean[],
-                    $5::bigint[])
-                WHERE EXISTS (SELECT FROM fence)
-                ON CONFLICT (name) DO UPDATE SET spec = excluded.spec,
-                    next_ns = excluded.next_ns, paused = excluded.paused,
-                    last_task_id = excluded.last_task_id
-            )""",
-            f"""removed AS (
-                DELETE FROM {s}.cronoq_schedules
-                WHERE name = ANY($1::text[]) AND EXISTS (SELECT FROM fence)
-            )""",
-        )
-        # A batch's new tasks are first inserted plainly; only when one of their ids is taken
-        # does the commit run again with this clause, which tells a batch applied before (the
-        # driver retries one whose outcome it did not learn) from a clash. A plain insert
-        # costs PostgreSQL a quarter less CPU than a speculative one (measured: 2.9 ms instead
-        # of 4.0 ms for 1,000 tasks), and a failed statement writes nothing.
-        self._on_conflict = f"""
-                ON CONFLICT (id) DO UPDATE
-                    SET attempt = ('{ID_CLASH} ' || excluded.id)::integer
-                    WHERE (t.pool, t.kind, t.key, t.submitted_ns)
-                        IS DISTINCT FROM (excluded.pool, excluded.kind, excluded.key,
-                            excluded.submitted_ns)"""
-        self._commits: dict[tuple[tuple[bool, ...], bool], str] = {}
+        self.commit = CommitStatements(s)
         self.recover = f"""
             SELECT {RECOVERY_COLUMNS} FROM {s}.cronoq_tasks
             WHERE finished_ns IS NULL OR finished_ns >= $1 OR id IN (
@@ -186,36 +102,6 @@ class _Sql:
             )
             SELECT (SELECT count(*) FROM fence) AS leading,
                 (SELECT count(*) FROM pruned) AS pruned"""
-
-    def commit(self, present: tuple[bool, ...], *, taken_ids: bool = False) -> str:
-        """The commit statement with the parts of the batch that has ``present`` (new tasks,
-        changes, saved schedules, removed schedules): a part with empty arrays writes nothing,
-        and left out it costs PostgreSQL nothing to plan (planned for every call, see
-        ``plan_cache_mode``). ``taken_ids``: with the ON CONFLICT clause. Built once each."""
-        sql = self._commits.get((present, taken_ids))
-        if sql is None:
-            parts, offset = [], 3
-            for part, count, wanted in zip(self._commit_parts, _PART_ARRAYS, present, strict=True):
-                if wanted:
-                    parts.append(_renumbered(part, offset))
-                    offset += count
-            sql = (
-                ", ".join([self._commit_head, *parts]) + "\n            SELECT count(*) FROM fence"
-            )
-            # The marker is in the new tasks' part only, after the schema's every mention.
-            before, marker, after = sql.rpartition(_CONFLICT)
-            if marker:
-                sql = before + (self._on_conflict if taken_ids else "") + after
-            self._commits[present, taken_ids] = sql
-        return sql
-
-
-# A part's parameters, each cast to its array type: a "$1" in a (quoted) schema name is not one.
-_PARAMETER = re.compile(r"\$(\d+)(?=::)")
-
-
-def _renumbered(sql: str, offset: int) -> str:
-    return _PARAMETER.sub(lambda m: f"${int(m.group(1)) + offset}", sql)
 
 
 class _Connection(asyncpg.Connection):
@@ -398,71 +284,19 @@ class PgStore:
         await shielded(self._commit(epoch, batch))
 
     async def _commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
-        rows = collapse_batch(batch)
-        to_unix = self._time_base.to_unix
-
-        def unix(ns: int | None) -> int | None:
-            return None if ns is None else to_unix(ns)
-
-        new, changes, saved = rows.new_tasks, rows.changes, rows.saved_schedules
-        removed = rows.removed_schedules
-        present = (bool(new), bool(changes), bool(saved), bool(removed))
-        arguments: list[object] = [rows.max_task_id, epoch, None]  # the generation, below
-        if new:
-            arguments += (
-                [t.task_id for t in new],
-                [t.spec.pool for t in new],
-                [t.spec.kind for t in new],
-                [t.spec.key for t in new],
-                [t.spec.payload for t in new],
-                [encode_task_options(t.spec) for t in new],
-                [
-                    "{" + ",".join(map(str, t.spec.after)) + "}" if t.spec.after else "{}"
-                    for t in new
-                ],
-                [t.status.value for t in new],
-                [t.attempt for t in new],
-                [t.message for t in new],
-                [to_unix(t.submitted_ns) for t in new],
-                [to_unix(t.updated_ns) for t in new],
-                [unix(t.due_ns) for t in new],
-                [unix(t.finished_ns) for t in new],
-                [t.output for t in new],
-                [t.cancel_requested for t in new],
-            )
-        if changes:
-            arguments += (
-                [c.task_id for c in changes],
-                [None if c.status is None else c.status.value for c in changes],
-                [c.attempt for c in changes],
-                [c.message for c in changes],
-                [to_unix(c.updated_ns) for c in changes],
-                [unix(c.due_ns) for c in changes],
-                [unix(c.finished_ns) for c in changes],
-                [c.output for c in changes],
-                [c.cancel_requested for c in changes],
-            )
-        if saved:
-            arguments += (
-                [r.spec.name for r in saved],
-                [encode_schedule_spec(r.spec) for r in saved],
-                [to_unix(r.next_ns) for r in saved],
-                [r.paused for r in saved],
-                [r.last_task_id for r in saved],
-            )
-        if removed:
-            arguments.append(removed)
+        commit = self._sql.commit
+        shape, arguments = commit.arguments(collapse_batch(batch), epoch, self._time_base.to_unix)
         async with self._serial:
 
             async def write(conn: Connection) -> int:
                 arguments[2] = self._generation  # as of now: a settle may raise it
                 try:
                     try:
-                        return int(await conn.fetchval(self._sql.commit(present), *arguments))
+                        return int(await conn.fetchval(commit.sql(shape), *arguments))
                     except asyncpg.UniqueViolationError:
                         # A new task's id is taken (the only unique key): the statement wrote
                         # nothing, and the one with ON CONFLICT tells a retry from a clash.
-                        retried = self._sql.commit(present, taken_ids=True)
+                        retried = commit.sql(shape, taken_ids=True)
                         return int(await conn.fetchval(retried, *arguments))
                 except asyncpg.InvalidTextRepresentationError as exc:
                     if ID_CLASH not in str(exc):
