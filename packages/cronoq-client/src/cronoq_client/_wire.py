@@ -415,29 +415,37 @@ def retry_from_pb(message: pb.RetryPolicy) -> RetryPolicy:
 
 # --- TaskRequest ----------------------------------------------------------------------------
 
+_ABSENT = TaskRequest("")
+"""Where a request field is absent from the message, the Scheduler's default: this one's."""
+
 
 def task_request_to_pb(request: object, codec: Codec) -> pb.TaskRequest:
-    """The client's request, its payload encoded by ``codec`` (None: no payload)."""
+    """The client's request, its payload encoded by ``codec`` (None: no payload).
+
+    A field at the request's default is left out of the message, which the server reads as
+    that default: each field set costs about as much as the rest of the message. Only a value
+    of the default's own type is left out, so every other one is checked as before. Fields are
+    checked in the order of ``TaskRequest``, so the first bad one is reported.
+    """
     if not isinstance(request, TaskRequest):
         raise InvalidArgument(f"expected a TaskRequest, got {type(request).__name__}")
-    kind = _text(request.kind, "kind")
-    pool = _text(request.pool, "pool")
+    message = pb.TaskRequest(kind=_text(request.kind, "kind"))
+    pool = request.pool
+    if type(pool) is not str or pool != _ABSENT.pool:
+        message.pool = _text(pool, "pool")
     tags = _texts(request.tags, "tags", "tag")
-    priority = _int64(request.priority, "priority")
-    miss_policy = _enum_to_pb(request.miss_policy, MissPolicy, _MISS, "miss_policy")
-    grace = _duration(request.grace, "grace")
-    after = _int64s(request.after, "after", "a list of task ids", "a dependency id")
-    message = pb.TaskRequest(
-        kind=kind,
-        pool=pool,
-        priority=priority,
-        miss_policy=pb.MissPolicy.ValueType(miss_policy),
-        grace=grace,
-    )
-    # Extended only when not empty: an empty list given to the constructor costs nearly as
-    # much as the rest of the message (the same message either way).
     if tags:
         message.tags.extend(tags)
+    priority = request.priority
+    if type(priority) is not int or priority:
+        message.priority = _int64(priority, "priority")
+    if request.miss_policy is not _ABSENT.miss_policy:
+        miss_policy = _enum_to_pb(request.miss_policy, MissPolicy, _MISS, "miss_policy")
+        message.miss_policy = pb.MissPolicy.ValueType(miss_policy)
+    grace = request.grace
+    if type(grace) is not float or grace != _ABSENT.grace:
+        message.grace.CopyFrom(_duration(grace, "grace"))
+    after = _int64s(request.after, "after", "a list of task ids", "a dependency id")
     if after:
         message.after.extend(after)
     if request.payload is not None:
@@ -470,10 +478,6 @@ def _set_instant(message: pb.TaskRequest, at: str, delay: str, value: object, wh
         )
 
 
-_ABSENT = TaskRequest("")
-"""Where a request field is absent from the message, the Scheduler's default: this one's."""
-
-
 def task_request_from_pb(message: pb.TaskRequest) -> TaskRequest:
     """The request for a Scheduler with BytesCodec: the payload is the client's bytes, or None.
 
@@ -485,6 +489,8 @@ def task_request_from_pb(message: pb.TaskRequest) -> TaskRequest:
     has = message.HasField
     tags = message.tags
     after = message.after
+    start = message.WhichOneof("start_at")
+    deadline = message.WhichOneof("deadline")
     return TaskRequest(
         message.kind,
         message.payload if has("payload") else _ABSENT.payload,
@@ -494,28 +500,24 @@ def task_request_from_pb(message: pb.TaskRequest) -> TaskRequest:
         message.name if has("name") else _ABSENT.name,
         message.priority,
         retry_from_pb(message.retry) if has("retry") else _ABSENT.retry,
-        _instant_from_pb(message, "start_at", "start_time", "start_delay", _ABSENT.start_at),
+        _ABSENT.start_at if start is None else _instant_from_pb(message, start, "start_at"),
         (
             _enum_from_pb(message.miss_policy, _MISS_BACK, "miss_policy")
             if message.miss_policy != pb.MISS_POLICY_UNSPECIFIED
             else _ABSENT.miss_policy
         ),
         _seconds(message.grace, "grace") if has("grace") else _ABSENT.grace,
-        _instant_from_pb(message, "deadline", "deadline_time", "deadline_delay", _ABSENT.deadline),
+        _ABSENT.deadline if deadline is None else _instant_from_pb(message, deadline, "deadline"),
         _seconds(message.timeout, "timeout") if has("timeout") else _ABSENT.timeout,
         tuple(after) if after else (),
     )
 
 
-def _instant_from_pb(
-    message: pb.TaskRequest, what: str, at: str, delay: str, absent: object
-) -> object:
-    which = message.WhichOneof(what)  # type: ignore[call-overload]
-    if which == at:
-        return _datetime(getattr(message, at), what)
-    if which == delay:
-        return _delay(getattr(message, delay), what)
-    return absent
+def _instant_from_pb(message: pb.TaskRequest, which: str, what: str) -> object:
+    """The set member of a start_at or deadline oneof: an instant, or a delay."""
+    if which.endswith("_time"):
+        return _datetime(getattr(message, which), what)
+    return _delay(getattr(message, which), what)
 
 
 def submit_request(request: TaskRequest, codec: Codec) -> pb.SubmitRequest:
