@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cronoq._cron import CronSchedule
+from cronoq._frozen import quick_init
 from cronoq._ids import first_id, last_id
 from cronoq._metrics import Counters, bump
 from cronoq._model import (
@@ -320,6 +321,7 @@ class InFlight:
 # --- outputs ------------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SubmitResult:
     task_id: int

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
+from cronoq._frozen import quick_init
 from cronoq.errors import InvalidArgument
 
 __all__ = [
@@ -184,6 +185,7 @@ def _seconds_to_ns(value: object, what: str) -> int:
 DEFAULT_RETRY = RetryPolicy()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
     """Everything a submission says about a task; persisted once, never changed."""

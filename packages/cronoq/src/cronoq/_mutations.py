@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from cronoq._frozen import quick_init
 from cronoq._model import ScheduleSpec, Status, TaskSpec
 
 __all__ = [
@@ -36,6 +37,7 @@ def sanitize_message(message: str) -> str:
 # --- mutations: what a step persists -------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TaskSubmitted:
     """A new task row. ``status`` is its first status (waiting, scheduled or ready)."""
@@ -46,6 +48,7 @@ class TaskSubmitted:
     submitted_ns: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TaskUpdated:
     """A persisted status change: running, retrying or terminal.
@@ -101,6 +104,7 @@ class ScheduleRemoved:
 Mutation = TaskSubmitted | TaskUpdated | CancelRequested | ScheduleSaved | ScheduleRemoved
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TaskRecord:
     """A task as persisted. ``output`` is filled by lookups, never by ``recover``."""

@@ -39,6 +39,7 @@ from cronoq._engine import (
     TaskSummary,
 )
 from cronoq._executors import Executor, LocalExecutor, TaskFunction
+from cronoq._frozen import quick_init
 from cronoq._memory import MemoryStore
 from cronoq._metrics import SchedulerMetrics
 from cronoq._model import (
@@ -133,6 +134,7 @@ class Pool:
             check.integer(self.max_live, f"pool {self.name!r} max_live", 1, 1 << 40)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TaskRequest:
     """One task to submit: the arguments of :meth:`Scheduler.submit`, for ``submit_many``."""
@@ -156,6 +158,7 @@ class TaskRequest:
     after: Iterable[int] = ()
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class TaskInfo:
     """A task as the scheduler knows it, with its payload and output decoded."""
