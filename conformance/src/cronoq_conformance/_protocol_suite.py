@@ -108,7 +108,8 @@ def _column(rng: random.Random, rows: int, values: Sequence[object]) -> list[Any
     if mode == "same":
         return [rng.choice(values)] * rows
     if mode == "varied":
-        return [values[i % len(values)] for i in range(rows)]
+        start = rng.randrange(len(values))
+        return [values[(start + i) % len(values)] for i in range(rows)]
     return [rng.choice(values) if rng.random() < 0.5 else None for _ in range(rows)]
 
 
@@ -118,15 +119,16 @@ def _varied_batch(rng: random.Random, first_id: int, at: int, names: list[str]) 
     batch: list[Mutation] = []
     n = rng.randint(1, 6)
     keys = _column(rng, n, ["k1", "k2", "k3"])
+    pools = [p or "default" for p in _column(rng, n, ["default", "mail"])]
     kinds = [k or "x" for k in _column(rng, n, ["x", "y", "z"])]
     payloads = [p or b"" for p in _column(rng, n, [b"", b"\x00p", b"q" * 40])]
     tags = [t or () for t in _column(rng, n, [(), ("a",), ("a", "b")])]
     after = [a or () for a in _column(rng, n, [(), (1,), (1, 2)])]
     statuses = [s or Status.READY for s in _column(rng, n, [Status.READY, Status.WAITING])]
     for i in range(n):
-        spec = TaskSpec("default", kinds[i], payloads[i], keys[i], tags[i], after=after[i])
+        spec = TaskSpec(pools[i], kinds[i], payloads[i], keys[i], tags[i], after=after[i])
         batch.append(TaskSubmitted(first_id + i, spec, statuses[i], at + i))
-    touched = rng.sample(range(1, first_id + n), k=min(first_id + n - 1, rng.randint(0, 5)))
+    touched = rng.sample(range(1, first_id + n), k=min(first_id + n - 1, rng.randint(0, 8)))
     outcomes = _column(rng, len(touched), [Status.RUNNING, Status.RETRYING, Status.SUCCEEDED])
     outputs = _column(rng, len(touched), [b"out", b""])
     for task_id, status, output in zip(touched, outcomes, outputs, strict=True):
@@ -403,18 +405,22 @@ class StoreSuite:
         epoch, _ = await self.lead(store)
         reference_epoch, _ = await self.lead(reference)
         at, next_id, names = now_ns(), 1, ["s0", "s1", "s2"]
-        for _ in range(12):
+        for _ in range(30):
             batch = _varied_batch(rng, next_id, at, names)
             next_id += sum(isinstance(m, TaskSubmitted) for m in batch)
             at += 1_000
             await store.commit(epoch, batch)
             await reference.commit(reference_epoch, batch)
         await cluster.crash(store)
-        _, state = await self.lead(await cluster.open())
+        reopened = await cluster.open()
+        _, state = await self.lead(reopened)
         expected = await reference.recover(reference_epoch, TimeBase(), HOUR_NS)
         assert by_id(state) == by_id(expected)
         assert sorted(state.schedules, key=_name) == sorted(expected.schedules, key=_name)
         assert state.max_task_id == expected.max_task_id
+        # Recovery leaves outputs in the store: a lookup reads them too.
+        for task_id in range(1, next_id):
+            assert await reopened.get_task(task_id) == await reference.get_task(task_id)
 
     async def test_a_retry_committed_on_its_own_keeps_its_next_due_time(
         self, cluster: StoreHarness

@@ -24,7 +24,7 @@ from cronoq.store import (
     TaskUpdated,
     TimeBase,
 )
-from cronoq_store_postgres import PgStore
+from cronoq_store_postgres import PgStore, _commit
 from cronoq_store_postgres._schema import quote_ident
 
 HOUR_NS = 3600 * 1_000_000_000
@@ -150,3 +150,36 @@ async def test_a_schema_name_that_looks_like_sql_parameters_is_only_a_name() -> 
     finally:
         await store.close()
         await drop_schema(schema)
+
+
+async def test_batches_of_shapes_past_the_bound_go_as_arrays_and_write_alike(
+    schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Statements with scalar columns are kept for MAX_SHAPES shapes only (each is prepared on
+    every pooled connection); a batch of another shape sends every column as an array."""
+    monkeypatch.setattr(_commit, "MAX_SHAPES", 1)
+    store = await PgStore.connect(DSN, config(schema))
+    try:
+        lease = await store.acquire_leadership()
+        await store.recover(lease.epoch, TimeBase(), HOUR_NS)
+        first = lease.epoch << 40 | 1
+        specs = [
+            [TaskSpec("default", "job", b"a"), TaskSpec("default", "job", b"b")],
+            [TaskSpec("default", "one", b"a"), TaskSpec("mail", "two", b"a", key="k")],
+            [TaskSpec("default", "job", b"a", key="x"), TaskSpec("default", "job", b"a")],
+        ]
+        expected: dict[int, TaskSpec] = {}
+        for batch_specs in specs:
+            batch: list[Mutation] = []
+            for spec in batch_specs:
+                task_id = first + len(expected)
+                batch.append(TaskSubmitted(task_id, spec, Status.READY, 1))
+                expected[task_id] = spec
+            await store.commit(lease.epoch, batch)
+        assert len(store._sql.commit._shapes) == 1
+        for task_id, spec in expected.items():
+            record = await store.get_task(task_id)
+            assert record is not None
+            assert record.spec == spec
+    finally:
+        await store.close()

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from dataclasses import dataclass, field
+import typing
+from dataclasses import InitVar, dataclass, field
 
 import pytest
 
 from cronoq import TaskInfo, TaskRequest
 from cronoq._engine import SubmitResult
 from cronoq._frozen import quick_init
-from cronoq._model import TaskSpec
+from cronoq._model import RetryPolicy, TaskSpec
 from cronoq.store import TaskRecord, TaskSubmitted, TaskUpdated
 
 
@@ -111,6 +112,30 @@ def test_what_it_cannot_reproduce_is_refused() -> None:
     class KeywordOnly:
         a: int
 
-    for cls in (Mutable, NoSlots, Factory, KeywordOnly, int):
+    @dataclass(frozen=True, slots=True)
+    class WithInitVar:
+        a: int
+        scale: InitVar[int] = 1
+
+        def __post_init__(self, scale: int) -> None:
+            pass
+
+    @dataclass(frozen=True, slots=True)
+    class NotInInit:
+        a: int
+        b: int = field(default=0, init=False)
+
+    clashing = dataclasses.make_dataclass(
+        "Clashing", [("__quick_init_set0", int)], frozen=True, slots=True
+    )
+    refused = (Mutable, NoSlots, Factory, KeywordOnly, WithInitVar, NotInInit, clashing, int)
+    for cls in refused:
         with pytest.raises(TypeError):
             quick_init(cls)
+
+
+def test_the_annotations_resolve_in_the_module() -> None:
+    # Strings under `from __future__ import annotations`: documentation tools evaluate them.
+    hints = typing.get_type_hints(TaskRequest.__init__)
+    assert hints == {**typing.get_type_hints(TaskRequest), "return": type(None)}
+    assert inspect.signature(TaskSpec, eval_str=True).parameters["retry"].annotation is RetryPolicy

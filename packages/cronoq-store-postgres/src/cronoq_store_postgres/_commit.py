@@ -11,7 +11,8 @@ one-task batch) is sent as one value, not an array: asyncpg encodes an array ele
 element, asking of each whether it is a nested array (checks in Python), which costs 0.6 to
 1.2 ms for a column of 1,000 values, about 12 ms for the 16 columns of 1,000 new tasks, more
 than PostgreSQL takes to insert them. So the statement depends on the batch's shape (which
-parts it has, which columns vary); each shape is built once.
+parts it has, which columns vary); each shape is built once, and their number is bounded
+(``MAX_SHAPES``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from cronoq.store import CollapsedBatch, encode_schedule_spec, encode_task_options
 
-__all__ = ["ID_CLASH", "CommitStatements", "Shape"]
+__all__ = ["ID_CLASH", "MAX_SHAPES", "STATEMENT_CACHE_SIZE", "CommitStatements", "Shape"]
 
 ID_CLASH = "id of a new task already taken:"
 
@@ -30,6 +31,13 @@ Reference = Callable[[str], str]
 
 Shape = tuple[tuple[bool, ...] | None, ...]
 """Per part: None if the batch has none of its rows, else which of its columns vary."""
+
+MAX_SHAPES = 64
+"""Shapes with scalar columns, per store; a batch of another shape sends every column as an
+array (15 statements at most, by the parts present). Each statement is prepared once on each
+pooled connection: with the ON CONFLICT variants and the store's other statements they stay
+within the pool's statement cache (``STATEMENT_CACHE_SIZE``), so no commit prepares again."""
+STATEMENT_CACHE_SIZE = 2 * (MAX_SHAPES + 16) + 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +178,8 @@ class CommitStatements:
                         IS DISTINCT FROM (excluded.pool, excluded.kind, excluded.key,
                             excluded.submitted_ns)"""
         self._built: dict[tuple[Shape, bool], str] = {}
+        self._shapes: set[Shape] = set()
+        """The shapes with scalar columns taken so far, at most MAX_SHAPES."""
 
     def sql(self, shape: Shape, *, taken_ids: bool = False) -> str:
         """The statement for batches of this shape (``taken_ids``: with ON CONFLICT). Parts
@@ -203,17 +213,23 @@ class CommitStatements:
     ) -> tuple[Shape, list[object]]:
         """The batch's shape and the statement's arguments; the third, the generation, is
         None here (it is the store's as of the write)."""
+        parts = self._columns(rows, unix)
+        # The key column is always an array: the rows' count is its length.
+        shape = tuple(
+            None if columns is None else (True, *(_varying(c) for c in columns[1:]))
+            for columns in parts
+        )
+        if shape not in self._shapes:
+            if len(self._shapes) < MAX_SHAPES:
+                self._shapes.add(shape)
+            else:
+                # Every column an array: the statement of the parts alone, as before shapes.
+                shape = tuple(None if c is None else (True,) * len(c) for c in parts)
         arguments: list[object] = [rows.max_task_id, epoch, None]
-        shape: list[tuple[bool, ...] | None] = []
-        for columns in self._columns(rows, unix):
-            if columns is None:
-                shape.append(None)
-                continue
-            # The key column is always an array: the rows' count is its length.
-            varying = (True, *(_varying(c) for c in columns[1:]))
-            shape.append(varying)
-            arguments += (c if v else c[0] for c, v in zip(columns, varying, strict=True))
-        return tuple(shape), arguments
+        for columns, varying in zip(parts, shape, strict=True):
+            if columns is not None and varying is not None:
+                arguments += (c if v else c[0] for c, v in zip(columns, varying, strict=True))
+        return shape, arguments
 
     @staticmethod
     def _columns(

@@ -39,7 +39,7 @@ from cronoq.store import (
     prune_in_batches,
     shielded,
 )
-from cronoq_store_postgres._commit import ID_CLASH, CommitStatements
+from cronoq_store_postgres._commit import ID_CLASH, STATEMENT_CACHE_SIZE, CommitStatements
 from cronoq_store_postgres._config import PgStoreConfig
 from cronoq_store_postgres._direct import verify_direct
 from cronoq_store_postgres._errors import CLASSIFIED, CLASSIFIED_OR_BAD_DSN, classify
@@ -162,6 +162,7 @@ class PgStore:
                 min_size=1,
                 max_size=config.pool_size,
                 connection_class=_Connection,
+                statement_cache_size=STATEMENT_CACHE_SIZE,
                 command_timeout=config.command_timeout,
                 timeout=config.session_timeout,
                 server_settings={**settings, "application_name": "cronoq"},
