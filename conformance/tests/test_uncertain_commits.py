@@ -30,7 +30,16 @@ from cronoq import (
     WaitTimedOut,
 )
 from cronoq.errors import StaleAttempt, StoreFatal
-from cronoq.store import Mutation, RecoveredState, TimeBase
+from cronoq.store import (
+    Mutation,
+    RecoveredState,
+    ScheduleRecord,
+    ScheduleSaved,
+    ScheduleSpec,
+    TaskSubmitted,
+    TaskTemplate,
+    TimeBase,
+)
 from cronoq_conformance import CommitFault, FaultyStore
 
 ONCE = RetryPolicy(max_attempts=1)
@@ -728,3 +737,75 @@ async def test_a_remote_attempt_stopped_in_a_commit_that_landed_late_still_holds
         assert isinstance(second, LeasedAttempt) and second.token.attempt == 2
     finally:
         await sched.close(timeout=0.1)
+
+
+# --- the rebuild's own step lands uncertainly ---------------------------------------------------
+
+
+class RecoveryStepStore(HookedStore):
+    """HookedStore that arms ``fault_after_recover`` at the next ``recover``: the fault then
+    hits the recovery step's commit."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.fault_after_recover: CommitFault | None = None
+
+    async def recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
+        state = await super().recover(epoch, time_base, retention_ns)
+        if self.fault_after_recover is not None:
+            self.arm(self.fault_after_recover)
+            self.fault_after_recover = None
+        return state
+
+
+@pytest.mark.parametrize("fault", LANDING)
+async def test_a_recovery_step_that_lands_uncertainly_does_not_decide_for_the_lost_step(
+    executor: Executor, fault: CommitFault
+) -> None:
+    """A step with a report and a submission does not land; the rebuild's own step fires a
+    schedule, whose task takes the id the lost submission had been given, and that commit
+    lands uncertainly too. The second rebuild must not take the schedule's task for the
+    submission, and so the step for landed: its report would never be applied again. Whether
+    the lost step landed is read off the store before the rebuild writes anything."""
+    memory = MemoryStore()
+    store = RecoveryStepStore(memory)
+    sched = Scheduler(
+        [Pool("default", executor, concurrency=1)],
+        store=store,
+        commit_timeout=COMMIT_TIMEOUT,
+        seed=3,
+    )
+    await sched.start()
+    try:
+        epoch = sched.epoch
+        assert epoch is not None
+        # A due schedule written behind the scheduler's back: only a rebuild (which reads the
+        # store) sees it, and the rebuild's first step fires it.
+        template = TaskTemplate("default", "from-schedule", b"")
+        due = ScheduleSpec("due", "* * * * *", "UTC", template)
+        await memory.commit(epoch, [ScheduleSaved(ScheduleRecord(due, time.time_ns() - 10**9))])
+        running = await sched.submit("block", b"done", retry=ONCE)
+        await executor.blocked.wait()
+        # Hold a commit, so that the report and the submission below make one step.
+        store.arm(CommitFault.HELD)
+        holding = spawn(sched.submit("later", b"", start_at=timedelta(hours=1)))
+        await store.faulted.wait()
+        store.arm(CommitFault.UNAVAILABLE)  # for that next step
+        store.fault_after_recover = fault  # for the rebuild's own step
+        executor.release.set()
+        await executor.ended.wait()  # the attempt returned: its report is queued
+        lost = spawn(sched.submit("lost", b""))
+        await asyncio.sleep(0)  # one turn of the loop: the submission is queued too
+        store.release_held()
+        await holding
+        with pytest.raises(SchedulerError):
+            await lost
+        # Set again by the second recovery (the first one's arm cleared it): from then on the
+        # store answers, and calls reach the rebuilt engine.
+        await store.recovered.wait()
+        info = await sched.wait(running, timeout=ANSWER_WITHIN)
+        assert (info.status, info.output) == (Status.SUCCEEDED, b"done")
+        fired = [m for batch in store.landed_uncertainly for m in batch]
+        assert any(isinstance(m, TaskSubmitted) for m in fired), "the rebuild fired nothing"
+    finally:
+        await sched.close(timeout=1.0)

@@ -469,17 +469,24 @@ class Driver:
     async def _rebuild(
         self, inflight: InFlight | None, on_unavailable: Callable[[], None] | None = None
     ) -> RecoveredState:
-        """(Re)load the engine from the store, retrying while it is unavailable."""
+        """(Re)load the engine from the store, retrying while it is unavailable. Return the
+        state the first successful read found: what the store held before this rebuild wrote
+        anything. A later pass reads its own recovery step too, which may have landed although
+        its commit failed: a schedule it fired can hold the id of a submission that never
+        landed, and would pass for it in :func:`batch_landed`."""
         pause = _RETRY_FIRST_S
         loop = asyncio.get_running_loop()
+        first: RecoveredState | None = None
         while True:
             try:
                 state = await self._store.recover(
                     self._epoch, TimeBase(), self._config.retention_ns
                 )
+                if first is None:
+                    first = state
                 # A recovery of a million tasks takes seconds of pure work: off the loop, so
                 # the store's leadership keepalives keep running meanwhile.
-                engine, first = await loop.run_in_executor(
+                engine, step = await loop.run_in_executor(
                     self._work,
                     Engine.recover,
                     self._config,
@@ -489,7 +496,7 @@ class Driver:
                     inflight,
                     self.counters,
                 )
-                if first.mutations and not await self._commit(first.mutations):
+                if step.mutations and not await self._commit(step.mutations):
                     raise Unavailable("could not commit the recovery step")
             except Unavailable as exc:
                 if self._stopping and loop.time() >= self._close_deadline:
@@ -511,9 +518,9 @@ class Driver:
             if self._draining:
                 engine.stop_dispatching()
             self._engine = engine
-            self._release(first)
+            self._release(step)
             self._wake()  # a fresh engine offers no worker slots until its next step
-            return state
+            return first
 
     def _fail_waiting_callers(self, error: BaseException) -> None:
         # Reports and withdrawals stay for the rebuilt engine: a withdrawal that arrived after
