@@ -6,6 +6,7 @@ commit fails, stops while callers wait. Each test is deterministic: faults are i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -520,6 +521,7 @@ class HookedStore(FaultyStore):
 
     def __init__(self, inner: MemoryStore) -> None:
         super().__init__(inner)
+        self.memory = inner
         self.hang_recover = False
         self.fatal_recover = False
         self.recovering = asyncio.Event()
@@ -533,12 +535,9 @@ class HookedStore(FaultyStore):
         return await super().recover(epoch, time_base, retention_ns)
 
 
-@pytest.fixture
-async def hooked(
-    executor: Executor,
-) -> AsyncIterator[tuple[Scheduler, HookedStore, MemoryStore]]:
-    memory = MemoryStore()
-    store = HookedStore(memory)
+@contextlib.asynccontextmanager
+async def serving(store: HookedStore, executor: Executor) -> AsyncIterator[Scheduler]:
+    """A started scheduler on ``store`` (over a MemoryStore), one slot for ``executor``."""
     sched = Scheduler(
         [Pool("default", executor, concurrency=1)],
         store=store,
@@ -547,12 +546,22 @@ async def hooked(
     )
     await sched.start()
     try:
-        yield sched, store, memory
+        yield sched
     finally:
         executor.release.set()
         store.hang_recover = store.fatal_recover = False
-        memory.set_available(True)
+        store.memory.set_available(True)
         await sched.close(timeout=1.0)
+
+
+@pytest.fixture
+async def hooked(
+    executor: Executor,
+) -> AsyncIterator[tuple[Scheduler, HookedStore, MemoryStore]]:
+    memory = MemoryStore()
+    store = HookedStore(memory)
+    async with serving(store, executor) as sched:
+        yield sched, store, memory
 
 
 # --- a waiter answered by the failed step itself ---------------------------------------------
@@ -769,14 +778,7 @@ async def test_a_recovery_step_that_lands_uncertainly_does_not_decide_for_the_lo
     the lost step landed is read off the store before the rebuild writes anything."""
     memory = MemoryStore()
     store = RecoveryStepStore(memory)
-    sched = Scheduler(
-        [Pool("default", executor, concurrency=1)],
-        store=store,
-        commit_timeout=COMMIT_TIMEOUT,
-        seed=3,
-    )
-    await sched.start()
-    try:
+    async with serving(store, executor) as sched:
         epoch = sched.epoch
         assert epoch is not None
         # A due schedule written behind the scheduler's back: only a rebuild (which reads the
@@ -807,5 +809,3 @@ async def test_a_recovery_step_that_lands_uncertainly_does_not_decide_for_the_lo
         assert (info.status, info.output) == (Status.SUCCEEDED, b"done")
         fired = [m for batch in store.landed_uncertainly for m in batch]
         assert any(isinstance(m, TaskSubmitted) for m in fired), "the rebuild fired nothing"
-    finally:
-        await sched.close(timeout=1.0)

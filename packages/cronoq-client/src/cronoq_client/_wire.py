@@ -430,7 +430,8 @@ def task_request_to_pb(request: object, codec: Codec) -> pb.TaskRequest:
     if not isinstance(request, TaskRequest):
         raise InvalidArgument(f"expected a TaskRequest, got {type(request).__name__}")
     message = pb.TaskRequest(kind=_text(request.kind, "kind"))
-    if _only_kind_and_payload(request):
+    if request.pool is _ABSENT.pool and request.only_kind_payload_pool:
+        # Every field at its default object: the message is the kind and the payload alone.
         if request.payload is not None:
             message.payload = encode_with(codec, request.payload, "payload")
         return message
@@ -468,25 +469,6 @@ def task_request_to_pb(request: object, codec: Codec) -> pb.TaskRequest:
     if request.timeout is not None:
         message.timeout.CopyFrom(_duration(request.timeout, "timeout"))
     return message
-
-
-def _only_kind_and_payload(request: TaskRequest) -> bool:
-    """Whether every other field holds its default object, as in most requests: the message
-    is then the kind and the payload (test_wire_submit_paths compares it to the full form)."""
-    return (
-        request.pool is _ABSENT.pool
-        and request.key is None
-        and (type(request.tags) is tuple and not request.tags)
-        and request.name is None
-        and (type(request.priority) is int and not request.priority)
-        and request.retry is None
-        and request.start_at is None
-        and request.miss_policy is _ABSENT.miss_policy
-        and request.grace is _ABSENT.grace
-        and request.deadline is None
-        and request.timeout is None
-        and (type(request.after) is tuple and not request.after)
-    )
 
 
 def _set_instant(message: pb.TaskRequest, at: str, delay: str, value: object, what: str) -> None:

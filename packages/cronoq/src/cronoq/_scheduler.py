@@ -157,6 +157,25 @@ class TaskRequest:
     """Per-attempt timeout, seconds or timedelta."""
     after: Iterable[int] = ()
 
+    @property
+    def only_kind_payload_pool(self) -> bool:
+        """Whether every field but kind, payload and pool holds its default object (not an
+        equal value), as most requests do. Fast paths (the Scheduler's checks, the client's
+        wire form) then take those fields as their defaults without looking at them."""
+        return (
+            self.key is None
+            and (type(self.tags) is tuple and not self.tags)
+            and self.name is None
+            and (type(self.priority) is int and not self.priority)
+            and self.retry is None
+            and self.start_at is None
+            and self.miss_policy is MissPolicy.RUN_LATE
+            and self.grace is _DEFAULT_GRACE
+            and self.deadline is None
+            and self.timeout is None
+            and (type(self.after) is tuple and not self.after)
+        )
+
 
 _DEFAULT_GRACE = TaskRequest("").grace
 _DEFAULT_GRACE_NS = check.duration_ns(_DEFAULT_GRACE, "grace")
@@ -413,19 +432,7 @@ class Scheduler:
     def _spec(self, request: object, now_ns: int) -> TaskSpec:
         if not isinstance(request, TaskRequest):
             raise InvalidArgument(f"expected a TaskRequest, got {type(request).__name__}")
-        if (
-            request.key is None
-            and (type(request.tags) is tuple and not request.tags)
-            and request.name is None
-            and (type(request.priority) is int and not request.priority)
-            and request.retry is None
-            and request.start_at is None
-            and request.miss_policy is MissPolicy.RUN_LATE
-            and request.grace is _DEFAULT_GRACE
-            and request.deadline is None
-            and request.timeout is None
-            and (type(request.after) is tuple and not request.after)
-        ):
+        if request.only_kind_payload_pool:
             # Every field but these three at its default, as most submissions are: the checks
             # of _checked_spec would give the spec's defaults (test_spec_short_path.py).
             return TaskSpec(
