@@ -39,6 +39,7 @@ from cronoq.store import (
     ScheduleSpec,
     TaskSubmitted,
     TaskTemplate,
+    TaskUpdated,
     TimeBase,
 )
 from cronoq_conformance import CommitFault, FaultyStore
@@ -536,12 +537,14 @@ class HookedStore(FaultyStore):
 
 
 @contextlib.asynccontextmanager
-async def serving(store: HookedStore, executor: Executor) -> AsyncIterator[Scheduler]:
+async def serving(
+    store: HookedStore, executor: Executor, commit_timeout: float = COMMIT_TIMEOUT
+) -> AsyncIterator[Scheduler]:
     """A started scheduler on ``store`` (over a MemoryStore), one slot for ``executor``."""
     sched = Scheduler(
         [Pool("default", executor, concurrency=1)],
         store=store,
-        commit_timeout=COMMIT_TIMEOUT,
+        commit_timeout=commit_timeout,
         seed=3,
     )
     await sched.start()
@@ -753,11 +756,16 @@ async def test_a_remote_attempt_stopped_in_a_commit_that_landed_late_still_holds
 
 class RecoveryStepStore(HookedStore):
     """HookedStore that arms ``fault_after_recover`` at the next ``recover``: the fault then
-    hits the recovery step's commit."""
+    hits the recovery step's commit. Keeps every batch it was asked to commit."""
 
     def __init__(self, inner: MemoryStore) -> None:
         super().__init__(inner)
         self.fault_after_recover: CommitFault | None = None
+        self.asked: list[list[Mutation]] = []
+
+    async def commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
+        self.asked.append(list(batch))
+        await super().commit(epoch, batch)
 
     async def recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
         state = await super().recover(epoch, time_base, retention_ns)
@@ -778,7 +786,8 @@ async def test_a_recovery_step_that_lands_uncertainly_does_not_decide_for_the_lo
     the lost step landed is read off the store before the rebuild writes anything."""
     memory = MemoryStore()
     store = RecoveryStepStore(memory)
-    async with serving(store, executor) as sched:
+    # The held commit below is released within the commit timeout, on a loaded machine too.
+    async with serving(store, executor, commit_timeout=1.0) as sched:
         epoch = sched.epoch
         assert epoch is not None
         # A due schedule written behind the scheduler's back: only a rebuild (which reads the
@@ -797,7 +806,7 @@ async def test_a_recovery_step_that_lands_uncertainly_does_not_decide_for_the_lo
         executor.release.set()
         await executor.ended.wait()  # the attempt returned: its report is queued
         lost = spawn(sched.submit("lost", b""))
-        await asyncio.sleep(0)  # one turn of the loop: the submission is queued too
+        await asyncio.sleep(0)  # the spawned submission runs, and queues, before the release
         store.release_held()
         await holding
         with pytest.raises(SchedulerError):
@@ -807,5 +816,13 @@ async def test_a_recovery_step_that_lands_uncertainly_does_not_decide_for_the_lo
         await store.recovered.wait()
         info = await sched.wait(running, timeout=ANSWER_WITHIN)
         assert (info.status, info.output) == (Status.SUCCEEDED, b"done")
+        # The failed step (the driver tried it until it gave up) held the report and the
+        # submission; the rebuild's step gave the schedule's task the submission's id.
+        failed = next(b for b in store.asked if _submissions(b, "lost"))
+        assert any(isinstance(m, TaskUpdated) and m.task_id == running for m in failed)
         fired = [m for batch in store.landed_uncertainly for m in batch]
-        assert any(isinstance(m, TaskSubmitted) for m in fired), "the rebuild fired nothing"
+        assert _submissions(fired, "from-schedule") == _submissions(failed, "lost")
+
+
+def _submissions(batch: Sequence[Mutation], kind: str) -> list[int]:
+    return [m.task_id for m in batch if isinstance(m, TaskSubmitted) and m.spec.kind == kind]

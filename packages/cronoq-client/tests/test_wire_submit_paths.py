@@ -15,7 +15,7 @@ from google.protobuf import duration_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_wire_hostile import BAD_VALUES, FIELDS, messages
-from wire_strategies import task_requests
+from wire_strategies import near_default_requests, task_requests
 
 from cronoq import BytesCodec, MissPolicy, TaskRequest, encode_with
 from cronoq.errors import InvalidArgument
@@ -162,6 +162,14 @@ def _encodes_as_the_reference_does(request: Callable[[], TaskRequest]) -> None:
 @DIFFERENTIAL
 @given(task_requests)
 def test_requests_encode_to_what_the_reference_does(request: TaskRequest) -> None:
+    _encodes_as_the_reference_does(lambda: request)
+
+
+@DIFFERENTIAL
+@given(near_default_requests())
+def test_requests_near_their_defaults_encode_to_what_the_reference_does(
+    request: TaskRequest,
+) -> None:
     _encodes_as_the_reference_does(lambda: request)
 
 

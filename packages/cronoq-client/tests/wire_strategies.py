@@ -179,3 +179,28 @@ leased_attempts = st.builds(
     payload=st.binary(max_size=40),
     lease_expires_at=utc_datetimes,
 )
+
+_REQUEST_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "pool": st.just("default") | texts,
+    "key": optional_texts,
+    "tags": tags,
+    "name": optional_texts,
+    "priority": int64s,
+    "retry": st.none() | retry_policies(),
+    "start_at": st.none() | instants,
+    "miss_policy": enum_values(MissPolicy),
+    "grace": durations,
+    "deadline": st.none() | instants,
+    "timeout": st.none() | durations,
+    "after": st.lists(int64s, max_size=3),
+}
+
+
+@st.composite
+def near_default_requests(draw: st.DrawFn) -> TaskRequest:
+    """A request with at most two fields given, the others left at their defaults: the fast
+    paths take the request at its defaults, and one field away is where a missing condition
+    shows (``task_requests`` gives every field, so never reaches them)."""
+    given = draw(st.lists(st.sampled_from(sorted(_REQUEST_FIELDS)), max_size=2, unique=True))
+    fields = {name: draw(_REQUEST_FIELDS[name]) for name in given}
+    return TaskRequest("k", draw(st.none() | st.binary(max_size=40)), **fields)

@@ -431,15 +431,25 @@ class Driver:
         undecided = asyncio.get_running_loop().call_later(
             self._commit_timeout, answer_writers, None
         )
+        decided: list[bool | None] = []
+
+        def decide(state: RecoveredState) -> None:
+            # The first state read is what the store held before the rebuild wrote anything:
+            # a later pass would read the rebuild's own first step too, which may have landed
+            # although its commit failed, and a schedule it fired can hold the id of a
+            # submission that never landed.
+            decided.append(batch_landed(result.mutations, state))
+            undecided.cancel()
+            answer_writers(decided[0])
+
         try:
-            state = await self._rebuild(inflight, lambda: answer_writers(None))
+            await self._rebuild(inflight, lambda: answer_writers(None), decide)
         except BaseException:
             answer_writers(None)  # stopped (closed, fenced) before the store could tell
             raise
         finally:
             undecided.cancel()
-        landed = batch_landed(result.mutations, state)
-        answer_writers(landed)
+        landed = decided[0]
         # Waiters the step answered (its task finished in it) registered in an earlier step:
         # they are answered if the finish landed, else they wait on the rebuilt engine.
         asked = {id(item.reply_to) for item in inputs}
@@ -467,23 +477,23 @@ class Driver:
         self._wake()
 
     async def _rebuild(
-        self, inflight: InFlight | None, on_unavailable: Callable[[], None] | None = None
-    ) -> RecoveredState:
-        """(Re)load the engine from the store, retrying while it is unavailable. Return the
-        state the first successful read found: what the store held before this rebuild wrote
-        anything. A later pass reads its own recovery step too, which may have landed although
-        its commit failed: a schedule it fired can hold the id of a submission that never
-        landed, and would pass for it in :func:`batch_landed`."""
+        self,
+        inflight: InFlight | None,
+        on_unavailable: Callable[[], None] | None = None,
+        on_first_read: Callable[[RecoveredState], None] | None = None,
+    ) -> None:
+        """(Re)load the engine from the store, retrying while it is unavailable.
+        ``on_first_read`` is given the first state read, before the rebuild writes anything."""
         pause = _RETRY_FIRST_S
         loop = asyncio.get_running_loop()
-        first: RecoveredState | None = None
         while True:
             try:
                 state = await self._store.recover(
                     self._epoch, TimeBase(), self._config.retention_ns
                 )
-                if first is None:
-                    first = state
+                if on_first_read is not None:
+                    on_first_read(state)
+                    on_first_read = None
                 # A recovery of a million tasks takes seconds of pure work: off the loop, so
                 # the store's leadership keepalives keep running meanwhile.
                 engine, step = await loop.run_in_executor(
@@ -520,7 +530,7 @@ class Driver:
             self._engine = engine
             self._release(step)
             self._wake()  # a fresh engine offers no worker slots until its next step
-            return first
+            return
 
     def _fail_waiting_callers(self, error: BaseException) -> None:
         # Reports and withdrawals stay for the rebuilt engine: a withdrawal that arrived after

@@ -7,7 +7,8 @@ from. Third-party stores implement :class:`Store` and prove it with ``cronoq-con
 
 Obligations of every store (each one is checked by the conformance kit):
 
-- ``commit`` applies a whole batch atomically, or nothing of it.
+- ``commit`` applies a whole batch atomically, or nothing of it. A commit whose call failed
+  has landed by the time a later ``recover`` of the same instance returns, or never lands.
 - ``commit`` with an epoch other than the current leader's raises :class:`Fenced` and changes
   nothing. Transient failures raise :class:`Unavailable`; anything else :class:`StoreFatal`.
 - Times are engine nanoseconds; convert them with the :class:`TimeBase` given to ``recover``.
