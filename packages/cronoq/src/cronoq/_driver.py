@@ -431,16 +431,17 @@ class Driver:
         undecided = asyncio.get_running_loop().call_later(
             self._commit_timeout, answer_writers, None
         )
-        decided: list[bool | None] = []
+        landed: bool | None = None
 
         def decide(state: RecoveredState) -> None:
             # The first state read is what the store held before the rebuild wrote anything:
             # a later pass would read the rebuild's own first step too, which may have landed
             # although its commit failed, and a schedule it fired can hold the id of a
             # submission that never landed.
-            decided.append(batch_landed(result.mutations, state))
+            nonlocal landed
+            landed = batch_landed(result.mutations, state)
             undecided.cancel()
-            answer_writers(decided[0])
+            answer_writers(landed)
 
         try:
             await self._rebuild(inflight, lambda: answer_writers(None), decide)
@@ -449,7 +450,6 @@ class Driver:
             raise
         finally:
             undecided.cancel()
-        landed = decided[0]
         # Waiters the step answered (its task finished in it) registered in an earlier step:
         # they are answered if the finish landed, else they wait on the rebuilt engine.
         asked = {id(item.reply_to) for item in inputs}
