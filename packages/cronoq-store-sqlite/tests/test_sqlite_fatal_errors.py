@@ -109,6 +109,18 @@ def says_fatal(error: BaseException, db: Path, code: str) -> None:
     assert str(db) in message and code in message, message
 
 
+def gave_up_for_corruption(
+    reason: BaseException | None, db: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store stopped leading because the file is damaged, said so, and logged it as an
+    error naming the file, not as a takeover."""
+    assert isinstance(reason, StoreFatal), reason
+    says_fatal(reason, db, "SQLITE_CORRUPT")
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any("SQLITE_CORRUPT" in m and str(db) in m for m in errors), caplog.text
+    assert "taken over" not in caplog.text, "a damaged file is not a takeover"
+
+
 async def noop(ctx: TaskContext, payload: bytes) -> None:
     return None
 
@@ -352,11 +364,7 @@ async def test_a_fatal_error_in_background_pruning_gives_up_leadership(
             async with asyncio.timeout(PROMPTLY):
                 reason = await store.leadership_lost()
         # The scheduler is told why (it stops with this as its failure).
-        assert isinstance(reason, StoreFatal), reason
-        says_fatal(reason, db, "SQLITE_CORRUPT")
-        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-        assert any("SQLITE_CORRUPT" in m and str(db) in m for m in errors), caplog.text
-        assert "taken over" not in caplog.text
+        gave_up_for_corruption(reason, db, caplog)
         # Though the lease row still names it, the instance that gave up writes nothing.
         with pytest.raises(Fenced):
             await store.commit(
@@ -379,11 +387,7 @@ async def test_a_fatal_error_renewing_the_lease_gives_up_leadership_and_says_why
             await smash_while_open(db, "cronoq_leader")
             async with asyncio.timeout(FAST.lease_renew + PROMPTLY):
                 reason = await store.leadership_lost()
-        assert isinstance(reason, StoreFatal), reason
-        says_fatal(reason, db, "SQLITE_CORRUPT")
-        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-        assert any("SQLITE_CORRUPT" in m and str(db) in m for m in errors), caplog.text
-        assert "taken over" not in caplog.text, "a damaged file is not a takeover"
+        gave_up_for_corruption(reason, db, caplog)
     finally:
         await store.close()
 
