@@ -20,7 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from cronoq.store import CollapsedBatch, encode_schedule_spec, encode_task_options
+from cronoq.store import (
+    NEW_TASK_COLUMNS,
+    CollapsedBatch,
+    encode_schedule_spec,
+    new_task_columns,
+    varies,
+)
 
 __all__ = ["ID_CLASH", "MAX_SHAPES", "STATEMENT_CACHE_SIZE", "CommitStatements", "Shape"]
 
@@ -40,6 +46,25 @@ within the pool's statement cache (``STATEMENT_CACHE_SIZE``), so no commit prepa
 STATEMENT_CACHE_SIZE = 2 * (MAX_SHAPES + 16) + 32
 
 
+_NEW_TASK_TYPES = {
+    "id": "bigint",
+    "pool": "text",
+    "kind": "text",
+    "key": "text",
+    "payload": "bytea",
+    "options": "text",
+    "status": "text",
+    "attempt": "integer",
+    "message": "text",
+    "submitted": "bigint",
+    "updated": "bigint",
+    "due": "bigint",
+    "finished": "bigint",
+    "output": "bytea",
+    "cancel": "boolean",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class _Part:
     columns: tuple[tuple[str, str], ...]
@@ -51,24 +76,7 @@ class _Part:
 def _parts(s: str) -> tuple[_Part, ...]:
     """The parts over the quoted schema ``s``, in the order of the batch's columns."""
     new_tasks = _Part(
-        (
-            ("id", "bigint"),
-            ("pool", "text"),
-            ("kind", "text"),
-            ("key", "text"),
-            ("payload", "bytea"),
-            ("options", "text"),
-            ("after", "text"),
-            ("status", "text"),
-            ("attempt", "integer"),
-            ("message", "text"),
-            ("submitted", "bigint"),
-            ("updated", "bigint"),
-            ("due", "bigint"),
-            ("finished", "bigint"),
-            ("output", "bytea"),
-            ("cancel", "boolean"),
-        ),
+        (*((name, _NEW_TASK_TYPES[name]) for name in NEW_TASK_COLUMNS), ("after", "text")),
         lambda u, rows, conflict: (
             f"""new_tasks AS (
                 INSERT INTO {s}.cronoq_tasks AS t (id, pool, kind, key, payload, options, after_ids,
@@ -147,10 +155,6 @@ def _parts(s: str) -> tuple[_Part, ...]:
     return new_tasks, changed, saved, removed
 
 
-def _varying(column: list[object]) -> bool:
-    return column.count(column[0]) != len(column)
-
-
 class CommitStatements:
     """The commit statements of one schema, by batch shape, and each batch's arguments."""
 
@@ -193,9 +197,9 @@ class CommitStatements:
                     continue
                 read: dict[str, str] = {}
                 arrays, names = [], []
-                for (name, kind), varies in zip(part.columns, varying, strict=True):
+                for (name, kind), is_array in zip(part.columns, varying, strict=True):
                     number += 1
-                    if varies:
+                    if is_array:
                         arrays.append(f"${number}::{kind}[]")
                         names.append(name)
                         read[name] = f"u.{name}"
@@ -216,7 +220,7 @@ class CommitStatements:
         parts = self._columns(rows, unix)
         # The key column is always an array: the rows' count is its length.
         shape = tuple(
-            None if columns is None else (True, *(_varying(c) for c in columns[1:]))
+            None if columns is None else (True, *(varies(c) for c in columns[1:]))
             for columns in parts
         )
         if shape not in self._shapes:
@@ -243,27 +247,13 @@ class CommitStatements:
 
         new, changes, saved = rows.new_tasks, rows.changes, rows.saved_schedules
         return (
-            (
-                [t.task_id for t in new],
-                [t.spec.pool for t in new],
-                [t.spec.kind for t in new],
-                [t.spec.key for t in new],
-                [t.spec.payload for t in new],
-                [encode_task_options(t.spec) for t in new],
+            [
+                *new_task_columns(new, unix),
                 [
                     "{" + ",".join(map(str, t.spec.after)) + "}" if t.spec.after else "{}"
                     for t in new
                 ],
-                [t.status.value for t in new],
-                [t.attempt for t in new],
-                [t.message for t in new],
-                [unix(t.submitted_ns) for t in new],
-                [unix(t.updated_ns) for t in new],
-                [maybe(t.due_ns) for t in new],
-                [maybe(t.finished_ns) for t in new],
-                [t.output for t in new],
-                [t.cancel_requested for t in new],
-            )
+            ]
             if new
             else None,
             (

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from cronoq._collapse import CollapsedBatch, NewTask, TaskChange, collapse_batch
+from cronoq._columns import NEW_TASK_COLUMNS, new_task_columns, varies
 from cronoq._model import RetryPolicy, ScheduleSpec, Status, TaskSpec, TaskTemplate
 from cronoq._mutations import (
     CancelRequested,
@@ -52,6 +53,7 @@ from cronoq._rows import (
 from cronoq.errors import CronoqError, Fenced, StoreError, StoreFatal, Unavailable
 
 __all__ = [
+    "NEW_TASK_COLUMNS",
     "RECOVERY_COLUMNS",
     "TASK_COLUMNS",
     "CancelRequested",
@@ -86,9 +88,11 @@ __all__ = [
     "decode_task_spec",
     "encode_schedule_spec",
     "encode_task_options",
+    "new_task_columns",
     "prune_in_batches",
     "sanitize_message",
     "shielded",
+    "varies",
 ]
 
 _T = TypeVar("_T")
@@ -112,8 +116,8 @@ async def shielded(operation: Coroutine[Any, Any, _T]) -> _T:
     The driver cancels a commit that outlives ``commit_timeout`` and then rebuilds its memory
     from the store. A store that runs its operations shielded, one at a time behind a lock,
     guarantees that the cancelled commit has finished (landed or not) before that rebuild reads
-    anything, so memory never misses a batch that landed late. It also keeps drivers such as
-    aiosqlite, which cannot take back a queued statement, from leaving a transaction open.
+    anything, so memory never misses a batch that landed late. It also keeps a driver that
+    cannot take back a statement it queued from leaving a transaction open.
     """
     task = asyncio.ensure_future(operation)
     # Nobody may be left to read its outcome: do not warn about an unretrieved exception.
