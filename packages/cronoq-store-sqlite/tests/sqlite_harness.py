@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import threading
 from pathlib import Path
 
 from cronoq.store import Store
@@ -27,7 +28,7 @@ class SqliteHarness(StoreHarness):
         self.config = config
         self.opened: list[SqliteStore] = []
         self._blocker: sqlite3.Connection | None = None
-        self._paused: list[SqliteStore] = []
+        self._paused: dict[SqliteStore, tuple[threading.Event, list[asyncio.Task[bool]]]] = {}
 
     async def open(self) -> Store:
         store = await SqliteStore.open(self.path, self.config)
@@ -76,13 +77,15 @@ class SqliteHarness(StoreHarness):
             fired, armed[0] = armed[0], False
             return fired
 
-        conn = self._sqlite(instance)._conn
-        await conn.create_function("cronoq_test_fault", 0, fire)
-        await conn.execute(
-            "CREATE TEMP TRIGGER IF NOT EXISTS cronoq_test_fault BEFORE UPDATE ON "
-            "main.cronoq_tasks WHEN cronoq_test_fault() "
-            "BEGIN SELECT RAISE(ABORT, 'injected fault in the middle of a batch'); END"
-        )
+        def arm(db: sqlite3.Connection) -> None:
+            db.create_function("cronoq_test_fault", 0, fire)
+            db.execute(
+                "CREATE TEMP TRIGGER IF NOT EXISTS cronoq_test_fault BEFORE UPDATE ON "
+                "main.cronoq_tasks WHEN cronoq_test_fault() "
+                "BEGIN SELECT RAISE(ABORT, 'injected fault in the middle of a batch'); END"
+            )
+
+        await self._sqlite(instance)._conn.run(arm)
 
     async def corrupt_task(self, instance: Store, task_id: int) -> None:
         await self._outside("UPDATE cronoq_tasks SET options = '{broken' WHERE id = ?", task_id)
@@ -94,19 +97,21 @@ class SqliteHarness(StoreHarness):
         await self._sqlite(instance).prune(horizon_unix_ns)
 
     async def pause(self, instance: Store) -> None:
-        # Holding the instance's own transaction locks (data and lease connections) freezes it
-        # as SIGSTOP would: its lease renewal and everything else wait, the lease runs out, a
+        # Holding the threads of the instance's connections (data and lease) freezes it as
+        # SIGSTOP would: its lease renewal and everything else wait, the lease runs out, a
         # standby may take over.
         store = self._sqlite(instance)
-        await store._lock.acquire()
-        await store._lease_lock.acquire()
-        self._paused.append(store)
+        gate = threading.Event()
+        holds = [
+            asyncio.create_task(conn.run(lambda _: gate.wait()))
+            for conn in (store._conn, store._lease_conn)
+        ]
+        self._paused[store] = (gate, holds)
 
     async def resume(self, instance: Store) -> None:
-        store = self._sqlite(instance)
-        self._paused.remove(store)
-        store._lease_lock.release()
-        store._lock.release()
+        gate, holds = self._paused.pop(self._sqlite(instance))
+        gate.set()
+        await asyncio.gather(*holds)
 
     async def fail_commits_fatally(self, instance: Store) -> None:
         # An authorizer refusing writes to the task and schedule tables fails each commit with
@@ -118,7 +123,7 @@ class SqliteHarness(StoreHarness):
                 return sqlite3.SQLITE_DENY
             return sqlite3.SQLITE_OK
 
-        await self._sqlite(instance)._conn.set_authorizer(authorize)
+        await self._sqlite(instance)._conn.run(lambda db: db.set_authorizer(authorize))
 
     def store_directory(self) -> Path:
         return self.path.parent
@@ -132,10 +137,8 @@ class SqliteHarness(StoreHarness):
         )
 
     async def close_all(self) -> None:
-        for store in self._paused:
-            store._lease_lock.release()
-            store._lock.release()
-        self._paused.clear()
+        for store in list(self._paused):
+            await self.resume(store)
         if self._blocker is not None:
             self._blocker.close()
             self._blocker = None

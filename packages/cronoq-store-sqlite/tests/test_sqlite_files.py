@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlite_files_workload
@@ -198,9 +199,8 @@ async def test_synchronous_follows_full_sync_on_each_stores_own_connection(
         # Both connections of each: the lease one writes the epoch, which must be durable too.
         for store, wanted in ((synced, 2), (unsynced, 1)):
             for connection in (store._conn, store._lease_conn):
-                pragma = connection.execute_fetchall
-                assert list(await pragma("PRAGMA synchronous")) == [(wanted,)]
-                assert list(await pragma("PRAGMA journal_mode")) == [("wal",)]
+                for name, value in (("synchronous", wanted), ("journal_mode", "wal")):
+                    assert await connection.run(_pragma(name)) == [(value,)]
     finally:
         await unsynced.close()
         await synced.close()
@@ -327,3 +327,7 @@ async def test_read_only_location_fails_with_a_store_fatal_naming_path_and_cause
         # SQLite's bare "unable to open database file" does not say why.
         says_why = location.why in message or re.search("read-?only", message, re.IGNORECASE)
         assert says_why, f"{message!r} does not say {location.why!r}"
+
+
+def _pragma(name: str) -> Callable[[sqlite3.Connection], list[Any]]:
+    return lambda db: db.execute(f"PRAGMA {name}").fetchall()

@@ -35,7 +35,7 @@ async def noop(ctx: TaskContext, payload: bytes) -> None:
 
 
 async def pragma(store: SqliteStore, name: str) -> int:
-    [(value,)] = list(await store._conn.execute_fetchall(f"PRAGMA {name}"))
+    [(value,)] = await store._conn.run(lambda db: db.execute(f"PRAGMA {name}").fetchall())
     assert isinstance(value, int)
     return value
 

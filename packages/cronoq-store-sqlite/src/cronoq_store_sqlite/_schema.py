@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import os
 import sqlite3
 import stat
 import time
 from typing import Any
-
-import aiosqlite
 
 from cronoq.errors import StoreFatal
 from cronoq_store_sqlite._errors import classify
@@ -97,81 +94,79 @@ def prepare_file(path: str) -> None:
             )
 
 
-async def configure(
-    conn: aiosqlite.Connection, *, full_sync: bool, busy_timeout_ms: int, journal_size_limit: int
+def configure(
+    conn: sqlite3.Connection, *, full_sync: bool, busy_timeout_ms: int, journal_size_limit: int
 ) -> None:
     """Per-connection settings; ``synchronous`` is read back, since a wrong one loses data."""
-    await conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms:d}")
+    conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms:d}")
     # Opening waits its turn longer than a commit waits for the lock (which the scheduler retries).
-    row = await _switch_to_wal(conn, max(5.0, 10 * busy_timeout_ms / 1000))
+    row = _switch_to_wal(conn, max(5.0, 10 * busy_timeout_ms / 1000))
     if row is None or str(row[0]).lower() != "wal":
         raise StoreFatal(f"SQLite refused WAL journaling (journal_mode is {row!r})")
     wanted = 2 if full_sync else 1  # FULL: the WAL is synced at every commit; NORMAL: not
-    await conn.execute(f"PRAGMA synchronous = {wanted:d}")
-    async with conn.execute("PRAGMA synchronous") as cursor:
-        row = await cursor.fetchone()
+    conn.execute(f"PRAGMA synchronous = {wanted:d}")
+    row = conn.execute("PRAGMA synchronous").fetchone()
     if row is None or row[0] != wanted:
         raise StoreFatal(f"PRAGMA synchronous is {row!r}, expected {wanted}")
-    await conn.execute(f"PRAGMA journal_size_limit = {journal_size_limit:d}")
-    await conn.execute("PRAGMA foreign_keys = OFF")
+    conn.execute(f"PRAGMA journal_size_limit = {journal_size_limit:d}")
+    conn.execute("PRAGMA foreign_keys = OFF")
 
 
-async def _switch_to_wal(conn: aiosqlite.Connection, timeout: float) -> Any:
+def _switch_to_wal(conn: sqlite3.Connection, timeout: float) -> Any:
     """``PRAGMA journal_mode = WAL``, retried while another connection switches a new file too.
 
     The switch upgrades a read lock to a write lock; when two connections try it at once, SQLite
     answers one of them SQLITE_BUSY at once, without the busy handler (waiting could deadlock).
+    It runs on the connection's own thread, which may sleep.
     """
     deadline = time.monotonic() + timeout
     pause = 0.001
     while True:
         try:
-            async with conn.execute("PRAGMA journal_mode = WAL") as cursor:
-                return await cursor.fetchone()
+            return conn.execute("PRAGMA journal_mode = WAL").fetchone()
         except sqlite3.OperationalError as exc:
             busy = getattr(exc, "sqlite_errorname", "") == "SQLITE_BUSY"
             if not busy or time.monotonic() + pause > deadline:
                 raise
-        await asyncio.sleep(pause)
+        time.sleep(pause)
         pause = min(pause * 2, 0.05)
 
 
-async def migrate(conn: aiosqlite.Connection, path: str | None = None) -> None:
+def migrate(conn: sqlite3.Connection, path: str | None = None) -> None:
     """Bring the schema to SCHEMA_VERSION under the write lock, or refuse a newer one."""
     try:
-        await conn.execute("BEGIN IMMEDIATE")
+        conn.execute("BEGIN IMMEDIATE")
         try:
-            version = await _version(conn)
+            version = _version(conn)
             if version > SCHEMA_VERSION:
                 raise StoreFatal(
                     f"the database schema is version {version}, newer than this build of "
                     f"cronoq-store-sqlite supports ({SCHEMA_VERSION}); upgrade it"
                 )
             if version == 0:
-                await conn.execute("CREATE TABLE cronoq_schema_version (version INTEGER NOT NULL)")
-                await conn.execute("INSERT INTO cronoq_schema_version VALUES (0)")
+                conn.execute("CREATE TABLE cronoq_schema_version (version INTEGER NOT NULL)")
+                conn.execute("INSERT INTO cronoq_schema_version VALUES (0)")
             for step in range(version, SCHEMA_VERSION):
                 for statement in _MIGRATIONS[step].split(";"):
                     if statement.strip():
-                        await conn.execute(statement)
-                await conn.execute("UPDATE cronoq_schema_version SET version = ?", (step + 1,))
-            await conn.execute("COMMIT")
+                        conn.execute(statement)
+                conn.execute("UPDATE cronoq_schema_version SET version = ?", (step + 1,))
+            conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
-                await conn.execute("ROLLBACK")
+                conn.execute("ROLLBACK")
             raise
     except sqlite3.Error as exc:
         raise classify(exc, "migrating the schema", path) from exc
 
 
-async def _version(conn: aiosqlite.Connection) -> int:
-    async with conn.execute(
+def _version(conn: sqlite3.Connection) -> int:
+    found = conn.execute(
         "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'cronoq_schema_version'"
-    ) as cursor:
-        if await cursor.fetchone() is None:
-            return 0
-    async with conn.execute("SELECT version FROM cronoq_schema_version") as cursor:
-        row = await cursor.fetchone()
+    ).fetchone()
+    if found is None:
+        return 0
+    row = conn.execute("SELECT version FROM cronoq_schema_version").fetchone()
     if row is None or not isinstance(row[0], int):
         raise StoreFatal(f"cronoq_schema_version holds {row!r}, not a version number")
-    return row[0]
+    return int(row[0])

@@ -1,8 +1,9 @@
-"""SqliteStore: the ``Store`` protocol over one SQLite file (WAL), through aiosqlite.
+"""SqliteStore: the ``Store`` protocol over one SQLite file (WAL).
 
-Two connections per instance, each with its own lock, so that no transaction interleaves with
-another on one connection: the data connection commits, recovers, prunes and looks up; the lease
-connection takes, renews and releases the lease. The lease has its own connection so that its
+Two connections per instance, each on a thread of its own (``Connection``), which runs each
+transaction as one function, so that no transaction interleaves with another on one
+connection: the data connection commits, recovers, prunes and looks up; the lease connection
+takes, renews and releases the lease. The lease has its own connection so that its
 renewal goes on while a long recovery reads the data (a recovery of 500,000 tasks takes longer
 than the default lease): recovery is a read transaction, which in WAL mode never blocks the
 renewal's write. SQLite's own write lock serializes writers, of this instance and of others:
@@ -21,10 +22,8 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from typing import Any, NoReturn
-
-import aiosqlite
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from cronoq.errors import (
     CronoqError,
@@ -49,17 +48,20 @@ from cronoq.store import (
     decode_schedule_spec,
     decode_task_record,
     encode_schedule_spec,
-    encode_task_options,
+    new_task_columns,
     prune_in_batches,
     shielded,
 )
 from cronoq_store_sqlite._config import SqliteStoreConfig
+from cronoq_store_sqlite._connection import Connection
 from cronoq_store_sqlite._errors import classify
+from cronoq_store_sqlite._insert import STATEMENT_CACHE_SIZE, NewTaskInsert
 from cronoq_store_sqlite._schema import configure, migrate, prepare_file
 
 __all__ = ["SqliteStore"]
 
 log = logging.getLogger("cronoq.sqlite")
+_T = TypeVar("_T")
 NS = 1_000_000_000
 
 # A row whose options are not valid JSON must not break the whole recovery query.
@@ -72,12 +74,6 @@ _RECOVER = f"""
         WHERE c.finished_ns IS NULL
     )
     ORDER BY id
-"""
-_INSERT_TASK = """
-    INSERT INTO cronoq_tasks (id, pool, kind, key, payload, options, status, attempt, message,
-        submitted_ns, updated_ns, due_ns, finished_ns, output, cancel_requested)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-    ON CONFLICT (id) DO NOTHING
 """
 # A change with no status is a cancellation request alone: the status columns stay.
 _CHANGE_TASK = """
@@ -104,18 +100,13 @@ class SqliteStore:
     """A durable store in one local SQLite file; processes sharing it elect one leader."""
 
     def __init__(
-        self,
-        conn: aiosqlite.Connection,
-        lease_conn: aiosqlite.Connection,
-        path: str,
-        config: SqliteStoreConfig,
+        self, conn: Connection, lease_conn: Connection, path: str, config: SqliteStoreConfig
     ) -> None:
         self._conn = conn
         self._lease_conn = lease_conn
         self._path = path
         self._config = config
-        self._lock = asyncio.Lock()
-        self._lease_lock = asyncio.Lock()
+        self._insert = NewTaskInsert()
         self._holder = uuid.uuid4().hex
         self._epoch: int | None = None
         self._lost = LeadershipLoss()
@@ -138,20 +129,24 @@ class SqliteStore:
         if path == ":memory:" or path.startswith("file:"):
             raise InvalidArgument("SqliteStore needs a file path; use MemoryStore for memory")
         prepare_file(path)
-        opened: list[aiosqlite.Connection] = []
+
+        def configured(db: sqlite3.Connection) -> None:
+            configure(
+                db,
+                full_sync=config.full_sync,
+                busy_timeout_ms=round(config.busy_timeout * 1000),
+                journal_size_limit=config.journal_size_limit,
+            )
+
+        opened: list[Connection] = []
         try:
             for _ in range(2):  # the data connection, then the lease connection
                 try:
-                    conn = await aiosqlite.connect(path, isolation_level=None)
+                    conn = await Connection.open(path, cached_statements=STATEMENT_CACHE_SIZE)
                 except sqlite3.Error as exc:
                     raise classify(exc, "opening", path) from exc
                 opened.append(conn)
-                await configure(
-                    conn,
-                    full_sync=config.full_sync,
-                    busy_timeout_ms=round(config.busy_timeout * 1000),
-                    journal_size_limit=config.journal_size_limit,
-                )
+                await conn.run(configured)
             await _migrate_patiently(opened[0], config, path)
         except sqlite3.Error as exc:
             await _close_all(opened)
@@ -167,55 +162,68 @@ class SqliteStore:
 
     # --- transactions ---------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
     async def _transaction(
-        self, doing: str, *, lease: bool = False, write: bool = True
-    ) -> AsyncIterator[aiosqlite.Connection]:
-        """A transaction on the data connection (or the lease one): ``BEGIN IMMEDIATE`` (a
-        write) or ``BEGIN`` (a read: one snapshot, no write lock) ... COMMIT, rolled back on
-        any failure.
+        self,
+        doing: str,
+        body: Callable[[sqlite3.Connection], _T],
+        *,
+        epoch: int | None = None,
+        lease: bool = False,
+        write: bool = True,
+    ) -> _T:
+        """``body`` in a transaction on the data connection (or the lease one), in one hop to
+        its thread: ``BEGIN IMMEDIATE`` (a write) or ``BEGIN`` (a read: one snapshot, no write
+        lock) ... COMMIT, rolled back on any failure.
 
-        Callers run it ``shielded``: aiosqlite cannot take back a statement it
-        queued, so a cancellation between BEGIN and COMMIT would leave the connection inside a
-        transaction that holds the write lock forever.
+        ``epoch``: the one a fenced write (``_fence``) was for; if it still leads, this
+        instance steps down. Callers run it ``shielded``, so that this happens even if the
+        caller is cancelled meanwhile.
         """
-        conn, lock = (self._lease_conn, self._lease_lock) if lease else (self._conn, self._lock)
-        async with lock:
-            self._check_open()
+        conn = self._lease_conn if lease else self._conn
+        self._check_open()
+        path = self._path
+
+        def transaction(db: sqlite3.Connection) -> _T:
             try:
-                await conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+                db.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 try:
-                    yield conn
-                    await conn.execute("COMMIT")
+                    result = body(db)
+                    db.execute("COMMIT")
                 except BaseException:
-                    await _roll_back(conn)
+                    _roll_back(db)
                     raise
             except sqlite3.Error as exc:
-                raise classify(exc, doing, self._path) from exc
+                raise classify(exc, doing, path) from exc
+            return result
 
-    async def _fence(self, conn: aiosqlite.Connection, epoch: int, max_task_id: int = 0) -> None:
-        """Inside a write transaction: go on only if ``epoch`` and this holder still hold the
-        lease (raising the id high-water mark on the way). SQLite's write lock, held from
-        ``BEGIN IMMEDIATE`` on, keeps another instance from taking over before COMMIT, so a
-        fenced instance writes nothing, even one that does not know yet (paused past its
-        lease and resumed)."""
-        if epoch != self._epoch:
-            # This instance stepped down (or never led): nothing of it may land, even while
-            # the lease row, not yet taken over, still names it.
-            self._fenced(epoch)
-        cursor = await conn.execute(
-            "UPDATE cronoq_leader SET max_task_id = MAX(max_task_id, ?) "
-            "WHERE id = 1 AND epoch = ? AND holder = ?",
-            (max_task_id, epoch, self._holder),
-        )
-        if cursor.rowcount != 1:
-            self._fenced(epoch)
+        try:
+            return await conn.run(transaction)
+        except Fenced as exc:
+            if epoch is not None and epoch == self._epoch:
+                self._step_down(exc)
+            raise
 
-    def _fenced(self, epoch: int) -> NoReturn:
-        fenced = Fenced(f"epoch {epoch} no longer holds the lease of {self._path!r}")
-        if epoch == self._epoch:
-            self._step_down(fenced)
-        raise fenced
+    def _fence(self, db: sqlite3.Connection, epoch: int, max_task_id: int = 0) -> None:
+        """On the connection's thread, inside a write transaction: go on only if ``epoch``
+        and this holder still hold the lease (raising the id high-water mark on the way).
+        SQLite's write lock, held from ``BEGIN IMMEDIATE`` on, keeps another instance from
+        taking over before COMMIT, so a fenced instance writes nothing, even one that does not
+        know yet (paused past its lease and resumed)."""
+        # This instance stepped down (or never led): nothing of it may land, even while the
+        # lease row, not yet taken over, still names it.
+        if epoch != self._epoch or (
+            db.execute(
+                "UPDATE cronoq_leader SET max_task_id = MAX(max_task_id, ?) "
+                "WHERE id = 1 AND epoch = ? AND holder = ?",
+                (max_task_id, epoch, self._holder),
+            ).rowcount
+            != 1
+        ):
+            raise self._fenced(epoch)
+
+    def _fenced(self, epoch: int) -> Fenced:
+        """What a fenced write raises (``_transaction`` steps down, on the event loop)."""
+        return Fenced(f"epoch {epoch} no longer holds the lease of {self._path!r}")
 
     def _leading_epoch(self, doing: str) -> int:
         if self._epoch is None:
@@ -230,13 +238,17 @@ class SqliteStore:
     async def _read_now(
         self, sql: str, params: Sequence[Any] | dict[str, Any], lease: bool = False
     ) -> list[Any]:
-        conn, lock = (self._lease_conn, self._lease_lock) if lease else (self._conn, self._lock)
-        async with lock:
-            self._check_open()
+        conn = self._lease_conn if lease else self._conn
+        self._check_open()
+        path = self._path
+
+        def read(db: sqlite3.Connection) -> list[Any]:
             try:
-                return list(await conn.execute_fetchall(sql, params))
+                return db.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
-                raise classify(exc, "reading", self._path) from exc
+                raise classify(exc, "reading", path) from exc
+
+        return await conn.run(read)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -260,6 +272,19 @@ class SqliteStore:
             await asyncio.sleep(self._config.lock_poll)
 
     async def _try_take_lease(self) -> int | None:
+        def take(db: sqlite3.Connection) -> int | None:
+            epoch, holder, expires_ns = db.execute(
+                "SELECT epoch, holder, expires_ns FROM cronoq_leader WHERE id = 1"
+            ).fetchone()
+            now = time.time_ns()
+            if holder is not None and expires_ns > now:
+                return None  # another standby was quicker
+            db.execute(
+                "UPDATE cronoq_leader SET epoch = ?, holder = ?, expires_ns = ? WHERE id = 1",
+                (epoch + 1, self._holder, now + round(self._config.lease_ttl * NS)),
+            )
+            return int(epoch) + 1
+
         # Look first without the write lock: a standby must not contend with the leader's
         # commits every poll, nor hold a read transaction open between polls.
         [(holder, expires_ns)] = await self._read(
@@ -267,21 +292,7 @@ class SqliteStore:
         )
         if holder is not None and expires_ns > time.time_ns():
             return None
-        async with self._transaction("taking the lease", lease=True) as conn:
-            async with conn.execute(
-                "SELECT epoch, holder, expires_ns FROM cronoq_leader WHERE id = 1"
-            ) as cursor:
-                row = await cursor.fetchone()
-            assert row is not None
-            epoch, holder, expires_ns = row
-            now = time.time_ns()
-            if holder is not None and expires_ns > now:
-                return None  # another standby was quicker
-            await conn.execute(
-                "UPDATE cronoq_leader SET epoch = ?, holder = ?, expires_ns = ? WHERE id = 1",
-                (epoch + 1, self._holder, now + round(self._config.lease_ttl * NS)),
-            )
-            return int(epoch) + 1
+        return await self._transaction("taking the lease", take, lease=True)
 
     async def _renew_lease(self) -> None:
         """Extend the lease every ``lease_renew``; notice a takeover, or an expiry we missed."""
@@ -310,12 +321,14 @@ class SqliteStore:
             valid_until = time.monotonic() + config.lease_ttl
 
     async def _extend_lease(self) -> bool:
-        async with self._transaction("renewing the lease", lease=True) as conn:
-            cursor = await conn.execute(
+        def extend(db: sqlite3.Connection) -> bool:
+            cursor = db.execute(
                 "UPDATE cronoq_leader SET expires_ns = ? WHERE id = 1 AND epoch = ? AND holder = ?",
                 (time.time_ns() + round(self._config.lease_ttl * NS), self._epoch, self._holder),
             )
             return cursor.rowcount == 1
+
+        return await self._transaction("renewing the lease", extend, lease=True)
 
     def _stop_on_fatal(self, exc: StoreFatal) -> None:
         """A background write (renewal, pruning) failed for good: a read-only, corrupt or
@@ -346,12 +359,14 @@ class SqliteStore:
             await shielded(self._release_lease(epoch))
 
     async def _release_lease(self, epoch: int) -> None:
-        async with self._transaction("releasing the lease", lease=True) as conn:
-            await conn.execute(
+        def release(db: sqlite3.Connection) -> None:
+            db.execute(
                 "UPDATE cronoq_leader SET holder = NULL, expires_ns = 0 "
                 "WHERE id = 1 AND epoch = ? AND holder = ?",
                 (epoch, self._holder),
             )
+
+        await self._transaction("releasing the lease", release, lease=True)
 
     # --- commit ---------------------------------------------------------------------------
 
@@ -365,55 +380,47 @@ class SqliteStore:
         def unix(ns: int | None) -> int | None:
             return None if ns is None else to_unix(ns)
 
-        async with self._transaction("committing a batch") as conn:
-            await self._fence(conn, epoch, rows.max_task_id)
-            if rows.new_tasks:
-                await conn.executemany(
-                    _INSERT_TASK,
-                    [
-                        (
-                            t.task_id, t.spec.pool, t.spec.kind, t.spec.key, t.spec.payload,
-                            encode_task_options(t.spec), t.status.value, t.attempt, t.message,
-                            to_unix(t.submitted_ns), to_unix(t.updated_ns), unix(t.due_ns),
-                            unix(t.finished_ns), t.output, t.cancel_requested,
-                        )
-                        for t in rows.new_tasks
-                    ],
-                )  # fmt: skip
-            if rows.changes:
-                await conn.executemany(
-                    _CHANGE_TASK,
-                    [
-                        {
-                            "id": c.task_id,
-                            "status": None if c.status is None else c.status.value,
-                            "attempt": c.attempt,
-                            "message": c.message,
-                            "updated": to_unix(c.updated_ns),
-                            "due": unix(c.due_ns),
-                            "finished": unix(c.finished_ns),
-                            "output": c.output,
-                            "cancel": c.cancel_requested,
-                        }
-                        for c in rows.changes
-                    ],
-                )
-            if rows.saved_schedules:
-                await conn.executemany(
-                    _SAVE_SCHEDULE,
-                    [
-                        (
-                            r.spec.name, encode_schedule_spec(r.spec), to_unix(r.next_ns),
-                            r.paused, r.last_task_id,
-                        )
-                        for r in rows.saved_schedules
-                    ],
-                )  # fmt: skip
-            if rows.removed_schedules:
-                await conn.executemany(
-                    "DELETE FROM cronoq_schedules WHERE name = ?",
-                    [(name,) for name in rows.removed_schedules],
-                )
+        # The rows' values are read on the event loop, where the batch was made; the
+        # transaction's thread only runs the statements.
+        new_tasks = new_task_columns(rows.new_tasks, to_unix) if rows.new_tasks else None
+        changes = [
+            {
+                "id": c.task_id,
+                "status": None if c.status is None else c.status.value,
+                "attempt": c.attempt,
+                "message": c.message,
+                "updated": to_unix(c.updated_ns),
+                "due": unix(c.due_ns),
+                "finished": unix(c.finished_ns),
+                "output": c.output,
+                "cancel": c.cancel_requested,
+            }
+            for c in rows.changes
+        ]
+        schedules = [
+            (
+                r.spec.name,
+                encode_schedule_spec(r.spec),
+                to_unix(r.next_ns),
+                r.paused,
+                r.last_task_id,
+            )
+            for r in rows.saved_schedules
+        ]
+        removed = [(name,) for name in rows.removed_schedules]
+
+        def write(db: sqlite3.Connection) -> None:
+            self._fence(db, epoch, rows.max_task_id)
+            if new_tasks is not None:
+                self._insert.run(db, new_tasks)
+            if changes:
+                db.executemany(_CHANGE_TASK, changes)
+            if schedules:
+                db.executemany(_SAVE_SCHEDULE, schedules)
+            if removed:
+                db.executemany("DELETE FROM cronoq_schedules WHERE name = ?", removed)
+
+        await self._transaction("committing a batch", write, epoch=epoch)
 
     # --- recovery -------------------------------------------------------------------------
 
@@ -426,50 +433,51 @@ class SqliteStore:
         tasks: list[TaskRecord] = []
         quarantined: list[tuple[int, str]] = []
         schedules: list[ScheduleRecord] = []
+
         # A read transaction: one snapshot of the file, and no write lock, so that the lease
         # renewal (on its own connection) keeps the lease however long this takes. Nothing
-        # else writes tasks meanwhile: this instance leads, and its own commits wait for
-        # ``self._lock``.
-        async with self._transaction("recovering", write=False) as conn:
-            async with conn.execute(
+        # else writes tasks meanwhile: this instance leads, and its own commits run after
+        # this on the connection's thread. Rows are decoded there, as they are read.
+        def read(db: sqlite3.Connection) -> int:
+            row = db.execute(
                 "SELECT epoch, holder, max_task_id FROM cronoq_leader WHERE id = 1"
-            ) as cursor:
-                row = await cursor.fetchone()
-            assert row is not None
+            ).fetchone()
             if (row[0], row[1]) != (epoch, self._holder) or epoch != self._epoch:
-                self._fenced(epoch)
-            max_task_id = int(row[2])
-            horizon = time.time_ns() - retention_ns
-            async with conn.execute(_RECOVER, {"horizon": horizon}) as cursor:
-                async for task_row in cursor:
-                    try:
-                        tasks.append(decode_task_record(task_row, to_engine, with_output=False))
-                    except (ValueError, TypeError) as exc:
-                        quarantined.append((task_row[0], f"quarantined: undecodable row ({exc})"))
-            async with conn.execute(
+                raise self._fenced(epoch)
+            for task_row in db.execute(_RECOVER, {"horizon": time.time_ns() - retention_ns}):
+                try:
+                    tasks.append(decode_task_record(task_row, to_engine, with_output=False))
+                except (ValueError, TypeError) as exc:
+                    quarantined.append((task_row[0], f"quarantined: undecodable row ({exc})"))
+            for name, spec, next_ns, paused, last_task_id in db.execute(
                 "SELECT name, spec, next_ns, paused, last_task_id FROM cronoq_schedules"
-            ) as cursor:
-                async for name, spec, next_ns, paused, last_task_id in cursor:
-                    try:
-                        schedules.append(
-                            ScheduleRecord(
-                                decode_schedule_spec(name, spec),
-                                to_engine(next_ns),
-                                bool(paused),
-                                last_task_id,
-                            )
+            ):
+                try:
+                    schedules.append(
+                        ScheduleRecord(
+                            decode_schedule_spec(name, spec),
+                            to_engine(next_ns),
+                            bool(paused),
+                            last_task_id,
                         )
-                    except ValueError:
-                        log.exception("schedule %r cannot be decoded; it is skipped", name)
+                    )
+                except ValueError:
+                    log.exception("schedule %r cannot be decoded; it is skipped", name)
+            return int(row[2])
+
+        max_task_id = await self._transaction("recovering", read, epoch=epoch, write=False)
         if quarantined:
-            async with self._transaction("quarantining undecodable rows") as conn:
-                await self._fence(conn, epoch)
-                now = time.time_ns()
-                await conn.executemany(
+            now = time.time_ns()
+
+            def quarantine(db: sqlite3.Connection) -> None:
+                self._fence(db, epoch)
+                db.executemany(
                     "UPDATE cronoq_tasks SET status = 'failed', message = ?, updated_ns = ?, "
                     "finished_ns = COALESCE(finished_ns, ?) WHERE id = ?",
                     [(reason, now, now, task_id) for task_id, reason in quarantined],
                 )
+
+            await self._transaction("quarantining undecodable rows", quarantine, epoch=epoch)
         for task_id, reason in quarantined:
             log.error("task %d %s", task_id, reason)
         return RecoveredState(max_task_id, tasks, schedules, quarantined)
@@ -507,14 +515,15 @@ class SqliteStore:
         )
 
     async def _prune_batch(self, epoch: int, horizon_unix_ns: int) -> int:
-        async with self._transaction("pruning") as conn:
-            await self._fence(conn, epoch)
-            cursor = await conn.execute(
+        def prune(db: sqlite3.Connection) -> int:
+            self._fence(db, epoch)
+            return db.execute(
                 "DELETE FROM cronoq_tasks WHERE id IN (SELECT id FROM cronoq_tasks "
                 "WHERE finished_ns < ? LIMIT ?)",
                 (horizon_unix_ns, self._config.prune_batch),
-            )
-            return cursor.rowcount
+            ).rowcount
+
+        return await self._transaction("pruning", prune, epoch=epoch)
 
     async def _prune_regularly(self) -> None:
         config = self._config
@@ -542,33 +551,31 @@ class SqliteStore:
     async def _close_connection(self) -> None:
         if self._closed:
             return
-        async with self._lock, self._lease_lock:
-            self._closed = True
-            await _close_all([self._conn, self._lease_conn])
+        # Each connection closes after the transactions already given to it.
+        self._closed = True
+        await _close_all([self._conn, self._lease_conn])
 
 
-async def _roll_back(conn: aiosqlite.Connection) -> None:
+def _roll_back(db: sqlite3.Connection) -> None:
     # SQLite rolls some failures (a full disk, an I/O error) back by itself.
     with contextlib.suppress(sqlite3.Error):
-        if conn.in_transaction:
-            await conn.execute("ROLLBACK")
+        if db.in_transaction:
+            db.execute("ROLLBACK")
 
 
-async def _close_all(connections: Sequence[aiosqlite.Connection]) -> None:
+async def _close_all(connections: Sequence[Connection]) -> None:
     for conn in connections:
         with contextlib.suppress(sqlite3.Error):
             await conn.close()
 
 
-async def _migrate_patiently(
-    conn: aiosqlite.Connection, config: SqliteStoreConfig, path: str
-) -> None:
+async def _migrate_patiently(conn: Connection, config: SqliteStoreConfig, path: str) -> None:
     """Instances opened together contend for the write lock: opening waits its turn (a short
     ``busy_timeout`` is for commits, which the scheduler retries, not for opening)."""
     give_up = time.monotonic() + max(5.0, 10 * config.busy_timeout)
     while True:
         try:
-            await migrate(conn, path)
+            await conn.run(lambda db: migrate(db, path))
             return
         except Unavailable:
             if time.monotonic() >= give_up:
