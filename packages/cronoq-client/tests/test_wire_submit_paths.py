@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
+import pytest
 from google.protobuf import duration_pb2
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -210,3 +211,92 @@ def test_instants_decode_to_their_python_forms() -> None:
     decoded = w.task_request_from_pb(message)
     assert decoded.start_at == timedelta(seconds=5)
     assert isinstance(decoded.deadline, datetime) and decoded.deadline.timestamp() == 86_400
+
+
+# --- the compact form of SubmitMany ---------------------------------------------------------
+
+
+def _task_by_task(requests: list[object]) -> list[tuple[Any, ...]]:
+    """What the server reads from the task-by-task form of these requests (the reference)."""
+    messages = [w.task_request_to_pb(r, BytesCodec()) for r in requests]
+    return [_typed(w.task_request_from_pb(wire_message)) for wire_message in messages]
+
+
+# Few kinds, pools and payloads, so that lists often share all but their payloads.
+_BULK = st.builds(
+    TaskRequest,
+    st.sampled_from(["k", "k2"]),
+    st.binary(max_size=4) | st.none(),
+    st.sampled_from(["default", "p"]),
+)
+
+
+@DIFFERENTIAL
+@given(st.lists(_BULK | near_default_requests() | task_requests, max_size=6))
+def test_submit_many_reads_as_the_task_by_task_form(requests: list[TaskRequest]) -> None:
+    message = pb.SubmitManyRequest.FromString(
+        w.submit_many_request(requests, BytesCodec()).SerializeToString()
+    )
+    ours = _outcome(lambda: [_typed(r) for r in w.submit_many_requests(message)])
+    assert ours == _outcome(lambda: _task_by_task(list(requests)))
+    compact = (
+        len(requests) > 1
+        and all(
+            r.only_kind_payload_pool and r.payload is not None and (r.kind, r.pool) == (
+                requests[0].kind, requests[0].pool
+            )
+            for r in requests
+        )
+    )  # fmt: skip
+    assert message.HasField("common") == compact
+    assert not (message.tasks and message.payloads)
+
+
+@DIFFERENTIAL
+@given(st.lists(st.sampled_from(["k", "k", 7, "\ud800", ""]), min_size=2, max_size=4))
+def test_a_bad_kind_in_a_bulk_list_fails_as_the_task_by_task_form(kinds: list[Any]) -> None:
+    requests = [TaskRequest(kind, b"p") for kind in kinds]
+    ours = _outcome(lambda: w.submit_many_request(requests, BytesCodec()))
+    reference = _outcome(lambda: [w.task_request_to_pb(r, BytesCodec()) for r in requests])
+    assert ours[0] == reference[0]
+    assert ours[0] == "returned" or ours == reference
+
+
+@DIFFERENTIAL
+@given(st.lists(st.binary(max_size=3) | st.just(object()), min_size=2, max_size=4))
+def test_a_bad_payload_in_a_bulk_list_fails_as_the_task_by_task_form(payloads: list[Any]) -> None:
+    requests = [TaskRequest("k", payload) for payload in payloads]
+    ours = _outcome(lambda: w.submit_many_request(requests, BytesCodec()))
+    reference = _outcome(lambda: [w.task_request_to_pb(r, BytesCodec()) for r in requests])
+    assert ours[0] == reference[0]
+    assert ours[0] == "returned" or ours == reference
+
+
+@DIFFERENTIAL
+@given(task_requests, st.lists(st.binary(max_size=4), max_size=4))
+def test_a_compact_message_of_any_common_request_reads_as_its_tasks(
+    common: TaskRequest, payloads: list[bytes]
+) -> None:
+    common_pb = w.task_request_to_pb(replace(common, payload=None), BytesCodec())
+    message = pb.SubmitManyRequest(common=common_pb, payloads=payloads)
+    expected = [_typed(replace(w.task_request_from_pb(common_pb), payload=p)) for p in payloads]
+    assert [_typed(r) for r in w.submit_many_requests(message)] == expected
+
+
+@pytest.mark.parametrize(
+    ("message", "match"),
+    [
+        (
+            pb.SubmitManyRequest(tasks=[pb.TaskRequest(kind="k")], common=pb.TaskRequest(kind="k")),
+            "tasks and common are both set",
+        ),
+        (pb.SubmitManyRequest(payloads=[b"p"]), "payloads given without common"),
+        (
+            pb.SubmitManyRequest(common=pb.TaskRequest(kind="k", payload=b"x"), payloads=[b"p"]),
+            "common.payload is set",
+        ),
+    ],
+)
+def test_a_message_mixing_the_forms_is_refused(message: pb.SubmitManyRequest, match: str) -> None:
+    with pytest.raises(InvalidArgument, match=match):
+        w.submit_many_requests(message)

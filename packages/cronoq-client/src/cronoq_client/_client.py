@@ -191,11 +191,12 @@ class AsyncClient:
     async def submit_many(self, requests: Iterable[TaskRequest]) -> builtins.list[int]:
         """Submit several tasks in one step: all are accepted, or none is."""
         message = wire.submit_many_request(requests, self._codec)
-        if not message.tasks:
+        if not message.tasks and not message.payloads:
             return []
         reply = await self._call(
             lambda stub, timeout: stub.SubmitMany(message, timeout=timeout),
-            idempotent=all(task.HasField("key") for task in message.tasks),
+            # The compact form carries no key: its tasks are never all keyed.
+            idempotent=bool(message.tasks) and all(task.HasField("key") for task in message.tasks),
         )
         return list(reply.task_ids)
 

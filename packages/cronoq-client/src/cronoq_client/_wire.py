@@ -530,16 +530,68 @@ def submit_request(request: TaskRequest, codec: Codec) -> pb.SubmitRequest:
 
 
 def submit_many_request(requests: Iterable[TaskRequest], codec: Codec) -> pb.SubmitManyRequest:
-    """Read one request at a time, so an endless iterable stops after MAX_ITEMS."""
-    tasks = [
-        task_request_to_pb(r, codec)
-        for r in _items(requests, "submit_many requests", "an iterable of TaskRequest")
-    ]
-    return pb.SubmitManyRequest(tasks=tasks)
+    """Read one request at a time, so an endless iterable stops after MAX_ITEMS.
+
+    Requests that differ only in their payloads (every other field at its default object,
+    one kind and one pool, each with a payload), as a bulk submission's are, go in the compact
+    form: the common request once, and the payloads, which protobuf encodes and decodes in
+    one step. Any other list goes task by task.
+    """
+    items = list(_items(requests, "submit_many requests", "an iterable of TaskRequest"))
+    common = _common_request(items)
+    if common is not None:
+        message = pb.SubmitManyRequest(common=task_request_to_pb(common, codec))
+        message.payloads.extend([encode_with(codec, r.payload, "payload") for r in items])
+        return message
+    return pb.SubmitManyRequest(tasks=[task_request_to_pb(r, codec) for r in items])
+
+
+def _common_request(items: list[object]) -> TaskRequest | None:
+    """The request that every item is, but for its payload (None as payload), if there is
+    one and the compact form can carry them (several items, each with a payload)."""
+    if len(items) < 2:
+        return None
+    first = items[0]
+    if type(first) is not TaskRequest:
+        return None
+    kind, pool = first.kind, first.pool
+    # Only exact str values are compared: any other goes task by task, where it is checked.
+    if type(kind) is not str or type(pool) is not str:
+        return None
+    for item in items:
+        if not (
+            type(item) is TaskRequest
+            and item.payload is not None
+            and item.only_kind_payload_pool
+            and (item.kind is kind or (type(item.kind) is str and item.kind == kind))
+            and (item.pool is pool or (type(item.pool) is str and item.pool == pool))
+        ):
+            return None
+    return TaskRequest(kind, None, pool)
 
 
 def submit_many_requests(message: pb.SubmitManyRequest) -> list[TaskRequest]:
-    return [task_request_from_pb(task) for task in message.tasks]
+    """The requests of either form (``submit_many_request``); a message of both is refused."""
+    if not message.HasField("common"):
+        if message.payloads:
+            raise InvalidArgument("payloads given without common: set common, or use tasks")
+        return [task_request_from_pb(task) for task in message.tasks]
+    if message.tasks:
+        raise InvalidArgument("tasks and common are both set: use one of the two forms")
+    if message.common.HasField("payload"):
+        raise InvalidArgument("common.payload is set: the compact form's payloads are payloads")
+    c = task_request_from_pb(message.common)
+    if c.only_kind_payload_pool:
+        kind, pool = c.kind, c.pool
+        return [TaskRequest(kind, payload, pool) for payload in message.payloads]
+    # Built positionally, in field order, as task_request_from_pb does.
+    return [
+        TaskRequest(
+            c.kind, payload, c.pool, c.key, c.tags, c.name, c.priority, c.retry, c.start_at,
+            c.miss_policy, c.grace, c.deadline, c.timeout, c.after,
+        )
+        for payload in message.payloads
+    ]  # fmt: skip
 
 
 # --- TaskInfo and TaskSummary ---------------------------------------------------------------

@@ -564,19 +564,34 @@ Global___SubmitResponse: _TypeAlias = SubmitResponse  # noqa: Y015
 
 @_typing.final
 class SubmitManyRequest(_message.Message):
+    """The tasks of one submission, in one of two forms: each task in full (`tasks`), or, for tasks
+    that differ only in their payloads, `common` once and the payloads in order: the request is
+    then `common` once per payload, each with that payload. Setting both forms is refused.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASKS_FIELD_NUMBER: _builtins.int
+    COMMON_FIELD_NUMBER: _builtins.int
+    PAYLOADS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskRequest]: ...
+    @_builtins.property
+    def common(self) -> Global___TaskRequest:
+        """Every field of the tasks but the payload, which must be absent."""
+
+    @_builtins.property
+    def payloads(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
     def __init__(
         self,
         *,
         tasks: _abc.Iterable[Global___TaskRequest] | None = ...,
+        common: Global___TaskRequest | None = ...,
+        payloads: _abc.Iterable[_builtins.bytes] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["common", b"common"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["common", b"common", "payloads", b"payloads", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
