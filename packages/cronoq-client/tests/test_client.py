@@ -307,6 +307,8 @@ class Scripted(pb_grpc.SchedulerServiceServicer):
     """Set: ListSchedules answers with this status."""
     held: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once a call is held (HOLD)."""
+    knows_compact: bool = True
+    """False: SubmitMany reads only ``tasks``, as a server older than the compact form does."""
 
     @property
     def calls(self) -> int:
@@ -334,7 +336,8 @@ class Scripted(pb_grpc.SchedulerServiceServicer):
 
     async def SubmitMany(self, request: Any, context: Any) -> pb.SubmitManyResponse:
         await self._answer(request, context)
-        return pb.SubmitManyResponse(task_ids=range(1, len(request.tasks) + 1))
+        count = len(request.tasks) + (len(request.payloads) if self.knows_compact else 0)
+        return pb.SubmitManyResponse(task_ids=range(1, count + 1))
 
     async def List(self, request: Any, context: Any) -> pb.ListResponse:
         await self._answer(request, context)
@@ -402,6 +405,18 @@ async def test_standby_sends_the_retry_to_the_next_target(scripted: Start) -> No
         assert await client.submit("k") == 7
         assert await client.submit("k") == 7  # stays on the replica that answered
     assert (standby.calls, leader.calls) == (1, 2)
+
+
+async def test_a_server_that_answers_fewer_ids_than_tasks_is_an_error(scripted: Start) -> None:
+    servicer, target = await scripted(None)
+    bulk = [TaskRequest("k", b"%d" % i) for i in range(3)]
+    async with AsyncClient(target, timeout=5.0) as client:
+        assert await client.submit_many(bulk) == [1, 2, 3]
+        assert servicer.requests[-1].payloads == [b"0", b"1", b"2"]  # the compact form
+        servicer.knows_compact = False  # an older server: it reads no task, answers no id
+        with pytest.raises(SchedulerError, match="answered 0 task ids for 3 tasks") as caught:
+            await client.submit_many(bulk)
+        assert caught.value.applied is None
 
 
 async def test_keyless_submit_with_an_unknown_outcome_is_not_retried(scripted: Start) -> None:

@@ -5,7 +5,8 @@ same exception with the same text, for any input."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta
 from fractions import Fraction
@@ -281,6 +282,24 @@ def test_a_compact_message_of_any_common_request_reads_as_its_tasks(
     message = pb.SubmitManyRequest(common=common_pb, payloads=payloads)
     expected = [_typed(replace(w.task_request_from_pb(common_pb), payload=p)) for p in payloads]
     assert [_typed(r) for r in w.submit_many_requests(message)] == expected
+
+
+@pytest.mark.parametrize(
+    "head",
+    [[], [TaskRequest("k", b"p")] * 3, [TaskRequest("k", b"p", key="a")]],
+    ids=["first", "after-bulk", "after-full"],
+)
+def test_a_bad_item_of_an_endless_iterable_is_reported_when_read(head: list[TaskRequest]) -> None:
+    requests: Iterator[Any] = itertools.chain(head, [42], itertools.repeat(TaskRequest("k", b"x")))
+    with pytest.raises(InvalidArgument, match="expected a TaskRequest, got int"):
+        w.submit_many_request(requests, BytesCodec())
+
+
+def test_a_message_beyond_the_batch_limit_is_refused_before_decoding() -> None:
+    too_many = pb.SubmitManyRequest(common=pb.TaskRequest(kind="k"), payloads=[b""] * 100_001)
+    with pytest.raises(InvalidArgument, match="more than 100000 items given; the limit is"):
+        w.submit_many_requests(too_many)
+    assert len(w.submit_many_requests(pb.SubmitManyRequest(tasks=[pb.TaskRequest(kind="k")]))) == 1
 
 
 @pytest.mark.parametrize(

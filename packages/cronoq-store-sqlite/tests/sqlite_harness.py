@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from cronoq.store import Store
@@ -102,11 +103,22 @@ class SqliteHarness(StoreHarness):
         # standby may take over.
         store = self._sqlite(instance)
         gate = threading.Event()
+        started = [threading.Event(), threading.Event()]
+
+        def hold(running: threading.Event) -> Callable[[sqlite3.Connection], bool]:
+            def held(_: sqlite3.Connection) -> bool:
+                running.set()
+                return gate.wait()
+
+            return held
+
         holds = [
-            asyncio.create_task(conn.run(lambda _: gate.wait()))
-            for conn in (store._conn, store._lease_conn)
+            asyncio.create_task(conn.run(hold(running)))
+            for conn, running in zip((store._conn, store._lease_conn), started, strict=True)
         ]
         self._paused[store] = (gate, holds)
+        # Frozen once both threads hold: what was running before has finished.
+        assert await asyncio.to_thread(lambda: all(e.wait(10) for e in started))
 
     async def resume(self, instance: Store) -> None:
         gate, holds = self._paused.pop(self._sqlite(instance))

@@ -82,12 +82,14 @@ def rows(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(batch=batches(), again=st.booleans())
+@given(batch=batches(), again=st.booleans(), variables=st.sampled_from([None, 999, 300, 15]))
 def test_the_insert_writes_the_rows_a_per_row_insert_writes(
-    tmp_path: Path, batch: list[list[object]], again: bool
+    tmp_path: Path, batch: list[list[object]], again: bool, variables: int | None
 ) -> None:
     insert = NewTaskInsert()
     with database(tmp_path / "new.db") as new, database(tmp_path / "reference.db") as reference:
+        if variables is not None:  # an older SQLite's default (999), or a build's own limit
+            new.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, variables)
         insert.run(new, batch)
         if again:  # a batch retried after an unknown outcome: the rows are already there
             insert.run(new, batch)

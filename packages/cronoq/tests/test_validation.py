@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cronoq import (
+    MAX_BATCH,
     BytesCodec,
     Codec,
     InvalidArgument,
@@ -884,7 +885,8 @@ async def test_a_list_of_requests_is_refused_as_any_iterable_is(
 async def test_a_list_beyond_the_batch_limit_is_refused_as_any_iterable_is(
     sched: Scheduler,
 ) -> None:
-    requests = [TaskRequest("job")] * 100_001
+    assert MAX_BATCH == 100_000  # as docs/api.md says
+    requests = [TaskRequest("job")] * (MAX_BATCH + 1)
     with pytest.raises(InvalidArgument, match="submit_many requests: more than 100000 items"):
         await sched.submit_many(requests)
     await assert_nothing_applied(sched)

@@ -198,6 +198,14 @@ class AsyncClient:
             # The compact form carries no key: its tasks are never all keyed.
             idempotent=bool(message.tasks) and all(task.HasField("key") for task in message.tasks),
         )
+        sent = len(message.tasks) + len(message.payloads)
+        if len(reply.task_ids) != sent:
+            # A server of another release may not know the form sent (see docs/server.md).
+            raise SchedulerError(
+                f"the server answered {len(reply.task_ids)} task ids for {sent} tasks; "
+                "upgrade the servers and clients of a deployment together",
+                applied=None,
+            )
         return list(reply.task_ids)
 
     async def get(self, task_id: int) -> TaskInfo:

@@ -30,12 +30,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import DecodeError, Message
 
 from cronoq import (
+    MAX_BATCH,
     AttemptToken,
     CancelRequested,
     CatchUpPolicy,
@@ -530,48 +531,67 @@ def submit_request(request: TaskRequest, codec: Codec) -> pb.SubmitRequest:
 
 
 def submit_many_request(requests: Iterable[TaskRequest], codec: Codec) -> pb.SubmitManyRequest:
-    """Read one request at a time, so an endless iterable stops after MAX_ITEMS.
+    """Read one request at a time, so an endless iterable stops after MAX_ITEMS, and the first
+    bad request is reported as soon as it is read.
 
     Requests that differ only in their payloads (every other field at its default object,
     one kind and one pool, each with a payload), as a bulk submission's are, go in the compact
     form: the common request once, and the payloads, which protobuf encodes and decodes in
-    one step. Any other list goes task by task.
+    one step. At the first request that differs otherwise, the list goes task by task.
     """
-    items = list(_items(requests, "submit_many requests", "an iterable of TaskRequest"))
-    common = _common_request(items)
-    if common is not None:
-        message = pb.SubmitManyRequest(common=task_request_to_pb(common, codec))
-        message.payloads.extend([encode_with(codec, r.payload, "payload") for r in items])
+    common: pb.TaskRequest | None = None
+    kind = pool = ""
+    payloads: list[bytes] = []
+    tasks: list[pb.TaskRequest] | None = None
+    for item in _items(requests, "submit_many requests", "an iterable of TaskRequest"):
+        if tasks is None:
+            if common is None and _bulk(item, None, None):
+                kind, pool = item.kind, item.pool
+                common = task_request_to_pb(TaskRequest(kind, None, pool), codec)
+            if common is not None and _bulk(item, kind, pool):
+                payloads.append(encode_with(codec, item.payload, "payload"))
+                continue
+            tasks = [_with_payload(common, p) for p in payloads] if common is not None else []
+        tasks.append(task_request_to_pb(item, codec))
+    if tasks is None and common is not None and len(payloads) > 1:
+        message = pb.SubmitManyRequest(common=common)
+        message.payloads.extend(payloads)
         return message
-    return pb.SubmitManyRequest(tasks=[task_request_to_pb(r, codec) for r in items])
+    if tasks is None:
+        tasks = [_with_payload(common, p) for p in payloads] if common is not None else []
+    return pb.SubmitManyRequest(tasks=tasks)
 
 
-def _common_request(items: list[object]) -> TaskRequest | None:
-    """The request that every item is, but for its payload (None as payload), if there is
-    one and the compact form can carry them (several items, each with a payload)."""
-    if len(items) < 2:
-        return None
-    first = items[0]
-    if type(first) is not TaskRequest:
-        return None
-    kind, pool = first.kind, first.pool
-    # Only exact str values are compared: any other goes task by task, where it is checked.
-    if type(kind) is not str or type(pool) is not str:
-        return None
-    for item in items:
-        if not (
-            type(item) is TaskRequest
-            and item.payload is not None
-            and item.only_kind_payload_pool
-            and (item.kind is kind or (type(item.kind) is str and item.kind == kind))
-            and (item.pool is pool or (type(item.pool) is str and item.pool == pool))
-        ):
-            return None
-    return TaskRequest(kind, None, pool)
+def _bulk(item: object, kind: str | None, pool: str | None) -> TypeGuard[TaskRequest]:
+    """Whether ``item`` is a request the compact form carries: a payload, every field but kind,
+    payload and pool at its default object, kind and pool exact str (any other value goes task
+    by task, where it is checked), equal to ``kind`` and ``pool`` when given."""
+    return (
+        type(item) is TaskRequest
+        and item.payload is not None
+        and item.only_kind_payload_pool
+        and type(item.kind) is str
+        and type(item.pool) is str
+        and (kind is None or item.kind is kind or item.kind == kind)
+        and (pool is None or item.pool is pool or item.pool == pool)
+    )
+
+
+def _with_payload(common: pb.TaskRequest, payload: bytes) -> pb.TaskRequest:
+    message = pb.TaskRequest()
+    message.CopyFrom(common)
+    message.payload = payload
+    return message
 
 
 def submit_many_requests(message: pb.SubmitManyRequest) -> list[TaskRequest]:
-    """The requests of either form (``submit_many_request``); a message of both is refused."""
+    """The requests of either form (``submit_many_request``); a message of both is refused, and
+    so is one of more than the Scheduler's MAX_BATCH tasks, before any is decoded."""
+    count = len(message.payloads) + len(message.tasks)
+    if count > MAX_BATCH:
+        raise InvalidArgument(
+            f"submit_many requests: more than {MAX_BATCH} items given; the limit is {MAX_BATCH}"
+        )
     if not message.HasField("common"):
         if message.payloads:
             raise InvalidArgument("payloads given without common: set common, or use tasks")

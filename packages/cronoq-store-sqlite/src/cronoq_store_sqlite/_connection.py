@@ -68,15 +68,17 @@ class Connection:
         self._jobs.put((future, lambda: function(db)))
         return await future
 
-    async def close(self) -> None:
-        """Close after the functions already given; the thread then ends."""
-        if self._closed:
-            return
-        self._closed = True
+    def close(self) -> asyncio.Future[None]:
+        """Close after the functions already given; the thread then ends. The close is queued
+        before this returns, so it happens even if nobody awaits the future it returns."""
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._closed:
+            future.set_result(None)
+            return future
+        self._closed = True
         self._jobs.put((future, self._db.close))
         self._jobs.put(None)
-        await future
+        return future
 
 
 def _serve(jobs: SimpleQueue[_Job | None]) -> None:
@@ -85,6 +87,8 @@ def _serve(jobs: SimpleQueue[_Job | None]) -> None:
         try:
             result = function()
         except BaseException as exc:  # handed to the waiting caller, whatever it is
+            if isinstance(exc, StopIteration):  # a future refuses it (it would never resolve)
+                exc = RuntimeError(f"a connection's function raised {exc!r}")
             _hand_over(future, _set_exception, exc)
         else:
             _hand_over(future, _set_result, result)

@@ -6,7 +6,9 @@ SQLite's own insert: for 1,000 new tasks, 4.3 ms against 1.4 ms for one statemen
 the pool, kind, status ... once and only the id and payload per row (measured in one run,
 on this file's schema). A statement depends on which columns vary (the batch's shape) and on
 its row count; the rows go in chunks of :data:`CHUNKS` rows, so each shape needs at most five
-statements, which SQLite's statement cache (``STATEMENT_CACHE_SIZE``) keeps prepared.
+statements, which SQLite's statement cache (``STATEMENT_CACHE_SIZE``) keeps prepared. A chunk
+never binds more variables than the connection allows (SQLite before 3.32 allowed 999 by
+default, and a build may set its own limit): a wide shape takes the smaller chunks.
 """
 
 from __future__ import annotations
@@ -74,8 +76,13 @@ class NewTaskInsert:
                 shape = (True,) * len(columns)
         once = [c[0] for c, per_row in zip(columns, shape, strict=True) if not per_row]
         per_row = [c for c, varying in zip(columns, shape, strict=True) if varying]
+        variables = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         total, done = len(columns[0]), 0
         for size in CHUNKS:
+            # One row always fits: SQLite allows at least 999 variables unless a build or a
+            # caller lowered the limit below one row's 15 columns.
+            if size > 1 and len(once) + size * len(per_row) > variables:
+                continue
             while total - done >= size:
                 rows = zip(*(c[done : done + size] for c in per_row), strict=True)
                 conn.execute(self._statement(shape, size), [*once, *itertools.chain(*rows)])

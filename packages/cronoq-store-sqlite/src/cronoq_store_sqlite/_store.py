@@ -551,9 +551,10 @@ class SqliteStore:
     async def _close_connection(self) -> None:
         if self._closed:
             return
-        # Each connection closes after the transactions already given to it.
+        # Each connection closes after the transactions already given to it; shielded, so that
+        # a cancelled close still closes both.
         self._closed = True
-        await _close_all([self._conn, self._lease_conn])
+        await shielded(_close_all([self._conn, self._lease_conn]))
 
 
 def _roll_back(db: sqlite3.Connection) -> None:
@@ -564,6 +565,8 @@ def _roll_back(db: sqlite3.Connection) -> None:
 
 
 async def _close_all(connections: Sequence[Connection]) -> None:
+    # One after the other: the last connection to close checkpoints the WAL into the database
+    # and deletes it, which two closing at once on their threads would each leave to the other.
     for conn in connections:
         with contextlib.suppress(sqlite3.Error):
             await conn.close()

@@ -12,7 +12,7 @@ from cronoq._metrics import Histogram, SchedulerMetrics
 from cronoq._model import CatchUpPolicy, MissPolicy, OverlapPolicy, RetryPolicy, Status
 from cronoq._remote import CancelRequested, LeasedAttempt, LeaseRenewed, RemotePool, WorkerLink
 from cronoq._scheduler import Pool, ScheduleInfo, Scheduler, TaskInfo, TaskRequest, preview
-from cronoq._validate import unix_ns
+from cronoq._validate import MAX_BATCH, unix_ns
 from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
@@ -28,6 +28,7 @@ from cronoq.errors import (
 )
 
 __all__ = [
+    "MAX_BATCH",
     "AdmissionRejected",
     "AttemptToken",
     "BytesCodec",

@@ -114,10 +114,11 @@ async def shielded(operation: Coroutine[Any, Any, _T]) -> _T:
     """Run a store operation to its end even if the caller is cancelled.
 
     The driver cancels a commit that outlives ``commit_timeout`` and then rebuilds its memory
-    from the store. A store that runs its operations shielded, one at a time behind a lock,
-    guarantees that the cancelled commit has finished (landed or not) before that rebuild reads
-    anything, so memory never misses a batch that landed late. It also keeps a driver that
-    cannot take back a statement it queued from leaving a transaction open.
+    from the store. A store that runs its operations shielded, one at a time (behind a lock,
+    or in order on one connection's thread), guarantees that the cancelled commit has finished
+    (landed or not) before that rebuild reads anything, so memory never misses a batch that
+    landed late. It also keeps a driver that cannot take back a statement it queued from
+    leaving a transaction open.
     """
     task = asyncio.ensure_future(operation)
     # Nobody may be left to read its outcome: do not warn about an unretrieved exception.
