@@ -24,6 +24,7 @@ from sqlite_mounts import MountFailed, is_root, remount_read_only, tmpfs
 
 from cronoq.errors import StoreFatal
 from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig
+from cronoq_store_sqlite._schema import check_features
 
 JOURNALS = ("", "-wal", "-shm")
 
@@ -331,3 +332,27 @@ async def test_read_only_location_fails_with_a_store_fatal_naming_path_and_cause
 
 def _pragma(name: str) -> Callable[[sqlite3.Connection], list[Any]]:
     return lambda db: db.execute(f"PRAGMA {name}").fetchall()
+
+
+def test_a_sqlite_older_than_upserts_or_without_json_is_refused_saying_why() -> None:
+    class Old(sqlite3.Connection):
+        """A real connection that reports an older library, or lacks json_valid."""
+
+        version = "3.23.1"
+        json = True
+
+        def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+            if sql == "SELECT sqlite_version()":
+                return super().execute("SELECT ?", (self.version,))
+            if "json_valid" in sql and not self.json:
+                return super().execute("SELECT no_such_function()")
+            return super().execute(sql, *args)
+
+    with contextlib.closing(sqlite3.connect(":memory:", factory=Old)) as conn:
+        with pytest.raises(StoreFatal, match=r"SQLite is 3\.23\.1; .* needs 3\.24\.0 or newer"):
+            check_features(conn)
+        Old.version = "3.40.0"
+        check_features(conn)  # the real library answers json_valid
+        Old.json = False
+        with pytest.raises(StoreFatal, match="lacks the JSON functions"):
+            check_features(conn)

@@ -98,6 +98,7 @@ def configure(
     conn: sqlite3.Connection, *, full_sync: bool, busy_timeout_ms: int, journal_size_limit: int
 ) -> None:
     """Per-connection settings; ``synchronous`` is read back, since a wrong one loses data."""
+    check_features(conn)
     conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms:d}")
     # Opening waits its turn longer than a commit waits for the lock (which the scheduler retries).
     row = _switch_to_wal(conn, max(5.0, 10 * busy_timeout_ms / 1000))
@@ -110,6 +111,28 @@ def configure(
         raise StoreFatal(f"PRAGMA synchronous is {row!r}, expected {wanted}")
     conn.execute(f"PRAGMA journal_size_limit = {journal_size_limit:d}")
     conn.execute("PRAGMA foreign_keys = OFF")
+
+
+MIN_SQLITE = (3, 24, 0)
+"""The first SQLite with upserts (``INSERT ... ON CONFLICT``), which commits use."""
+
+
+def check_features(conn: sqlite3.Connection) -> None:
+    """Refuse, with what is missing, a SQLite library the store's statements would fail on:
+    one older than MIN_SQLITE, or one built without the JSON functions (recovery uses them)."""
+    version = conn.execute("SELECT sqlite_version()").fetchone()[0]
+    if tuple(int(part) for part in version.split(".")[:3]) < MIN_SQLITE:
+        raise StoreFatal(
+            f"this Python's SQLite is {version}; cronoq-store-sqlite needs "
+            f"{'.'.join(map(str, MIN_SQLITE))} or newer"
+        )
+    try:
+        conn.execute("SELECT json_valid('{}')").fetchone()
+    except sqlite3.OperationalError as exc:
+        raise StoreFatal(
+            f"this Python's SQLite ({version}) lacks the JSON functions ({exc}); "
+            "cronoq-store-sqlite needs a build with them (built in since 3.38)"
+        ) from exc
 
 
 def _switch_to_wal(conn: sqlite3.Connection, timeout: float) -> Any:
