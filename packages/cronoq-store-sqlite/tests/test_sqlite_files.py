@@ -351,8 +351,13 @@ def test_a_sqlite_older_than_upserts_or_without_json_is_refused_saying_why() -> 
     with contextlib.closing(sqlite3.connect(":memory:", factory=Old)) as conn:
         with pytest.raises(StoreFatal, match=r"SQLite is 3\.23\.1; .* needs 3\.24\.0 or newer"):
             check_features(conn)
-        Old.version = "3.40.0"
-        check_features(conn)  # the real library answers json_valid
+        for version in ("3.23.99", "3", "x"):
+            Old.version = version
+            with pytest.raises(StoreFatal, match=r"needs 3\.24\.0 or newer"):
+                check_features(conn)
+        for version in ("3.24", "3.24.0", "3.40.0", "3.45.1.2"):
+            Old.version = version
+            check_features(conn)  # the real library answers json_valid
         Old.json = False
         with pytest.raises(StoreFatal, match="lacks the JSON functions"):
             check_features(conn)

@@ -92,7 +92,8 @@ def test_the_insert_writes_the_rows_a_per_row_insert_writes(
         if variables is not None:  # an older SQLite's default (999), or a build's own limit
             new.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, variables)
         with warnings.catch_warnings():
-            # Python 3.12 deprecates binding numbered placeholders (?1) from a sequence.
+            # CPython 3.12.0 to 3.12.3 warn when numbered placeholders (?1) are bound from a
+            # sequence: the insert must not use them.
             warnings.simplefilter("error")
             insert.run(new, batch)
         if again:  # a batch retried after an unknown outcome: the rows are already there

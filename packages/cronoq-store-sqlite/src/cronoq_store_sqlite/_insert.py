@@ -7,8 +7,10 @@ SQLite's own insert. The statement here reads the columns bound once from a one-
 For 1,024 new tasks on this file's schema (two runs, 256 rows a statement, bare ``sqlite3``):
 ``executemany`` 4.31 and 6.28 ms, this form 1.52 and 2.04 ms, every column bound per row in
 multi-row VALUES 3.25 and 4.98 ms. Numbered placeholders (``?1``) shared by the rows were
-quicker still (1.13 and 1.65 ms), but binding them from a sequence is deprecated since Python
-3.12 (an error from 3.14), and from a mapping they cost as much as binding every column.
+quicker still (1.13 and 1.65 ms), but CPython 3.12.0 to 3.12.3 (Ubuntu 24.04's 3.12.3 among
+them) warn when they are bound from a sequence (DeprecationWarning, cpython gh-117995, fixed in
+3.12.4), which fails a program run with warnings as errors; from a mapping they cost as much as
+binding every column.
 
 A statement depends on which columns vary (the batch's shape) and on its row count; the
 rows go in chunks of :data:`CHUNKS` rows, so each shape needs at most five statements, which

@@ -98,7 +98,6 @@ def configure(
     conn: sqlite3.Connection, *, full_sync: bool, busy_timeout_ms: int, journal_size_limit: int
 ) -> None:
     """Per-connection settings; ``synchronous`` is read back, since a wrong one loses data."""
-    check_features(conn)
     conn.execute(f"PRAGMA busy_timeout = {busy_timeout_ms:d}")
     # Opening waits its turn longer than a commit waits for the lock (which the scheduler retries).
     row = _switch_to_wal(conn, max(5.0, 10 * busy_timeout_ms / 1000))
@@ -120,8 +119,9 @@ MIN_SQLITE = (3, 24, 0)
 def check_features(conn: sqlite3.Connection) -> None:
     """Refuse, with what is missing, a SQLite library the store's statements would fail on:
     one older than MIN_SQLITE, or one built without the JSON functions (recovery uses them)."""
-    version = conn.execute("SELECT sqlite_version()").fetchone()[0]
-    if tuple(int(part) for part in version.split(".")[:3]) < MIN_SQLITE:
+    version = str(conn.execute("SELECT sqlite_version()").fetchone()[0])
+    numbers = tuple(int(part) if part.isdigit() else 0 for part in version.split(".")[:3])
+    if numbers + (0,) * (3 - len(numbers)) < MIN_SQLITE:
         raise StoreFatal(
             f"this Python's SQLite is {version}; cronoq-store-sqlite needs "
             f"{'.'.join(map(str, MIN_SQLITE))} or newer"

@@ -56,7 +56,7 @@ from cronoq_store_sqlite._config import SqliteStoreConfig
 from cronoq_store_sqlite._connection import Connection
 from cronoq_store_sqlite._errors import classify
 from cronoq_store_sqlite._insert import STATEMENT_CACHE_SIZE, NewTaskInsert
-from cronoq_store_sqlite._schema import configure, migrate, prepare_file
+from cronoq_store_sqlite._schema import check_features, configure, migrate, prepare_file
 
 __all__ = ["SqliteStore"]
 
@@ -128,6 +128,9 @@ class SqliteStore:
             raise InvalidArgument(f"path must be a non-empty str without NUL, got {path!r}")
         if path == ":memory:" or path.startswith("file:"):
             raise InvalidArgument("SqliteStore needs a file path; use MemoryStore for memory")
+        # Asked of the library before any file is made: a refused one leaves nothing behind.
+        with contextlib.closing(sqlite3.connect(":memory:")) as library:
+            check_features(library)
         prepare_file(path)
 
         def configured(db: sqlite3.Connection) -> None:
