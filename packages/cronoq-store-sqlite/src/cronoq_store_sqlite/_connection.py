@@ -55,10 +55,6 @@ class Connection:
             raise
         return cls(jobs, db)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     async def run(self, function: Callable[[sqlite3.Connection], _T]) -> _T:
         """``function(db)`` on the thread, after every function given before it."""
         if self._closed:
