@@ -2126,4 +2126,4 @@ def test_the_timer_heap_follows_the_live_tasks() -> None:
         running = engine.running_tokens()
     assert engine.live_count == 0
     # Every one of the 5,000 deadlines is a week away, but no live task needs a timer.
-    assert len(engine._timers) <= 1024
+    assert len(engine._shared.timers) <= 1024

@@ -40,7 +40,7 @@ def test_the_timer_heap_follows_the_live_tasks_behind_a_live_head() -> None:
         running = engine.running_tokens()
     assert engine.live_count == 1
     # 5,000 finished tasks' deadlines sit behind a live head: only compaction removes them.
-    assert len(engine._timers) <= 2 * engine.live_count + 1024
+    assert len(engine._shared.timers) <= 2 * engine.live_count + 1024
 
 
 SCHEDULE = ScheduleSpec("yearly", "0 0 1 1 *", "UTC", TaskTemplate("default", "job", b""))

@@ -45,8 +45,8 @@ from cronoq._engine import (
     StepResult,
     SubmitResult,
     SubmitTasks,
-    _Task,
 )
+from cronoq._engine.state import Task
 from cronoq._ids import epoch_of
 from cronoq._memory import MemoryCluster
 from cronoq._model import (
@@ -728,8 +728,8 @@ class EngineMachine(RuleBasedStateMachine):
 
     # --- invariants -----------------------------------------------------------------------
 
-    def _engine_live(self) -> dict[int, _Task]:
-        return self.engine._tasks  # white box: which tasks the engine holds live
+    def _engine_live(self) -> dict[int, Task]:
+        return self.engine._shared.tasks  # white box: which tasks the engine holds live
 
     @invariant()
     def no_committed_task_is_lost(self) -> None:
@@ -784,11 +784,13 @@ class EngineMachine(RuleBasedStateMachine):
     def ready_tasks_do_not_idle(self) -> None:
         """A pool with a free slot has no ready task waiting for one."""
         idle = {
-            name for name, pool in self.engine._pools.items() if pool.running < CONCURRENCY[name]
+            name
+            for name, pool in self.engine._shared.pools.items()
+            if pool.running < CONCURRENCY[name]
         }
         for task_id, task in self._engine_live().items():
             # A task whose stopped attempt has not reported yet waits for it, not for a slot.
-            held_back = task_id in self.engine._zombies
+            held_back = task_id in self.engine._attempts.zombies
             assert held_back or not (task.status is Status.READY and task.spec.pool in idle), (
                 task_id
             )
@@ -815,14 +817,14 @@ class EngineMachine(RuleBasedStateMachine):
         # timeout, a deadline): every unreported attempt counts. A leased one also lets go
         # when its lease ends (white box: the stopped ones still inside their lease).
         unreported = Counter(self.inflight.values())
-        leased_zombies = Counter(pool for _, pool in self.engine._zombies.values())
+        leased_zombies = Counter(pool for _, pool in self.engine._attempts.zombies.values())
         for config in POOLS:
             if config.lease_ns is None:
                 count = unreported[config.name]
             else:
                 count = per_pool[config.name] + leased_zombies[config.name]
             assert count <= config.concurrency, f"pool {config.name}: {count} running"
-            slots = self.engine._pools[config.name].running  # white box: the slot counter
+            slots = self.engine._shared.pools[config.name].running  # white box: the slot counter
             assert slots == count, (config.name, slots, count)
 
 

@@ -36,8 +36,8 @@ from cronoq._engine import (
     PoolConfig,
     SubmitResult,
     SubmitTasks,
-    _seconds,
 )
+from cronoq._engine.state import seconds
 from cronoq._ids import MAX_EPOCH, SEQUENCE_BITS, epoch_of
 from cronoq._memory import MemoryCluster
 from cronoq._model import NS_PER_S, MissPolicy, TaskSpec
@@ -712,7 +712,7 @@ async def test_the_default_payload_is_no_payload_for_every_codec(codec: Codec) -
     ],
 )
 def test_durations_in_messages_are_rounded_for_people(ns: int, text: str) -> None:
-    assert _seconds(ns) == text
+    assert seconds(ns) == text
 
 
 async def test_retry_messages_round_the_backoff() -> None:

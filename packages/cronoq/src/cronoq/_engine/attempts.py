@@ -1,0 +1,220 @@
+"""Attempts once started: which report or heartbeat is current (and why another is stale),
+leases, the end of an attempt and the retry it leads to (backoff, attempts left, deadline),
+attempts the engine stopped that still hold their slot ("zombies"), and attempts put back
+because no executor received them."""
+
+from __future__ import annotations
+
+import random
+
+from cronoq._engine.inputs import AttemptReport, AttemptSucceeded, AttemptToken, Heartbeat
+from cronoq._engine.outputs import CancelAttempt, HeartbeatReply
+from cronoq._engine.state import Shared, Task, earliest, seconds
+from cronoq._engine.tasks import Tasks
+from cronoq._metrics import bump
+from cronoq._model import Status
+from cronoq.errors import StaleAttempt
+from cronoq.store import TaskUpdated
+
+__all__ = ["Attempts"]
+
+
+class Attempts:
+    def __init__(self, shared: Shared, tasks: Tasks) -> None:
+        self.shared = shared
+        self.tasks = tasks
+        self.rng = random.Random(shared.config.seed)
+        # Attempts told to stop (a timeout, a deadline) that have not reported yet: each keeps
+        # its pool slot, and its task starts no other attempt, until it does.
+        self.zombies: dict[int, tuple[AttemptToken, str]] = {}
+        # A leased zombie also ends when its lease does (its worker may be gone for good).
+        self.zombie_leases: dict[int, int] = {}
+
+    def running_tokens(self) -> set[AttemptToken]:
+        epoch = self.shared.epoch
+        return {t.token(epoch) for t in self.shared.tasks.values() if t.status is Status.RUNNING}
+
+    def current(self, token: AttemptToken) -> Task | None:
+        task = self.shared.tasks.get(token.task_id)
+        if (
+            task is None
+            or token.epoch != self.shared.epoch
+            or task.status is not Status.RUNNING
+            or task.attempt != token.attempt
+        ):
+            return None
+        return task
+
+    def stale(
+        self, token: AttemptToken, remote: bool, received_ns: int | None = None
+    ) -> StaleAttempt | None:
+        """Why a heartbeat or report of ``token`` must change nothing, if it must."""
+        shared = self.shared
+        name = f"attempt {token.attempt} of task {token.task_id} (epoch {token.epoch})"
+        task = shared.tasks.get(token.task_id)
+        if remote and task is not None and shared.pools[task.spec.pool].config.lease_ns is None:
+            # A worker may not end an attempt that runs in this process.
+            return StaleAttempt(f"{name} was not leased to a worker", "unknown")
+        if token.epoch != shared.epoch:
+            message = f"{name} belongs to an earlier leader (epoch now {shared.epoch})"
+            return StaleAttempt(message, "epoch")
+        if task is None:
+            done = self.tasks.finished.get(token.task_id)
+            if done is None:
+                return StaleAttempt(f"{name}: no such task", "unknown")
+            return StaleAttempt(f"{name}: the task is {done.status}", "finished")
+        if task.status is not Status.RUNNING or task.attempt != token.attempt:
+            return StaleAttempt(
+                f"{name} is not current (the task is {task.status}, attempt {task.attempt})",
+                "attempt",
+            )
+        lease_end = shared.leases.get(task.id)
+        if lease_end is not None and lease_end <= (received_ns or shared.now):
+            return StaleAttempt(f"{name}: its lease expired", "lease")
+        return None
+
+    def report(self, item: AttemptReport) -> None:
+        shared = self.shared
+        stale = self.stale(item.token, item.remote, item.received_ns)
+        if stale is not None:
+            zombie = self.zombies.get(item.token.task_id)
+            # A worker's report ends only a leased zombie: never an attempt of this process.
+            if zombie is not None and (
+                not item.remote or shared.pools[zombie[1]].config.lease_ns is not None
+            ):
+                self.end_zombie(item.token)
+            shared.reply(item.reply_to, stale)
+            return
+        task = shared.tasks[item.token.task_id]
+        shared.leases.pop(task.id, None)
+        shared.pools[task.spec.pool].running -= 1
+        outcome = item.outcome
+        if isinstance(outcome, AttemptSucceeded):
+            message = f"attempt {task.attempt} succeeded"
+            self.tasks.finish(task, Status.SUCCEEDED, message, output=outcome.output)
+        elif task.cancel_requested:
+            self.tasks.finish(task, Status.CANCELLED, task.message)
+        else:
+            self.failed(task, outcome.message, outcome.retryable, outcome.retry_after_ns)
+        shared.reply(item.reply_to, None)
+
+    def heartbeat(self, item: Heartbeat) -> None:
+        shared = self.shared
+        stale = self.stale(item.token, item.remote, item.received_ns)
+        if stale is not None:
+            shared.reply(item.reply_to, stale)
+            return
+        task = shared.tasks[item.token.task_id]
+        shared.set_wake(task, self.running_wake(task))
+        reason = task.message if task.cancel_requested else None
+        shared.reply(item.reply_to, HeartbeatReply(shared.leases.get(task.id), reason))
+
+    def running_wake(self, task: Task) -> int | None:
+        """When a running attempt must next be looked at (its deadline, timeout or lease); a
+        leased one's lease is renewed from now."""
+        shared = self.shared
+        spec = task.spec
+        wake = spec.deadline_ns
+        if spec.timeout_ns is not None:
+            wake = earliest(wake, task.updated_ns + spec.timeout_ns)
+        lease = shared.pools[spec.pool].config.lease_ns
+        if lease is not None:
+            shared.leases[task.id] = shared.now + lease
+            wake = earliest(wake, shared.now + lease)
+        return wake
+
+    def failed(self, task: Task, reason: str, retryable: bool, retry_after_ns: int | None) -> None:
+        """The running attempt of ``task`` ended without success (its slot is already freed):
+        retry after the backoff, or dead-letter it."""
+        shared = self.shared
+        counters = shared.counters
+        spec = task.spec
+        attempt = task.attempt
+        if not retryable:
+            bump(counters.dead_lettered, spec.pool)
+            message = f"attempt {attempt} failed (not retryable): {reason}"
+            self.tasks.finish(task, Status.FAILED, message)
+            return
+        if attempt >= spec.retry.max_attempts:
+            message = f"attempt {attempt} failed: {reason}; no attempts left"
+            bump(counters.dead_lettered, spec.pool)
+            self.tasks.finish(task, Status.FAILED, message)
+            return
+        delay = retry_after_ns
+        if delay is None:
+            delay = spec.retry.delay_ns(attempt, self.rng.random())
+        due = shared.now + delay
+        if spec.deadline_ns is not None and due >= spec.deadline_ns:
+            message = f"attempt {attempt} failed: {reason}; the next would start after the deadline"
+            bump(counters.dead_lettered, spec.pool)
+            self.tasks.finish(task, Status.FAILED, message)
+            return
+        bump(counters.retries, spec.pool)
+        message = f"attempt {attempt} failed: {reason}; retrying in {seconds(delay)}"
+        self.tasks.transition(task, Status.RETRYING, message)
+        shared.out.mutations.append(
+            TaskUpdated(task.id, Status.RETRYING, attempt, message, shared.now, due_ns=due)
+        )
+        task.wake_ns = None
+        shared.set_wake(task, earliest(due, spec.deadline_ns))
+
+    # --- attempts the engine stopped, and attempts that never began ------------------------
+
+    def stop(self, task: Task, reason: str) -> None:
+        """Cancel the running attempt of ``task``, which the engine is ending on its own.
+
+        The attempt keeps its slot until it reports (Python cannot kill a thread, an async
+        function may ignore its cancellation, a worker may finish first): the pool's limit and
+        "one attempt of a task at a time" hold for attempts that outlive their timeout. A leased
+        (remote) attempt also lets go when its lease ends, since its worker may be gone.
+        """
+        shared = self.shared
+        token = task.token(shared.epoch)
+        shared.out.cancels.append(CancelAttempt(token, task.spec.pool, reason))
+        self.zombies[task.id] = (token, task.spec.pool)
+        lease_end = shared.leases.pop(task.id, None)
+        if lease_end is not None:
+            self.zombie_leases[task.id] = lease_end
+
+    def end_zombie(self, token: AttemptToken) -> None:
+        """A stopped attempt finally reported: free its slot and let its task go on."""
+        shared = self.shared
+        zombie = self.zombies.get(token.task_id)
+        if zombie is None or zombie[0] != token:
+            return
+        del self.zombies[token.task_id]
+        self.zombie_leases.pop(token.task_id, None)
+        pool = shared.pools.get(zombie[1])
+        if pool is not None:
+            pool.running -= 1
+        if token.task_id in shared.deferred:
+            shared.deferred.discard(token.task_id)
+            shared.enqueue(shared.tasks[token.task_id])
+
+    def expire_zombies(self) -> None:
+        """Let go of stopped leased attempts whose lease ended without a report."""
+        shared = self.shared
+        for task_id, lease_end in list(self.zombie_leases.items()):
+            if lease_end <= shared.now:
+                token = self.zombies[task_id][0]
+                shared.out.expired.append(token)
+                self.end_zombie(token)
+
+    def next_zombie_end(self) -> int | None:
+        return min(self.zombie_leases.values(), default=None)
+
+    def unstart(self, task: Task, message: str) -> None:
+        """Put back a dispatched attempt that no executor received: it does not count."""
+        shared = self.shared
+        shared.pools[task.spec.pool].running -= 1
+        shared.leases.pop(task.id, None)
+        task.attempt -= 1
+        # RUNNING -> READY is not a transition of the task's life: the attempt never began.
+        task.status = Status.READY
+        task.message = message
+        task.updated_ns = shared.now
+        task.wake_ns = None
+        shared.out.mutations.append(
+            TaskUpdated(task.id, Status.READY, task.attempt, message, shared.now)
+        )
+        self.tasks.arm(task, check_miss=False)

@@ -1,0 +1,94 @@
+"""Dispatch: starting ready tasks into their pools' free slots (and remote workers' offered
+slots), and taking back attempts that were dispatched but never released."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from cronoq._engine.attempts import Attempts
+from cronoq._engine.inputs import AttemptToken, OfferSlots
+from cronoq._engine.outputs import Dispatch
+from cronoq._engine.state import Shared
+from cronoq._engine.tasks import Tasks
+from cronoq._model import NS_PER_S, Status
+from cronoq.store import TaskUpdated
+
+__all__ = ["Dispatcher"]
+
+
+class _SlotGroup:
+    __slots__ = ("free", "pools")
+
+    def __init__(self, pools: frozenset[str], free: int) -> None:
+        self.pools = pools
+        self.free = free
+
+
+class Dispatcher:
+    def __init__(self, shared: Shared, tasks: Tasks, attempts: Attempts) -> None:
+        self.shared = shared
+        self.tasks = tasks
+        self.attempts = attempts
+        self.dispatching = True
+        # Remote workers' free slots, the most specific first (OfferSlots).
+        self.slots: list[_SlotGroup] = []
+
+    def offer(self, item: OfferSlots) -> None:
+        # A worker serving one pool is used before one serving several, which could also take
+        # another pool's task.
+        groups = sorted(item.groups, key=lambda group: len(group[0]))
+        self.slots = [_SlotGroup(pools, free) for pools, free in groups if free > 0]
+
+    def withdraw(self, tokens: Sequence[AttemptToken], reason: str) -> None:
+        for token in tokens:
+            task = self.attempts.current(token)
+            if task is not None:
+                self.attempts.unstart(task, f"attempt {token.attempt} was not started: {reason}")
+
+    def dispatch_ready(self) -> None:
+        if not self.dispatching:
+            return
+        shared = self.shared
+        out = shared.out
+        zombies = self.attempts.zombies
+        for pool in shared.pools.values():
+            ready = pool.ready
+            limit = pool.config.concurrency
+            leased = pool.config.lease_ns is not None
+            while ready and pool.running < limit:
+                slot = self._free_slot(pool.config.name) if leased else None
+                if leased and slot is None:
+                    break
+                _, task_id = heapq.heappop(ready)
+                task = shared.tasks.get(task_id)
+                if task is None or task.status is not Status.READY:
+                    continue  # cancelled or failed while queued
+                if task_id in zombies:
+                    shared.deferred.add(task_id)  # re-queued when the old attempt reports
+                    continue
+                task.attempt += 1
+                message = f"attempt {task.attempt} started"
+                shared.counters.start_delay.observe((shared.now - task.updated_ns) / NS_PER_S)
+                self.tasks.transition(task, Status.RUNNING, message)
+                pool.running += 1
+                if slot is not None:
+                    slot.free -= 1
+                out.mutations.append(
+                    TaskUpdated(task.id, Status.RUNNING, task.attempt, message, shared.now)
+                )
+                shared.set_wake(task, self.attempts.running_wake(task))
+                out.dispatches.append(
+                    Dispatch(
+                        task.token(shared.epoch),
+                        task.spec,
+                        shared.leases.get(task.id),
+                        None if slot is None else slot.pools,
+                    )
+                )
+
+    def _free_slot(self, pool: str) -> _SlotGroup | None:
+        for slot in self.slots:
+            if slot.free and pool in slot.pools:
+                return slot
+        return None

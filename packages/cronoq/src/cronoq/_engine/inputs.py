@@ -1,0 +1,229 @@
+"""What the engine takes: its configuration and the inputs a step applies."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cronoq._model import NS_PER_S, ScheduleSpec, Status, TaskSpec
+
+__all__ = [
+    "AddSchedule",
+    "AttemptFailed",
+    "AttemptReport",
+    "AttemptSucceeded",
+    "AttemptToken",
+    "CancelTask",
+    "EngineConfig",
+    "GetTask",
+    "GetTaskByKey",
+    "Heartbeat",
+    "InFlight",
+    "Input",
+    "ListSchedules",
+    "ListTasks",
+    "OfferSlots",
+    "PauseSchedule",
+    "PoolConfig",
+    "RemoveSchedule",
+    "ResumeSchedule",
+    "SubmitTasks",
+    "WaitTask",
+    "WithdrawAttempts",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    name: str
+    concurrency: int
+    max_live: int | None = None
+    """Bound on live (not finished) tasks in this pool; None means only the global bound."""
+    lease_ns: int | None = None
+    """Remote executors: an attempt not heartbeaten for this long is lost and retried. Such a
+    pool also starts attempts only into the free slots its executor offers (OfferSlots)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    pools: Sequence[PoolConfig]
+    retention_ns: int = 3600 * NS_PER_S
+    """How long finished tasks stay in memory for key deduplication and dependencies."""
+    max_live_tasks: int | None = None
+    seed: int | None = None
+    """Seed of the backoff jitter; None draws one from the OS."""
+
+
+# --- inputs -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptToken:
+    """Names one attempt. Reports carrying any other token are rejected."""
+
+    epoch: int
+    task_id: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptSucceeded:
+    output: bytes | None
+    """None when the function returned None."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFailed:
+    message: str
+    retryable: bool = True
+    retry_after_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitTasks:
+    specs: Sequence[TaskSpec]
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTask:
+    task_id: int
+    message: str
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptReport:
+    token: AttemptToken
+    outcome: AttemptSucceeded | AttemptFailed
+    reply_to: object = None
+    remote: bool = False
+    """From a remote worker: only an attempt of a leased pool may be reported so."""
+    received_ns: int | None = None
+    """When the driver received it: a lease is judged by that, not by a step a slow commit
+    delayed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    token: AttemptToken
+    reply_to: object = None
+    remote: bool = False
+    received_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OfferSlots:
+    """The free slots of remote workers now, as (the pools they serve, how many), replacing
+    the previous offer. The driver sends it before every step, so that the engine never
+    dispatches an attempt to a leased pool that no worker can take."""
+
+    groups: Sequence[tuple[frozenset[str], int]]
+    reply_to: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class AddSchedule:
+    spec: ScheduleSpec
+    replace: bool
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class PauseSchedule:
+    name: str
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeSchedule:
+    name: str
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveSchedule:
+    name: str
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class GetTask:
+    task_id: int
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class GetTaskByKey:
+    key: str
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class WaitTask:
+    task_id: int
+    reply_to: object
+    timeout_s: float | None = None
+    """For the driver: how long the caller waits once the task is known to be live."""
+
+
+@dataclass(frozen=True, slots=True)
+class WithdrawAttempts:
+    """Attempts dispatched by a committed step but never released to an executor (the
+    scheduler began closing meanwhile): back to their queue, not counted as used."""
+
+    tokens: Sequence[AttemptToken]
+    reason: str
+    reply_to: object = None
+
+
+@dataclass(frozen=True, slots=True)
+class ListTasks:
+    reply_to: object
+    statuses: frozenset[Status] | None = None
+    pool: str | None = None
+    kind: str | None = None
+    tag: str | None = None
+    limit: int | None = None
+    after: int | None = None
+    """Only tasks with a larger id (paging); results come in ascending id order."""
+
+
+@dataclass(frozen=True, slots=True)
+class ListSchedules:
+    reply_to: object
+
+
+Input = (
+    SubmitTasks
+    | CancelTask
+    | AttemptReport
+    | Heartbeat
+    | AddSchedule
+    | PauseSchedule
+    | ResumeSchedule
+    | RemoveSchedule
+    | GetTask
+    | GetTaskByKey
+    | WaitTask
+    | ListTasks
+    | ListSchedules
+    | WithdrawAttempts
+    | OfferSlots
+)
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """What the process rebuilding an engine in its own epoch knows of the attempts it
+    released to executors (after a commit whose outcome is uncertain)."""
+
+    executing: Mapping[AttemptToken, str] = field(default_factory=dict)
+    """Released and still running (no report yet), with the pool each runs in."""
+    reported: frozenset[AttemptToken] = frozenset()
+    """Ended; their reports are applied again after the rebuild."""
+    abandoned: frozenset[AttemptToken] = frozenset()
+    """Released, then left running without a report (a graceful close that timed out)."""
+
+    def released(self, token: AttemptToken) -> bool:
+        return token in self.executing or token in self.reported or token in self.abandoned

@@ -1,0 +1,85 @@
+"""What a step returns: the mutations to commit, the replies, the attempts to start or stop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cronoq._engine.inputs import AttemptToken
+from cronoq._frozen import quick_init
+from cronoq._model import Status, TaskSpec
+from cronoq.store import Mutation
+
+__all__ = [
+    "CancelAttempt",
+    "Dispatch",
+    "HeartbeatReply",
+    "StepResult",
+    "SubmitResult",
+    "TaskSummary",
+]
+
+
+@quick_init
+@dataclass(frozen=True, slots=True)
+class SubmitResult:
+    task_id: int
+    created: bool
+    """False when the key was already held and ``task_id`` is the existing task."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSummary:
+    """What the engine keeps of a finished task, and what ``list`` returns for every task."""
+
+    task_id: int
+    status: Status
+    attempt: int
+    pool: str
+    kind: str
+    key: str | None
+    tags: tuple[str, ...]
+    finished_ns: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """Start this attempt. Released by the driver only after the step committed."""
+
+    token: AttemptToken
+    spec: TaskSpec
+    lease_expires_ns: int | None = None
+    """Leased pools: when the attempt is lost unless its worker heartbeats."""
+    slot_pools: frozenset[str] | None = None
+    """Leased pools: the offered slot group it took (the pools of the workers it may go to)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAttempt:
+    """Ask the executor running this attempt to stop (cooperatively)."""
+
+    token: AttemptToken
+    pool: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatReply:
+    """The answer to a heartbeat of a current attempt."""
+
+    lease_expires_ns: int | None
+    """None when the pool has no lease."""
+    cancel_reason: str | None
+    """Why the attempt should stop, once a cancellation was requested."""
+
+
+@dataclass(slots=True)
+class StepResult:
+    mutations: list[Mutation] = field(default_factory=list)
+    replies: list[tuple[object, object]] = field(default_factory=list)
+    """(reply_to, value); a value that is an exception is raised to the caller."""
+    dispatches: list[Dispatch] = field(default_factory=list)
+    cancels: list[CancelAttempt] = field(default_factory=list)
+    expired: list[AttemptToken] = field(default_factory=list)
+    """Stopped leased attempts whose lease ended without a report, and attempts a rebuild does
+    not hold again: no report of theirs is awaited any more (one that comes is stale)."""
+    next_wake_ns: int | None = None

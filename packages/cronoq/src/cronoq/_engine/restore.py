@@ -1,0 +1,165 @@
+"""Restore: an engine rebuilt from the rows a store recovered, at the start of an epoch (every
+running attempt was the previous leader's, and is lost) or within this process's own epoch
+after a commit whose outcome is uncertain (:class:`InFlight` says which attempts really left)."""
+
+from __future__ import annotations
+
+from cronoq._engine.attempts import Attempts
+from cronoq._engine.inputs import AttemptToken, InFlight
+from cronoq._engine.outputs import CancelAttempt, TaskSummary
+from cronoq._engine.schedules import Schedules
+from cronoq._engine.state import NO_TASK, Shared, Task, earliest
+from cronoq._engine.tasks import Tasks
+from cronoq._metrics import bump
+from cronoq._model import Status
+from cronoq.store import RecoveredState, TaskRecord
+
+__all__ = ["Restorer"]
+
+
+class Restorer:
+    def __init__(
+        self, shared: Shared, tasks: Tasks, attempts: Attempts, inflight: InFlight | None
+    ) -> None:
+        self.shared = shared
+        self.tasks = tasks
+        self.attempts = attempts
+        self.inflight = inflight
+
+    def run(self, state: RecoveredState, schedules: Schedules) -> None:
+        shared = self.shared
+        tasks = self.tasks
+        now = shared.now
+        finished_rows = sorted(
+            (r for r in state.tasks if r.status.is_terminal), key=lambda r: r.updated_ns
+        )
+        for row in finished_rows:
+            spec = row.spec
+            tasks.finished[row.task_id] = TaskSummary(
+                row.task_id,
+                row.status,
+                row.attempt,
+                spec.pool,
+                spec.kind,
+                spec.key,
+                spec.tags,
+                row.updated_ns,
+            )
+            if spec.key is not None:
+                tasks.keys[spec.key] = row.task_id
+        for task_id, reason in state.quarantined:
+            tasks.finished[task_id] = TaskSummary(task_id, Status.FAILED, 0, "", "", None, (), now)
+            # Lookups answer with what is known: failed, and why, not a decoding error.
+            tasks.quarantined[task_id] = TaskRecord(
+                task_id, NO_TASK.spec, Status.FAILED, 0, f"quarantined: {reason}", now, now
+            )
+        live_rows = [r for r in state.tasks if not r.status.is_terminal]
+        for row in live_rows:
+            task = Task(row.task_id, row.spec, row.submitted_ns)
+            task.status = row.status
+            task.attempt = row.attempt
+            task.message = row.message
+            task.updated_ns = row.updated_ns
+            task.cancel_requested = row.cancel_requested
+            shared.tasks[task.id] = task
+            if row.spec.key is not None:
+                tasks.keys[row.spec.key] = task.id
+            if row.spec.pool in shared.pools:
+                shared.pools[row.spec.pool].live += 1
+        for schedule_row in state.schedules:
+            schedules.restore(schedule_row)
+        # Parents come before their dependents in id order, so one pass settles every cascade.
+        for row in live_rows:
+            restored = shared.tasks.get(row.task_id)
+            if restored is not None:  # a failed parent's cascade may have finished it already
+                self._task(restored, row.due_ns)
+        if self.inflight is not None:
+            for token in self.inflight.executing:
+                self._stopped_attempt(token, self.inflight)
+
+    def _stopped_attempt(self, token: AttemptToken, inflight: InFlight) -> None:
+        """An attempt of this process still executing: if the rows no longer show it as its
+        task's current attempt (its timeout, deadline or cancellation landed in an uncertain
+        commit), it is told to stop, and keeps its slot until it reports."""
+        shared = self.shared
+        task = shared.tasks.get(token.task_id)
+        if task is not None and task.status is Status.RUNNING and task.attempt == token.attempt:
+            return  # adopted by _task
+        done = self.tasks.finished.get(token.task_id) if task is None else None
+        reason = f"attempt {token.attempt} is no longer current"
+        if task is not None:
+            reason = task.message
+        elif done is not None:
+            reason = f"the task is {done.status}"
+        pool_name = inflight.executing[token]
+        pool = shared.pools.get(pool_name)
+        if pool is None:
+            shared.out.expired.append(token)  # nothing here can stop it or wait for it
+            return
+        shared.out.cancels.append(CancelAttempt(token, pool_name, reason))
+        lease = pool.config.lease_ns
+        latest = task.attempt if task is not None else done.attempt if done is not None else None
+        if lease is not None and latest != token.attempt:
+            # A later attempt began, or the task is gone: this one had been let go (its lease
+            # ended), and nothing waits for its report.
+            shared.out.expired.append(token)
+            return
+        pool.running += 1
+        self.attempts.zombies[token.task_id] = (token, pool_name)
+        if lease is not None:
+            # Its lease as the engine before the rebuild knew it is gone: a whole one from now
+            # holds the task (its worker may still run it), and no longer (it may be gone).
+            # One whose lease had ended is not here (the driver forgets those: ``expired``),
+            # unless the step that ended it is the uncertain one: it then holds one lease
+            # more, a later retry but never two attempts at once.
+            self.attempts.zombie_leases[token.task_id] = shared.now + lease
+
+    def _task(self, task: Task, due_ns: int | None) -> None:
+        shared = self.shared
+        tasks = self.tasks
+        attempts = self.attempts
+        inflight = self.inflight
+        spec = task.spec
+        if spec.pool not in shared.pools:
+            # Its pool is no longer configured: fail it visibly rather than keep it forever.
+            tasks.finish(task, Status.FAILED, f"pool {spec.pool!r} is no longer configured")
+            return
+        if task.status is Status.RUNNING:
+            pool = shared.pools[spec.pool]
+            pool.running += 1
+            token = task.token(shared.epoch)
+            if inflight is not None and (token in inflight.executing or token in inflight.reported):
+                shared.set_wake(task, attempts.running_wake(task))
+                if task.cancel_requested and token in inflight.executing:
+                    # The cancellation may have landed in the uncertain commit: deliver it.
+                    shared.out.cancels.append(CancelAttempt(token, spec.pool, task.message))
+                return
+            if inflight is not None and not inflight.released(token):
+                attempts.unstart(
+                    task, f"attempt {task.attempt} was not started (its commit was uncertain)"
+                )
+                return
+            pool.running -= 1
+            if task.cancel_requested:
+                tasks.finish(task, Status.CANCELLED, task.message)
+            else:
+                reason = "lost: the scheduler stopped while it ran"
+                bump(shared.counters.attempts_lost, spec.pool)
+                attempts.failed(task, reason, retryable=True, retry_after_ns=None)
+        elif task.status is Status.RETRYING:
+            due = due_ns if due_ns is not None else shared.now
+            shared.set_wake(task, earliest(due, spec.deadline_ns))
+        else:
+            blocker = tasks.link_parents(task) if spec.after else None
+            if blocker is not None:
+                task.status = Status.WAITING
+                tasks.end_for_parent(task, *blocker)
+            elif task.pending:
+                task.status = Status.WAITING
+                shared.set_wake(task, spec.deadline_ns)
+            else:
+                # A ready row became ready under a leader; only a start that was still ahead
+                # (scheduled, waiting) can have passed while no leader ran.
+                became_ready = task.status is Status.READY
+                task.status = tasks.initial_status(task)
+                tasks.arm(task, check_miss=not became_ready)

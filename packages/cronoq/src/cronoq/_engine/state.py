@@ -1,0 +1,173 @@
+"""What every room of the engine shares: the step's clock and output, the live tasks, their
+pools, and the task timers.
+
+Each room (tasks, attempts, dispatch, schedules, timers, restore) keeps its own state; this
+object holds only what several of them must read and write. It is passed to each room when the
+engine is built, so that every dependency between rooms is visible in a constructor.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from cronoq._engine.inputs import AttemptToken, EngineConfig, PoolConfig
+from cronoq._engine.outputs import StepResult, TaskSummary
+from cronoq._metrics import Counters
+from cronoq._model import NS_PER_S, Status, TaskSpec
+from cronoq.store import TaskRecord
+
+__all__ = ["NO_TASK", "Pool", "Shared", "Task", "earliest", "seconds"]
+
+
+class Task:
+    """A live task. Slotted and flat: a million idle ones must fit in a few hundred MB."""
+
+    __slots__ = (
+        "attempt",
+        "cancel_requested",
+        "id",
+        "message",
+        "pending",
+        "spec",
+        "status",
+        "submitted_ns",
+        "updated_ns",
+        "wake_ns",
+    )
+
+    def __init__(self, task_id: int, spec: TaskSpec, submitted_ns: int) -> None:
+        self.id = task_id
+        self.spec = spec
+        self.status = Status.READY
+        self.attempt = 0
+        self.message = "submitted"
+        self.submitted_ns = submitted_ns
+        self.updated_ns = submitted_ns
+        self.wake_ns: int | None = None
+        self.pending = 0
+        self.cancel_requested = False
+
+    def record(self, output: bytes | None = None) -> TaskRecord:
+        return TaskRecord(
+            task_id=self.id,
+            spec=self.spec,
+            status=self.status,
+            attempt=self.attempt,
+            message=self.message,
+            submitted_ns=self.submitted_ns,
+            updated_ns=self.updated_ns,
+            due_ns=self.wake_ns if self.status is Status.RETRYING else None,
+            cancel_requested=self.cancel_requested,
+            output=output,
+        )
+
+    def summary(self) -> TaskSummary:
+        spec = self.spec
+        finished = self.updated_ns if self.status.is_terminal else None
+        return TaskSummary(
+            self.id, self.status, self.attempt, spec.pool, spec.kind, spec.key, spec.tags, finished
+        )
+
+    def token(self, epoch: int) -> AttemptToken:
+        return AttemptToken(epoch, self.id, self.attempt)
+
+
+NO_TASK = Task(0, TaskSpec("", "", b""), 0)
+"""Stands in for a missing task in timer checks: its wake_ns is None, matching no timer."""
+
+
+class Pool:
+    __slots__ = ("config", "live", "ready", "running")
+
+    def __init__(self, config: PoolConfig) -> None:
+        self.config = config
+        self.running = 0
+        self.live = 0
+        # (-priority, id): highest priority first, then submission order.
+        self.ready: list[tuple[int, int]] = []
+
+
+class Shared:
+    """The state several rooms touch. ``tasks`` holds the live tasks only; a finished one
+    leaves it (see the tasks room). ``leases``: when each leased attempt's lease ends, by task
+    id (a report after it is stale). ``deferred``: ready tasks held back from dispatch while
+    their previous attempt still runs."""
+
+    __slots__ = (
+        "config",
+        "counters",
+        "deferred",
+        "epoch",
+        "leases",
+        "now",
+        "out",
+        "pools",
+        "tasks",
+        "timers",
+    )
+
+    def __init__(self, config: EngineConfig, epoch: int, counters: Counters) -> None:
+        self.config = config
+        self.counters = counters
+        self.epoch = epoch
+        self.now = 0
+        self.out = StepResult()
+        self.tasks: dict[int, Task] = {}
+        self.pools = {p.name: Pool(p) for p in config.pools}
+        self.timers: list[tuple[int, int]] = []
+        self.leases: dict[int, int] = {}
+        self.deferred: set[int] = set()
+
+    def reply(self, reply_to: object, value: object) -> None:
+        if reply_to is not None:
+            self.out.replies.append((reply_to, value))
+
+    def set_wake(self, task: Task, wake_ns: int | None) -> None:
+        if wake_ns == task.wake_ns:
+            return  # its timer is already in the heap: a heartbeat without a lease, say
+        task.wake_ns = wake_ns
+        if wake_ns is not None:
+            heapq.heappush(self.timers, (wake_ns, task.id))
+
+    def enqueue(self, task: Task) -> None:
+        """Put a ready task in its pool's queue: highest priority first, then submission order."""
+        heapq.heappush(self.pools[task.spec.pool].ready, (-task.spec.priority, task.id))
+
+    def pool_names(self) -> str:
+        return ", ".join(sorted(self.pools))
+
+
+def earliest(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def seconds(ns: int) -> str:
+    """A duration for people: two significant digits below ten seconds (``0.62s``, ``1.5s``),
+    then whole seconds (``42s``), minutes and seconds (``1m30s``), hours and minutes (``2h5m``),
+    days and hours (``3d4h``)."""
+    s = ns / NS_PER_S
+    if ns <= 0:
+        return "0s"
+    if s < 10:
+        digits = 1 - math.floor(math.log10(s))
+        rounded = round(s, digits)
+        if rounded < 10:  # 9.96 rounds to 10: written as whole seconds below
+            return f"{rounded:.{max(digits, 0)}f}".rstrip("0").rstrip(".") + "s"
+    # Each unit is chosen on the rounded value, so 59.6s reads 1m and 3599.7s reads 1h.
+    seconds = round(s)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        m, sec = divmod(seconds, 60)
+        return f"{m}m{sec}s" if sec else f"{m}m"
+    minutes = round(s / 60)
+    if minutes < 24 * 60:
+        h, m = divmod(minutes, 60)
+        return f"{h}h{m}m" if m else f"{h}h"
+    d, h = divmod(round(s / 3600), 24)
+    return f"{d}d{h}h" if h else f"{d}d"

@@ -1,0 +1,320 @@
+"""The task table: ids, submission and admission, keys, dependencies, cancellation, the move
+to a terminal status (with its cascade to dependants), retention of finished tasks, and the
+reads of tasks (get, wait, list)."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+
+from cronoq._engine.inputs import ListTasks
+from cronoq._engine.outputs import CancelAttempt, SubmitResult, TaskSummary
+from cronoq._engine.state import Shared, Task, earliest, seconds
+from cronoq._ids import first_id, last_id
+from cronoq._metrics import bump
+from cronoq._model import LEGAL_TRANSITIONS, MissPolicy, Status, TaskSpec
+from cronoq.errors import (
+    AdmissionRejected,
+    CronoqError,
+    SchedulerError,
+    TaskNotFound,
+    UnknownDependency,
+    UnknownPool,
+)
+from cronoq.store import CancelRequested, TaskRecord, TaskSubmitted, TaskUpdated
+
+__all__ = ["Tasks"]
+
+
+class Tasks:
+    """Live tasks are in ``shared.tasks``; this room keeps what outlives them: the finished
+    ones inside the retention window (compact summaries), keys, dependants, waiters and the
+    quarantined rows of the last recovery."""
+
+    def __init__(self, shared: Shared, high_water_mark: int) -> None:
+        self.shared = shared
+        self.next_id = first_id(shared.epoch, high_water_mark)
+        self.last_id = last_id(shared.epoch)  # ids past it would belong to the next epoch
+        self.finished: dict[int, TaskSummary] = {}
+        self.keys: dict[str, int] = {}
+        self.dependents: dict[int, list[int]] = {}
+        # Per task, the callers waiting for it to finish, by identity (removable in O(1)).
+        self.waiters: dict[int, dict[int, object]] = {}
+        self.quarantined: dict[int, TaskRecord] = {}
+
+    @property
+    def high_water_mark(self) -> int:
+        return self.next_id - 1
+
+    # --- submission -----------------------------------------------------------------------
+
+    def submit(self, specs: Sequence[TaskSpec]) -> list[SubmitResult] | CronoqError:
+        shared = self.shared
+        # Validate the whole batch before applying any of it: nothing is half-applied.
+        new_per_pool: dict[str, int] = {}
+        batch_keys: set[str] = set()
+        for spec in specs:
+            if spec.pool not in shared.pools:
+                return UnknownPool(f"unknown pool {spec.pool!r}; configured: {shared.pool_names()}")
+            for parent in spec.after:
+                if parent > self.high_water_mark or parent <= 0:
+                    return UnknownDependency(
+                        f"task {spec.kind!r} depends on task {parent}, which was never submitted"
+                    )
+            if spec.key is not None:
+                if spec.key in self.keys or spec.key in batch_keys:
+                    continue
+                batch_keys.add(spec.key)
+            new_per_pool[spec.pool] = new_per_pool.get(spec.pool, 0) + 1
+        limit = shared.config.max_live_tasks
+        total_new = sum(new_per_pool.values())
+        if limit is not None and len(shared.tasks) + total_new > limit:
+            return AdmissionRejected(
+                f"{len(shared.tasks)} live tasks + {total_new} new would exceed "
+                f"max_live_tasks={limit}"
+            )
+        for name, count in new_per_pool.items():
+            pool = shared.pools[name]
+            cap = pool.config.max_live
+            if cap is not None and pool.live + count > cap:
+                return AdmissionRejected(
+                    f"pool {name!r} has {pool.live} live tasks; {count} more would exceed "
+                    f"its max_live={cap}"
+                )
+        if self.next_id + total_new - 1 > self.last_id:
+            return self.ids_exhausted()
+        results: list[SubmitResult] = []
+        for spec in specs:
+            if spec.key is not None and (existing := self.keys.get(spec.key)) is not None:
+                results.append(SubmitResult(existing, created=False))
+                continue
+            results.append(SubmitResult(self.create(spec).id, created=True))
+        return results
+
+    def ids_exhausted(self) -> SchedulerError:
+        return SchedulerError(
+            f"epoch {self.shared.epoch} has issued every task id of its range (up to "
+            f"{self.last_id}); restart the scheduler so that it leads under a new epoch"
+        )
+
+    def create(self, spec: TaskSpec) -> Task:
+        shared = self.shared
+        # Callers check first (all or nothing); this guards the invariant ids rely on.
+        assert self.next_id <= self.last_id, self.ids_exhausted()
+        task = Task(self.next_id, spec, shared.now)
+        self.next_id += 1
+        shared.tasks[task.id] = task
+        shared.pools[spec.pool].live += 1
+        bump(shared.counters.submitted, spec.pool)
+        if spec.key is not None:
+            self.keys[spec.key] = task.id
+        blocker = self.link_parents(task) if spec.after else None
+        task.status = Status.WAITING if task.pending else self.initial_status(task)
+        shared.out.mutations.append(TaskSubmitted(task.id, spec, task.status, shared.now))
+        if blocker is not None:
+            self.end_for_parent(task, *blocker)
+        elif not task.pending:
+            self.arm(task)
+        else:
+            shared.set_wake(task, spec.deadline_ns)  # a waiting task still fails at its deadline
+        return task
+
+    def link_parents(self, task: Task) -> tuple[int, Status] | None:
+        """Count unfinished parents; return a parent that failed or was cancelled, if any."""
+        blocker: tuple[int, Status] | None = None
+        for parent_id in task.spec.after:
+            if parent_id in self.shared.tasks:
+                task.pending += 1
+                self.dependents.setdefault(parent_id, []).append(task.id)
+                continue
+            done = self.finished.get(parent_id)
+            # Unknown ids below the high-water mark finished before the retention window.
+            if done is not None and done.status is not Status.SUCCEEDED and blocker is None:
+                blocker = (parent_id, done.status)
+        return blocker
+
+    def initial_status(self, task: Task) -> Status:
+        start = task.spec.start_at_ns
+        return Status.SCHEDULED if start is not None and start > self.shared.now else Status.READY
+
+    def arm(self, task: Task, *, check_miss: bool = True) -> None:
+        """Put a task whose dependencies are satisfied where it belongs: a timer or its queue.
+
+        ``check_miss``: whether its fixed start may have been missed; not for a task that a
+        leader already saw become ready on time (its row says ready), nor for an attempt that
+        was put back unstarted.
+        """
+        shared = self.shared
+        spec = task.spec
+        if task.status is Status.SCHEDULED:
+            assert spec.start_at_ns is not None
+            shared.set_wake(task, earliest(spec.start_at_ns, spec.deadline_ns))
+            return
+        start = spec.start_at_ns
+        now = shared.now
+        if (
+            check_miss
+            and start is not None
+            and task.attempt == 0  # the policy is about the first start, not a retry
+            and spec.miss_policy is MissPolicy.SKIP
+            and now > start + spec.grace_ns
+        ):
+            late = seconds(now - start)
+            self.finish(task, Status.CANCELLED, f"skipped: fixed start missed by {late}")
+            return
+        if spec.deadline_ns is not None and now >= spec.deadline_ns:
+            self.finish(task, Status.FAILED, "deadline passed before the task could start")
+            return
+        task.status = Status.READY
+        shared.enqueue(task)
+        shared.set_wake(task, spec.deadline_ns)
+
+    # --- cancellation and the end of a task -----------------------------------------------
+
+    def cancel(self, task_id: int, message: str) -> Status | CronoqError:
+        shared = self.shared
+        task = shared.tasks.get(task_id)
+        if task is None:
+            done = self.finished.get(task_id)
+            if done is None:
+                return TaskNotFound(f"no task {task_id}")
+            return done.status
+        if task.status is not Status.RUNNING:
+            self.finish(task, Status.CANCELLED, message)
+            return Status.CANCELLED
+        if not task.cancel_requested:
+            task.cancel_requested = True
+            task.message = message
+            shared.out.mutations.append(CancelRequested(task.id, shared.now, message))
+            shared.out.cancels.append(
+                CancelAttempt(task.token(shared.epoch), task.spec.pool, message)
+            )
+        return Status.RUNNING
+
+    def finish(self, task: Task, status: Status, message: str, output: bytes | None = None) -> None:
+        """Make ``task`` terminal, persist it, answer its waiters and settle its dependents."""
+        shared = self.shared
+        out = shared.out
+        pending = [(task, status, message, output)]
+        while pending:
+            task, status, message, output = pending.pop()
+            if task.status.is_terminal:
+                continue  # a child reached twice: it names the same parent twice in ``after``
+            self.transition(task, status, message)
+            task.wake_ns = None
+            out.mutations.append(
+                TaskUpdated(task.id, status, task.attempt, message, shared.now, output=output)
+            )
+            del shared.tasks[task.id]
+            shared.leases.pop(task.id, None)
+            bump(shared.counters.finished, (task.spec.pool, status.value))
+            pool = shared.pools.get(task.spec.pool)
+            if pool is not None:  # None only for a recovered task whose pool was removed
+                pool.live -= 1
+            self.finished[task.id] = task.summary()
+            shared.deferred.discard(task.id)
+            waiters = self.waiters.pop(task.id, None)
+            if waiters:
+                record = task.record(output)
+                for reply_to in waiters.values():
+                    shared.reply(reply_to, record)
+            for child_id in self.dependents.pop(task.id, ()):
+                child = shared.tasks.get(child_id)
+                if child is None:
+                    continue
+                if status is Status.SUCCEEDED:
+                    child.pending -= 1
+                    if child.pending == 0:
+                        self.transition(child, self.initial_status(child), child.message)
+                        self.arm(child)
+                        self.persist_status(child)
+                else:
+                    child_status, child_message = _parent_verdict(task.id, status)
+                    pending.append((child, child_status, child_message, None))
+
+    def end_for_parent(self, task: Task, parent_id: int, parent_status: Status) -> None:
+        status, message = _parent_verdict(parent_id, parent_status)
+        self.finish(task, status, message)
+
+    def persist_status(self, task: Task) -> None:
+        """Persist a move out of waiting or scheduled, so that a restart knows the task became
+        ready on time and does not apply its miss policy to it."""
+        if task.status.is_terminal:
+            return  # arm finished it, and persisted that
+        self.shared.out.mutations.append(
+            TaskUpdated(task.id, task.status, task.attempt, task.message, self.shared.now)
+        )
+
+    def transition(self, task: Task, status: Status, message: str) -> None:
+        if status not in LEGAL_TRANSITIONS[task.status]:
+            raise AssertionError(f"illegal transition {task.status} -> {status} of task {task.id}")
+        task.status = status
+        task.message = message
+        task.updated_ns = self.shared.now
+
+    def prune_finished(self) -> None:
+        horizon = self.shared.now - self.shared.config.retention_ns
+        finished = self.finished
+        while finished:
+            task_id = next(iter(finished))
+            summary = finished[task_id]
+            if summary.finished_ns is not None and summary.finished_ns >= horizon:
+                break
+            del finished[task_id]
+            self.quarantined.pop(task_id, None)
+            if summary.key is not None and self.keys.get(summary.key) == task_id:
+                del self.keys[summary.key]
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def get(self, task_id: int) -> TaskRecord | TaskSummary | CronoqError:
+        task = self.shared.tasks.get(task_id)
+        if task is not None:
+            return task.record()
+        quarantined = self.quarantined.get(task_id)
+        if quarantined is not None:
+            return quarantined
+        done = self.finished.get(task_id)
+        if done is not None:
+            return done
+        return TaskNotFound(f"no task {task_id}")
+
+    def get_by_key(self, key: str) -> TaskRecord | TaskSummary | CronoqError | None:
+        task_id = self.keys.get(key)
+        return None if task_id is None else self.get(task_id)
+
+    def wait(self, task_id: int, reply_to: object) -> None:
+        if task_id in self.shared.tasks:
+            self.waiters.setdefault(task_id, {})[id(reply_to)] = reply_to
+        else:
+            self.shared.reply(reply_to, self.get(task_id))
+
+    def list(self, query: ListTasks) -> list[TaskSummary]:
+        after = query.after if query.after is not None else 0
+        found: list[TaskSummary] = []
+        sources: tuple[Iterable[Task | TaskSummary], ...] = (
+            self.shared.tasks.values(),
+            self.finished.values(),
+        )
+        for source in sources:
+            for item in source:
+                summary = item.summary() if isinstance(item, Task) else item
+                if (
+                    summary.task_id > after
+                    and (query.statuses is None or summary.status in query.statuses)
+                    and (query.pool is None or summary.pool == query.pool)
+                    and (query.kind is None or summary.kind == query.kind)
+                    and (query.tag is None or query.tag in summary.tags)
+                ):
+                    found.append(summary)
+        # Ascending ids (submission order), so that ``after`` pages through a stable order.
+        if query.limit is not None and query.limit < len(found):
+            return heapq.nsmallest(query.limit, found, key=lambda summary: summary.task_id)
+        found.sort(key=lambda summary: summary.task_id)
+        return found
+
+
+def _parent_verdict(parent_id: int, parent_status: Status) -> tuple[Status, str]:
+    if parent_status is Status.CANCELLED:
+        return Status.CANCELLED, f"dependency {parent_id} was cancelled"
+    return Status.FAILED, f"dependency {parent_id} failed"
