@@ -105,12 +105,13 @@ INITIAL = frozenset({Status.WAITING, Status.SCHEDULED, Status.READY})
 
 # --- which persisted status sequences are legal ----------------------------------------------
 #
-# The log does not see every transition. Reading _engine.py:
-# - waiting, scheduled and ready are persisted only by ``TaskSubmitted`` (``_create``);
-# - every ``TaskUpdated`` is running (``_dispatch_ready``), retrying (``_attempt_failed``) or
-#   terminal (``_finish``);
-# - waiting->ready/scheduled (``_finish`` settling a child), scheduled->ready and retrying->ready
-#   (``_on_timer``) and the statuses ``_restore_task`` assigns directly are never persisted.
+# The log does not see every transition. Reading the engine's rooms (cronoq/_engine/):
+# - waiting, scheduled and ready are persisted only by ``TaskSubmitted`` (``Tasks.create``);
+# - every ``TaskUpdated`` is running (``Dispatcher.dispatch_ready``), retrying
+#   (``Attempts.failed``) or terminal (``Tasks.finish``);
+# - waiting->ready/scheduled (``Tasks.finish`` settling a child), scheduled->ready and
+#   retrying->ready (``Timers``) and the statuses ``Restorer`` assigns directly are never
+#   persisted.
 # So between two persisted statuses the task may pass through any number of waiting, scheduled
 # and ready states unseen: the pair (a, b) is legal iff LEGAL_TRANSITIONS has a path a -> ... -> b
 # whose intermediate states are all in UNPERSISTED. E.g. retrying -> running goes through ready,
