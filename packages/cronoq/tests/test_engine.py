@@ -2011,6 +2011,29 @@ def test_stale_heartbeat_does_not_extend_the_lease() -> None:
     assert [u.status for u in updates(run_to(engine, T0 + 30 * S))] == [Status.RETRYING]
 
 
+def test_stale_words_say_precisely_why() -> None:
+    """Issue 19 item 4: after a lease lapsed the answer is "lease", not "not current"; a token
+    of an attempt never issued is "unknown"; only a newer attempt makes one "attempt"."""
+    engine = make_engine(remote=PoolConfig("remote", 1, lease_ns=30 * S))
+    task_id, first = start_one(engine, T0, spec(pool="remote"))
+    run_to(engine, T0 + 30 * S)  # the lease lapses: retrying, no newer attempt yet
+    lapsed = heartbeat(engine, T0 + 30 * S + 1, first)
+    assert isinstance(lapsed, StaleAttempt)
+    assert lapsed.reason == "lease"
+    assert "its lease expired and it was counted lost" in str(lapsed)
+    value, _ = report(engine, T0 + 30 * S + 2, first, AttemptSucceeded(None))
+    assert isinstance(value, StaleAttempt)
+    assert value.reason == "lease"
+    never = heartbeat(engine, T0 + 30 * S + 3, AttemptToken(1, task_id, 7))
+    assert isinstance(never, StaleAttempt)
+    assert (never.reason, "was never started" in str(never)) == ("unknown", True)
+    second = only_dispatch(run_to(engine, T0 + 31 * S))
+    older = heartbeat(engine, T0 + 32 * S, first)
+    assert isinstance(older, StaleAttempt)
+    assert (older.reason, "a newer attempt exists" in str(older)) == ("attempt", True)
+    assert heartbeat(engine, T0 + 33 * S, second) == HeartbeatReply(T0 + 63 * S, None)
+
+
 def test_adopted_attempt_gets_a_fresh_lease_on_rebuild() -> None:
     log = Log()
     engine = make_engine(remote=PoolConfig("remote", 1, lease_ns=30 * S))

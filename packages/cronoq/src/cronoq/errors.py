@@ -106,9 +106,9 @@ class AdmissionRejected(SchedulerError):
 
 class StaleAttempt(CronoqError):
     """A heartbeat or report names an attempt that is not its task's current one: it changed
-    nothing. ``reason`` is ``epoch`` (an earlier leader's attempt), ``attempt`` (an earlier
-    attempt of the task), ``lease`` (its lease expired), ``finished`` (the task is over) or
-    ``unknown`` (no such task)."""
+    nothing. ``reason`` is ``lease`` (its lease ran out and it was counted lost), ``attempt``
+    (a newer attempt exists, or this one already ended), ``epoch`` (an earlier leader's
+    attempt), ``finished`` (the task is over) or ``unknown`` (no such task or attempt)."""
 
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)

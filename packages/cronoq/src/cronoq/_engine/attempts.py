@@ -64,10 +64,17 @@ class Attempts:
                 return StaleAttempt(f"{name}: no such task", "unknown")
             return StaleAttempt(f"{name}: the task is {done.status}", "finished")
         if task.status is not Status.RUNNING or task.attempt != token.attempt:
-            return StaleAttempt(
-                f"{name} is not current (the task is {task.status}, attempt {task.attempt})",
-                "attempt",
-            )
+            now = f"the task is {task.status}, attempt {task.attempt}"
+            if token.attempt > task.attempt:
+                return StaleAttempt(f"{name} was never started ({now})", "unknown")
+            if token.attempt < task.attempt:
+                return StaleAttempt(
+                    f"{name} is not current: a newer attempt exists ({now})", "attempt"
+                )
+            if task.id in shared.lapsed:
+                message = f"{name}: its lease expired and it was counted lost ({now})"
+                return StaleAttempt(message, "lease")
+            return StaleAttempt(f"{name} has already ended ({now})", "attempt")
         lease_end = shared.leases.get(task.id)
         if lease_end is not None and lease_end <= (received_ns or shared.now):
             return StaleAttempt(f"{name}: its lease expired", "lease")

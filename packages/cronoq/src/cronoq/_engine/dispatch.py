@@ -68,6 +68,7 @@ class Dispatcher:
                     shared.deferred.add(task_id)  # re-queued when the old attempt reports
                     continue
                 task.attempt += 1
+                shared.lapsed.discard(task_id)
                 message = f"attempt {task.attempt} started"
                 shared.counters.start_delay.observe((shared.now - task.updated_ns) / NS_PER_S)
                 self.tasks.transition(task, Status.RUNNING, message)

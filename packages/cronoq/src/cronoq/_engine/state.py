@@ -91,14 +91,17 @@ class Pool:
 class Shared:
     """The state several rooms touch. ``tasks`` holds the live tasks only; a finished one
     leaves it (see the tasks room). ``leases``: when each leased attempt's lease ends, by task
-    id (a report after it is stale). ``deferred``: ready tasks held back from dispatch while
-    their previous attempt still runs."""
+    id (a report after it is stale). ``lapsed``: tasks whose latest attempt was counted lost
+    because its lease ran out (a later word of that attempt is answered "lease", not "not
+    current"). ``deferred``: ready tasks held back from dispatch while their previous attempt
+    still runs."""
 
     __slots__ = (
         "config",
         "counters",
         "deferred",
         "epoch",
+        "lapsed",
         "leases",
         "now",
         "out",
@@ -117,6 +120,7 @@ class Shared:
         self.pools = {p.name: Pool(p) for p in config.pools}
         self.timers: list[tuple[int, int]] = []
         self.leases: dict[int, int] = {}
+        self.lapsed: set[int] = set()
         self.deferred: set[int] = set()
 
     def reply(self, reply_to: object, value: object) -> None:

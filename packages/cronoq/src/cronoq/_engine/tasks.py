@@ -207,6 +207,7 @@ class Tasks:
             )
             del shared.tasks[task.id]
             shared.leases.pop(task.id, None)
+            shared.lapsed.discard(task.id)
             bump(shared.counters.finished, (task.spec.pool, status.value))
             pool = shared.pools.get(task.spec.pool)
             if pool is not None:  # None only for a recovered task whose pool was removed

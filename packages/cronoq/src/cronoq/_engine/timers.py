@@ -61,6 +61,7 @@ class Timers:
             else:
                 reason = "lost: its worker stopped heartbeating"
                 bump(shared.counters.attempts_lost, spec.pool)
+                shared.lapsed.add(task.id)
             attempts.stop(task, reason)
             attempts.failed(task, reason, retryable=True, retry_after_ns=None)
         elif deadline_passed:
