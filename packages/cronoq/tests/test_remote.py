@@ -205,6 +205,19 @@ async def test_a_reconnecting_worker_keeps_the_slots_of_what_it_runs(sched: Sche
     assert (await _attempt(back)).kind == "next"
 
 
+async def test_a_token_named_twice_at_reattach_takes_one_slot(sched: Scheduler) -> None:
+    """Issue 19 item 7: duplicate tokens in ``running`` took a slot each, and the report of
+    the attempt freed only one: the link's slot leaked for good."""
+    link = sched.attach(["remote"], slots=2)
+    await sched.submit("job", pool="remote")
+    attempt = await _attempt(link)
+    link.close()
+    back = sched.attach(["remote"], slots=2, running=[attempt.token, attempt.token])
+    assert back.free == 1
+    await sched.report_success(attempt.token)
+    assert back.free == 2
+
+
 async def test_a_graceful_close_waits_for_remote_reports() -> None:
     async with Scheduler([RemotePool("remote")], store=MemoryStore()) as sched:
         link = sched.attach(["remote"], slots=1)

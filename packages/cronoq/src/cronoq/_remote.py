@@ -242,8 +242,8 @@ class RemoteExecutor:
         link = WorkerLink(self, pools, slots, stopped)
         # A reconnecting worker names the attempts it still runs: they keep their slots on
         # the new link, whose reports free them (all of them, even beyond its slots: the
-        # worker runs them whatever it asks for now).
-        for token in running:
+        # worker runs them whatever it asks for now). A token named twice takes one slot.
+        for token in dict.fromkeys(running):
             if token in self._leased:
                 self._leased[token] = link
                 link.free -= 1
