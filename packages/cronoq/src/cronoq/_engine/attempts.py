@@ -178,10 +178,18 @@ class Attempts:
         shared = self.shared
         token = task.token(shared.epoch)
         shared.out.cancels.append(CancelAttempt(token, task.spec.pool, reason))
-        self.zombies[task.id] = (token, task.spec.pool)
-        lease_end = shared.leases.pop(task.id, None)
+        self.hold(token, task.spec.pool, shared.leases.pop(task.id, None))
+
+    def stopping(self, task_id: int) -> bool:
+        """Whether a stopped attempt of this task still holds its slot."""
+        return task_id in self.zombies
+
+    def hold(self, token: AttemptToken, pool: str, lease_end: int | None) -> None:
+        """A stopped attempt keeps its slot (already counted in its pool) until it reports,
+        or until ``lease_end`` if its worker may be gone."""
+        self.zombies[token.task_id] = (token, pool)
         if lease_end is not None:
-            self.zombie_leases[task.id] = lease_end
+            self.zombie_leases[token.task_id] = lease_end
 
     def end_zombie(self, token: AttemptToken) -> None:
         """A stopped attempt finally reported: free its slot and let its task go on."""

@@ -51,7 +51,7 @@ class Dispatcher:
             return
         shared = self.shared
         out = shared.out
-        zombies = self.attempts.zombies
+        stopping = self.attempts.stopping
         for pool in shared.pools.values():
             ready = pool.ready
             limit = pool.config.concurrency
@@ -64,7 +64,7 @@ class Dispatcher:
                 task = shared.tasks.get(task_id)
                 if task is None or task.status is not Status.READY:
                     continue  # cancelled or failed while queued
-                if task_id in zombies:
+                if stopping(task_id):
                     shared.deferred.add(task_id)  # re-queued when the old attempt reports
                     continue
                 task.attempt += 1

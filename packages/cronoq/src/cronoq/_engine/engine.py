@@ -97,16 +97,11 @@ class Engine:
 
     def take_waiters(self) -> list[tuple[int, object]]:
         """Remove and return every registered waiter as (task id, reply_to)."""
-        waiters = self._tasks.waiters
-        taken = [(task_id, w) for task_id, ws in waiters.items() for w in ws.values()]
-        waiters.clear()
-        return taken
+        return self._tasks.take_waiters()
 
     def drop_waiter(self, task_id: int, reply_to: object) -> None:
         """Forget a waiter whose caller gave up."""
-        waiters = self._tasks.waiters.get(task_id)
-        if waiters is not None and waiters.pop(id(reply_to), None) is not None and not waiters:
-            del self._tasks.waiters[task_id]
+        self._tasks.drop_waiter(task_id, reply_to)
 
     def gauges(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
         """Live tasks by (pool, status), and attempts holding a slot by pool."""

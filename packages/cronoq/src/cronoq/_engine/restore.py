@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from cronoq._engine.attempts import Attempts
 from cronoq._engine.inputs import AttemptToken, InFlight
-from cronoq._engine.outputs import CancelAttempt, TaskSummary
+from cronoq._engine.outputs import CancelAttempt
 from cronoq._engine.schedules import Schedules
-from cronoq._engine.state import NO_TASK, Shared, Task, earliest
+from cronoq._engine.state import Shared, Task, earliest
 from cronoq._engine.tasks import Tasks
 from cronoq._metrics import bump
 from cronoq._model import Status
-from cronoq.store import RecoveredState, TaskRecord
+from cronoq.store import RecoveredState
 
 __all__ = ["Restorer"]
 
@@ -29,43 +29,16 @@ class Restorer:
     def run(self, state: RecoveredState, schedules: Schedules) -> None:
         shared = self.shared
         tasks = self.tasks
-        now = shared.now
         finished_rows = sorted(
             (r for r in state.tasks if r.status.is_terminal), key=lambda r: r.updated_ns
         )
         for row in finished_rows:
-            spec = row.spec
-            tasks.finished[row.task_id] = TaskSummary(
-                row.task_id,
-                row.status,
-                row.attempt,
-                spec.pool,
-                spec.kind,
-                spec.key,
-                spec.tags,
-                row.updated_ns,
-            )
-            if spec.key is not None:
-                tasks.keys[spec.key] = row.task_id
+            tasks.add_finished(row)
         for task_id, reason in state.quarantined:
-            tasks.finished[task_id] = TaskSummary(task_id, Status.FAILED, 0, "", "", None, (), now)
-            # Lookups answer with what is known: failed, and why, not a decoding error.
-            tasks.quarantined[task_id] = TaskRecord(
-                task_id, NO_TASK.spec, Status.FAILED, 0, f"quarantined: {reason}", now, now
-            )
+            tasks.add_quarantined(task_id, reason)
         live_rows = [r for r in state.tasks if not r.status.is_terminal]
         for row in live_rows:
-            task = Task(row.task_id, row.spec, row.submitted_ns)
-            task.status = row.status
-            task.attempt = row.attempt
-            task.message = row.message
-            task.updated_ns = row.updated_ns
-            task.cancel_requested = row.cancel_requested
-            shared.tasks[task.id] = task
-            if row.spec.key is not None:
-                tasks.keys[row.spec.key] = task.id
-            if row.spec.pool in shared.pools:
-                shared.pools[row.spec.pool].live += 1
+            tasks.add_live(row)
         for schedule_row in state.schedules:
             schedules.restore(schedule_row)
         # Parents come before their dependents in id order, so one pass settles every cascade.
@@ -105,14 +78,12 @@ class Restorer:
             shared.out.expired.append(token)
             return
         pool.running += 1
-        self.attempts.zombies[token.task_id] = (token, pool_name)
-        if lease is not None:
-            # Its lease as the engine before the rebuild knew it is gone: a whole one from now
-            # holds the task (its worker may still run it), and no longer (it may be gone).
-            # One whose lease had ended is not here (the driver forgets those: ``expired``),
-            # unless the step that ended it is the uncertain one: it then holds one lease
-            # more, a later retry but never two attempts at once.
-            self.attempts.zombie_leases[token.task_id] = shared.now + lease
+        # A leased one: its lease as the engine before the rebuild knew it is gone: a whole
+        # one from now holds the task (its worker may still run it), and no longer (it may be
+        # gone). One whose lease had ended is not here (the driver forgets those: ``expired``),
+        # unless the step that ended it is the uncertain one: it then holds one lease more, a
+        # later retry but never two attempts at once.
+        self.attempts.hold(token, pool_name, None if lease is None else shared.now + lease)
 
     def _task(self, task: Task, due_ns: int | None) -> None:
         shared = self.shared

@@ -123,7 +123,7 @@ class Schedules:
             # A recovered schedule may name a pool no longer configured: its occurrences are
             # skipped (the schedule stays listed) rather than breaking every step.
             # Without ids left (see _ids.py) an occurrence is skipped like one whose pool left.
-            runnable = spec.template.pool in shared.pools and tasks.next_id <= tasks.last_id
+            runnable = spec.template.pool in shared.pools and tasks.ids_left()
             if (
                 runnable
                 and not overlapping

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 
 from cronoq._engine.inputs import ListTasks
 from cronoq._engine.outputs import CancelAttempt, SubmitResult, TaskSummary
-from cronoq._engine.state import Shared, Task, earliest, seconds
+from cronoq._engine.state import NO_TASK, Shared, Task, earliest, seconds
 from cronoq._ids import first_id, last_id
 from cronoq._metrics import bump
 from cronoq._model import LEGAL_TRANSITIONS, MissPolicy, Status, TaskSpec
@@ -45,6 +45,20 @@ class Tasks:
     @property
     def high_water_mark(self) -> int:
         return self.next_id - 1
+
+    def ids_left(self) -> bool:
+        return self.next_id <= self.last_id
+
+    def take_waiters(self) -> list[tuple[int, object]]:
+        """Remove and return every registered waiter as (task id, reply_to)."""
+        taken = [(task_id, w) for task_id, ws in self.waiters.items() for w in ws.values()]
+        self.waiters.clear()
+        return taken
+
+    def drop_waiter(self, task_id: int, reply_to: object) -> None:
+        waiters = self.waiters.get(task_id)
+        if waiters is not None and waiters.pop(id(reply_to), None) is not None and not waiters:
+            del self.waiters[task_id]
 
     # --- submission -----------------------------------------------------------------------
 
@@ -100,7 +114,7 @@ class Tasks:
     def create(self, spec: TaskSpec) -> Task:
         shared = self.shared
         # Callers check first (all or nothing); this guards the invariant ids rely on.
-        assert self.next_id <= self.last_id, self.ids_exhausted()
+        assert self.ids_left(), self.ids_exhausted()
         task = Task(self.next_id, spec, shared.now)
         self.next_id += 1
         shared.tasks[task.id] = task
@@ -265,6 +279,47 @@ class Tasks:
             self.quarantined.pop(task_id, None)
             if summary.key is not None and self.keys.get(summary.key) == task_id:
                 del self.keys[summary.key]
+
+    # --- rows of a recovery (see restore.py) -------------------------------------------------
+
+    def add_finished(self, row: TaskRecord) -> None:
+        spec = row.spec
+        self.finished[row.task_id] = TaskSummary(
+            row.task_id,
+            row.status,
+            row.attempt,
+            spec.pool,
+            spec.kind,
+            spec.key,
+            spec.tags,
+            row.updated_ns,
+        )
+        if spec.key is not None:
+            self.keys[spec.key] = row.task_id
+
+    def add_quarantined(self, task_id: int, reason: str) -> None:
+        now = self.shared.now
+        self.finished[task_id] = TaskSummary(task_id, Status.FAILED, 0, "", "", None, (), now)
+        # Lookups answer with what is known: failed, and why, not a decoding error.
+        self.quarantined[task_id] = TaskRecord(
+            task_id, NO_TASK.spec, Status.FAILED, 0, f"quarantined: {reason}", now, now
+        )
+
+    def add_live(self, row: TaskRecord) -> None:
+        """A live row, as the store holds it; restore.py then settles it (``arm``, a lost
+        attempt, a parent that failed meanwhile)."""
+        shared = self.shared
+        task = Task(row.task_id, row.spec, row.submitted_ns)
+        task.status = row.status
+        task.attempt = row.attempt
+        task.message = row.message
+        task.updated_ns = row.updated_ns
+        task.cancel_requested = row.cancel_requested
+        shared.tasks[task.id] = task
+        if row.spec.key is not None:
+            self.keys[row.spec.key] = task.id
+        if row.spec.pool in shared.pools:
+            shared.pools[row.spec.pool].live += 1
 
     # --- reads ----------------------------------------------------------------------------
 
