@@ -6,6 +6,7 @@ import pytest
 from hypothesis import settings
 
 from cronoq import MemoryStore
+from cronoq.errors import Fenced
 from cronoq.store import Store
 from cronoq_conformance import Capability, StoreConformance, StoreHarness
 
@@ -47,7 +48,13 @@ class MemoryHarness(StoreHarness):
         self._memory(instance).fail_next_commit_midway()
 
     async def prune(self, instance: Store, horizon_unix_ns: int) -> None:
-        self._memory(instance).prune(horizon_unix_ns)
+        # MemoryStore prunes inside its commits, which are fenced; its prune() is a test
+        # helper that prunes the cluster whoever calls it, so the fence is the harness's here.
+        memory = self._memory(instance)
+        cluster = memory._cluster
+        if cluster.leader != memory._id or cluster.epoch != memory._epoch:
+            raise Fenced("this MemoryStore instance does not lead: it prunes nothing")
+        memory.prune(horizon_unix_ns)
 
     async def pause(self, instance: Store) -> None:
         self._memory(instance).pause()
