@@ -6,8 +6,9 @@ import pytest
 from hypothesis import settings
 
 from cronoq import MemoryStore
+from cronoq.errors import Fenced
 from cronoq.store import Store
-from cronoq_conformance import Capability, StoreConformance, StoreHarness
+from cronoq_conformance import Capability, StoreConformance, StoreHarness, StoreSuite
 
 
 class MemoryHarness(StoreHarness):
@@ -47,7 +48,13 @@ class MemoryHarness(StoreHarness):
         self._memory(instance).fail_next_commit_midway()
 
     async def prune(self, instance: Store, horizon_unix_ns: int) -> None:
-        self._memory(instance).prune(horizon_unix_ns)
+        # MemoryStore prunes inside its commits, which are fenced; its prune() is a test
+        # helper that prunes the cluster whoever calls it, so the fence is the harness's here.
+        memory = self._memory(instance)
+        cluster = memory._cluster
+        if cluster.leader != memory._id or cluster.epoch != memory._epoch:
+            raise Fenced("this MemoryStore instance does not lead: it prunes nothing")
+        memory.prune(horizon_unix_ns)
 
     async def pause(self, instance: Store) -> None:
         self._memory(instance).pause()
@@ -66,3 +73,29 @@ class TestMemoryStore(StoreConformance):
     @pytest.fixture
     def harness(self) -> StoreHarness:
         return MemoryHarness()
+
+
+# --- the kit's pruning checks fail on a store whose pruning is not fenced (issue 25) ----------
+
+
+class UnfencedPruneHarness(MemoryHarness):
+    """Seeded bug: MemoryStore's own prune() test helper prunes the cluster whoever calls it,
+    as a store whose prune asks nobody whether it leads does. (The stores' tests seed the
+    other bugs of issue 25: test_pg_seeded_bugs, test_sqlite_seeded_bugs.)"""
+
+    async def prune(self, instance: Store, horizon_unix_ns: int) -> None:
+        self._memory(instance).prune(horizon_unix_ns)
+
+
+async def test_the_check_of_an_instance_that_does_not_lead_fails_on_unfenced_pruning() -> None:
+    with pytest.raises(AssertionError, match="a standby that never led must be told it is fenced"):
+        await StoreSuite().test_an_instance_that_does_not_lead_prunes_nothing(
+            UnfencedPruneHarness()
+        )
+
+
+async def test_the_check_of_a_replaced_leader_fails_on_unfenced_pruning() -> None:
+    with pytest.raises(AssertionError, match="replaced behind its back must be told it is fenced"):
+        await StoreSuite().test_a_replaced_leader_that_has_not_noticed_prunes_nothing(
+            UnfencedPruneHarness()
+        )

@@ -17,13 +17,14 @@ See docs/stores/writing-a-store.md.
 
 from cronoq_conformance._engine_suite import EngineSuite
 from cronoq_conformance._faults import CommitFault, FaultyStore
-from cronoq_conformance._harness import Capability, StoreHarness, run_in_python
+from cronoq_conformance._harness import Capability, DatabaseCondition, StoreHarness, run_in_python
 from cronoq_conformance._protocol_suite import StoreSuite
 from cronoq_conformance._simulation import SimulationSuite
 
 __all__ = [
     "Capability",
     "CommitFault",
+    "DatabaseCondition",
     "EngineSuite",
     "FaultyStore",
     "SimulationSuite",

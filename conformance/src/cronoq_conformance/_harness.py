@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cronoq.store import Store
 
-__all__ = ["Capability", "StoreHarness", "run_in_python"]
+__all__ = ["Capability", "DatabaseCondition", "StoreHarness", "run_in_python"]
 
 
 class Capability(enum.Enum):
@@ -45,6 +45,38 @@ class Capability(enum.Enum):
     PRIVATE_FILES = "private_files"
     """``store_directory()`` is the directory holding every file of the cluster, and only
     those: for stores that own files (they must not be readable by group or others)."""
+    LATE_STATEMENT = "late_statement"
+    """``hold_next_commit(instance)`` holds the statement by which the instance's next commit
+    makes its batch durable in flight, before it reaches the database, and breaks the
+    connection it was sent on (the commit fails as on a lost connection);
+    ``release_held_commit(instance)`` then delivers that statement to the database, as the
+    old connection would have, and returns once the database has run it. For stores that
+    reach their database over a connection a statement can outlive (a server)."""
+    SUPERSEDE = "supersede"
+    """``supersede(instance)`` makes the cluster's current epoch newer than the instance's,
+    as another instance's takeover would, without the instance being told: it still believes
+    it leads. For stores that cannot ``PAUSE`` a leader."""
+    DATABASE_CONDITIONS = "database_conditions"
+    """``meet_condition(instance, condition)`` makes every later commit of the instance meet
+    the error the real database raises for ``condition`` (one of ``conditions``), until
+    ``lift_condition(instance)``; reads and leadership keep working where they can."""
+
+
+class DatabaseCondition(enum.Enum):
+    """What a database can refuse a write for; each is permanent (``StoreFatal``) or
+    transient (``Unavailable``), and ``reason`` is what a fatal error must say (a regular
+    expression, matched case-insensitively against the error's message)."""
+
+    READ_ONLY = ("a read-only database or file system", True, r"read.?only")
+    PERMISSION_DENIED = ("permission denied", True, r"permission|not authori[sz]ed|privilege")
+    CANNOT_OPEN = ("a file that cannot be opened", True, r"open")
+    BUSY = ("another writer holds a lock (busy, locked)", False, r"")
+    CONNECTION_REFUSED = ("the database refuses connections", False, r"")
+
+    def __init__(self, description: str, permanent: bool, reason: str) -> None:
+        self.description = description
+        self.permanent = permanent
+        self.reason = reason
 
 
 class StoreHarness(ABC):
@@ -55,6 +87,8 @@ class StoreHarness(ABC):
     """
 
     capabilities: frozenset[Capability] = frozenset()
+    conditions: frozenset[DatabaseCondition] = frozenset()
+    """With ``DATABASE_CONDITIONS``: the conditions ``meet_condition`` can produce."""
     leadership_timeout: float = 5.0
     """Upper bound, in seconds, on how long a takeover may take after a crash (tests fail
     beyond it). Harnesses should configure their stores with short timings."""
@@ -107,6 +141,21 @@ class StoreHarness(ABC):
         raise NotImplementedError
 
     def store_directory(self) -> Path:
+        raise NotImplementedError
+
+    async def hold_next_commit(self, instance: Store) -> None:
+        raise NotImplementedError
+
+    async def release_held_commit(self, instance: Store) -> None:
+        raise NotImplementedError
+
+    async def supersede(self, instance: Store) -> None:
+        raise NotImplementedError
+
+    async def meet_condition(self, instance: Store, condition: DatabaseCondition) -> None:
+        raise NotImplementedError
+
+    async def lift_condition(self, instance: Store) -> None:
         raise NotImplementedError
 
     async def run_in_other_process(self, code: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import stat
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -39,7 +40,7 @@ from cronoq.store import (
     TaskUpdated,
     TimeBase,
 )
-from cronoq_conformance._harness import Capability, StoreHarness
+from cronoq_conformance._harness import Capability, DatabaseCondition, StoreHarness
 
 __all__ = ["StoreSuite"]
 
@@ -715,6 +716,167 @@ class StoreSuite:
             await store.commit(epoch, [finished(1, at + 2)])
         _, state = await self.lead_after_crash(cluster, store)
         assert [(r.task_id, r.status) for r in state.tasks] == [(1, Status.READY)]
+
+    @pytest.mark.parametrize("condition", list(DatabaseCondition), ids=lambda c: c.name.lower())
+    async def test_each_database_condition_is_fatal_or_transient_as_it_is(
+        self, cluster: StoreHarness, condition: DatabaseCondition
+    ) -> None:
+        # The real error of each condition: a store that maps a whole class of errors (every
+        # "operational" one, say) to Unavailable retries a read-only or unopenable database
+        # for ever; one that maps contention to StoreFatal stops the scheduler for a busy one.
+        self.require(cluster, Capability.DATABASE_CONDITIONS)
+        if condition not in cluster.conditions:
+            pytest.skip(f"the harness cannot produce {condition.description}")
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        await store.commit(epoch, [submitted(1, at)])
+        await cluster.meet_condition(store, condition)
+        expected = StoreFatal if condition.permanent else Unavailable
+        batches: list[list[Mutation]] = [
+            [submitted(2, at), finished(1, at + 1)],
+            [finished(1, at + 2)],
+        ]
+        for batch in batches:
+            with pytest.raises(StoreError) as raised:
+                await store.commit(epoch, batch)
+            error = raised.value
+            assert isinstance(error, expected), (
+                f"{condition.description} must be {expected.__name__}, "
+                f"not {type(error).__name__}: {error}"
+            )
+            if condition.permanent:
+                assert re.search(condition.reason, str(error), re.IGNORECASE), (
+                    f"the error must say why ({condition.description}): {error}"
+                )
+        await cluster.lift_condition(store)
+        if not condition.permanent:
+            # It passed: the same instance commits again.
+            await store.commit(epoch, [submitted(3, at)])
+        _, state = await self.lead_after_crash(cluster, store)
+        expected_ids = [1] if condition.permanent else [1, 3]
+        assert [(r.task_id, r.status) for r in state.tasks] == [
+            (i, Status.READY) for i in expected_ids
+        ], "a refused commit wrote something"
+
+    async def test_a_commit_statement_that_reaches_the_database_after_recovery_changes_nothing(
+        self, cluster: StoreHarness
+    ) -> None:
+        # The driver gives up on a commit whose connection broke, recovers, tells its callers
+        # what the recovered state holds and builds on it. The commit's statement may still be
+        # on its way (in a socket, a proxy, a server's queue): arriving after the recovery it
+        # must write nothing, or an answered "not applied" turns out applied and the ids the
+        # recovery handed out again clash with it.
+        self.require(cluster, Capability.LATE_STATEMENT)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        await store.commit(epoch, [submitted(1, at, key="before")])
+        await cluster.hold_next_commit(store)
+        late: list[Mutation] = [submitted(2, at, key="late"), finished(1, at + 1)]
+        with pytest.raises(StoreError) as raised:
+            await store.commit(epoch, late)
+        # Its outcome is unknown to the store: the caller must retry or recover, not stop.
+        assert isinstance(raised.value, Unavailable), (
+            f"a commit whose connection broke must raise Unavailable, not {raised.value!r}"
+        )
+        state = await store.recover(epoch, TimeBase(), HOUR_NS)
+        assert sorted(by_id(state)) == [1], "the held statement had not reached the database"
+        assert state.max_task_id == 1
+        await cluster.release_held_commit(store)
+        looked_up = await store.get_task(1)
+        assert looked_up is not None
+        assert (looked_up.status, await store.get_task(2)) == (Status.READY, None), (
+            "a commit statement that reached the database after recover() landed: the "
+            "recovered state, which the callers were answered from, is no longer what the "
+            "store holds (fence every write on what recovery bumps, not only on the epoch)"
+        )
+        # The recovery's answer holds for good: the ids it allows are free.
+        await store.commit(epoch, [submitted(2, at + 2, key="after")])
+        _, again = await self.lead_after_crash(cluster, store)
+        assert [(r.task_id, r.spec.key, r.status) for r in again.tasks] == [
+            (1, "before", Status.READY),
+            (2, "after", Status.READY),
+        ]
+
+    async def replaced_without_knowing(
+        self, cluster: StoreHarness, leader: Store
+    ) -> tuple[Store, int] | None:
+        """Another leader takes over from ``leader`` without telling it (a supersede, or a
+        pause past its lease); the new leader and its epoch, if one was opened."""
+        if Capability.SUPERSEDE in cluster.capabilities:
+            await cluster.supersede(leader)
+            return None
+        if Capability.PAUSE not in cluster.capabilities:
+            pytest.skip("the harness declares neither Capability.SUPERSEDE nor Capability.PAUSE")
+        successor = await cluster.open()
+        await cluster.pause(leader)
+        try:
+            lease = await asyncio.wait_for(
+                successor.acquire_leadership(), cluster.leadership_timeout
+            )
+        finally:
+            await cluster.resume(leader)
+        return successor, lease.epoch
+
+    async def prunable(self, store: Store, epoch: int) -> None:
+        """Tasks 1-3 finished a minute ago, task 4 live: a prune up to now deletes 1-3, and
+        the stores' own pruning (which keeps finished tasks longer) does not."""
+        old = now_ns() - 60 * 1_000_000_000
+        batch: list[Mutation] = [submitted(i, old) for i in (1, 2, 3, 4)]
+        await store.commit(epoch, batch + [finished(i, old) for i in (1, 2, 3)])
+
+    @staticmethod
+    async def prunes_nothing(
+        cluster: StoreHarness, instance: Store, reader: Store, who: str
+    ) -> None:
+        told: object = "nothing: the prune returned"
+        try:
+            await cluster.prune(instance, now_ns())
+        except StoreError as exc:
+            told = exc
+        kept = [i for i in (1, 2, 3) if await reader.get_task(i) is not None]
+        pruned = sorted({1, 2, 3} - set(kept))
+        assert isinstance(told, Fenced), (
+            f"{who} must be told it is fenced when it prunes, not {told!r} (it pruned {pruned})"
+        )
+        assert pruned == [], f"{who} pruned tasks {pruned}"
+
+    async def test_an_instance_that_does_not_lead_prunes_nothing(
+        self, cluster: StoreHarness
+    ) -> None:
+        self.require(cluster, Capability.PRUNE)
+        first, standby = await cluster.open(), await cluster.open()
+        epoch, _ = await self.lead(first)
+        await self.prunable(first, epoch)
+        await self.prunes_nothing(cluster, standby, first, "a standby that never led")
+        await first.release_leadership()
+        second = await cluster.open()
+        await self.lead(second)
+        await self.prunes_nothing(cluster, first, second, "a leader that released leadership")
+        # The check can fail: the leader's prune deletes them.
+        await cluster.prune(second, now_ns())
+        assert [i for i in (1, 2, 3, 4) if await second.get_task(i) is not None] == [4]
+
+    async def test_a_replaced_leader_that_has_not_noticed_prunes_nothing(
+        self, cluster: StoreHarness
+    ) -> None:
+        # Pruning is a write of the leader like a commit: fenced in the same transaction,
+        # not on what the instance believes (its pruning runs on its own timer, and a
+        # replaced leader may not know yet).
+        self.require(cluster, Capability.PRUNE)
+        first = await cluster.open()
+        epoch, _ = await self.lead(first)
+        await self.prunable(first, epoch)
+        replaced = await self.replaced_without_knowing(cluster, first)
+        reader = first if replaced is None else replaced[0]
+        await self.prunes_nothing(cluster, first, reader, "a leader replaced behind its back")
+        if replaced is not None:
+            # The check can fail: the new leader's prune deletes them.
+            successor, successor_epoch = replaced
+            await successor.recover(successor_epoch, TimeBase(), HOUR_NS)
+            await cluster.prune(successor, now_ns())
+            assert [i for i in (1, 2, 3, 4) if await successor.get_task(i) is not None] == [4]
 
     async def test_no_file_of_the_store_is_readable_by_group_or_others(
         self, cluster: StoreHarness

@@ -13,9 +13,10 @@ import uuid
 
 import asyncpg
 import pytest
+from pg_proxy import Link, PgProxy, upstream_of, writes_a_batch
 
 from cronoq.store import Store
-from cronoq_conformance import Capability, StoreHarness, run_in_python
+from cronoq_conformance import Capability, DatabaseCondition, StoreHarness, run_in_python
 from cronoq_store_postgres import PgStore, PgStoreConfig
 from cronoq_store_postgres._schema import quote_ident
 
@@ -49,23 +50,63 @@ async def drop_schema(schema: str) -> None:
         await conn.close()
 
 
+# What the server raises for each permanent condition (SQLSTATE, message). The harness
+# connects as a superuser, whom neither REVOKE nor a read-only setting stops for good: a
+# trigger raises the server's own error for the condition on every write to the task and
+# schedule tables (the leader row, and so leadership, stays writable).
+_PERMANENT = {
+    DatabaseCondition.READ_ONLY: (
+        "read_only_sql_transaction",
+        "'cannot execute ' || TG_OP || ' in a read-only transaction'",
+    ),
+    DatabaseCondition.PERMISSION_DENIED: (
+        "insufficient_privilege",
+        "'permission denied for table ' || TG_TABLE_NAME",
+    ),
+    DatabaseCondition.CANNOT_OPEN: (
+        "undefined_file",
+        "'could not open file \"base/' || TG_RELID || '\": No such file or directory'",
+    ),
+}
+"""Each condition's SQLSTATE, and its message as a SQL expression in a trigger."""
+
+
+def _is_batch(link: Link, text: str) -> bool:
+    return not link.is_lock_session and writes_a_batch(link, text)
+
+
 class PgHarness(StoreHarness):
     # PAUSE: the lock session is held by the server for as long as it lives, so a frozen
     # leader cannot be taken over until its session ends, and then it is told at once
-    # (test_pg_faults freezes a real process). PRIVATE_FILES: the store owns no file.
+    # (test_pg_faults freezes a real process); SUPERSEDE replaces a leader behind its back
+    # instead. PRIVATE_FILES: the store owns no file. Each instance reaches the server through
+    # a proxy of its own (pg_proxy), which can hold a commit's statement in flight.
     capabilities = frozenset(Capability) - {Capability.PAUSE, Capability.PRIVATE_FILES}
+    conditions = frozenset(DatabaseCondition)
     leadership_timeout = 3.0
     handover_timeout = 0.5
 
-    def __init__(self, schema: str, config: PgStoreConfig = FAST) -> None:
+    def __init__(
+        self, schema: str, config: PgStoreConfig = FAST, store_class: type[PgStore] = PgStore
+    ) -> None:
         self.schema = schema
         self.config = dataclasses.replace(config, schema=schema)
+        self.store_class = store_class
         self.opened: list[PgStore] = []
+        self.proxies: dict[PgStore, PgProxy] = {}
         self._blocker: asyncpg.Connection | None = None
 
     async def open(self) -> Store:
-        store = await PgStore.connect(DSN, self.config)
+        upstream = upstream_of(DSN)
+        assert upstream is not None, f"the harness needs a TCP DSN, not {DSN}"
+        proxy = await PgProxy(upstream).start()
+        try:
+            store = await self.store_class.connect(proxy.dsn(DSN), self.config)
+        except BaseException:
+            await proxy.close()
+            raise
         self.opened.append(store)
+        self.proxies[store] = proxy
         return store
 
     @staticmethod
@@ -134,6 +175,54 @@ class PgHarness(StoreHarness):
             ),
         )
 
+    async def hold_next_commit(self, instance: Store) -> None:
+        self.proxies[self._pg(instance)].hold(_is_batch)
+
+    async def release_held_commit(self, instance: Store) -> None:
+        statement = await self.proxies[self._pg(instance)].release_held()
+        assert writes_a_batch(Link(0, None), statement), statement  # type: ignore[arg-type]
+
+    async def supersede(self, instance: Store) -> None:
+        # What a takeover writes (the advisory lock is another matter: the instance has not
+        # noticed it lost it, as while its keepalive still waits).
+        await self._outside(
+            f"UPDATE {quote_ident(self.schema)}.cronoq_leader SET epoch = epoch + 1"
+        )
+
+    async def meet_condition(self, instance: Store, condition: DatabaseCondition) -> None:
+        if condition is DatabaseCondition.BUSY:
+            await self.set_available(instance, False)  # lock_timeout: LockNotAvailable
+            return
+        if condition is DatabaseCondition.CONNECTION_REFUSED:
+            # The server stops accepting connections and the pool's are gone (the lock
+            # session stays: that is leadership, not a commit's connection).
+            proxy = self.proxies[self._pg(instance)]
+            proxy.stop_listening()
+            proxy.cut(lambda link: not link.is_lock_session)
+            return
+        sqlstate, message = _PERMANENT[condition]
+        s = quote_ident(self.schema)
+        await self._outside(
+            f"""CREATE FUNCTION {s}.cronoq_test_condition() RETURNS trigger LANGUAGE plpgsql
+                AS $$ BEGIN
+                    RAISE EXCEPTION USING MESSAGE = {message}, ERRCODE = '{sqlstate}';
+                END $$""",
+            *(
+                f"""CREATE TRIGGER cronoq_test_condition BEFORE INSERT OR UPDATE OR DELETE
+                    ON {s}.{table} FOR EACH STATEMENT
+                    EXECUTE FUNCTION {s}.cronoq_test_condition()"""
+                for table in ("cronoq_tasks", "cronoq_schedules")
+            ),
+        )
+
+    async def lift_condition(self, instance: Store) -> None:
+        await self.set_available(instance, True)
+        proxy = self.proxies[self._pg(instance)]
+        if proxy._server is not None and not proxy._server.is_serving():
+            await proxy.listen_again()
+        s = quote_ident(self.schema)
+        await self._outside(f"DROP FUNCTION IF EXISTS {s}.cronoq_test_condition() CASCADE")
+
     async def corrupt_task(self, instance: Store, task_id: int) -> None:
         await self._outside(
             f"UPDATE {quote_ident(self.schema)}.cronoq_tasks SET options = '{{broken' "
@@ -162,3 +251,5 @@ class PgHarness(StoreHarness):
             self._blocker = None
         for store in self.opened:
             await store.close()
+        for proxy in self.proxies.values():
+            await proxy.close()

@@ -10,6 +10,9 @@ server message by message, reading the wire protocol in both directions, so that
 - pass a chosen statement on (a ``COMMIT``, or a batch's single autocommit statement), swallow
   the server's whole reply to it up to its ReadyForQuery (by then the server has committed),
   and cut that connection: the commit landed and the client cannot know (an ambiguous commit);
+- hold a chosen statement in flight: keep its request from the server, cut the client's side
+  of that connection (the client sees it break), and deliver the request on the still open
+  server session later (``release_held``): a statement that lands after the client moved on;
 - cut connections, and refuse new ones, picked by their startup parameters (application_name);
 - count the statements each connection executes, and say when it last forwarded a message.
 
@@ -120,6 +123,12 @@ class Link:
         self._armed: _Trigger | None = None
         self._dropping: _Trigger | None = None
         self._fatal_after: _Trigger | None = None
+        self.held = b""
+        """A held request (see ``PgProxy.hold``), kept from the server until released."""
+        self.holding = False
+        """The client's side is cut; the server's stays open for the held request."""
+        self.answered = asyncio.Event()
+        """Set at the server's ReadyForQuery to the released request."""
 
     @property
     def application_name(self) -> str:
@@ -152,6 +161,7 @@ class _Action(enum.Enum):
     BLACKHOLE = "blackhole"
     DROP_REPLY = "drop reply"
     FATAL_AFTER = "fatal after the reply"
+    HOLD = "hold in flight"
 
 
 @dataclass
@@ -186,11 +196,22 @@ class PgProxy:
         """The statement after which the black hole fell, if one did."""
         self.blackholed_in_transaction = False
         """Whether that statement was sent inside an explicit transaction block."""
+        self.holding: Link | None = None
+        """The link whose request is held, once one is."""
 
     async def start(self) -> PgProxy:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
+
+    def stop_listening(self) -> None:
+        """Refuse new connections as a server that is not running does (ECONNREFUSED)."""
+        assert self._server is not None
+        self._server.close()
+
+    async def listen_again(self) -> None:
+        """Accept connections again, on the same port."""
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
 
     def dsn(self, dsn: str) -> str:
         return dsn_via(dsn, self.port)
@@ -248,6 +269,24 @@ class PgProxy:
         every session), and cut the link: the client learns the statement's outcome, then
         that its connection is gone, before it can use it again."""
         self._triggers.append(_Trigger(_Action.FATAL_AFTER, links, statement))
+
+    def hold(self, statement: StatementFilter, links: LinkFilter = lambda link: True) -> None:
+        """Keep the next matching statement's request (from its Bind, or its Query, to the
+        end of the request) from the server, then cut the client's side of that link only:
+        the client sees its connection break, the server session waits, idle, for the held
+        request, which ``release_held`` delivers."""
+        self._triggers.append(_Trigger(_Action.HOLD, links, statement))
+
+    async def release_held(self) -> str:
+        """Deliver the held request on its server session, wait for the server's answer (it
+        has run the statement, committed or not), close that session; return the statement."""
+        link = self.holding
+        assert link is not None and link.server is not None, "no request is held"
+        self.holding = None
+        link.server.write(link.held)
+        await link.answered.wait()
+        link.abort()
+        return link.last_statement
 
     def cut(self, links: LinkFilter) -> int:
         """Abort the picked links, both sides; return how many."""
@@ -366,13 +405,22 @@ class PgProxy:
                 if self.blackholed:
                     continue
                 complete = self._on_client_message(link, kind, body)
+                if link._armed is not None and link._armed.action is _Action.HOLD:
+                    link.held += kind + struct.pack("!i", len(body) + 4) + body
+                    if complete:
+                        link._armed = None
+                        link.holding = True
+                        self.holding = link
+                        link.client.transport.abort()
+                        return
+                    continue
                 server.write(kind + struct.pack("!i", len(body) + 4) + body)
                 link.last_forwarded = time.monotonic()
                 if complete and link._armed is not None:
                     self._fire(link)
         except (OSError, asyncio.IncompleteReadError):
             pass
-        if not self.blackholed:  # a black hole passes no close on, either way
+        if not self.blackholed and not link.holding:  # a black hole passes no close on
             link.abort()
 
     def _on_client_message(self, link: Link, kind: bytes, body: bytes) -> bool:
@@ -405,6 +453,10 @@ class PgProxy:
             while True:
                 kind, body = await self._message(reader)
                 if self.blackholed:
+                    continue
+                if link.holding:  # the client is gone: only the released request's end
+                    if kind == b"Z":
+                        link.answered.set()
                     continue
                 if kind == b"Z":
                     link.status = body[:1]

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cronoq.store import Store
-from cronoq_conformance import Capability, StoreHarness, run_in_python
+from cronoq_conformance import Capability, DatabaseCondition, StoreHarness, run_in_python
 from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig
 
 # Short timings: a crashed leader's lease runs out in 1 s; a held write lock is reported as
@@ -19,7 +19,16 @@ FAST = SqliteStoreConfig(lock_poll=0.05, lease_renew=0.25, lease_ttl=1.0, busy_t
 
 
 class SqliteHarness(StoreHarness):
-    capabilities = frozenset(Capability)
+    # LATE_STATEMENT: an instance runs its transactions one after the other on its data
+    # connection's thread, on a local file, so no statement of a failed commit can reach the
+    # database after a later recovery of that instance (docs/stores/writing-a-store.md).
+    # SUPERSEDE: PAUSE replaces a leader behind its back for real (its lease runs out).
+    capabilities = frozenset(Capability) - {Capability.LATE_STATEMENT, Capability.SUPERSEDE}
+    # CANNOT_OPEN and CONNECTION_REFUSED: an open connection keeps its files open, and there
+    # is no server to refuse it; test_sqlite_fatal_errors classifies SQLITE_CANTOPEN.
+    conditions = frozenset(
+        {DatabaseCondition.READ_ONLY, DatabaseCondition.PERMISSION_DENIED, DatabaseCondition.BUSY}
+    )
     leadership_timeout = FAST.lease_ttl + FAST.lock_poll + 2.0
     # Well under the lease: a release that leaves the lease to run out takes about 1 s.
     handover_timeout = 0.5
@@ -136,6 +145,25 @@ class SqliteHarness(StoreHarness):
             return sqlite3.SQLITE_OK
 
         await self._sqlite(instance)._conn.run(lambda db: db.set_authorizer(authorize))
+
+    async def meet_condition(self, instance: Store, condition: DatabaseCondition) -> None:
+        store = self._sqlite(instance)
+        if condition is DatabaseCondition.READ_ONLY:
+            # SQLite's own read-only mode on the store's data connection: every write fails
+            # with SQLITE_READONLY (an OperationalError, like SQLITE_BUSY), as on a file this
+            # process may only read.
+            await store._conn.run(lambda db: db.execute("PRAGMA query_only = ON"))
+        elif condition is DatabaseCondition.PERMISSION_DENIED:
+            await self.fail_commits_fatally(instance)
+        else:
+            assert condition is DatabaseCondition.BUSY, condition
+            await self.set_available(instance, False)
+
+    async def lift_condition(self, instance: Store) -> None:
+        store = self._sqlite(instance)
+        await store._conn.run(lambda db: db.execute("PRAGMA query_only = OFF"))
+        await store._conn.run(lambda db: db.set_authorizer(None))
+        await self.set_available(instance, True)
 
     def store_directory(self) -> Path:
         return self.path.parent

@@ -1,0 +1,62 @@
+"""The conformance kit's checks of issue 25 fail on PgStore with the matching bug seeded
+(pg_seeded_stores), and pass on PgStore itself (test_pg_conformance): a check that cannot fail
+proves nothing. Each runs one check of the kit as a store author's test module would."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import pytest_asyncio
+from pg_harness import PgHarness, drop_schema, new_schema, require_postgres
+from pg_seeded_stores import GenerationBlindPgStore, UnfencedPrunePgStore
+
+from cronoq_conformance import StoreHarness, StoreSuite
+from cronoq_store_postgres import PgStore
+
+Check = Callable[[StoreSuite, StoreHarness], Awaitable[None]]
+
+
+@pytest_asyncio.fixture
+async def schema() -> AsyncIterator[str]:
+    await require_postgres()
+    name = new_schema()
+    try:
+        yield name
+    finally:
+        await drop_schema(name)
+
+
+async def run_check(check: Check, harness: PgHarness) -> None:
+    try:
+        await check(StoreSuite(), harness)
+    finally:
+        await harness.close_all()
+
+
+@pytest.mark.parametrize("store_class", [PgStore, GenerationBlindPgStore])
+async def test_the_late_statement_check_fails_on_a_store_blind_to_its_generation(
+    schema: str, store_class: type[PgStore]
+) -> None:
+    check = (
+        StoreSuite.test_a_commit_statement_that_reaches_the_database_after_recovery_changes_nothing
+    )
+    harness = PgHarness(schema, store_class=store_class)
+    if store_class is PgStore:
+        await run_check(check, harness)
+        return
+    with pytest.raises(AssertionError, match=r"reached the database after recover\(\) landed"):
+        await run_check(check, harness)
+
+
+@pytest.mark.parametrize("store_class", [PgStore, UnfencedPrunePgStore])
+async def test_the_replaced_leader_prune_check_fails_on_a_store_with_unfenced_pruning(
+    schema: str, store_class: type[PgStore]
+) -> None:
+    check = StoreSuite.test_a_replaced_leader_that_has_not_noticed_prunes_nothing
+    harness = PgHarness(schema, store_class=store_class)
+    if store_class is PgStore:
+        await run_check(check, harness)
+        return
+    with pytest.raises(AssertionError, match="must be told it is fenced"):
+        await run_check(check, harness)
