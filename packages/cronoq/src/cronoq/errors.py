@@ -108,7 +108,8 @@ class StaleAttempt(CronoqError):
     """A heartbeat or report names an attempt that is not its task's current one: it changed
     nothing. ``reason`` is ``lease`` (its lease ran out and it was counted lost), ``attempt``
     (a newer attempt exists, or this one already ended), ``epoch`` (an earlier leader's
-    attempt), ``finished`` (the task is over) or ``unknown`` (no such task or attempt)."""
+    attempt), ``finished`` (the task is over) or ``unknown`` (no such task or attempt, or an
+    attempt running in this process, which a worker may not end)."""
 
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)

@@ -153,8 +153,8 @@ class Engine:
         """
         engine = cls(config, epoch, state.max_task_id, counters)
         engine._shared.now = now_ns
-        Restorer(engine._shared, engine._tasks, engine._attempts, inflight).run(
-            state, engine._schedules
+        Restorer(engine._shared, engine._tasks, engine._attempts, engine._schedules, inflight).run(
+            state
         )
         return engine, engine.step(now_ns)
 

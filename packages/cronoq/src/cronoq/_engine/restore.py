@@ -19,14 +19,20 @@ __all__ = ["Restorer"]
 
 class Restorer:
     def __init__(
-        self, shared: Shared, tasks: Tasks, attempts: Attempts, inflight: InFlight | None
+        self,
+        shared: Shared,
+        tasks: Tasks,
+        attempts: Attempts,
+        schedules: Schedules,
+        inflight: InFlight | None,
     ) -> None:
         self.shared = shared
         self.tasks = tasks
         self.attempts = attempts
+        self.schedules = schedules
         self.inflight = inflight
 
-    def run(self, state: RecoveredState, schedules: Schedules) -> None:
+    def run(self, state: RecoveredState) -> None:
         shared = self.shared
         tasks = self.tasks
         finished_rows = sorted(
@@ -40,7 +46,7 @@ class Restorer:
         for row in live_rows:
             tasks.add_live(row)
         for schedule_row in state.schedules:
-            schedules.restore(schedule_row)
+            self.schedules.restore(schedule_row)
         # Parents come before their dependents in id order, so one pass settles every cascade.
         for row in live_rows:
             restored = shared.tasks.get(row.task_id)
