@@ -171,6 +171,9 @@ class History:
         self.abandoned: set[AttemptToken] = set()
         self.again: list[Input] = []
         self.next_wake: int | None = None
+        self.waits: list[tuple[int, Reply]] = []
+        self.draining = False
+        self.turns = 0
         self.trace: list[object] = []
         self.plain = Plain()
         self.engine = self.rebuild(None)
@@ -189,6 +192,8 @@ class History:
         engine, first = Engine.recover(
             self.config, self.epoch, self.now, state, inflight, self.counters
         )
+        if self.draining:
+            engine.stop_dispatching()
         self.trace.append(["first", self.plain(first)])
         self.commit(first)
         return engine
@@ -196,8 +201,10 @@ class History:
     def commit(self, result: StepResult) -> None:
         self.cluster.apply(result.mutations, TimeBase())
         for dispatch in result.dispatches:
-            if self.rng.random() < 0.08:
-                self.withheld.append(dispatch.token)  # released late, or never: withdrawn
+            # A remote worker that left before the attempt was sent: withdrawn. (Never a local
+            # pool's: the driver withholds those only while closing, and then dispatches none.)
+            if dispatch.spec.pool == "r" and self.rng.random() < 0.1:
+                self.withheld.append(dispatch.token)
             else:
                 self.executing[dispatch.token] = dispatch.spec.pool
         for token in result.expired:
@@ -212,6 +219,7 @@ class History:
             self.withheld.clear()
             self.abandoned.clear()
             self.again.clear()
+            self.draining = False  # a new process
             self.epoch += 1
             self.now += rng.choice([0, S, 10 * S, 400 * S])
             self.trace.append(["crash"])
@@ -222,11 +230,25 @@ class History:
             self.cluster.prune(horizon)
             self.trace.append(["prune", horizon])
             return
+        if action == "waiters" and self.waits and rng.random() < 0.5:
+            task_id, waiter = self.waits.pop(rng.randrange(len(self.waits)))
+            self.engine.drop_waiter(task_id, waiter)  # its caller gave up
+            self.trace.append(["drop_waiter", task_id, self.plain(waiter)])
+            return
         if action == "waiters":
             taken = self.engine.take_waiters()
             self.trace.append(["take_waiters", self.plain(taken)])
             self.again.extend(WaitTask(task_id, w) for task_id, w in taken)
             return
+        if not self.draining and self.turns > TURNS - 12 and rng.random() < 0.05:
+            self.draining = True  # a graceful close began: no more attempts start
+            self.engine.stop_dispatching()
+            self.trace.append(["stop_dispatching"])
+        if self.executing and rng.random() < 0.02:
+            # A close that timed out left this attempt running without a report.
+            token = rng.choice(sorted(self.executing, key=lambda t: (t.task_id, t.attempt)))
+            del self.executing[token]
+            self.abandoned.add(token)
         self.advance()
         inputs = [*self.again, *self.inputs()]
         self.again = []
@@ -339,6 +361,8 @@ class History:
             after = tuple(rng.sample(self.ids[-10:], min(len(self.ids), rng.choice([1, 2]))))
             if rng.random() < 0.1:
                 after = (*after, rng.choice([0, self.ids[-1] + 10**6]))
+            elif rng.random() < 0.1:
+                after = (*after, after[0])  # a parent named twice
         return TaskSpec(
             pool=rng.choice(POOL_NAMES) if rng.random() < 0.97 else "zz",
             kind=rng.choice(["mail", "sync"]),
@@ -403,7 +427,9 @@ class History:
         if read == "key":
             return GetTaskByKey(rng.choice(KEYS), self.reply())
         if read == "wait":
-            return WaitTask(target, self.reply(), rng.choice([None, 1.5]))
+            waiter = self.reply()
+            self.waits.append((target, waiter))
+            return WaitTask(target, waiter, rng.choice([None, 1.5]))
         if read == "schedules":
             return ListSchedules(self.reply())
         return ListTasks(
@@ -417,7 +443,7 @@ class History:
         )
 
     def play(self) -> str:
-        for _ in range(TURNS):
+        for self.turns in range(TURNS):
             self.turn()
             # Ids the store knows, for later inputs to name (never the engine's private view).
             self.ids = sorted(self.cluster.tasks)[-30:]
@@ -506,6 +532,12 @@ def test_the_histories_reach_every_corner() -> None:
         "dependency",
         "no attempts left",
         '"Status.SUCCEEDED"',
+        '"drop_waiter"',
+        '"stop_dispatching"',
+        '"abandoned":[{',
+        '"reason":"lease"',
+        "was never started",
+        "a newer attempt exists",
     ):
         assert needle in text, needle
 
