@@ -287,6 +287,7 @@ DUPLICATE = rich_status(Code.ALREADY_EXISTS, "schedule exists", Reason.DUPLICATE
 NO_SCHEDULE = rich_status(Code.NOT_FOUND, "no schedule nightly", Reason.SCHEDULE_NOT_FOUND)
 HOLD = "hold"  # wait until ``released`` is set, then answer with the next entry's rule
 BREAK = "break"  # stop the server while the call is in flight: the connection breaks mid-call
+PARK = "park"  # wait until ``released`` is set, then succeed
 Answer = grpc.Status | str | None
 
 
@@ -307,6 +308,10 @@ class Scripted(pb_grpc.SchedulerServiceServicer):
     """Set: ListSchedules answers with this status."""
     held: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once a call is held (HOLD)."""
+    parked: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once a call is parked (PARK)."""
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+    """Ends every parked call, with success."""
     knows_compact: bool = True
     """False: SubmitMany reads only ``tasks``, as a server older than the compact form does."""
 
@@ -319,6 +324,9 @@ class Scripted(pb_grpc.SchedulerServiceServicer):
         self.requests.append(request)
         self.remaining.append(context.time_remaining())
         answer = self.script[min(self.calls, len(self.script)) - 1]
+        if answer == PARK:
+            self.parked.set()
+            await self.released.wait()
         if answer == HOLD:
             self.held.set()
             await asyncio.sleep(30)  # until the client gives up on the call
@@ -670,3 +678,39 @@ async def test_a_keyless_submit_whose_channel_was_retired_has_an_unknown_outcome
             await asyncio.wait_for(submitting, 5)
         assert caught.value.applied is None
         assert servicer.calls == 1  # not repeated
+
+
+async def test_after_an_unknown_outcome_the_next_call_goes_on_a_new_connection(
+    scripted: Start,
+) -> None:
+    # A frozen leader: it takes calls and never answers. A keyless submit's deadline passes
+    # (an unknown outcome, raised); the next call must not go back to the frozen process, while
+    # a call already in flight on the old connection still gets its answer there.
+    frozen, first = await scripted(PARK, HOLD)
+    spare, second = await scripted(None)
+    async with AsyncClient([first, second], timeout=1.0) as client:
+        parked = asyncio.create_task(client.wait(1))  # no timeout: no deadline
+        await frozen.parked.wait()
+        with pytest.raises(SchedulerError) as caught:
+            await client.submit("k")
+        assert caught.value.applied is None
+        assert frozen.calls == 2
+        assert await client.submit("k") == 7
+        assert (frozen.calls, spare.calls) == (2, 1)
+        frozen.released.set()
+        info = await asyncio.wait_for(parked, 5)
+        assert info.status is Status.SUCCEEDED
+    assert (frozen.calls, spare.calls) == (2, 1)  # the wait was answered where it was sent
+
+
+async def test_after_an_unknown_outcome_from_the_server_the_client_reconnects(
+    scripted: Start,
+) -> None:
+    servicer, target = await scripted(NOT_DURABLE, None)
+    async with AsyncClient(target, timeout=5.0) as client:
+        with pytest.raises(SchedulerError) as caught:
+            await client.submit("k")
+        assert caught.value.applied is None
+        assert await client.submit("k") == 7
+    assert servicer.calls == 2
+    assert len(set(servicer.peers)) == 2, servicer.peers  # two TCP connections

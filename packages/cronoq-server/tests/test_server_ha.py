@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import random
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -246,7 +249,8 @@ async def test_sigterm_of_the_leader_lets_the_running_attempt_report_then_hands_
                 stream.cancel()
         leading = await new.wait_for("leading", timeout=lease_ttl)
         # A raw stub does not retry: a call that reaches the standby's server object as it
-        # stops is CANCELLED (the client retries that; this test asks once the swap is done).
+        # stops is refused STANDBY (the client retries that; this test asks once the swap is
+        # done).
         await new.leading(timeout=lease_ttl)
         async with grpc.aio.insecure_channel(new.target) as channel:
             done = await pb_grpc.SchedulerServiceStub(channel).Get(
@@ -292,3 +296,89 @@ async def _attach(
 def _reason(err: grpc.aio.AioRpcError) -> str | None:
     info = wire.error_info(err)
     return None if info is None or info.domain != wire.DOMAIN else info.reason
+
+
+# --- 4. calls caught in a leader change --------------------------------------------------------
+
+
+@dataclass
+class Calls:
+    """What un-keyed submits, each with a payload of its own, were answered."""
+
+    acked: dict[bytes, int] = field(default_factory=dict)
+    failed: dict[bytes, grpc.aio.AioRpcError] = field(default_factory=dict)
+    progress: Progress = field(default_factory=Progress)
+
+
+async def _submit_unkeyed(target: str, name: str, calls: Calls, stop: asyncio.Event) -> None:
+    """Un-keyed submits through a raw stub (no retry of its own), one after another, until
+    ``stop``; after a failure, on a new connection after a pause, as AsyncClient retries."""
+    codec = BytesCodec()
+    channel = new_channel(target)
+    try:
+        for n in itertools.count():
+            if stop.is_set():
+                return
+            payload = f"{name}-{n}".encode()
+            # The payload as a tag too, as List shows tags: what landed is found by it.
+            task = TaskRequest("unkeyed", payload, tags=[payload.decode()])
+            request = wire.submit_request(task, codec)
+            try:
+                reply = await pb_grpc.SchedulerServiceStub(channel).Submit(request, timeout=5)
+            except grpc.aio.AioRpcError as err:
+                calls.failed[payload] = err
+                await channel.close()  # nothing else in flight on it
+                channel = new_channel(target)
+                await asyncio.sleep(random.uniform(0, 0.05))  # the client's first backoff
+                continue
+            calls.acked[payload] = reply.task_id
+            await calls.progress.changed()
+    finally:
+        await channel.close()
+
+
+async def test_calls_a_leader_did_not_apply_at_sigterm_are_unavailable_not_applied(
+    tmp_path: Path, store: StoreSection
+) -> None:
+    """A graceful stop of the leader under un-keyed submits: every call is answered, either
+    applied or UNAVAILABLE with a not-applied reason; none is left with an unknown outcome
+    (CANCELLED, a broken connection), since nothing the leader took was lost."""
+    async with cluster(tmp_path, store(6.0)) as (old, new):
+        async with Balancer([old.grpc_port, new.grpc_port]) as balancer:
+            calls, stop = Calls(), asyncio.Event()
+            load = [
+                asyncio.ensure_future(_submit_unkeyed(balancer.target, f"s{i}", calls, stop))
+                for i in range(16)
+            ]
+            try:
+                await calls.progress.until(lambda _: len(calls.acked) >= 200, 20)
+                old.signal(signal.SIGTERM)
+                assert await old.wait_exit(15) == 0
+                await new.leading(timeout=15)
+                before = len(calls.acked)
+                await calls.progress.until(lambda _: len(calls.acked) >= before + 100, 20)
+                stop.set()
+                await asyncio.gather(*load)
+            finally:
+                for submitter in load:
+                    submitter.cancel()
+                await asyncio.gather(*load, return_exceptions=True)
+        async with AsyncClient(new.target, timeout=10) as reader:
+            present = {t.tags[0].encode(): t.task_id for t in await _all_tasks(reader)}
+    failures = [_judged(e) for e in calls.failed.values()]
+    print(f"acked {len(calls.acked)}, failed {len(failures)}: {sorted(set(failures))}")
+    unknown = sorted(f for f in failures if f[2] == "UNKNOWN")
+    assert not unknown, f"{len(unknown)} calls with an unknown outcome: {unknown}"
+    assert {p: i for p, i in present.items() if p in calls.acked} == calls.acked
+    assert present.keys() <= calls.acked.keys()  # nothing answered "not applied" landed
+
+
+def _judged(err: grpc.aio.AioRpcError) -> tuple[str, str, str]:
+    """Code, reason and outcome of a failed call, as the client judges it: a call that found
+    no connection (the balancer's pick was the replica that exited) was never sent."""
+    details = err.details() or ""
+    if err.code() is grpc.StatusCode.UNAVAILABLE and details.startswith(
+        "failed to connect to all addresses"
+    ):
+        return err.code().name, "-", "NEVER_SENT"
+    return err.code().name, _reason(err) or "-", wire.outcome(err).name

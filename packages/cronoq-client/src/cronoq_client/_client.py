@@ -70,7 +70,9 @@ class AsyncClient:
     outcome is unknown (the leader could not confirm it durable, the connection broke), only if
     it is idempotent: reads, cancel, schedule calls, and a submit whose every task has a key.
     A submit without a key whose outcome is unknown raises ``SchedulerError`` with
-    ``applied=None`` at once.
+    ``applied=None`` at once. After any unknown outcome the next call goes on a new connection
+    (to the next target; behind a balancer, a new pick), so that a client does not stay on a
+    frozen replica; calls in flight on the old one may still finish there.
     """
 
     def __init__(
@@ -149,6 +151,12 @@ class AsyncClient:
                 return await send(connection.stub, remaining)
             except aio.AioRpcError as err:
                 if judge(err, idempotent=idempotent) is Verdict.RAISE:
+                    if outcome(err) is Outcome.UNKNOWN:
+                        # The replica may be frozen or cut off (a deadline, a broken
+                        # connection, a commit it could not confirm): the next call goes on a
+                        # new connection, where a balancer may pick another replica. Calls in
+                        # flight on this one keep it for the grace period.
+                        self._channels.replace(connection)
                     error = error_from_rpc(err)
                     if unknown and settle is not None:
                         left = None if deadline is None else max(0.0, deadline - loop.time())

@@ -6,6 +6,13 @@ object: a standby (and a leader that stepped down) serves from a server built wi
 second after it opened, so that a retrying client reconnects and a balancer picks a replica
 again; the leader serves from one without that limit. A role change starts the new server on
 the same port (SO_REUSEPORT, gRPC's default on Linux) before the old one stops.
+
+A server object is never stopped under a call it could still answer: the standby's refuses
+every call (even once the replica leads, see ``_service``), and the leader's is stopped only
+once its scheduler stopped, which answers every call it holds, with a grace period for those
+answers to leave. A call cut off by a stop is CANCELLED, which a client must take for an
+unknown outcome; these are answered instead, UNAVAILABLE with a not-applied reason when
+nothing was applied.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from cronoq_server._http import HttpServer, Readiness
 from cronoq_server._logging import configure_logging, lifecycle
 from cronoq_server._metrics import SchedulerCollector, metrics_registry
 from cronoq_server._replica import Replica, Role
-from cronoq_server._service import SchedulerService, WorkerService, add_services
+from cronoq_server._service import Arrivals, SchedulerService, WorkerService, add_services
 
 __all__ = ["GrpcEndpoint", "run"]
 
@@ -36,8 +43,18 @@ log = logging.getLogger("cronoq.server")
 STANDBY_CONNECTION_AGE_MS = 1000
 """How long a standby keeps a connection: about a second, then GOAWAY (gRPC adds +-10%)."""
 _STANDBY_GRACE_MS = 200
-_STEP_DOWN_GRACE_S = 1.0
-"""How long a leader that stepped down lets its calls finish before it closes connections."""
+_STOP_GRACE_S = 5.0
+"""How long the leader's server object, once its scheduler stopped (stepped down, drained or
+aborted), lets its calls send the answers they hold before it closes connections. Every call
+then has its answer, so the stop returns as soon as they left; the bound is for a stuck peer."""
+_QUIET_S = 0.1
+"""A server object is stopped once no call reached it for this long (see ``Arrivals``): every
+client that called was refused and went elsewhere, or has its answer."""
+_STOP_QUIET_LIMIT_S = 2.0
+"""The longest a leader's server object that stepped down or drained waits for that."""
+_STANDBY_QUIET_LIMIT_S = 1.0
+"""The longest a standby's server object waits for that once the replica leads (its
+connections end within a second anyway); the leader is ready only after it stopped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,13 +72,10 @@ class GrpcEndpoint:
         self._options = options
         self.port = port
         self._health = health.aio.HealthServicer()
-        self._services = (
-            SchedulerService(replica),
-            WorkerService(replica, options.max_message_bytes),
-        )
         self._server: grpc.aio.Server | None = None
         self._serving_as: Role | None = None
         self._swap = asyncio.Lock()
+        self._arrivals: dict[grpc.aio.Server, Arrivals] = {}
 
     async def start(self) -> None:
         # grpcio's health servicer starts out SERVING: a replica that never gets as far as a
@@ -89,7 +103,18 @@ class GrpcEndpoint:
                 ("grpc.max_connection_age_grace_ms", _STANDBY_GRACE_MS),
             ]
         server = grpc.aio.server(options=options)
-        add_services(server, *self._services)
+        arrivals = Arrivals()
+        add_services(
+            server,
+            SchedulerService(self._replica, leader_server=leader, arrivals=arrivals),
+            WorkerService(
+                self._replica,
+                self._options.max_message_bytes,
+                leader_server=leader,
+                arrivals=arrivals,
+            ),
+        )
+        self._arrivals[server] = arrivals
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -128,7 +153,10 @@ class GrpcEndpoint:
             self._server = self._build(leader)
             await self._server.start()
             if old is not None:
-                await old.stop(_STEP_DOWN_GRACE_S if not leader else _STANDBY_GRACE_MS / 1000)
+                if leader:  # the standby's: its calls were refused at once
+                    await self._retire(old, _STANDBY_QUIET_LIMIT_S, _STANDBY_GRACE_MS / 1000)
+                else:
+                    await self._retire(old, _STOP_QUIET_LIMIT_S, _STOP_GRACE_S)
             # Only now does every new connection reach the server of this role.
             self._serving_as = role
             lifecycle("serving", role=role.value, grpc_port=self.port)
@@ -138,10 +166,17 @@ class GrpcEndpoint:
         """The leader's server took over the port (the standby's stopped)."""
         return self._serving_as is Role.LEADING
 
-    async def stop(self, grace: float) -> None:
+    async def _retire(self, server: grpc.aio.Server, quiet_limit: float, grace: float) -> None:
+        """Stop a server object once calls stopped coming (see ``Arrivals``), letting those
+        in flight send their answers for up to ``grace`` seconds."""
+        arrivals = self._arrivals.pop(server)
+        await arrivals.quiet(_QUIET_S, quiet_limit)
+        await server.stop(grace)
+
+    async def stop(self, grace: float, quiet_limit: float = 0.0) -> None:
         async with self._swap:
             if self._server is not None:
-                await self._server.stop(grace)
+                await self._retire(self._server, quiet_limit, grace)
                 self._server = None
 
 
@@ -201,7 +236,9 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
         await replica.run()
     finally:
         await asyncio.gather(*pending, return_exceptions=True)
-        await endpoint.stop(0)
+        # The scheduler is closed: every call holds its answer (applied, or not applied),
+        # which leaves before the connections close.
+        await endpoint.stop(_STOP_GRACE_S, _STOP_QUIET_LIMIT_S)
         await http.close()
         lifecycle("stopped")
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,7 +24,7 @@ from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
 from cronoq_server._replica import NotServing, Replica
 
-__all__ = ["SchedulerService", "WorkerService", "add_services"]
+__all__ = ["Arrivals", "SchedulerService", "WorkerService", "add_services"]
 
 log = logging.getLogger("cronoq.server")
 
@@ -99,6 +100,7 @@ def _unary(
     async def handler(
         self: Any, request: _Request, context: grpc.aio.ServicerContext[Any, Any]
     ) -> _Reply:
+        self.arrivals.arrived()
         try:
             _decoded(request)
             return await body(self, request, context)
@@ -113,11 +115,49 @@ def _unary(
     return handler
 
 
+class Arrivals:
+    """When the last call reached one server object. A server that stops kills the calls that
+    reached it but no handler yet (gRPC core's pending calls), which their clients see as
+    CANCELLED, an unknown outcome; so it is stopped once calls stopped coming: each was
+    refused (``NotServing``) and its client went on a new connection."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+
+    def arrived(self) -> None:
+        self._last = time.monotonic()
+
+    async def quiet(self, period: float, limit: float) -> None:
+        """Return once no call came for ``period`` seconds, or after ``limit`` seconds."""
+        deadline = time.monotonic() + limit
+        # A sleep to the end known so far: an arrival only pushes that end further.
+        while True:
+            end = min(self._last + period, deadline)
+            now = time.monotonic()
+            if now >= end:
+                return
+            await asyncio.sleep(end - now)
+
+
+def _refuse_on_standby_server(replica: Replica, leader_server: bool) -> None:
+    """A call that reached the server object of a standby is refused, even if the replica leads
+    by now: that object is being stopped, and a call it took into the scheduler could outlast
+    its grace period and be cancelled, an unknown outcome for a call the client must then not
+    repeat. Refused, nothing is applied and the client retries on a new connection."""
+    if not leader_server:
+        raise NotServing(f"this replica is a standby ({replica.reason})", "STANDBY")
+
+
 class SchedulerService(pb_grpc.SchedulerServiceServicer):
-    def __init__(self, replica: Replica) -> None:
+    def __init__(
+        self, replica: Replica, *, leader_server: bool = True, arrivals: Arrivals | None = None
+    ) -> None:
         self._replica = replica
+        self._leader_server = leader_server
+        self.arrivals = Arrivals() if arrivals is None else arrivals
 
     def _leader(self) -> Scheduler:
+        _refuse_on_standby_server(self._replica, self._leader_server)
         return self._replica.leader()
 
     @_unary
@@ -229,16 +269,30 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
     reports are unary calls, so that each gets its own status and a report can be retried on a
     new connection."""
 
-    def __init__(self, replica: Replica, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        replica: Replica,
+        max_message_bytes: int,
+        *,
+        leader_server: bool = True,
+        arrivals: Arrivals | None = None,
+    ) -> None:
         self._replica = replica
         self._max_message_bytes = max_message_bytes
+        self._leader_server = leader_server
+        self.arrivals = Arrivals() if arrivals is None else arrivals
+
+    def _leader(self, *, leasing: bool = False, reporting: bool = False) -> Scheduler:
+        _refuse_on_standby_server(self._replica, self._leader_server)
+        return self._replica.leader(leasing=leasing, reporting=reporting)
 
     async def Attach(  # type: ignore[override]  # writes with context.write, not yield
         self, request: pb.AttachRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
+        self.arrivals.arrived()
         try:
             _decoded(request)
-            sched = self._replica.leader(leasing=True)
+            sched = self._leader(leasing=True)
             options = wire.attach_kwargs(request)
             worker_limit = wire.attach_message_limit(request)
             if worker_limit is not None and worker_limit < self._max_message_bytes:
@@ -293,19 +347,19 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
     @_unary
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         token = wire.heartbeat_token(request)
-        renewed = await self._replica.leader(reporting=True).heartbeat(token)
+        renewed = await self._leader(reporting=True).heartbeat(token)
         return wire.lease_renewed_to_pb(renewed)
 
     @_unary
     async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:
-        await _report(self._replica.leader(reporting=True), request)
+        await _report(self._leader(reporting=True), request)
         return pb.ReportResponse()
 
     @_unary
     async def ReportMany(
         self, request: pb.ReportManyRequest, context: Any
     ) -> pb.ReportManyResponse:
-        sched = self._replica.leader(reporting=True)
+        sched = self._leader(reporting=True)
         reports = wire.report_many_from_pb(request)
         # Each report is a Scheduler call of its own; those that arrive together are judged
         # in one step and committed together.
