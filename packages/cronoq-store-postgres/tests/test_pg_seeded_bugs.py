@@ -4,27 +4,16 @@ proves nothing. Each runs one check of the kit as a store author's test module w
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
-import pytest_asyncio
-from pg_harness import PgHarness, drop_schema, new_schema, require_postgres
+from pg_harness import PgHarness
 from pg_seeded_stores import GenerationBlindPgStore, UnfencedPrunePgStore
 
 from cronoq_conformance import StoreHarness, StoreSuite
 from cronoq_store_postgres import PgStore
 
 Check = Callable[[StoreSuite, StoreHarness], Awaitable[None]]
-
-
-@pytest_asyncio.fixture
-async def schema() -> AsyncIterator[str]:
-    await require_postgres()
-    name = new_schema()
-    try:
-        yield name
-    finally:
-        await drop_schema(name)
 
 
 async def run_check(check: Check, harness: PgHarness) -> None:
