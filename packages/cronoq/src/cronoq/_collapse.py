@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from cronoq._model import Status, TaskSpec
 from cronoq._mutations import (
+    AttemptLease,
     CancelRequested,
     Mutation,
     ScheduleRecord,
@@ -39,6 +40,7 @@ class NewTask:
     finished_ns: int | None = None
     output: bytes | None = None
     cancel_requested: bool = False
+    lease: AttemptLease | None = None
 
 
 @dataclass(slots=True)
@@ -56,6 +58,8 @@ class TaskChange:
     finished_ns: int | None = None
     output: bytes | None = None
     cancel_requested: bool = False
+    lease: AttemptLease | None = None
+    """Meaningful only with ``status``: the row's lease is replaced by it (None clears it)."""
 
 
 @dataclass(slots=True)
@@ -94,6 +98,7 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
                 row.due_ns = mutation.due_ns
                 row.finished_ns = at if status.is_terminal else None
                 row.output = mutation.output
+                row.lease = mutation.lease
             case CancelRequested(task_id, _, message):
                 row = new.get(task_id) or changes.setdefault(task_id, TaskChange(task_id, ""))
                 row.cancel_requested = True

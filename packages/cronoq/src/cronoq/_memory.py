@@ -100,7 +100,7 @@ class MemoryCluster:
                     undo.key(spec.key)
                     self.keys[spec.key] = task_id
                 self.max_task_id = max(self.max_task_id, task_id)
-            case TaskUpdated(task_id, status, attempt, message, at_ns, due_ns, output):
+            case TaskUpdated(task_id, status, attempt, message, at_ns, due_ns, output, lease):
                 at = to_unix(at_ns)
                 undo.task(task_id)
                 tasks[task_id] = dataclasses.replace(
@@ -111,6 +111,7 @@ class MemoryCluster:
                     updated_ns=at,
                     due_ns=None if due_ns is None else to_unix(due_ns),
                     output=output,
+                    lease=lease,
                 )
                 if status.is_terminal:
                     undo.finished(task_id)

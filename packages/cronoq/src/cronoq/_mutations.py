@@ -9,6 +9,7 @@ from cronoq._frozen import quick_init
 from cronoq._model import ScheduleSpec, Status, TaskSpec
 
 __all__ = [
+    "AttemptLease",
     "CancelRequested",
     "Mutation",
     "ScheduleRecord",
@@ -37,6 +38,17 @@ def sanitize_message(message: str) -> str:
 # --- mutations: what a step persists -------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class AttemptLease:
+    """The lease of a running remote attempt, kept with its row so that a new leader waits for
+    its worker instead of starting another attempt, and can tell that worker from an impostor
+    when it re-attaches. ``epoch`` started the attempt (its token's epoch); ``id_hash`` is the
+    SHA-256 of the lease id the worker holds (the id itself never reaches a store or a log)."""
+
+    epoch: int
+    id_hash: bytes
+
+
 @quick_init
 @dataclass(frozen=True, slots=True)
 class TaskSubmitted:
@@ -55,6 +67,8 @@ class TaskUpdated:
 
     ``due_ns`` is when a retrying task may start its next attempt; ``output`` is set only for
     succeeded tasks; ``at_ns`` is the time of the change (the finish time when terminal).
+    ``lease`` is set only when a remote attempt starts; every update replaces the row's lease
+    with its own (so any later status clears it), a cancellation request keeps it.
     """
 
     task_id: int
@@ -64,6 +78,7 @@ class TaskUpdated:
     at_ns: int
     due_ns: int | None = None
     output: bytes | None = None
+    lease: AttemptLease | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +122,8 @@ Mutation = TaskSubmitted | TaskUpdated | CancelRequested | ScheduleSaved | Sched
 @quick_init
 @dataclass(frozen=True, slots=True)
 class TaskRecord:
-    """A task as persisted. ``output`` is filled by lookups, never by ``recover``."""
+    """A task as persisted. ``output`` is filled by lookups, never by ``recover``; ``lease``
+    is the lease of its running remote attempt, as the last update left it."""
 
     task_id: int
     spec: TaskSpec
@@ -119,6 +135,7 @@ class TaskRecord:
     due_ns: int | None = None
     cancel_requested: bool = False
     output: bytes | None = None
+    lease: AttemptLease | None = None
 
     @property
     def finished_ns(self) -> int | None:

@@ -9,6 +9,8 @@ Obligations of every store (each one is checked by the conformance kit):
 
 - ``commit`` applies a whole batch atomically, or nothing of it. A commit whose call failed
   has landed by the time a later ``recover`` of the same instance returns, or never lands.
+- A ``TaskUpdated`` replaces the row's ``lease`` with its own (None clears it); a
+  ``CancelRequested`` keeps it; ``recover`` and lookups return it in ``TaskRecord.lease``.
 - ``commit`` with an epoch other than the current leader's raises :class:`Fenced` and changes
   nothing. Transient failures raise :class:`Unavailable`; anything else :class:`StoreFatal`.
 - Times are engine nanoseconds; convert them with the :class:`TimeBase` given to ``recover``.
@@ -30,6 +32,7 @@ from cronoq._collapse import CollapsedBatch, NewTask, TaskChange, collapse_batch
 from cronoq._columns import NEW_TASK_COLUMNS, new_task_columns, varies
 from cronoq._model import RetryPolicy, ScheduleSpec, Status, TaskSpec, TaskTemplate
 from cronoq._mutations import (
+    AttemptLease,
     CancelRequested,
     Mutation,
     ScheduleRecord,
@@ -56,6 +59,7 @@ __all__ = [
     "NEW_TASK_COLUMNS",
     "RECOVERY_COLUMNS",
     "TASK_COLUMNS",
+    "AttemptLease",
     "CancelRequested",
     "CollapsedBatch",
     "Fenced",
