@@ -22,6 +22,7 @@ import json
 import lzma
 import random
 import sys
+from dataclasses import MISSING
 from pathlib import Path
 
 import pytest
@@ -102,8 +103,9 @@ class Reply:
 
 
 class Plain:
-    """Turns values into JSON naming every field, with no address or module in it. A task spec
-    is written out once per history and then named by its number (traces stay small)."""
+    """Turns values into JSON naming every field not at its default, with no address or module
+    in it. A task spec is written out once per history and then named by its number (traces
+    stay small)."""
 
     def __init__(self) -> None:
         self.specs: dict[TaskSpec, int] = {}
@@ -132,8 +134,13 @@ class Plain:
             histogram = fields.pop("start_delay")
             return {**{k: self(v) for k, v in fields.items()}, "start_delay": histogram.counts}
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            names = [f.name for f in dataclasses.fields(value)]
-            return {"!": type(value).__name__, **{n: self(getattr(value, n)) for n in names}}
+            # A field at its default is left out: a new optional field changes no trace.
+            shown = {
+                f.name: self(v)
+                for f in dataclasses.fields(value)
+                if (v := getattr(value, f.name)) is not f.default or f.default is MISSING
+            }
+            return {"!": type(value).__name__, **shown}
         if isinstance(value, list | tuple):
             return [self(v) for v in value]
         if isinstance(value, set | frozenset):
