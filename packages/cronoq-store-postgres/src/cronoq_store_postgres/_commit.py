@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from cronoq.store import (
     NEW_TASK_COLUMNS,
     CollapsedBatch,
+    TaskChange,
     encode_schedule_spec,
     new_task_columns,
     varies,
@@ -62,6 +63,8 @@ _NEW_TASK_TYPES = {
     "finished": "bigint",
     "output": "bytea",
     "cancel": "boolean",
+    "lease_epoch": "bigint",
+    "lease_hash": "bytea",
 }
 
 
@@ -81,11 +84,12 @@ def _parts(s: str) -> tuple[_Part, ...]:
             f"""new_tasks AS (
                 INSERT INTO {s}.cronoq_tasks AS t (id, pool, kind, key, payload, options, after_ids,
                     status, attempt, message, submitted_ns, updated_ns, due_ns, finished_ns,
-                    output, cancel_requested)
+                    output, cancel_requested, lease_epoch, lease_hash)
                 SELECT {u("id")}, {u("pool")}, {u("kind")}, {u("key")}, {u("payload")},
                     {u("options")}, ({u("after")})::bigint[], {u("status")}, {u("attempt")},
                     {u("message")}, {u("submitted")}, {u("updated")}, {u("due")},
-                    {u("finished")}, {u("output")}, {u("cancel")}
+                    {u("finished")}, {u("output")}, {u("cancel")}, {u("lease_epoch")},
+                    {u("lease_hash")}
                 FROM {rows}
                 WHERE EXISTS (SELECT FROM fence){conflict}
             )"""
@@ -102,6 +106,8 @@ def _parts(s: str) -> tuple[_Part, ...]:
             ("finished", "bigint"),
             ("output", "bytea"),
             ("cancel", "boolean"),
+            ("lease_epoch", "bigint"),
+            ("lease_hash", "bytea"),
         ),
         lambda u, rows, _: (
             f"""changed AS (
@@ -117,7 +123,11 @@ def _parts(s: str) -> tuple[_Part, ...]:
                         ELSE {u("finished")} END,
                     output = CASE WHEN {u("status")} IS NULL THEN t.output
                         ELSE {u("output")} END,
-                    cancel_requested = t.cancel_requested OR {u("cancel")}
+                    cancel_requested = t.cancel_requested OR {u("cancel")},
+                    lease_epoch = CASE WHEN {u("status")} IS NULL THEN t.lease_epoch
+                        ELSE {u("lease_epoch")} END,
+                    lease_hash = CASE WHEN {u("status")} IS NULL THEN t.lease_hash
+                        ELSE {u("lease_hash")} END
                 FROM {rows}
                 WHERE t.id = {u("id")} AND EXISTS (SELECT FROM fence)
             )"""
@@ -266,6 +276,7 @@ class CommitStatements:
                 [maybe(c.finished_ns) for c in changes],
                 [c.output for c in changes],
                 [c.cancel_requested for c in changes],
+                *_lease_columns(changes),
             )
             if changes
             else None,
@@ -280,3 +291,15 @@ class CommitStatements:
             else None,
             ([*rows.removed_schedules],) if rows.removed_schedules else None,
         )
+
+
+def _lease_columns(changes: Sequence[TaskChange]) -> tuple[list[object], list[object]]:
+    """The changes' lease epochs and hashes (None where a change has no lease). Most batches
+    carry no lease at all: their two columns of NULLs are bound as one value each."""
+    leases = [c.lease for c in changes]
+    if leases.count(None) == len(leases):
+        return [None] * len(leases), [None] * len(leases)
+    return (
+        [None if lease is None else lease.epoch for lease in leases],
+        [None if lease is None else lease.id_hash for lease in leases],
+    )

@@ -13,7 +13,7 @@ from cronoq.errors import StoreFatal
 # A plain connection or one borrowed from a pool: both run the statements alike.
 Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def quote_ident(name: str) -> str:
@@ -71,6 +71,15 @@ def _migrations(s: str) -> list[list[str]]:
             # A leader's fencing token within its epoch, bumped before it trusts the tables
             # again after a write whose outcome it did not learn (see PgStore._settle).
             f"ALTER TABLE {s}.cronoq_leader ADD COLUMN generation bigint NOT NULL DEFAULT 0",
+        ],
+        [
+            # The lease of a running remote attempt (cronoq.store.AttemptLease): the epoch
+            # that started it and the SHA-256 of its lease id, both NULL when the row has
+            # none. Nullable columns without a default rewrite no row (a catalog change
+            # only), so the migration is instant however large the table; the rows of
+            # version 2 read as having no lease.
+            f"""ALTER TABLE {s}.cronoq_tasks ADD COLUMN lease_epoch bigint,
+                ADD COLUMN lease_hash bytea""",
         ],
     ]
 

@@ -83,7 +83,8 @@ class _Sql:
         self.quarantine = f"""
             WITH {fence}, marked AS (
                 UPDATE {s}.cronoq_tasks SET status = 'failed', message = u.reason,
-                    updated_ns = $5, finished_ns = COALESCE(finished_ns, $5)
+                    updated_ns = $5, finished_ns = COALESCE(finished_ns, $5),
+                    lease_epoch = NULL, lease_hash = NULL
                 FROM unnest($3::bigint[], $4::text[]) AS u(id, reason)
                 WHERE {s}.cronoq_tasks.id = u.id AND EXISTS (SELECT FROM fence)
             )

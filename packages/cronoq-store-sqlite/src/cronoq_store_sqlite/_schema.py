@@ -12,7 +12,7 @@ from typing import Any
 from cronoq.errors import StoreFatal
 from cronoq_store_sqlite._errors import classify
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Each entry moves the schema from version i to i + 1.
 _MIGRATIONS = [
@@ -53,6 +53,13 @@ _MIGRATIONS = [
         paused INTEGER NOT NULL,
         last_task_id INTEGER
     );
+    """,
+    # The lease of a running remote attempt (cronoq.store.AttemptLease): the epoch that
+    # started it and the SHA-256 of its lease id, both NULL when the row has none. Adding a
+    # nullable column rewrites no row: the rows of version 1 read as having no lease.
+    """
+    ALTER TABLE cronoq_tasks ADD COLUMN lease_epoch INTEGER;
+    ALTER TABLE cronoq_tasks ADD COLUMN lease_hash BLOB;
     """,
 ]
 assert len(_MIGRATIONS) == SCHEMA_VERSION

@@ -75,7 +75,8 @@ _RECOVER = f"""
     )
     ORDER BY id
 """
-# A change with no status is a cancellation request alone: the status columns stay.
+# A change with no status is a cancellation request alone: the status columns, and the
+# lease, stay. Any other change replaces the lease with its own (NULL: none).
 _CHANGE_TASK = """
     UPDATE cronoq_tasks SET
         status = COALESCE(:status, status),
@@ -85,7 +86,9 @@ _CHANGE_TASK = """
         due_ns = CASE WHEN :status IS NULL THEN due_ns ELSE :due END,
         finished_ns = CASE WHEN :status IS NULL THEN finished_ns ELSE :finished END,
         output = CASE WHEN :status IS NULL THEN output ELSE :output END,
-        cancel_requested = cancel_requested OR :cancel
+        cancel_requested = cancel_requested OR :cancel,
+        lease_epoch = CASE WHEN :status IS NULL THEN lease_epoch ELSE :lease_epoch END,
+        lease_hash = CASE WHEN :status IS NULL THEN lease_hash ELSE :lease_hash END
     WHERE id = :id
 """
 _SAVE_SCHEDULE = """
@@ -397,6 +400,8 @@ class SqliteStore:
                 "finished": unix(c.finished_ns),
                 "output": c.output,
                 "cancel": c.cancel_requested,
+                "lease_epoch": None if c.lease is None else c.lease.epoch,
+                "lease_hash": None if c.lease is None else c.lease.id_hash,
             }
             for c in rows.changes
         ]
@@ -476,7 +481,8 @@ class SqliteStore:
                 self._fence(db, epoch)
                 db.executemany(
                     "UPDATE cronoq_tasks SET status = 'failed', message = ?, updated_ns = ?, "
-                    "finished_ns = COALESCE(finished_ns, ?) WHERE id = ?",
+                    "finished_ns = COALESCE(finished_ns, ?), lease_epoch = NULL, "
+                    "lease_hash = NULL WHERE id = ?",
                     [(reason, now, now, task_id) for task_id, reason in quarantined],
                 )
 

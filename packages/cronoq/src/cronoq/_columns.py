@@ -30,6 +30,8 @@ NEW_TASK_COLUMNS = (
     "finished",
     "output",
     "cancel",
+    "lease_epoch",
+    "lease_hash",
 )
 """The names of :func:`new_task_columns`' lists, in order (times in Unix nanoseconds)."""
 
@@ -40,6 +42,15 @@ def new_task_columns(new: Sequence[NewTask], unix: Callable[[int], int]) -> list
     def maybe(ns: int | None) -> int | None:
         return None if ns is None else unix(ns)
 
+    # A new task has a lease only when it was submitted and started remotely in one batch:
+    # most batches have none, and two columns of NULLs need no look at each task's lease.
+    leases = [t.lease for t in new]
+    if leases.count(None) == len(leases):
+        lease_epochs: list[object] = [None] * len(leases)
+        lease_hashes: list[object] = [None] * len(leases)
+    else:
+        lease_epochs = [None if lease is None else lease.epoch for lease in leases]
+        lease_hashes = [None if lease is None else lease.id_hash for lease in leases]
     # Spelled out as comprehensions, not one extractor per column: a call per value would
     # cost about a millisecond per 1,000 tasks.
     return [
@@ -58,6 +69,8 @@ def new_task_columns(new: Sequence[NewTask], unix: Callable[[int], int]) -> list
         [maybe(t.finished_ns) for t in new],
         [t.output for t in new],
         [t.cancel_requested for t in new],
+        lease_epochs,
+        lease_hashes,
     ]
 
 

@@ -23,12 +23,14 @@ from cronoq._model import (
     TaskSpec,
     TaskTemplate,
 )
-from cronoq._mutations import TaskRecord
+from cronoq._mutations import AttemptLease, TaskRecord
 from cronoq.errors import StoreFatal
 
 __all__ = [
+    "LEASE_HASH_SIZE",
     "RECOVERY_COLUMNS",
     "TASK_COLUMNS",
+    "decode_lease",
     "decode_looked_up_record",
     "decode_schedule_spec",
     "decode_task_record",
@@ -41,7 +43,7 @@ _DEFAULT_SPEC = TaskSpec("", "", b"")
 
 _COLUMNS = (
     "id, pool, kind, key, payload, options, status, attempt, message, submitted_ns, "
-    "updated_ns, due_ns, cancel_requested"
+    "updated_ns, due_ns, cancel_requested, lease_epoch, lease_hash"
 )
 TASK_COLUMNS = f"{_COLUMNS}, output"
 """The columns ``decode_task_record`` takes, in order (the SQL stores name them alike)."""
@@ -202,12 +204,35 @@ def _schedule(name: str, data: dict[str, Any]) -> ScheduleSpec:
     )
 
 
+LEASE_HASH_SIZE = 32
+"""Bytes of ``AttemptLease.id_hash`` (a SHA-256)."""
+
+
+def decode_lease(epoch: object, id_hash: object) -> AttemptLease | None:
+    """The lease of a row's ``lease_epoch`` and ``lease_hash`` columns: None when both are
+    NULL; ``ValueError`` when only one is, or either is malformed (a hash of another length).
+
+    A malformed lease is not read as None: a new leader would then count a remote attempt
+    whose worker may still run it as lost, and start another (two attempts at once, which the
+    lease exists to rule out). The row is quarantined like any undecodable row instead."""
+    if epoch is None and id_hash is None:
+        return None
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        raise ValueError(f"lease_epoch must be a non-negative integer, got {epoch!r}")
+    if not isinstance(id_hash, bytes | bytearray | memoryview):
+        raise ValueError(f"lease_hash must be bytes, got {type(id_hash).__name__}")
+    id_hash = bytes(id_hash)
+    if len(id_hash) != LEASE_HASH_SIZE:
+        raise ValueError(f"lease_hash must be {LEASE_HASH_SIZE} bytes, got {len(id_hash)}")
+    return AttemptLease(epoch, id_hash)
+
+
 def decode_task_record(
     row: Iterable[Any], to_engine: Callable[[int], int], *, with_output: bool
 ) -> TaskRecord:
     """A ``TaskRecord`` from the values of ``TASK_COLUMNS``; ``ValueError`` if malformed."""
     (task_id, pool, kind, key, payload, options, status, attempt, message, submitted_ns,
-     updated_ns, due_ns, cancel_requested, output) = row  # fmt: skip
+     updated_ns, due_ns, cancel_requested, lease_epoch, lease_hash, output) = row  # fmt: skip
     if not isinstance(attempt, int) or not isinstance(message, str):
         raise ValueError(f"attempt {attempt!r} or message {message!r} has the wrong type")
     return TaskRecord(
@@ -221,6 +246,7 @@ def decode_task_record(
         due_ns=None if due_ns is None else to_engine(due_ns),
         cancel_requested=bool(cancel_requested),
         output=bytes(output) if with_output and output is not None else None,
+        lease=decode_lease(lease_epoch, lease_hash),
     )
 
 
