@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import random
 import re
@@ -28,6 +29,7 @@ from cronoq._model import (
 )
 from cronoq.errors import Fenced, StoreError, StoreFatal, Unavailable
 from cronoq.store import (
+    AttemptLease,
     CancelRequested,
     Mutation,
     RecoveredState,
@@ -95,6 +97,27 @@ def finished(task_id: int, at_ns: int, status: Status = Status.SUCCEEDED) -> Tas
     return TaskUpdated(task_id, status, 1, f"{status} at the end", at_ns, output=output)
 
 
+def lease(epoch: int, name: str) -> AttemptLease:
+    """A lease as the engine makes one: the starting epoch, the SHA-256 of a lease id."""
+    return AttemptLease(epoch, hashlib.sha256(name.encode()).digest())
+
+
+def started(task_id: int, attempt: int, at_ns: int, with_lease: AttemptLease | None) -> TaskUpdated:
+    return TaskUpdated(
+        task_id, Status.RUNNING, attempt, f"attempt {attempt} started", at_ns, lease=with_lease
+    )
+
+
+async def leases_looked_up(store: Store, task_ids: Sequence[int]) -> list[AttemptLease | None]:
+    """Each task's lease as ``get_task`` returns it (each task must exist)."""
+    found = []
+    for task_id in task_ids:
+        record = await store.get_task(task_id)
+        assert record is not None, f"task {task_id} is unknown to get_task"
+        found.append(record.lease)
+    return found
+
+
 def by_id(state: RecoveredState) -> dict[int, TaskRecord]:
     return {r.task_id: r for r in state.tasks}
 
@@ -132,7 +155,8 @@ def _varied_batch(rng: random.Random, first_id: int, at: int, names: list[str]) 
     touched = rng.sample(range(1, first_id + n), k=min(first_id + n - 1, rng.randint(0, 8)))
     outcomes = _column(rng, len(touched), [Status.RUNNING, Status.RETRYING, Status.SUCCEEDED])
     outputs = _column(rng, len(touched), [b"out", b""])
-    for task_id, status, output in zip(touched, outcomes, outputs, strict=True):
+    leases = _column(rng, len(touched), [lease(1, "a"), lease(2, "b"), lease(2, "c")])
+    for task_id, status, output, held in zip(touched, outcomes, outputs, leases, strict=True):
         if status is None:
             batch.append(CancelRequested(task_id, at + 50, "stop"))
         elif status is Status.RETRYING:
@@ -140,7 +164,7 @@ def _varied_batch(rng: random.Random, first_id: int, at: int, names: list[str]) 
         elif status is Status.SUCCEEDED:
             batch.append(TaskUpdated(task_id, status, 1, "done", at + 60, output=output))
         else:
-            batch.append(TaskUpdated(task_id, status, 2, "started", at + 40))
+            batch.append(TaskUpdated(task_id, status, 2, "started", at + 40, lease=held))
     for name in rng.sample(names, k=rng.randint(0, len(names))):
         if rng.random() < 0.3:
             batch.append(ScheduleRemoved(name))
@@ -457,6 +481,153 @@ class StoreSuite:
         _, state = await self.lead_after_crash(cluster, store)
         row = by_id(state)[1]
         assert (row.status, row.attempt, row.due_ns) == (Status.RETRYING, 2, later)
+
+    # --- attempt leases (issue 19) ---------------------------------------------------------
+    # A remote attempt's lease is kept with its row, so that a new leader waits for the
+    # attempt's worker instead of starting another attempt, and can verify that worker when it
+    # re-attaches. Every TaskUpdated replaces the row's lease with its own (None clears it); a
+    # CancelRequested keeps it.
+
+    async def test_a_lease_round_trips_through_commit_and_lookups(
+        self, cluster: StoreHarness
+    ) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        first, second = lease(epoch, "lease of task 1"), lease(epoch, "lease of task 2")
+        # Task 1 is submitted and started in one batch (a new row written with its lease);
+        # task 2 was submitted before, and its start updates the existing row.
+        await store.commit(epoch, [submitted(2, at, key="two")])
+        await store.commit(
+            epoch,
+            [
+                submitted(1, at + 1, key="one"),
+                started(1, 1, at + 2, first),
+                started(2, 1, at + 3, second),
+            ],
+        )
+        assert await leases_looked_up(store, [1, 2]) == [first, second], (
+            "get_task must return the lease a TaskUpdated wrote (task 1: started in the batch "
+            "that submitted it; task 2: an existing row updated)"
+        )
+        one, two = await store.get_task_by_key("one"), await store.get_task_by_key("two")
+        assert (one and one.lease, two and two.lease) == (first, second), (
+            "get_task_by_key must return the lease a TaskUpdated wrote"
+        )
+        # Leases of another epoch and of a local attempt (no lease) sit beside them.
+        await store.commit(
+            epoch, [submitted(3, at + 4), submitted(4, at + 5), started(3, 1, at + 6, None)]
+        )
+        await store.commit(epoch, [started(4, 1, at + 7, lease(epoch + 5, "4"))])
+        assert await leases_looked_up(store, [1, 2, 3, 4]) == [
+            first, second, None, lease(epoch + 5, "4")
+        ], "each row keeps its own lease"  # fmt: skip
+
+    async def test_a_lease_survives_a_new_instance_recovery(self, cluster: StoreHarness) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        first, second = lease(epoch, "recovered 1"), lease(epoch, "recovered 2")
+        await store.commit(epoch, [submitted(2, at)])
+        await store.commit(
+            epoch,
+            [submitted(1, at + 1), started(1, 1, at + 2, first), started(2, 3, at + 3, second)],
+        )
+        await cluster.crash(store)
+        other = await cluster.open()
+        new_epoch, state = await self.lead(other)
+        rows = by_id(state)
+        assert (rows[1].lease, rows[2].lease) == (first, second), (
+            "recover() must return each running row's lease, as the leader that started the "
+            "attempt wrote it: the new leader waits for that worker instead of re-running it"
+        )
+        assert (rows[1].status, rows[2].attempt) == (Status.RUNNING, 3)
+        assert await leases_looked_up(other, [1, 2]) == [first, second], (
+            "the new instance's lookups must return the lease too"
+        )
+        # The new leader's writes to other rows leave the leases alone, across another takeover.
+        await other.commit(new_epoch, [submitted(3, at + 4), started(3, 1, at + 5, None)])
+        _, again = await self.lead_after_crash(cluster, other)
+        assert [by_id(again)[i].lease for i in (1, 2, 3)] == [first, second, None], (
+            "a lease must survive every takeover until an update of its own row replaces it"
+        )
+
+    async def test_a_later_update_replaces_the_lease(self, cluster: StoreHarness) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        old, new = lease(epoch, "attempt 1"), lease(epoch + 1, "attempt 2")
+        await store.commit(epoch, [submitted(1, at), started(1, 1, at + 1, old)])
+        await store.commit(epoch, [submitted(2, at + 2), started(2, 1, at + 3, old)])
+        # Task 1: the next attempt's start in a commit of its own; task 2: its retry and its
+        # next start in one batch.
+        await store.commit(epoch, [started(1, 2, at + 4, new)])
+        await store.commit(
+            epoch,
+            [
+                TaskUpdated(2, Status.RETRYING, 1, "attempt 1 failed", at + 5, due_ns=at + 6),
+                started(2, 2, at + 7, new),
+            ],
+        )
+        assert await leases_looked_up(store, [1, 2]) == [new, new], (
+            "a TaskUpdated with a lease must replace the row's lease, not keep the older one"
+        )
+        _, state = await self.lead_after_crash(cluster, store)
+        assert [by_id(state)[i].lease for i in (1, 2)] == [new, new], (
+            "a TaskUpdated with a lease must replace the row's lease, not keep the older one "
+            "(after recovery)"
+        )
+
+    async def test_an_update_without_a_lease_clears_it(self, cluster: StoreHarness) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        held = lease(epoch, "to be cleared")
+        await store.commit(epoch, [submitted(i, at + i) for i in (1, 2, 3, 4)])
+        await store.commit(epoch, [started(i, 1, at + 10 + i, held) for i in (1, 2, 3, 4)])
+        await store.commit(
+            epoch,
+            [
+                TaskUpdated(1, Status.RETRYING, 1, "attempt 1 failed", at + 20, due_ns=at + 30),
+                TaskUpdated(2, Status.SUCCEEDED, 1, "done", at + 21, output=b"out"),
+                TaskUpdated(3, Status.FAILED, 1, "dead-lettered", at + 22),
+                started(4, 2, at + 23, None),  # the next attempt runs locally: no lease
+            ],
+        )
+        # Submitted, started with a lease and retried in one batch: the new row has none.
+        await store.commit(
+            epoch,
+            [
+                submitted(5, at + 24),
+                started(5, 1, at + 25, held),
+                TaskUpdated(5, Status.RETRYING, 1, "attempt 1 failed", at + 26, due_ns=at + 30),
+            ],
+        )
+        cleared = "a TaskUpdated without a lease (retrying, terminal, a local start) must clear it"
+        assert await leases_looked_up(store, [1, 2, 3, 4, 5]) == [None] * 5, cleared
+        _, state = await self.lead_after_crash(cluster, store)
+        assert [by_id(state)[i].lease for i in (1, 4, 5)] == [None] * 3, f"{cleared} (recovered)"
+
+    async def test_a_cancellation_request_keeps_the_lease(self, cluster: StoreHarness) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        held = lease(epoch, "still running")
+        await store.commit(epoch, [submitted(1, at), started(1, 1, at + 1, held)])
+        # Task 1: the request in a commit of its own; task 2: submitted, started and asked to
+        # stop in one batch. The attempt runs until its worker stops: its lease still holds.
+        await store.commit(epoch, [CancelRequested(1, at + 2, "stop please")])
+        await store.commit(
+            epoch,
+            [submitted(2, at + 3), started(2, 1, at + 4, held), CancelRequested(2, at + 5, "stop")],
+        )
+        kept = "a CancelRequested must keep the row's lease (the attempt still runs)"
+        assert await leases_looked_up(store, [1, 2]) == [held, held], kept
+        _, state = await self.lead_after_crash(cluster, store)
+        rows = by_id(state)
+        assert [(rows[i].lease, rows[i].cancel_requested) for i in (1, 2)] == [
+            (held, True), (held, True)
+        ], f"{kept} (recovered)"  # fmt: skip
 
     async def test_outputs_are_kept_and_loaded_on_demand(self, cluster: StoreHarness) -> None:
         store = await cluster.open()
