@@ -53,3 +53,52 @@ async def test_the_fatal_commit_check_lets_that_bug_through(tmp_path: Path) -> N
         await StoreSuite().test_a_fatal_database_error_is_reported_as_store_fatal(harness)
     finally:
         await harness.close_all()
+
+
+# --- the kit's lease checks (issue 19) fail on SqliteStore with a lease bug seeded ------------
+
+
+def seed(monkeypatch: pytest.MonkeyPatch, name: str, old: str, new: str) -> None:
+    sql = getattr(cronoq_store_sqlite._store, name)
+    assert old in sql, "the seeded bug no longer applies to SqliteStore"
+    monkeypatch.setattr(cronoq_store_sqlite._store, name, sql.replace(old, new))
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+async def test_the_recovery_check_fails_on_a_store_whose_recovery_reads_no_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeded: bool
+) -> None:
+    """Lookups read the lease; recovery selects NULL for it (a column list left behind)."""
+    if seeded:
+        seed(monkeypatch, "_RECOVER", "lease_epoch, lease_hash", "NULL, NULL")
+    harness = SqliteHarness(tmp_path / "cronoq.db")
+    check = StoreSuite.test_a_lease_survives_a_new_instance_recovery
+    try:
+        if not seeded:
+            await check(StoreSuite(), harness)
+            return
+        with pytest.raises(AssertionError, match=r"recover\(\) must return each running row"):
+            await check(StoreSuite(), harness)
+    finally:
+        await harness.close_all()
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+async def test_the_clearing_check_fails_on_a_store_whose_updates_only_set_a_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeded: bool
+) -> None:
+    """An update writes its lease only when it has one (COALESCE): a retry keeps the old."""
+    if seeded:
+        for column in ("lease_epoch", "lease_hash"):
+            old, new = f"ELSE :{column} END", f"ELSE COALESCE(:{column}, {column}) END"
+            seed(monkeypatch, "_CHANGE_TASK", old, new)
+    harness = SqliteHarness(tmp_path / "cronoq.db")
+    check = StoreSuite.test_an_update_without_a_lease_clears_it
+    try:
+        if not seeded:
+            await check(StoreSuite(), harness)
+            return
+        with pytest.raises(AssertionError, match=r"without a lease .* must clear it"):
+            await check(StoreSuite(), harness)
+    finally:
+        await harness.close_all()
