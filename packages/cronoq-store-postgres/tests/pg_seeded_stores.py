@@ -4,12 +4,22 @@ party's store with that bug would be."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+
 import asyncpg
 
+from cronoq.store import CollapsedBatch
 from cronoq_store_postgres import PgStore, PgStoreConfig
+from cronoq_store_postgres._commit import Shape
 from cronoq_store_postgres._schema import quote_ident
 
-__all__ = ["GenerationBlindPgStore", "UnfencedPrunePgStore"]
+__all__ = [
+    "CancelClearsLeasePgStore",
+    "GenerationBlindPgStore",
+    "NewTaskLeaseDroppedPgStore",
+    "UnfencedPrunePgStore",
+]
 
 
 class GenerationBlindPgStore(PgStore):
@@ -40,3 +50,41 @@ class UnfencedPrunePgStore(PgStore):
                 RETURNING 1
             )
             SELECT 1 AS leading, (SELECT count(*) FROM pruned) AS pruned"""
+
+
+class NewTaskLeaseDroppedPgStore(PgStore):
+    """A task submitted and started in one batch is inserted without its lease (the insert's
+    column list was not extended); updates of existing rows keep theirs."""
+
+    def __init__(self, dsn: str, pool: asyncpg.Pool, config: PgStoreConfig) -> None:
+        super().__init__(dsn, pool, config)
+        commit = self._sql.commit
+        arguments = commit.arguments
+
+        def seeded(
+            rows: CollapsedBatch, epoch: int, unix: Callable[[int], int]
+        ) -> tuple[Shape, list[object]]:
+            for task in rows.new_tasks:
+                task.lease = None
+            return arguments(rows, epoch, unix)
+
+        commit.arguments = seeded  # type: ignore[method-assign]
+
+
+class CancelClearsLeasePgStore(PgStore):
+    """An update writes the lease of its change even when the change is a cancellation
+    request alone (no status), so the request clears the row's lease."""
+
+    def __init__(self, dsn: str, pool: asyncpg.Pool, config: PgStoreConfig) -> None:
+        super().__init__(dsn, pool, config)
+        commit = self._sql.commit
+        sql = commit.sql
+        guarded = re.compile(r"CASE WHEN \S+ IS NULL THEN t\.(lease_\w+)\s+ELSE (\S+) END")
+
+        def seeded(shape: Shape, *, taken_ids: bool = False) -> str:
+            statement = sql(shape, taken_ids=taken_ids)
+            if "changed AS" in statement:
+                assert guarded.search(statement), "the seeded bug no longer applies to PgStore"
+            return guarded.sub(r"\2", statement)
+
+        commit.sql = seeded  # type: ignore[method-assign]

@@ -1,4 +1,4 @@
-"""The conformance kit's checks of issue 25 fail on PgStore with the matching bug seeded
+"""The conformance kit's checks of issues 25 and 19 fail on PgStore with the matching bug seeded
 (pg_seeded_stores), and pass on PgStore itself (test_pg_conformance): a check that cannot fail
 proves nothing. Each runs one check of the kit as a store author's test module would."""
 
@@ -8,7 +8,12 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from pg_harness import PgHarness
-from pg_seeded_stores import GenerationBlindPgStore, UnfencedPrunePgStore
+from pg_seeded_stores import (
+    CancelClearsLeasePgStore,
+    GenerationBlindPgStore,
+    NewTaskLeaseDroppedPgStore,
+    UnfencedPrunePgStore,
+)
 
 from cronoq_conformance import StoreHarness, StoreSuite
 from cronoq_store_postgres import PgStore
@@ -48,4 +53,30 @@ async def test_the_replaced_leader_prune_check_fails_on_a_store_with_unfenced_pr
         await run_check(check, harness)
         return
     with pytest.raises(AssertionError, match="must be told it is fenced"):
+        await run_check(check, harness)
+
+
+@pytest.mark.parametrize("store_class", [PgStore, NewTaskLeaseDroppedPgStore])
+async def test_the_lease_round_trip_check_fails_on_a_store_inserting_new_tasks_without_it(
+    schema: str, store_class: type[PgStore]
+) -> None:
+    check = StoreSuite.test_a_lease_round_trips_through_commit_and_lookups
+    harness = PgHarness(schema, store_class=store_class)
+    if store_class is PgStore:
+        await run_check(check, harness)
+        return
+    with pytest.raises(AssertionError, match="started in the batch that submitted it"):
+        await run_check(check, harness)
+
+
+@pytest.mark.parametrize("store_class", [PgStore, CancelClearsLeasePgStore])
+async def test_the_cancellation_lease_check_fails_on_a_store_whose_request_clears_it(
+    schema: str, store_class: type[PgStore]
+) -> None:
+    check = StoreSuite.test_a_cancellation_request_keeps_the_lease
+    harness = PgHarness(schema, store_class=store_class)
+    if store_class is PgStore:
+        await run_check(check, harness)
+        return
+    with pytest.raises(AssertionError, match="a CancelRequested must keep the row's lease"):
         await run_check(check, harness)
