@@ -20,7 +20,8 @@ those into :class:`Verdict`: the figures, and one list of violations per invaria
   applied: its task is not in the store and no fault that can cut a call (SIGKILL, SIGSTOP,
   ``pg_terminate_backend``; not SIGTERM, whose drain answers every call) hit while it was in
   flight.
-- ``not_applied_landed``: a submit answered "not applied" whose task is in the store.
+- ``not_applied_landed``: an un-keyed submit answered "not applied" whose task is in the store
+  (a keyed one is submitted again with its key until acknowledged, so its task lands).
 - ``phantom_successes``: a task the store says succeeded with no execution that returned.
 """
 
@@ -235,7 +236,7 @@ def _check_submissions(verdict: Verdict, records: Records, by_tag: Mapping[str, 
         if s.task_id is not None:
             continue
         landed = by_tag.get(s.tag)
-        if s.applied == "not_applied" and landed is not None:
+        if s.applied == "not_applied" and not s.keyed and landed is not None:
             verdict.not_applied_landed.append(
                 f"{s.tag}: answered not applied ({s.error}), yet task {landed.task_id} exists"
             )
