@@ -73,7 +73,7 @@ class Profile:
     client_timeout_s: float = 10.0
 
 
-SHORT = Profile("short", duration_s=45.0, fault_every_s=(3.0, 6.0), settle_s=30.0)
+SHORT = Profile("short", duration_s=50.0, fault_every_s=(2.0, 4.0), settle_s=30.0)
 LONG = Profile("long", duration_s=600.0, fault_every_s=(3.0, 10.0), settle_s=120.0)
 PROFILES = {p.name: p for p in (SHORT, LONG)}
 
@@ -235,6 +235,7 @@ async def _inject(
     faults: list[Fault],
     stop: asyncio.Event,
 ) -> None:
+    cycle: list[str] = []
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(rng.uniform(*profile.fault_every_s)):
@@ -244,7 +245,9 @@ async def _inject(
         await cluster.until(cluster.leader, 30)
         leader = cluster.leader()
         assert leader is not None
-        kind = rng.choice(kinds)
+        if not cycle:  # every kind once per cycle, in a random order
+            cycle = rng.sample(list(kinds), len(kinds))
+        kind = cycle.pop()
         at = time.time()
         until = at
         if kind == "sigkill":

@@ -1,6 +1,6 @@
 """The chaos test of issue 19 on real processes: 3 replicas on SQLite and on PostgreSQL behind
 the test balancer, 2 worker processes running tasks of 2-8 s (longer than a failover),
-submitters with and without keys, a fault on the leader every 3-6 s, and the checker's
+submitters with and without keys, a fault on the leader every 2-4 s (each kind once per cycle), and the checker's
 invariants over what every process recorded (see chaos.py and chaos_checker.py).
 
 Skipped unless ``CRONOQ_CHAOS=1``: the failover of today's server re-runs in-flight remote
