@@ -1,7 +1,8 @@
 """The chaos test of issue 19 on real processes: 3 replicas on SQLite and on PostgreSQL behind
 the test balancer, 2 worker processes running tasks of 2-8 s (longer than a failover),
-submitters with and without keys, a fault on the leader every 2-4 s (each kind once per cycle), and the checker's
-invariants over what every process recorded (see chaos.py and chaos_checker.py).
+submitters with and without keys, a fault on the leader every 2-4 s (each kind once per
+cycle), and the checker's invariants over what every process recorded (see chaos.py and
+chaos_checker.py).
 
 Skipped unless ``CRONOQ_CHAOS=1``: the failover of today's server re-runs in-flight remote
 attempts (issue 19 item 1), so the test fails until that is fixed. ``CRONOQ_CHAOS_PROFILE``
