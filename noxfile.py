@@ -150,3 +150,19 @@ def build(session: nox.Session) -> None:
         session.run("uv", "build", "--all-packages", "--no-sources", "--out-dir", out_dir)
         _install_locked(session, *(str(wheel) for wheel in sorted(Path(out_dir).glob("*.whl"))))
     session.run("python", "-c", "import " + ", ".join(m.import_name for m in MEMBERS.values()))
+
+
+@nox.session(python=False, default=False)
+def chaos(session: nox.Session) -> None:
+    """The long chaos profile of issue 19 (10 minutes of faults per store, SQLite and
+    PostgreSQL), printing its figures; not a default session. The short profile is the same
+    test with CRONOQ_CHAOS=1 and no profile. Runs in the locked dev environment (`uv sync`)."""
+    session.run_install("uv", "sync", "--locked", "--all-packages")
+    session.run(
+        "pytest",
+        str(MEMBERS["cronoq-server"].path / "tests" / "test_server_chaos.py"),
+        "-s",
+        "-q",
+        *session.posargs,
+        env={"CRONOQ_CHAOS": "1", "CRONOQ_CHAOS_PROFILE": "long"},
+    )
