@@ -25,6 +25,7 @@ import asyncio
 import re
 import sys
 import textwrap
+import tomllib
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,3 +280,37 @@ def test_the_lifecycle_events_of_the_server_docs_are_the_ones_it_logs() -> None:
     table = text.split("one line per lifecycle event", 1)[1].split("\n\n", 2)[1]
     documented = set(re.findall(r"^\| `([a-z_]+)` \|", table, re.M))
     assert documented == logged_lifecycle_events()
+
+
+# --- what every package's page on PyPI says ----------------------------------------------------
+
+
+def nox_pythons() -> list[str]:
+    """Every Python version noxfile.py tests (its TEST_PYTHONS with all versions on)."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "TEST_PYTHONS" for t in node.targets
+        ):
+            assert isinstance(node.value, ast.IfExp) and isinstance(node.value.body, ast.List)
+            return [ast.literal_eval(element) for element in node.value.body.elts]
+    raise AssertionError("noxfile.py defines no TEST_PYTHONS")
+
+
+def test_every_package_is_licensed_and_classified_for_the_pythons_nox_tests() -> None:
+    members = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["uv"]["workspace"]
+    licence = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    pythons = nox_pythons()
+    oldest = min(pythons, key=lambda v: tuple(int(part) for part in v.split(".")))
+    for member in members["members"]:
+        project = tomllib.loads((ROOT / member / "pyproject.toml").read_text())["project"]
+        assert (project["license"], project["license-files"]) == ("Apache-2.0", ["LICENSE"])
+        # A wheel carries only its own package's files: each holds a copy of the licence.
+        assert (ROOT / member / "LICENSE").read_text(encoding="utf-8") == licence, member
+        versions = [
+            found[1]
+            for c in project["classifiers"]
+            if (found := re.fullmatch(r"Programming Language :: Python :: (3\.\d+)", c))
+        ]
+        assert sorted(versions) == sorted(pythons), member
+        assert project["requires-python"] == f">={oldest}", member
