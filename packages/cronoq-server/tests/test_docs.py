@@ -1,6 +1,6 @@
 """The docs hold true: every Python snippet of README.md, docs/**/*.md and the packages' READMEs
 runs, the exception tree of docs/api.md is cronoq's, and the lifecycle events of docs/server.md
-are the ones the server logs.
+are the ones the server logs; relative links between them lead somewhere.
 
 Each ```python block is written to a file and run with this interpreter in a fresh directory (a
 relative path such as ``cronoq.db`` lands there), as a reader would run it, and must exit 0
@@ -210,6 +210,38 @@ async def test_snippet_runs_on_postgres(snippet: Snippet, pg_schema: str, tmp_pa
     assert DOCS_DSN in snippet.code, f"{snippet.name} does not use {DOCS_DSN}"
     code = _SCHEMA.sub(f'schema="{pg_schema}"', snippet.code).replace(DOCS_DSN, PG_DSN)
     await run_snippet(snippet, code, tmp_path)
+
+
+# --- links between the docs --------------------------------------------------------------------
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a file's headings: lower case, punctuation dropped, spaces as
+    hyphens."""
+    anchors = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if heading := re.match(r"^#+ (.+)$", line):
+            words = re.sub(r"[^\w\- ]", "", heading[1].strip().lower())
+            anchors.add(words.replace(" ", "-"))
+    return anchors
+
+
+def test_every_relative_link_of_the_docs_leads_somewhere() -> None:
+    broken = []
+    for path in [*doc_files(), ROOT / "CHANGELOG.md"]:
+        prose = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+        for link in _LINK.findall(prose):
+            if re.match(r"^[a-z]+:", link):  # https:, mailto:
+                continue
+            target, _, anchor = link.partition("#")
+            resolved = (path.parent / target) if target else path
+            if not resolved.exists() or (
+                anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved)
+            ):
+                broken.append(f"{path.relative_to(ROOT)}: {link}")
+    assert not broken
 
 
 # --- docs/api.md's exception tree --------------------------------------------------------------
