@@ -45,7 +45,7 @@ SNIPPET_TIMEOUT_S = 60.0
 # The DSN the docs write for the local server: the tests' own default (server_pg).
 DOCS_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
-_FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
+_FENCE = re.compile(r"^\s*```(\S*)\s*$")
 _MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
 _SCHEMA = re.compile(r'schema="([^"]*)"')
 
@@ -107,7 +107,7 @@ def parse(path: Path) -> Iterator[Snippet | StrayMarker]:
             body.append(lines[number])
             number += 1
         number += 1  # the closing fence
-        if fence.group(2) == "python":
+        if fence.group(1) == "python":
             code = textwrap.dedent("\n".join(body)) + "\n"
             yield Snippet(path, start, code, None if marker is None else marker[1])
         elif marker is not None:
