@@ -2,6 +2,8 @@
 
 Run everything with `uv run nox`; list the sessions with `uv run nox -l`. Sessions inherit the
 environment, so CRONOQ_REQUIRE_POSTGRES (and any PG* variable) reaches the tests.
+The Python examples of README.md, docs/ and the packages' READMEs run in tests(cronoq-server)
+(packages/cronoq-server/tests/test_docs.py), which has every package they import.
 Set CRONOQ_NOX_ALL_PYTHONS=1 to test on Python 3.12 and 3.13 too; uv must find those interpreters
 (with pyenv: `PYENV_VERSION=3.11.7:3.12.1:3.13.0`).
 """
