@@ -37,7 +37,9 @@ from cronoq.store import (
     decode_schedule_spec,
     decode_task_record,
     prune_in_batches,
+    quarantine_message,
     shielded,
+    undecodable_reason,
 )
 from cronoq_store_postgres._commit import ID_CLASH, STATEMENT_CACHE_SIZE, CommitStatements
 from cronoq_store_postgres._config import PgStoreConfig
@@ -353,7 +355,7 @@ class PgStore:
                                 epoch,
                                 self._generation,
                                 [task_id for task_id, _ in quarantined],
-                                [reason for _, reason in quarantined],
+                                [quarantine_message(reason) for _, reason in quarantined],
                                 time.time_ns(),
                             )
                         except BaseException:
@@ -373,7 +375,7 @@ class PgStore:
             except CLASSIFIED as exc:
                 raise classify(exc, "recovering") from exc
         for task_id, reason in quarantined:
-            log.error("task %d %s", task_id, reason)
+            log.error("task %d %s", task_id, quarantine_message(reason))
         return RecoveredState(max_task_id, tasks, schedules, quarantined)
 
     # --- lookups --------------------------------------------------------------------------
@@ -472,5 +474,5 @@ def _decode_rows(
         try:
             tasks.append(decode_task_record(row, to_engine, with_output=False))
         except (ValueError, TypeError) as exc:
-            quarantined.append((row["id"], f"quarantined: undecodable row ({exc})"))
+            quarantined.append((row["id"], undecodable_reason(exc)))
     return tasks, quarantined
