@@ -136,7 +136,8 @@ class SqliteStore:
         # Asked of the library before any file is made: a refused one leaves nothing behind.
         with contextlib.closing(sqlite3.connect(":memory:")) as library:
             check_features(library)
-        prepare_file(path)
+        # Off the loop: looking at an existing file may wait a moment for SQLite's locks.
+        await asyncio.to_thread(prepare_file, path)
 
         def configured(db: sqlite3.Connection) -> None:
             configure(
