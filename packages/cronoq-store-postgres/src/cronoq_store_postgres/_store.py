@@ -46,7 +46,15 @@ from cronoq_store_postgres._config import PgStoreConfig
 from cronoq_store_postgres._direct import verify_direct
 from cronoq_store_postgres._errors import CLASSIFIED, CLASSIFIED_OR_BAD_DSN, classify
 from cronoq_store_postgres._leader import LockSession, session_settings
-from cronoq_store_postgres._schema import Connection, lock_key, migrate, quote_ident
+from cronoq_store_postgres._schema import (
+    SCHEMA_VERSION,
+    Connection,
+    SchemaMigration,
+    ensure_schema,
+    lock_key,
+    migrate,
+    quote_ident,
+)
 
 __all__ = ["PgStore"]
 
@@ -139,12 +147,9 @@ class PgStore:
 
     @classmethod
     async def connect(cls, dsn: str, config: PgStoreConfig | None = None) -> PgStore:
-        """Connect a pool, and create or migrate the schema."""
-        config = config if config is not None else PgStoreConfig()
-        if not isinstance(config, PgStoreConfig):
-            raise InvalidArgument(f"config must be a PgStoreConfig, got {config!r}")
-        if not isinstance(dsn, str) or not dsn or "\x00" in dsn:
-            raise InvalidArgument("dsn must be a non-empty str without NUL")
+        """Connect a pool, and check the schema is at this build's version: create or
+        upgrade it if not (``config.migrate="auto"``), or refuse (``"never"``)."""
+        config = _checked(dsn, config)
         settings = {
             **session_settings(config),
             "lock_timeout": str(round(config.lock_timeout * 1000)),
@@ -175,14 +180,39 @@ class PgStore:
             raise classify(exc, "connecting") from exc
         try:
             async with pool.acquire() as conn:
-                await migrate(conn, config.schema)
+                await ensure_schema(conn, config.schema, config.migrate)
         except StoreError:
             await pool.close()
             raise
         except CLASSIFIED as exc:
             await pool.close()
-            raise classify(exc, f"migrating the schema {config.schema!r}") from exc
+            raise classify(exc, f"checking the schema {config.schema!r}") from exc
         return cls(dsn, pool, config)
+
+    @classmethod
+    async def migrate(cls, dsn: str, config: PgStoreConfig | None = None) -> SchemaMigration:
+        """Create or upgrade ``config.schema`` to this build's version, whatever
+        ``config.migrate`` says, and say from which version: the deploy step
+        (``cronoq-server migrate``), run as the role that owns the schema, so that replicas
+        with ``migrate="never"`` need only read and write. Safe to run again, and beside
+        running replicas of this build (they find the schema current)."""
+        config = _checked(dsn, config)
+        try:
+            conn = await asyncpg.connect(
+                dsn,
+                timeout=config.session_timeout,
+                command_timeout=config.command_timeout,
+                server_settings={"application_name": "cronoq-migrate"},
+            )
+        except CLASSIFIED_OR_BAD_DSN as exc:
+            raise classify(exc, "connecting") from exc
+        try:
+            before = await migrate(conn, config.schema)
+        except CLASSIFIED as exc:
+            raise classify(exc, f"migrating the schema {config.schema!r}") from exc
+        finally:
+            conn.terminate()
+        return SchemaMigration(config.schema, before, SCHEMA_VERSION)
 
     @property
     def config(self) -> PgStoreConfig:
@@ -463,6 +493,15 @@ class PgStore:
             async with asyncio.timeout(self._config.keepalive):
                 await self._pool.close()
         self._pool.terminate()
+
+
+def _checked(dsn: str, config: PgStoreConfig | None) -> PgStoreConfig:
+    config = config if config is not None else PgStoreConfig()
+    if not isinstance(config, PgStoreConfig):
+        raise InvalidArgument(f"config must be a PgStoreConfig, got {config!r}")
+    if not isinstance(dsn, str) or not dsn or "\x00" in dsn:
+        raise InvalidArgument("dsn must be a non-empty str without NUL")
+    return config
 
 
 def _decode_rows(
