@@ -234,6 +234,30 @@ class EngineSuite:
         assert await second.submit("job", b"", key="done") == done
         assert await second.submit("job", b"", key="new") > max(live, done)
 
+    async def test_every_lookup_of_a_quarantined_task_answers_it_failed_alike(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        # get_by_key is served by the store (memory cannot know the key of a row it could
+        # not decode): it must answer as get, wait and cancel do, not raise a decoding error.
+        if Capability.CORRUPT_ROW not in harness.capabilities:
+            pytest.skip("the harness does not declare Capability.CORRUPT_ROW")
+        first = await self.start(harness, schedulers, Gate())
+        task_id = await first.submit("job", b"", key="damaged", start_at=LATER)
+        await self.crash(harness, first)
+        await harness.corrupt_task(first.store, task_id)
+
+        second = await self.start(harness, schedulers, Gate())
+        by_key = await second.get_by_key("damaged")
+        assert by_key is not None, "the quarantined row still holds its key"
+        answers = [await second.get(task_id), await second.wait(task_id, timeout=0), by_key]
+        assert {(a.task_id, a.status) for a in answers} == {(task_id, Status.FAILED)}
+        messages = {a.message for a in answers}
+        assert len(messages) == 1, f"lookups disagree on why the task failed: {messages}"
+        [message] = messages
+        assert message.startswith("quarantined: "), message
+        assert not message.startswith("quarantined: quarantined"), message
+        assert await second.cancel(task_id) is Status.FAILED
+
     # --- store faults ---------------------------------------------------------------------
 
     async def test_unavailable_beyond_the_commit_timeout_fails_callers_then_recovers(

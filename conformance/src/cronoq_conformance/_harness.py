@@ -56,6 +56,12 @@ class Capability(enum.Enum):
     """``supersede(instance)`` makes the cluster's current epoch newer than the instance's,
     as another instance's takeover would, without the instance being told: it still believes
     it leads. For stores that cannot ``PAUSE`` a leader."""
+    FOREIGN_PATHS = "foreign_paths"
+    """``open_at(path)`` opens an instance whose data lives at ``path`` (what a user
+    configures: a file or a directory); ``foreign_files(directory)`` creates there files of
+    other programs that the store could take for its own (another application's database
+    of the same engine) and returns their paths. For stores that keep files: the kit points
+    ``open_at`` at things the store does not own and checks it refuses them untouched."""
     DATABASE_CONDITIONS = "database_conditions"
     """``meet_condition(instance, condition)`` makes every later commit of the instance meet
     the error the real database raises for ``condition`` (one of ``conditions``), until
@@ -151,6 +157,14 @@ class StoreHarness(ABC):
 
     async def supersede(self, instance: Store) -> None:
         raise NotImplementedError
+
+    async def open_at(self, path: Path) -> Store:
+        raise NotImplementedError
+
+    def foreign_files(self, directory: Path) -> list[Path]:
+        """None by default: the kit's own foreign paths (a directory, a text file, random
+        bytes) apply to every store."""
+        return []
 
     async def meet_condition(self, instance: Store, condition: DatabaseCondition) -> None:
         raise NotImplementedError

@@ -11,6 +11,7 @@ import stat
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,6 +43,7 @@ from cronoq.store import (
     TaskUpdated,
     TimeBase,
 )
+from cronoq_conformance._footprint import changes, footprint
 from cronoq_conformance._harness import Capability, DatabaseCondition, StoreHarness
 
 __all__ = ["StoreSuite"]
@@ -1078,6 +1080,35 @@ class StoreSuite:
         finally:
             os.umask(previous)
         open_to_others("after a takeover")
+
+    async def test_a_path_the_store_does_not_own_is_refused_and_left_as_it_was(
+        self, cluster: StoreHarness, tmp_path: Path
+    ) -> None:
+        """A typo in a store's path may name a shared directory (``/tmp``) or somebody's file:
+        the store must refuse it with ``StoreFatal`` before it changes anything of it, not
+        tighten its mode, write a header or create a journal beside it and then fail."""
+        self.require(cluster, Capability.FOREIGN_PATHS)
+        room = tmp_path / "not-the-stores"
+        room.mkdir()
+        shared = room / "shared"
+        shared.mkdir()
+        (shared / "someone-elses.txt").write_text("keep me\n")
+        shared.chmod(0o1777)  # sticky and open to all, as /tmp is
+        notes = room / "notes.txt"
+        notes.write_text("a note, not a database\n")
+        notes.chmod(0o644)
+        noise = room / "noise.bin"
+        noise.write_bytes(random.Random(7).randbytes(8192))
+        noise.chmod(0o640)
+        for target in [shared, notes, noise, *cluster.foreign_files(room)]:
+            before = footprint(room)
+            with pytest.raises(StoreFatal) as refused:
+                await cluster.open_at(target)
+            assert str(target) in str(refused.value), f"the refusal must name the path: {refused}"
+            changed = changes(before, footprint(room))
+            assert changed == [], (
+                f"refusing {target.name} changed what the store does not own: {changed}"
+            )
 
     async def test_unavailable_is_reported_and_the_store_works_again(
         self, cluster: StoreHarness

@@ -22,6 +22,7 @@ from pathlib import Path
 from server_pg import PG_DSN, pg_schema, pg_tables
 
 from cronoq_server._cli import SERVE_GC_THRESHOLDS, event_loop_factory, tune_collector
+from cronoq_store_postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
 
 __all__ = ["pg_schema"]  # a fixture: used by name
 COMMAND = str(Path(sys.executable).parent / "cronoq-server")
@@ -114,8 +115,8 @@ async def test_check_config_lists_every_problem_and_exits_2(tmp_path: Path) -> N
         "cronoq-server: invalid configuration (3 problems):",
         f"  store.lease_ttl = 3 (from {config}): unknown key; the keys of [store] are: "
         "busy_timeout_s, command_timeout_s, dsn, full_sync, journal_size_limit, keepalive_s, "
-        "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, path, pool_size, "
-        "prune_batch, prune_interval_s, schema, session_timeout_s",
+        "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, migrate, path, "
+        "pool_size, prune_batch, prune_interval_s, schema, session_timeout_s",
         f"  retention_s = 0 (from {config}): must be a number of seconds > 0 and at most "
         "316224000 (ten years)",
         "  store.dsn = 'mysql://u:***@h/d' (from env CRONOQ_STORE__DSN): must be a URI "
@@ -227,7 +228,7 @@ async def test_migrate_a_file_that_is_not_a_database_fails_in_one_line(tmp_path:
     assert result.out == ""
     (line,) = result.err.splitlines()
     assert line.startswith("cronoq-server migrate: ")
-    assert "not a database" in line
+    assert "not a SQLite database" in line
 
 
 async def test_migrate_memory_has_nothing_to_do(tmp_path: Path) -> None:
@@ -249,10 +250,29 @@ async def test_migrate_postgres_creates_the_schema(tmp_path: Path, pg_schema: st
     assert await pg_tables(pg_schema) == set()
     result = await cronoq_server("migrate", cwd=tmp_path, env=env)
     assert result.code == 0, result.err
-    assert result.out == "cronoq-server migrate: the postgres store's schema is up to date\n"
+    assert result.out == (
+        f"cronoq-server migrate: the schema {pg_schema!r} was migrated from version 0 to "
+        f"{PG_SCHEMA_VERSION}\n"
+    )
     assert await pg_tables(pg_schema) >= TABLES
     again = await cronoq_server("migrate", cwd=tmp_path, env=env)
     assert again.code == 0, again.err
+    assert again.out == (
+        f"cronoq-server migrate: the schema {pg_schema!r} is up to date ({PG_SCHEMA_VERSION})\n"
+    )
+
+
+async def test_migrate_postgres_migrates_though_serve_is_told_never_to(
+    tmp_path: Path, pg_schema: str
+) -> None:
+    """store.migrate = "never" is for the replicas (`serve`); `migrate` is the step that does."""
+    config = tmp_path / "server.toml"
+    config.write_text(
+        f'[store]\nkind = "postgres"\ndsn = "{PG_DSN}"\nschema = "{pg_schema}"\nmigrate = "never"\n'
+    )
+    result = await cronoq_server("migrate", "--config", str(config), cwd=tmp_path)
+    assert result.code == 0, result.err
+    assert await pg_tables(pg_schema) >= TABLES
 
 
 async def test_migrate_postgres_through_a_config_file(tmp_path: Path, pg_schema: str) -> None:

@@ -168,6 +168,8 @@ def test_every_setting_of_the_store_configs_has_a_key(tmp_path: Path) -> None:
                 value = default  # doubling would break the rule that it is the shorter one
             if isinstance(default, str):
                 value = default + "_x"
+            if f.name == "migrate":
+                value = "never"  # a choice: the other one
             text += f"{key} = {value!r}\n".replace("True", "true").replace("False", "false")
             expected[f.name] = value
         path = write(tmp_path, f'[store]\nkind = "{kind}"\n{extra}{text}'.replace("'", '"'))
@@ -376,7 +378,7 @@ def test_mask_dsn(dsn: str, masked: str) -> None:
             "store.dns = 'postgresql://h/d' (from env CRONOQ_STORE__DNS): unknown key; the keys "
             "of [store] are: busy_timeout_s, command_timeout_s, dsn, full_sync, "
             "journal_size_limit, keepalive_s, kind, lease_renew_s, lease_ttl_s, lock_poll_s, "
-            "lock_timeout_s, path, pool_size, prune_batch, prune_interval_s, schema, "
+            "lock_timeout_s, migrate, path, pool_size, prune_batch, prune_interval_s, schema, "
             "session_timeout_s",
         ),
         (
@@ -504,11 +506,15 @@ def test_postgres_settings() -> None:
         f"store.schema = '{'s' * 64}' (from env CRONOQ_STORE__SCHEMA): schema "
         f"'{'s' * 64}' is longer than PostgreSQL's 63 bytes"
     )
+    assert only_problem(**pg, CRONOQ_STORE__MIGRATE="sometimes") == (
+        "store.migrate = 'sometimes' (from env CRONOQ_STORE__MIGRATE): migrate must be 'auto' "
+        "or 'never', got 'sometimes'"
+    )
     assert only_problem(**pg, CRONOQ_STORE__PATH="x.db") == (
         "store.path = 'x.db' (from env CRONOQ_STORE__PATH): applies to store.kind = 'sqlite', "
         "and store.kind = 'postgres' (from env CRONOQ_STORE__KIND); the keys of that kind are: "
-        "command_timeout_s, dsn, keepalive_s, kind, lock_poll_s, lock_timeout_s, pool_size, "
-        "prune_batch, prune_interval_s, schema, session_timeout_s"
+        "command_timeout_s, dsn, keepalive_s, kind, lock_poll_s, lock_timeout_s, migrate, "
+        "pool_size, prune_batch, prune_interval_s, schema, session_timeout_s"
     )
 
 
@@ -572,11 +578,11 @@ def test_unknown_keys_in_the_file(tmp_path: Path) -> None:
         "limits, listen, logging, runtime, store, tls",
         f"store.lock_poll = 0.5 (from {path}): unknown key; the keys of [store] are: "
         "busy_timeout_s, command_timeout_s, dsn, full_sync, journal_size_limit, keepalive_s, "
-        "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, path, pool_size, "
+        "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, migrate, path, pool_size, "
         "prune_batch, prune_interval_s, schema, session_timeout_s",
         f"store.sqlite = {{'path': 'x'}} (from {path}): unknown key; the keys of [store] are: "
         "busy_timeout_s, command_timeout_s, dsn, full_sync, journal_size_limit, keepalive_s, "
-        "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, path, pool_size, "
+        "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, migrate, path, pool_size, "
         "prune_batch, prune_interval_s, schema, session_timeout_s",
         f"tls.certificate = 'x' (from {path}): unknown key; the keys of [tls] are: cert, key",
         f"pools[0].concurency = 3 (from {path}): unknown key; the keys of a pool are: "

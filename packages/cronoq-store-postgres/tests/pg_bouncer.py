@@ -3,7 +3,8 @@
 Its config and auth file live in a fresh temp dir; it listens on a free port of 127.0.0.1 and
 forwards every database to the server of ``DSN`` (which must trust the user: the auth file
 holds the user with no password, ``auth_type = trust``). PgBouncer refuses to run as root: run
-as root, it runs as the ``postgres`` user, who owns the dir. The binary is
+as root, it runs as the ``postgres`` user, who owns the dir (made where that user can enter
+it: ``pg_server_user``). The binary is
 ``CRONOQ_TEST_PGBOUNCER`` (default: ``pgbouncer`` on PATH, or Debian's /usr/sbin/pgbouncer).
 When it is missing the tests skip, unless ``CRONOQ_REQUIRE_POSTGRES=1`` (CI), which fails them.
 """
@@ -14,16 +15,14 @@ import asyncio
 import os
 import shutil
 import socket
-import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from pg_proxy import upstream_of
+from pg_server_user import SERVER_USER, as_server_user, server_directory
 
 __all__ = ["PgBouncer", "pgbouncer_binary"]
-
-_SERVER_USER = "postgres"
 
 
 def pgbouncer_binary() -> str:
@@ -50,9 +49,9 @@ def _prepare(root: Path, user: str, ini: str) -> None:
     """The config and the auth file, owned by the user PgBouncer runs as."""
     (root / "users.txt").write_text(f'"{user}" ""\n')
     (root / "pgbouncer.ini").write_text(ini)
-    if os.geteuid() == 0:
-        for path in (root, root / "users.txt", root / "pgbouncer.ini"):
-            shutil.chown(path, user=_SERVER_USER)
+    if as_server_user():
+        for path in (root / "users.txt", root / "pgbouncer.ini"):
+            shutil.chown(path, user=SERVER_USER)
 
 
 class PgBouncer:
@@ -68,7 +67,7 @@ class PgBouncer:
     def dsn(self) -> str:
         """The test DSN, through this PgBouncer."""
         parts = urlsplit(self._dsn)
-        user = parts.username or _SERVER_USER
+        user = parts.username or SERVER_USER
         return urlunsplit(
             (parts.scheme, f"{user}@127.0.0.1:{self.port}", parts.path, "sslmode=disable", "")
         )
@@ -82,8 +81,8 @@ class PgBouncer:
         if upstream is None:
             pytest.skip(f"PgBouncer needs a TCP DSN to forward to, not {dsn}")
         host, port = upstream
-        user = urlsplit(dsn).username or _SERVER_USER
-        root = Path(tempfile.mkdtemp(prefix="cronoq-pgbouncer-"))
+        user = urlsplit(dsn).username or SERVER_USER
+        root = server_directory("cronoq-pgbouncer-")
         bouncer = cls(root, _free_port(), dsn)
         _prepare(
             root,
@@ -99,7 +98,7 @@ class PgBouncer:
             f"pool_mode = {pool_mode}\n"
             f"ignore_startup_parameters = {','.join(ignore_startup_parameters)}\n",
         )
-        identity = {"user": _SERVER_USER, "group": _SERVER_USER} if os.geteuid() == 0 else {}
+        identity = {"user": SERVER_USER, "group": SERVER_USER} if as_server_user() else {}
         try:
             bouncer._process = await asyncio.create_subprocess_exec(
                 binary,

@@ -79,9 +79,14 @@ class PgHarness(StoreHarness):
     # PAUSE: the lock session is held by the server for as long as it lives, so a frozen
     # leader cannot be taken over until its session ends, and then it is told at once
     # (test_pg_faults freezes a real process); SUPERSEDE replaces a leader behind its back
-    # instead. PRIVATE_FILES: the store owns no file. Each instance reaches the server through
-    # a proxy of its own (pg_proxy), which can hold a commit's statement in flight.
-    capabilities = frozenset(Capability) - {Capability.PAUSE, Capability.PRIVATE_FILES}
+    # instead. PRIVATE_FILES, FOREIGN_PATHS: the store owns no file. Each instance reaches the
+    # server through a proxy of its own (pg_proxy), which can hold a commit's statement in
+    # flight.
+    capabilities = frozenset(Capability) - {
+        Capability.PAUSE,
+        Capability.PRIVATE_FILES,
+        Capability.FOREIGN_PATHS,
+    }
     conditions = frozenset(DatabaseCondition)
     leadership_timeout = 3.0
     handover_timeout = 0.5

@@ -3,8 +3,9 @@
 ``initdb`` into a fresh directory under the system temp dir, ``pg_ctl start`` on a free port of
 127.0.0.1 with ``synchronous_commit=on``; ``stop()`` and ``start()`` it at will; ``destroy()``
 stops it (immediately, if it still runs) and removes the directory. Run as root, every server
-command runs as the ``postgres`` user (``runuser``), which owns the directory; as anyone else,
-as that user. The binaries come from ``CRONOQ_TEST_PG_BIN`` (default: PostgreSQL 15's).
+command runs as the ``postgres`` user (``runuser``), which owns the directory (made where that
+user can enter it: ``pg_server_user``); as anyone else, as that user. The binaries come from
+``CRONOQ_TEST_PG_BIN`` (default: PostgreSQL 15's).
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import asyncio
 import os
 import shutil
 import socket
-import tempfile
 from pathlib import Path
+
+from pg_server_user import SERVER_USER, as_server_user, server_directory
 
 __all__ = ["PG_BIN", "PrivateCluster", "private_cluster_unavailable"]
 
 PG_BIN = Path(os.environ.get("CRONOQ_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
-_SERVER_USER = "postgres"
 
 
 def private_cluster_unavailable() -> str | None:
@@ -27,7 +28,7 @@ def private_cluster_unavailable() -> str | None:
     for tool in ("initdb", "pg_ctl"):
         if not (PG_BIN / tool).is_file():
             return f"{PG_BIN / tool} not found (set CRONOQ_TEST_PG_BIN)"
-    if os.geteuid() == 0 and shutil.which("runuser") is None:
+    if as_server_user() and shutil.which("runuser") is None:
         return "running as root without runuser to drop to the postgres user"
     return None
 
@@ -52,11 +53,9 @@ class PrivateCluster:
 
     @classmethod
     async def create(cls) -> PrivateCluster:
-        root = Path(tempfile.mkdtemp(prefix="cronoq-pg-"))
+        root = server_directory("cronoq-pg-")
         cluster = cls(root, _free_port())
         try:
-            if os.geteuid() == 0:
-                shutil.chown(root, user=_SERVER_USER)
             await cluster._run(
                 "initdb", "-D", str(cluster.data), "-U", "postgres", "-A", "trust",
                 "--no-sync", "-E", "UTF8", "--locale=C",
@@ -68,8 +67,8 @@ class PrivateCluster:
 
     async def _run(self, tool: str, *args: str) -> str:
         command = [str(PG_BIN / tool), *args]
-        if os.geteuid() == 0:
-            command = ["runuser", "-u", _SERVER_USER, "--", *command]
+        if as_server_user():
+            command = ["runuser", "-u", SERVER_USER, "--", *command]
         process = await asyncio.create_subprocess_exec(
             *command,
             stdin=asyncio.subprocess.DEVNULL,

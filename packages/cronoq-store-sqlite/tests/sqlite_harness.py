@@ -39,6 +39,7 @@ class SqliteHarness(StoreHarness):
         self.opened: list[SqliteStore] = []
         self._blocker: sqlite3.Connection | None = None
         self._paused: dict[SqliteStore, tuple[threading.Event, list[asyncio.Task[bool]]]] = {}
+        self._foreign: list[sqlite3.Connection] = []
 
     async def open(self) -> Store:
         store = await SqliteStore.open(self.path, self.config)
@@ -168,6 +169,27 @@ class SqliteHarness(StoreHarness):
     def store_directory(self) -> Path:
         return self.path.parent
 
+    async def open_at(self, path: Path) -> Store:
+        store = await SqliteStore.open(path, self.config)
+        self.opened.append(store)
+        return store
+
+    def foreign_files(self, directory: Path) -> list[Path]:
+        """Other applications' SQLite databases: one in rollback-journal mode, and one in WAL
+        mode, whose table is still only in its WAL (its program is running: the connection
+        stays open until ``close_all``)."""
+        plain = directory / "other-app.db"
+        with contextlib.closing(sqlite3.connect(plain)) as conn:
+            conn.execute("CREATE TABLE notes (body TEXT)")
+            conn.execute("INSERT INTO notes VALUES ('keep me')")
+            conn.commit()
+        live = directory / "running-app.db"
+        running = sqlite3.connect(live, isolation_level=None, check_same_thread=False)
+        running.execute("PRAGMA journal_mode = WAL")
+        running.execute("CREATE TABLE events (at INTEGER)")
+        self._foreign.append(running)
+        return [plain, live]
+
     async def run_in_other_process(self, code: str) -> str:
         return await run_in_python(
             "from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig\n"
@@ -184,3 +206,6 @@ class SqliteHarness(StoreHarness):
             self._blocker = None
         for store in self.opened:
             await store.close()
+        for conn in self._foreign:
+            conn.close()
+        self._foreign.clear()

@@ -24,7 +24,7 @@ from sqlite_mounts import MountFailed, is_root, remount_read_only, tmpfs
 
 from cronoq.errors import StoreFatal
 from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig
-from cronoq_store_sqlite._schema import check_features
+from cronoq_store_sqlite._schema import check_features, migrate
 
 JOURNALS = ("", "-wal", "-shm")
 
@@ -62,10 +62,12 @@ def modes(db: Path) -> dict[str, int]:
 
 
 def make_by_hand(db: Path) -> sqlite3.Connection:
-    """A WAL database created by plain sqlite3 with a table of its own; the connection stays
-    open so that its -wal and -shm files stay on disk."""
+    """A cronoq database written by plain sqlite3 (as a restore from a backup would make it),
+    with a table of its own; the connection stays open so that its -wal and -shm files stay
+    on disk. (Another application's database, without cronoq's tables, is refused.)"""
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
+    migrate(conn)
     conn.execute("CREATE TABLE mine (x INTEGER)")
     conn.execute("INSERT INTO mine VALUES (42)")
     return conn

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from sqlite_harness import SqliteHarness
 
+import cronoq_store_sqlite._schema
 import cronoq_store_sqlite._store
 from cronoq.errors import StoreError, Unavailable
 from cronoq_conformance import DatabaseCondition, StoreSuite
@@ -100,5 +101,28 @@ async def test_the_clearing_check_fails_on_a_store_whose_updates_only_set_a_leas
             return
         with pytest.raises(AssertionError, match=r"without a lease .* must clear it"):
             await check(StoreSuite(), harness)
+    finally:
+        await harness.close_all()
+
+
+# --- the kit's foreign-path check (issue 24) fails on SqliteStore opening before it looks ----
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+async def test_the_foreign_path_check_fails_on_a_store_that_tightens_before_it_looks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeded: bool
+) -> None:
+    """The store as it was: an existing path is chmod 0700/0600 first, then SQLite finds it
+    is a directory or not a database."""
+    if seeded:
+        monkeypatch.setattr(cronoq_store_sqlite._schema, "refuse_unless_ours", lambda path: None)
+    harness = SqliteHarness(tmp_path / "cronoq.db")
+    check = StoreSuite.test_a_path_the_store_does_not_own_is_refused_and_left_as_it_was
+    try:
+        if not seeded:
+            await check(StoreSuite(), harness, tmp_path)
+            return
+        with pytest.raises(AssertionError, match=r"changed what the store does not own"):
+            await check(StoreSuite(), harness, tmp_path)
     finally:
         await harness.close_all()

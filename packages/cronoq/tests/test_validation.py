@@ -777,6 +777,7 @@ def test_the_id_counter_stops_at_the_end_of_its_epoch() -> None:
     engine = Engine(config, epoch, high_water_mark=last - 2)  # a rebuild: 2 ids left
     refused = _submit(engine, 3)
     assert isinstance(refused, SchedulerError)
+    assert refused.applied is False, "nothing was applied: the caller may retry as it is"
     assert str(refused) == (
         f"epoch 3 has issued every task id of its range (up to {last}); "
         "restart the scheduler so that it leads under a new epoch"

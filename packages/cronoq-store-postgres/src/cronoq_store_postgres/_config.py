@@ -7,7 +7,9 @@ from dataclasses import dataclass
 
 from cronoq.errors import InvalidArgument
 
-__all__ = ["PgStoreConfig"]
+__all__ = ["MIGRATE_MODES", "PgStoreConfig"]
+
+MIGRATE_MODES = ("auto", "never")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +32,12 @@ class PgStoreConfig:
     prune_interval: float = 60.0
     prune_batch: int = 1000
     pool_size: int = 4
+    migrate: str = "auto"
+    """``"auto"``: ``connect`` creates or upgrades a schema that is missing or older than this
+    build (only then does the role need to own the schema); ``"never"``: ``connect`` only
+    checks that the schema is at this build's version, and refuses with what to do if not.
+    ``PgStore.migrate`` (``cronoq-server migrate``), run as the owner, is then the deploy
+    step, and the replicas need only read and write (docs/stores/postgres.md)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.schema, str) or not self.schema or "\x00" in self.schema:
@@ -46,6 +54,8 @@ class PgStoreConfig:
                 f"keepalive ({self.keepalive}s) must be shorter than session_timeout "
                 f"({self.session_timeout}s)"
             )
+        if self.migrate not in MIGRATE_MODES:
+            raise InvalidArgument(f"migrate must be 'auto' or 'never', got {self.migrate!r}")
         for name in ("prune_batch", "pool_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

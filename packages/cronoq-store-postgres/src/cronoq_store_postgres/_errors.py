@@ -34,6 +34,13 @@ POOLER_HINT = (
     "client connection a server session of its own is fine); see docs/stores/postgres.md."
 )
 
+PRIVILEGE_HINT = (
+    "The role lacks a privilege the store needs: the replicas' role needs USAGE on the schema "
+    "and read and write on its tables, and creating or upgrading them needs the schema's owner "
+    "(`cronoq-server migrate`, with store migrate = 'never' for the replicas); see "
+    "docs/stores/postgres.md"
+)
+
 CLASSIFIED: tuple[type[BaseException], ...] = (*_TRANSIENT, asyncpg.PostgresError)
 CLASSIFIED_OR_BAD_DSN: tuple[type[BaseException], ...] = (*CLASSIFIED, ValueError)
 
@@ -50,6 +57,8 @@ def classify(exc: BaseException, doing: str) -> StoreError:
     message = f"PostgreSQL failed while {doing}: {type(exc).__name__}: {exc}"
     if rejects_startup_parameters(exc):
         return StoreFatal(f"{message}. {POOLER_HINT}")
+    if isinstance(exc, asyncpg.InsufficientPrivilegeError):
+        return StoreFatal(f"{message}. {PRIVILEGE_HINT}")
     if isinstance(exc, _TRANSIENT):
         return Unavailable(message)
     return StoreFatal(message)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import TypeAlias
 
 import asyncpg
@@ -84,15 +85,69 @@ def _migrations(s: str) -> list[list[str]]:
     ]
 
 
-async def migrate(conn: Connection, schema: str) -> None:
+@dataclass(frozen=True, slots=True)
+class SchemaMigration:
+    """What ``PgStore.migrate`` did: the schema's version before (0: it had no cronoq tables)
+    and after (this build's)."""
+
+    schema: str
+    before: int
+    after: int
+
+
+async def schema_version(conn: Connection, schema: str) -> int | None:
+    """The schema's version, None if it holds no cronoq tables: reads only, so a role with
+    read and write alone may ask (``CREATE ... IF NOT EXISTS`` needs the right to create,
+    even when everything exists)."""
+    s = quote_ident(schema)
+    if await conn.fetchval("SELECT to_regclass($1) IS NULL", f"{s}.cronoq_schema_version"):
+        return None
+    version = await conn.fetchval(f"SELECT version FROM {s}.cronoq_schema_version")
+    return 0 if version is None else int(version)
+
+
+async def ensure_schema(conn: Connection, schema: str, mode: str) -> None:
+    """Check the schema is at SCHEMA_VERSION; if it is missing or older, migrate it
+    (``mode="auto"``) or refuse saying what to do (``"never"``)."""
+    version = await schema_version(conn, schema)
+    if version == SCHEMA_VERSION:
+        return
+    if version is not None and version > SCHEMA_VERSION:
+        raise _newer(schema, version)
+    if mode == "auto":
+        await migrate(conn, schema)
+        return
+    found = "holds no cronoq tables" if version is None else f"is at version {version}"
+    raise StoreFatal(
+        f"the schema {schema!r} {found}, this build needs version {SCHEMA_VERSION}, and the "
+        f"store's migrate setting is 'never': run `cronoq-server migrate` (PgStore.migrate) "
+        "as the role that owns the schema, then start again"
+    )
+
+
+def _newer(schema: str, version: int) -> StoreFatal:
+    return StoreFatal(
+        f"the schema {schema!r} is at version {version}, newer than this build of "
+        f"cronoq-store-postgres supports ({SCHEMA_VERSION}); upgrade it"
+    )
+
+
+async def migrate(conn: Connection, schema: str) -> int:
     """Create or upgrade the schema under a transaction-scoped advisory lock, so instances
-    that connect at once migrate one after the other; refuse a newer schema."""
+    that connect at once migrate one after the other; refuse a newer schema. Returns the
+    version it found (0: none)."""
     s = quote_ident(schema)
     migrations = _migrations(s)
     assert len(migrations) == SCHEMA_VERSION
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", lock_key("migrate", schema))
-        await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+        # Not CREATE SCHEMA IF NOT EXISTS: PostgreSQL asks for CREATE on the database before
+        # it looks whether the schema exists, and the owner of a schema a DBA created for it
+        # need not have that.
+        if not await conn.fetchval(
+            "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)", schema
+        ):
+            await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
         await conn.execute(
             f"CREATE TABLE IF NOT EXISTS {s}.cronoq_schema_version (version integer NOT NULL)"
         )
@@ -101,11 +156,9 @@ async def migrate(conn: Connection, schema: str) -> None:
             await conn.execute(f"INSERT INTO {s}.cronoq_schema_version VALUES (0)")
             version = 0
         if version > SCHEMA_VERSION:
-            raise StoreFatal(
-                f"the schema {schema!r} is at version {version}, newer than this build of "
-                f"cronoq-store-postgres supports ({SCHEMA_VERSION}); upgrade it"
-            )
+            raise _newer(schema, version)
         for step in range(version, SCHEMA_VERSION):
             for statement in migrations[step]:
                 await conn.execute(statement)
             await conn.execute(f"UPDATE {s}.cronoq_schema_version SET version = $1", step + 1)
+    return int(version)

@@ -37,14 +37,24 @@ from cronoq.store import (
     decode_schedule_spec,
     decode_task_record,
     prune_in_batches,
+    quarantine_message,
     shielded,
+    undecodable_reason,
 )
 from cronoq_store_postgres._commit import ID_CLASH, STATEMENT_CACHE_SIZE, CommitStatements
 from cronoq_store_postgres._config import PgStoreConfig
 from cronoq_store_postgres._direct import verify_direct
 from cronoq_store_postgres._errors import CLASSIFIED, CLASSIFIED_OR_BAD_DSN, classify
 from cronoq_store_postgres._leader import LockSession, session_settings
-from cronoq_store_postgres._schema import Connection, lock_key, migrate, quote_ident
+from cronoq_store_postgres._schema import (
+    SCHEMA_VERSION,
+    Connection,
+    SchemaMigration,
+    ensure_schema,
+    lock_key,
+    migrate,
+    quote_ident,
+)
 
 __all__ = ["PgStore"]
 
@@ -137,12 +147,9 @@ class PgStore:
 
     @classmethod
     async def connect(cls, dsn: str, config: PgStoreConfig | None = None) -> PgStore:
-        """Connect a pool, and create or migrate the schema."""
-        config = config if config is not None else PgStoreConfig()
-        if not isinstance(config, PgStoreConfig):
-            raise InvalidArgument(f"config must be a PgStoreConfig, got {config!r}")
-        if not isinstance(dsn, str) or not dsn or "\x00" in dsn:
-            raise InvalidArgument("dsn must be a non-empty str without NUL")
+        """Connect a pool, and check the schema is at this build's version: create or
+        upgrade it if not (``config.migrate="auto"``), or refuse (``"never"``)."""
+        config = _checked(dsn, config)
         settings = {
             **session_settings(config),
             "lock_timeout": str(round(config.lock_timeout * 1000)),
@@ -173,14 +180,39 @@ class PgStore:
             raise classify(exc, "connecting") from exc
         try:
             async with pool.acquire() as conn:
-                await migrate(conn, config.schema)
+                await ensure_schema(conn, config.schema, config.migrate)
         except StoreError:
             await pool.close()
             raise
         except CLASSIFIED as exc:
             await pool.close()
-            raise classify(exc, f"migrating the schema {config.schema!r}") from exc
+            raise classify(exc, f"checking the schema {config.schema!r}") from exc
         return cls(dsn, pool, config)
+
+    @classmethod
+    async def migrate(cls, dsn: str, config: PgStoreConfig | None = None) -> SchemaMigration:
+        """Create or upgrade ``config.schema`` to this build's version, whatever
+        ``config.migrate`` says, and say from which version: the deploy step
+        (``cronoq-server migrate``), run as the role that owns the schema, so that replicas
+        with ``migrate="never"`` need only read and write. Safe to run again, and beside
+        running replicas of this build (they find the schema current)."""
+        config = _checked(dsn, config)
+        try:
+            conn = await asyncpg.connect(
+                dsn,
+                timeout=config.session_timeout,
+                command_timeout=config.command_timeout,
+                server_settings={"application_name": "cronoq-migrate"},
+            )
+        except CLASSIFIED_OR_BAD_DSN as exc:
+            raise classify(exc, "connecting") from exc
+        try:
+            before = await migrate(conn, config.schema)
+        except CLASSIFIED as exc:
+            raise classify(exc, f"migrating the schema {config.schema!r}") from exc
+        finally:
+            conn.terminate()
+        return SchemaMigration(config.schema, before, SCHEMA_VERSION)
 
     @property
     def config(self) -> PgStoreConfig:
@@ -353,7 +385,7 @@ class PgStore:
                                 epoch,
                                 self._generation,
                                 [task_id for task_id, _ in quarantined],
-                                [reason for _, reason in quarantined],
+                                [quarantine_message(reason) for _, reason in quarantined],
                                 time.time_ns(),
                             )
                         except BaseException:
@@ -373,7 +405,7 @@ class PgStore:
             except CLASSIFIED as exc:
                 raise classify(exc, "recovering") from exc
         for task_id, reason in quarantined:
-            log.error("task %d %s", task_id, reason)
+            log.error("task %d %s", task_id, quarantine_message(reason))
         return RecoveredState(max_task_id, tasks, schedules, quarantined)
 
     # --- lookups --------------------------------------------------------------------------
@@ -463,6 +495,15 @@ class PgStore:
         self._pool.terminate()
 
 
+def _checked(dsn: str, config: PgStoreConfig | None) -> PgStoreConfig:
+    config = config if config is not None else PgStoreConfig()
+    if not isinstance(config, PgStoreConfig):
+        raise InvalidArgument(f"config must be a PgStoreConfig, got {config!r}")
+    if not isinstance(dsn, str) or not dsn or "\x00" in dsn:
+        raise InvalidArgument("dsn must be a non-empty str without NUL")
+    return config
+
+
 def _decode_rows(
     rows: list[asyncpg.Record], to_engine: Callable[[int], int]
 ) -> tuple[list[TaskRecord], list[tuple[int, str]]]:
@@ -472,5 +513,5 @@ def _decode_rows(
         try:
             tasks.append(decode_task_record(row, to_engine, with_output=False))
         except (ValueError, TypeError) as exc:
-            quarantined.append((row["id"], f"quarantined: undecodable row ({exc})"))
+            quarantined.append((row["id"], undecodable_reason(exc)))
     return tasks, quarantined

@@ -11,6 +11,7 @@ from typing import Any
 
 from cronoq.errors import StoreFatal
 from cronoq_store_sqlite._errors import classify
+from cronoq_store_sqlite._ownership import refuse_unless_ours
 
 SCHEMA_VERSION = 2
 
@@ -66,14 +67,16 @@ assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
 def prepare_file(path: str) -> None:
-    """Create the database owner-only (0600), or tighten an existing one and its journals.
+    """Create the database owner-only (0600), or tighten an existing one and its journals
+    once it is known to be the store's (``refuse_unless_ours``).
 
     SQLite gives the -wal and -shm files the database file's mode, so a 0600 database keeps
     its journals private too; under the usual umask a file SQLite created itself is 0644.
     """
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-    except FileExistsError:
+    except FileExistsError:  # a directory too: checked here, so that no race skips the check
+        refuse_unless_ours(path)
         for name in (path, f"{path}-wal", f"{path}-shm"):
             try:
                 mode = stat.S_IMODE(os.stat(name).st_mode)

@@ -50,7 +50,9 @@ from cronoq.store import (
     encode_schedule_spec,
     new_task_columns,
     prune_in_batches,
+    quarantine_message,
     shielded,
+    undecodable_reason,
 )
 from cronoq_store_sqlite._config import SqliteStoreConfig
 from cronoq_store_sqlite._connection import Connection
@@ -134,7 +136,8 @@ class SqliteStore:
         # Asked of the library before any file is made: a refused one leaves nothing behind.
         with contextlib.closing(sqlite3.connect(":memory:")) as library:
             check_features(library)
-        prepare_file(path)
+        # Off the loop: looking at an existing file may wait a moment for SQLite's locks.
+        await asyncio.to_thread(prepare_file, path)
 
         def configured(db: sqlite3.Connection) -> None:
             configure(
@@ -456,7 +459,7 @@ class SqliteStore:
                 try:
                     tasks.append(decode_task_record(task_row, to_engine, with_output=False))
                 except (ValueError, TypeError) as exc:
-                    quarantined.append((task_row[0], f"quarantined: undecodable row ({exc})"))
+                    quarantined.append((task_row[0], undecodable_reason(exc)))
             for name, spec, next_ns, paused, last_task_id in db.execute(
                 "SELECT name, spec, next_ns, paused, last_task_id FROM cronoq_schedules"
             ):
@@ -483,12 +486,15 @@ class SqliteStore:
                     "UPDATE cronoq_tasks SET status = 'failed', message = ?, updated_ns = ?, "
                     "finished_ns = COALESCE(finished_ns, ?), lease_epoch = NULL, "
                     "lease_hash = NULL WHERE id = ?",
-                    [(reason, now, now, task_id) for task_id, reason in quarantined],
+                    [
+                        (quarantine_message(reason), now, now, task_id)
+                        for task_id, reason in quarantined
+                    ],
                 )
 
             await self._transaction("quarantining undecodable rows", quarantine, epoch=epoch)
         for task_id, reason in quarantined:
-            log.error("task %d %s", task_id, reason)
+            log.error("task %d %s", task_id, quarantine_message(reason))
         return RecoveredState(max_task_id, tasks, schedules, quarantined)
 
     # --- lookups --------------------------------------------------------------------------

@@ -18,6 +18,7 @@ __all__ = [
     "TaskRecord",
     "TaskSubmitted",
     "TaskUpdated",
+    "quarantine_message",
     "sanitize_message",
 ]
 
@@ -33,6 +34,13 @@ def sanitize_message(message: str) -> str:
     if message.isascii():
         return message
     return _SURROGATE.sub("\ufffd", message)
+
+
+def quarantine_message(reason: str) -> str:
+    """The message of a task whose row could not be decoded: stores write it into the row,
+    the engine and lookups answer with it. ``reason`` is what ``RecoveredState.quarantined``
+    carries: what went wrong, without this prefix."""
+    return f"quarantined: {reason}"
 
 
 # --- mutations: what a step persists -------------------------------------------------------

@@ -23,8 +23,7 @@ from cronoq._model import (
     TaskSpec,
     TaskTemplate,
 )
-from cronoq._mutations import AttemptLease, TaskRecord
-from cronoq.errors import StoreFatal
+from cronoq._mutations import AttemptLease, TaskRecord, quarantine_message
 
 __all__ = [
     "LEASE_HASH_SIZE",
@@ -37,6 +36,7 @@ __all__ = [
     "decode_task_spec",
     "encode_schedule_spec",
     "encode_task_options",
+    "undecodable_reason",
 ]
 
 _DEFAULT_SPEC = TaskSpec("", "", b"")
@@ -250,13 +250,38 @@ def decode_task_record(
     )
 
 
+def undecodable_reason(exc: BaseException) -> str:
+    """The quarantine reason of a row ``decode_task_record`` refused with ``exc``."""
+    return f"undecodable row ({exc})"
+
+
 def decode_looked_up_record(row: Iterable[Any], to_engine: Callable[[int], int]) -> TaskRecord:
-    """``decode_task_record`` with the output, for lookups: a row that cannot be decoded (one
-    recovery quarantined) is a ``StoreFatal`` that names it, not a decoder's traceback."""
+    """``decode_task_record`` with the output, for lookups. A row that cannot be decoded (one
+    recovery quarantined, or will) reads as recovery leaves it: failed, with the quarantine
+    message, and what of it can be read (pool, kind and key, when they are text), so that a
+    lookup answers as the engine does for the quarantined task instead of raising."""
     values = list(row)
     try:
         return decode_task_record(values, to_engine, with_output=True)
     except (ValueError, TypeError) as exc:
-        raise StoreFatal(
-            f"task {values[0]} cannot be decoded (recovery quarantines such rows): {exc}"
-        ) from exc
+        reason = undecodable_reason(exc)
+    task_id, pool, kind, key, _, _, _, attempt, _, submitted_ns, updated_ns = values[:11]
+    submitted = to_engine(submitted_ns) if _is_int(submitted_ns) else 0
+    return TaskRecord(
+        task_id=task_id,
+        spec=TaskSpec(
+            pool if isinstance(pool, str) else "",
+            kind if isinstance(kind, str) else "",
+            b"",
+            key if isinstance(key, str) else None,
+        ),
+        status=Status.FAILED,
+        attempt=attempt if _is_int(attempt) else 0,
+        message=quarantine_message(reason),
+        submitted_ns=submitted,
+        updated_ns=to_engine(updated_ns) if _is_int(updated_ns) else submitted,
+    )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -41,6 +41,7 @@ from cronoq._mutations import (
     TaskRecord,
     TaskSubmitted,
     TaskUpdated,
+    quarantine_message,
     sanitize_message,
 )
 from cronoq._rows import (
@@ -52,6 +53,7 @@ from cronoq._rows import (
     decode_task_spec,
     encode_schedule_spec,
     encode_task_options,
+    undecodable_reason,
 )
 from cronoq.errors import CronoqError, Fenced, StoreError, StoreFatal, Unavailable
 
@@ -94,8 +96,10 @@ __all__ = [
     "encode_task_options",
     "new_task_columns",
     "prune_in_batches",
+    "quarantine_message",
     "sanitize_message",
     "shielded",
+    "undecodable_reason",
     "varies",
 ]
 
@@ -191,7 +195,10 @@ class RecoveredState:
     """In id order."""
     schedules: Sequence[ScheduleRecord]
     quarantined: Sequence[tuple[int, str]] = ()
-    """(task id, reason) of rows that could not be decoded and were marked failed."""
+    """(task id, reason) of rows that could not be decoded and were marked failed, with
+    ``quarantine_message(reason)`` as their message. The reason says what went wrong
+    (``undecodable_reason(exc)`` for a row ``decode_task_record`` refused), without the
+    ``quarantined:`` prefix that the message adds."""
 
 
 @runtime_checkable

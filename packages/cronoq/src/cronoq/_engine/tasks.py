@@ -21,7 +21,13 @@ from cronoq.errors import (
     UnknownDependency,
     UnknownPool,
 )
-from cronoq.store import CancelRequested, TaskRecord, TaskSubmitted, TaskUpdated
+from cronoq.store import (
+    CancelRequested,
+    TaskRecord,
+    TaskSubmitted,
+    TaskUpdated,
+    quarantine_message,
+)
 
 __all__ = ["Tasks"]
 
@@ -106,9 +112,11 @@ class Tasks:
         return results
 
     def ids_exhausted(self) -> SchedulerError:
+        # Refused before anything was created: the caller may retry as it is (elsewhere).
         return SchedulerError(
             f"epoch {self.shared.epoch} has issued every task id of its range (up to "
-            f"{self.last_id}); restart the scheduler so that it leads under a new epoch"
+            f"{self.last_id}); restart the scheduler so that it leads under a new epoch",
+            applied=False,
         )
 
     def create(self, spec: TaskSpec) -> Task:
@@ -302,7 +310,7 @@ class Tasks:
         self.finished[task_id] = TaskSummary(task_id, Status.FAILED, 0, "", "", None, (), now)
         # Lookups answer with what is known: failed, and why, not a decoding error.
         self.quarantined[task_id] = TaskRecord(
-            task_id, NO_TASK.spec, Status.FAILED, 0, f"quarantined: {reason}", now, now
+            task_id, NO_TASK.spec, Status.FAILED, 0, quarantine_message(reason), now, now
         )
 
     def add_live(self, row: TaskRecord) -> None:
