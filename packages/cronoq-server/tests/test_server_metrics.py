@@ -264,7 +264,7 @@ async def test_metrics_over_http_with_the_process_metrics() -> None:
         collector.watch(scheduler)
         await run_tasks(scheduler, fast=1, flaky=0, doomed=0)
         reader, writer = await asyncio.open_connection("127.0.0.1", http.port)
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         async with asyncio.timeout(5):
             raw = await reader.read(-1)
         writer.close()
