@@ -136,7 +136,7 @@ async def test_usage_errors_exit_2(tmp_path: Path) -> None:
 
 async def http_get(port: int, path: str) -> tuple[int, bytes]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
     raw = await reader.read(-1)
     writer.close()
     head, _, body = raw.partition(b"\r\n\r\n")
