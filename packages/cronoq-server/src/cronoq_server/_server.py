@@ -32,6 +32,7 @@ from grpc_reflection.v1alpha import reflection
 from cronoq_client.protocol import SERVICE_NAMES
 from cronoq_server._config import Address, ServerConfig, open_store, remote_pools
 from cronoq_server._exits import EXIT_CANNOT_LISTEN, EXIT_FAILED, EXIT_OK, forced_exit
+from cronoq_server._grpc_metrics import GrpcMetrics, MetricsInterceptor
 from cronoq_server._http import HttpServer, Readiness
 from cronoq_server._logging import configure_logging, lifecycle
 from cronoq_server._metrics import SchedulerCollector, metrics_registry
@@ -67,6 +68,7 @@ class _Options:
     host: str
     max_message_bytes: int
     credentials: grpc.ServerCredentials | None
+    interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
 
 
 class GrpcEndpoint:
@@ -119,7 +121,7 @@ class GrpcEndpoint:
                 ("grpc.max_connection_age_ms", STANDBY_CONNECTION_AGE_MS),
                 ("grpc.max_connection_age_grace_ms", _STANDBY_GRACE_MS),
             ]
-        server = grpc.aio.server(options=options)
+        server = grpc.aio.server(options=options, interceptors=self._options.interceptors)
         arrivals = Arrivals()
         add_services(
             server,
@@ -239,16 +241,19 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
     the process's exit code (``_exits``)."""
     configure_logging(config.logging)
     replica = make_replica(config)
-    limit = config.limits.max_message_bytes
-    options = _Options(config.listen.grpc.host, limit, _credentials(config))
-    endpoint = GrpcEndpoint(replica, options, config.listen.grpc.port)
     collector = SchedulerCollector(
-        lambda: replica.scheduler.workers if replica.scheduler is not None else 0
+        lambda: replica.scheduler.workers if replica.scheduler is not None else 0,
+        [pool.name for pool in config.pools],
     )
+    registry = metrics_registry(collector)
+    interceptors = (MetricsInterceptor(GrpcMetrics(registry)),)
+    limit = config.limits.max_message_bytes
+    options = _Options(config.listen.grpc.host, limit, _credentials(config), interceptors)
+    endpoint = GrpcEndpoint(replica, options, config.listen.grpc.port)
     http = HttpServer(
         config.listen.http,
         readiness=lambda: _readiness(replica, endpoint),
-        registry=metrics_registry(collector),
+        registry=registry,
     )
     pending: set[asyncio.Task[None]] = set()
 
