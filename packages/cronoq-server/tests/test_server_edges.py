@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ from server_process import config_toml, parse_line, running_server
 
 from cronoq import TaskContext
 from cronoq_client import AsyncClient, Worker
-from cronoq_server import ConfigError, load_config
+from cronoq_server import Address, ConfigError, load_config
+from cronoq_server._ports import PortBusy, check_alone
 
 EXIT_TIMEOUT_S = 30.0
 
@@ -225,3 +227,23 @@ async def test_clients_that_hang_up_log_no_error(tmp_path: Path) -> None:
         assert await server.wait_exit(EXIT_TIMEOUT_S) == 0
     problems = [line for line in server.raw if parse_line(line).get("level") != "info"]
     assert problems == [], "\n".join(problems[:5])
+
+
+def test_a_listener_of_another_process_is_found_on_overlapping_addresses_only() -> None:
+    script = (
+        "import socket, sys\n"
+        "s = socket.create_server(('0.0.0.0', 0))\n"
+        "print(s.getsockname()[1], flush=True)\n"
+        "sys.stdin.read()\n"  # holds the port until the test closes its stdin
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as holder:
+        assert holder.stdin is not None and holder.stdout is not None
+        port = int(holder.stdout.readline())
+        for host in ("127.0.0.1", "localhost", "0.0.0.0", "::"):  # an IPv4 wildcard holds them
+            with pytest.raises(PortBusy, match=f"in use by process {holder.pid} \\("):
+                check_alone("listen.grpc", Address(host, port), bound=False)
+        check_alone("listen.grpc", Address("::1", port), bound=False)  # IPv6 only: free
+        holder.stdin.close()  # the holder exits, and Popen's exit waits for it
+    check_alone("listen.grpc", Address("127.0.0.1", port), bound=False)  # gone: free again
