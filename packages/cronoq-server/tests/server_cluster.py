@@ -134,12 +134,12 @@ async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 async def http_get(url: str) -> tuple[int, dict[str, Any]]:
-    """Status and JSON body of ``GET url`` (the server closes every connection)."""
+    """Status and JSON body of ``GET url`` (on a connection the request asks to close)."""
     host, _, rest = url.removeprefix("http://").partition("/")
     name, _, port = host.partition(":")
     reader, writer = await asyncio.open_connection(name, int(port))
     try:
-        writer.write(f"GET /{rest} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        writer.write(f"GET /{rest} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
         async with asyncio.timeout(5):
             response = await reader.read(-1)
     finally:

@@ -10,7 +10,7 @@ import shlex
 import signal
 import sys
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,16 +100,31 @@ class ServerProcess:
         self, name: str, timeout: float = STARTUP_TIMEOUT_S, **fields: str
     ) -> dict[str, str]:
         """The first log line of event ``name`` with these fields (waiting for it if need be)."""
+        return await self.wait_line(
+            lambda line: (
+                line.get("msg") == name and all(line.get(k) == v for k, v in fields.items())
+            ),
+            repr(name),
+            timeout,
+        )
+
+    async def wait_line(
+        self,
+        matches: Callable[[dict[str, str]], bool],
+        what: str,
+        timeout: float = STARTUP_TIMEOUT_S,
+    ) -> dict[str, str]:
+        """The first log line that ``matches`` (waiting for it if need be)."""
         async with asyncio.timeout(timeout), self._changed:
             while True:
-                found = self.events(name, **fields)
+                found = [line for line in self.lines if matches(line)]
                 if found:
                     return found[0]
                 if self.process.returncode is not None or (
                     self._reader is not None and self._reader.done()
                 ):
                     raise AssertionError(
-                        f"the server exited before {name!r}:\n" + "\n".join(self.raw[-30:])
+                        f"the server exited before {what}:\n" + "\n".join(self.raw[-30:])
                     )
                 await self._changed.wait()
 

@@ -17,6 +17,7 @@ import sys
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from server_pg import PG_DSN, pg_schema, pg_tables
@@ -137,7 +138,7 @@ async def test_usage_errors_exit_2(tmp_path: Path) -> None:
 
 async def http_get(port: int, path: str) -> tuple[int, bytes]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
     raw = await reader.read(-1)
     writer.close()
     head, _, body = raw.partition(b"\r\n\r\n")
@@ -320,3 +321,13 @@ def test_serve_runs_on_uvloop_unless_told_otherwise() -> None:
     assert event_loop_factory("auto") is uvloop.new_event_loop
     assert event_loop_factory("uvloop") is uvloop.new_event_loop
     assert event_loop_factory("asyncio") is None
+
+
+async def test_version(tmp_path: Path) -> None:
+    result = await cronoq_server("--version", cwd=tmp_path)
+    assert result.code == 0, result.err
+    expected = (
+        f"cronoq-server {metadata.version('cronoq-server')} "
+        f"(cronoq {metadata.version('cronoq')}, cronoq-client {metadata.version('cronoq-client')})"
+    )
+    assert result.out.strip() == expected

@@ -676,6 +676,6 @@ def test_the_default_configuration_rendered() -> None:
         "listen": {"grpc": "127.0.0.1:50051", "http": "127.0.0.1:8080"},
         "limits": {"max_message_bytes": 4194304},
         "logging": {"format": "keyvalue", "level": "info"},
-        "runtime": {"event_loop": "auto"},
+        "runtime": {"event_loop": "auto", "store_fatal_attempts": 5},
         "pools": [{"name": "default", "concurrency": 1000, "lease_s": 30.0}],
     }

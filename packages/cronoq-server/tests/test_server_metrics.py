@@ -4,13 +4,20 @@ values are what happened, and counters stay monotonic when the scheduler is repl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 from datetime import timedelta
+from pathlib import Path
 
+import grpc
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from server_process import config_toml, running_server
 
 from cronoq import MemoryStore, Pool, RetryPolicy, Scheduler, TaskContext, TaskError
+from cronoq.errors import TaskNotFound
+from cronoq_client import AsyncClient
 from cronoq_server import Address
 from cronoq_server._http import HttpServer, Readiness
 from cronoq_server._metrics import SchedulerCollector, metrics_registry
@@ -54,8 +61,11 @@ def pools() -> list[Pool]:
     return [Pool("fast", ok), Pool("flaky", flaky), Pool("doomed", doomed)]
 
 
-def new_collector(workers: list[int]) -> tuple[SchedulerCollector, CollectorRegistry]:
-    collector = SchedulerCollector(lambda: workers[0])
+def new_collector(
+    workers: list[int], pools: tuple[str, ...] = ()
+) -> tuple[SchedulerCollector, CollectorRegistry]:
+    """A collector; with no ``pools`` configured only the series the schedulers made show."""
+    collector = SchedulerCollector(lambda: workers[0], pools)
     registry = CollectorRegistry()
     registry.register(collector)
     return collector, registry
@@ -252,7 +262,7 @@ async def test_watching_the_same_scheduler_again_counts_nothing_twice() -> None:
 
 
 async def test_metrics_over_http_with_the_process_metrics() -> None:
-    collector = SchedulerCollector(lambda: 2)
+    collector = SchedulerCollector(lambda: 2, ("fast", "flaky", "doomed"))
     async with (
         Scheduler(pools()) as scheduler,
         HttpServer(
@@ -264,7 +274,7 @@ async def test_metrics_over_http_with_the_process_metrics() -> None:
         collector.watch(scheduler)
         await run_tasks(scheduler, fast=1, flaky=0, doomed=0)
         reader, writer = await asyncio.open_connection("127.0.0.1", http.port)
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         async with asyncio.timeout(5):
             raw = await reader.read(-1)
         writer.close()
@@ -273,3 +283,71 @@ async def test_metrics_over_http_with_the_process_metrics() -> None:
     names = {family.name for family in text_string_to_metric_families(body.decode())}
     assert {"cronoq_tasks_submitted", "cronoq_leader", "cronoq_workers_connected"} <= names
     assert {"process_resident_memory_bytes", "python_info", "python_gc_objects_collected"} <= names
+
+
+async def test_every_configured_pool_has_its_series_at_zero_from_the_start() -> None:
+    """Regression (issue 24): a pool's series appeared only once it had counted something, so
+    a rate over it was missing rather than 0, and a standby showed none."""
+    collector, registry = new_collector([0], ("fast", "flaky", "doomed"))
+    configured = {("fast",), ("flaky",), ("doomed",)}
+    final = {"succeeded", "failed", "cancelled"}
+    live = {"waiting", "scheduled", "ready", "running", "retrying"}
+    for leading in (False, True):  # a standby, then the leader before any task
+        async with contextlib.AsyncExitStack() as stack:
+            if leading:
+                collector.watch(await stack.enter_async_context(Scheduler(pools())))
+            samples = scrape(registry)
+            for name in (
+                "cronoq_tasks_submitted_total",
+                "cronoq_task_retries_total",
+                "cronoq_tasks_dead_lettered_total",
+                "cronoq_attempts_lost_total",
+                "cronoq_attempts_running",
+            ):
+                assert by(samples[name], "pool") == dict.fromkeys(configured, 0), name
+            finished = by(samples["cronoq_tasks_finished_total"], "pool", "status")
+            assert finished == {(p, s): 0 for (p,) in configured for s in final}
+            depth = by(samples["cronoq_queue_depth"], "pool", "status")
+            assert depth == {(p, s): 0 for (p,) in configured for s in live}
+    async with Scheduler(pools()) as scheduler:
+        collector.watch(scheduler)
+        await run_tasks(scheduler, fast=2, flaky=0, doomed=0)
+        submitted = by(scrape(registry)["cronoq_tasks_submitted_total"], "pool")
+    assert submitted == {("fast",): 2, ("flaky",): 0, ("doomed",): 0}
+
+
+async def test_grpc_calls_are_counted_by_method_and_code(tmp_path: Path) -> None:
+    submit, get = "cronoq.v1.SchedulerService/Submit", "cronoq.v1.SchedulerService/Get"
+    async with running_server(tmp_path, config_toml("")) as server:
+        await server.leading()
+        async with AsyncClient(server.target) as client:
+            task_id = await client.submit("k", b"x")
+            with pytest.raises(TaskNotFound):
+                await client.get(task_id + 1)
+        async with grpc.aio.insecure_channel(server.target) as channel:
+            call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+                "/cronoq.v1.NoSuchService/Call"
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await call(b"")
+            assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        async with asyncio.timeout(5):
+            raw = await reader.read(-1)
+        writer.close()
+    samples: dict[str, dict[Labels, float]] = {}
+    for family in text_string_to_metric_families(raw.partition(b"\r\n\r\n")[2].decode()):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
+    calls = by(samples["cronoq_grpc_calls_total"], "method", "code")
+    assert calls[(submit, "OK")] == 1
+    assert calls[(get, "NOT_FOUND")] == 1
+    assert calls[("unknown", "UNIMPLEMENTED")] == 1
+    # Every method and code is a series from the start, at 0 until it happens.
+    assert calls[(get, "OK")] == 0
+    assert calls[("cronoq.v1.WorkerService/Attach", "RESOURCE_EXHAUSTED")] == 0
+    assert len({method for method, _ in calls}) > 10
+    assert not any(method.startswith("cronoq.v1.NoSuchService") for method, _ in calls)
+    counts = by(samples["cronoq_grpc_call_seconds_count"], "method")
+    assert counts[(submit,)] == 1 and counts[(get,)] == 1

@@ -1,7 +1,7 @@
 """The ``cronoq-server`` command: ``check-config``, ``migrate`` and ``serve``.
 
-Exit codes: 0 success; 1 the store could not be opened or migrated (a one-line message);
-2 the command line or the configuration is invalid (every problem, one per line).
+Exit codes: see ``_exits`` (0 success, 1 the store failed, 2 invalid command line or
+configuration, 3 a port cannot be listened on, 128 + N a forced stop by signal N).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import asyncio
 import gc
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
 
 from cronoq.errors import CronoqError
 from cronoq_server._config import (
@@ -21,12 +22,10 @@ from cronoq_server._config import (
     render_config,
 )
 from cronoq_server._errors import ConfigError
+from cronoq_server._exits import EXIT_FAILED, EXIT_INVALID
 from cronoq_store_postgres import PgStore
 
 __all__ = ["main"]
-
-EXIT_FAILED = 1
-EXIT_INVALID = 2
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run a cronoq scheduler as a service. Settings come from the TOML file of "
         "--config and CRONOQ_* environment variables (which win), e.g. CRONOQ_STORE__DSN.",
     )
+    add_version(parser)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, text in (
         ("check-config", "validate the configuration and print it, secrets masked"),
@@ -44,6 +44,18 @@ def _parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=text, description=text)
         command.add_argument("--config", metavar="FILE", help="TOML configuration file")
     return parser
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """``--version``: the installed distribution's version, and those of the cronoq packages
+    it runs with (a deployment upgrades them together: docs/server.md, the protocol)."""
+    names = ("cronoq-server", "cronoq", "cronoq-client")
+    versions = ", ".join(f"{name} {metadata.version(name)}" for name in names[1:])
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"{names[0]} {metadata.version(names[0])} ({versions})",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

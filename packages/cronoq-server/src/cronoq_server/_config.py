@@ -166,6 +166,9 @@ class RuntimeSettings:
     event_loop: EventLoop = "auto"
     """``auto``: uvloop where it is installed (a dependency on Linux and macOS), else asyncio's
     own loop; ``uvloop`` requires it."""
+    store_fatal_attempts: int = 5
+    """``serve`` exits (code 1) once its store failed this many times in a row with an error
+    that does not pass by itself (wrong role, permission denied, damaged file)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,7 +395,7 @@ _SECTIONS: dict[str, frozenset[str]] = {
     "limits": frozenset({"max_message_bytes"}),
     "tls": frozenset({"cert", "key"}),
     "logging": frozenset({"format", "level"}),
-    "runtime": frozenset({"event_loop"}),
+    "runtime": frozenset({"event_loop", "store_fatal_attempts"}),
 }
 _POOL_KEYS: dict[str, _Parser[Any]] = {
     "name": _text,
@@ -551,7 +554,12 @@ class _Loader:
                 cast(
                     EventLoop,
                     self.get("runtime.event_loop", _choice(*get_args(EventLoop)), "auto"),
-                )
+                ),
+                self.get(
+                    "runtime.store_fatal_attempts",
+                    _integer(1, 1000),
+                    defaults.runtime.store_fatal_attempts,
+                ),
             ),
             origins=dict(self.origins),
             ignored_env=tuple(self.ignored),
@@ -823,6 +831,11 @@ def render_config(config: ServerConfig) -> str:
     put("level", config.logging.level, "logging.level")
     lines += ["", "[runtime]"]
     put("event_loop", config.runtime.event_loop, "runtime.event_loop")
+    put(
+        "store_fatal_attempts",
+        config.runtime.store_fatal_attempts,
+        "runtime.store_fatal_attempts",
+    )
     for pool in config.pools:
         lines += ["", f"[[pools]]  # {origins.get('pools', 'default')}"]
         for f in dataclasses.fields(pool):

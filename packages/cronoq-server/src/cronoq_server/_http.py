@@ -1,54 +1,52 @@
-"""The HTTP side of the server: ``GET /healthz``, ``GET /readyz`` and ``GET /metrics``.
+"""The HTTP side of the server: ``GET /healthz``, ``GET /readyz`` and ``GET /metrics``, on aiohttp.
 
-A minimal HTTP/1.1 server on asyncio streams, one request per connection (every response says
-``Connection: close``): probes and Prometheus scrapes need no more, and a connection that never
-outlives its request cannot be held open by a client. A client gets ``request_timeout`` seconds
-from accepting to the end of its headers (a slow or silent client gets 408), the headers may
-take ``max_header_bytes`` (431 beyond), and at most ``max_connections`` are served at once
-(further ones are closed unanswered) so that slow clients cannot exhaust file descriptors.
+aiohttp parses the requests, keeps connections alive, and closes one that stays idle for
+``idle_timeout`` seconds, from the moment it opens as after each response, so that a client
+that connects and says nothing holds a file descriptor for that long and nothing else: there
+is no cap on connections for idle ones to fill, so probes are never starved of one. Why
+aiohttp rather than Starlette on uvicorn is in docs/server.md (the dashboard and the admin API
+will live on this port).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
-import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from cronoq_server._config import Address
 
-__all__ = ["HttpServer", "Readiness"]
+__all__ = ["IDLE_TIMEOUT_S", "HttpServer", "Readiness"]
 
 log = logging.getLogger(__name__)
+
+IDLE_TIMEOUT_S = 5.0
+"""How long a connection may stay open without a request in progress."""
+_SHUTDOWN_TIMEOUT_S = 1.0
+"""How long ``close()`` lets requests in progress finish (each answers at once)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Readiness:
     """What ``/readyz`` answers: 200 when ``ready``, else 503; ``reason`` says why, in a word
-    (``leading``, ``standby``, ``draining``, ``stepped_down``, ``starting``)."""
+    (``leading``, ``standby``, ``draining``, ``stopped``, ``store_failed``), and ``cause``,
+    when there is something to fix, what it is."""
 
     ready: bool
     reason: str
+    cause: str | None = None
 
 
-_REQUEST_LINE = re.compile(rb"(?P<method>[A-Z]{1,16}) (?P<target>/\S{0,2048}) HTTP/1\.[01]")
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    408: "Request Timeout",
-    431: "Request Header Fields Too Large",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
 _JSON = "application/json"
+_ALIVE = b'{"status":"alive"}'  # byte for byte what probes configured on it have always seen
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class HttpServer:
@@ -61,40 +59,47 @@ class HttpServer:
         *,
         readiness: Callable[[], Readiness],
         registry: CollectorRegistry,
-        request_timeout: float = 5.0,
-        max_header_bytes: int = 8192,
-        max_connections: int = 64,
+        idle_timeout: float = IDLE_TIMEOUT_S,
     ) -> None:
         self._address = address
         self._readiness = readiness
         self._registry = registry
-        self._request_timeout = request_timeout
-        self._max_header_bytes = max_header_bytes
-        self._max_connections = max_connections
-        self._connections: set[asyncio.Task[None]] = set()
-        self._server: asyncio.Server | None = None
+        self._idle_timeout = idle_timeout
+        self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._accept, self._address.host, self._address.port, limit=self._max_header_bytes
+        """Listen; ``OSError`` if the address cannot be bound (the runner is cleaned up)."""
+        app = web.Application(middlewares=[_json_errors])
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
+        runner = web.AppRunner(
+            app,
+            access_log=None,  # a line per probe and scrape would drown the server's own
+            logger=_SERVER_LOG,
+            keepalive_timeout=self._idle_timeout,
+            shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
         )
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self._address.host, self._address.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
 
     @property
     def port(self) -> int:
         """The port of the first listening socket (``localhost`` may bind two, IPv4 and 6)."""
-        assert self._server is not None, "start() first"
-        port: int = self._server.sockets[0].getsockname()[1]
+        assert self._runner is not None, "start() first"
+        port: int = self._runner.addresses[0][1]
         return port
 
     async def close(self) -> None:
         """Stop listening and end the connections still open."""
-        if self._server is None:
-            return
-        self._server.close()
-        for task in self._connections:
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
-        await self._server.wait_closed()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
 
     async def __aenter__(self) -> HttpServer:
         await self.start()
@@ -103,115 +108,69 @@ class HttpServer:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._connections) >= self._max_connections:
-            writer.transport.abort()
-            return
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.Response(body=_ALIVE, content_type=_JSON, headers={"Cache-Control": "no-store"})
+
+    async def _readyz(self, _: web.Request) -> web.Response:
         try:
-            await self._serve(reader, writer)
-            await self._linger(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass  # the client went away: nobody to answer
-        finally:
-            self._connections.discard(task)
-            writer.transport.abort()
+            readiness = self._readiness()
+        except Exception:
+            log.exception("the readiness callback failed")
+            readiness = Readiness(False, "error")
+        body: dict[str, object] = {"ready": readiness.ready, "reason": readiness.reason}
+        if readiness.cause is not None:
+            body["cause"] = readiness.cause
+        return _json(200 if readiness.ready else 503, body)
 
-    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Send the response's last bytes, then end the connection cleanly.
-
-        Closing a socket with unread input makes the kernel reset the connection, and a reset
-        can destroy the response before the client read it (a 431 answers a request that is
-        still arriving): so shut down our side, and read what the client still sends until it
-        closes too, within the request timeout.
-        """
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._request_timeout):
-                await writer.drain()
-                if writer.can_write_eof():
-                    writer.write_eof()
-                while await reader.read(65536):
-                    pass
-                writer.close()
-                await writer.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _metrics(self, request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         try:
-            async with asyncio.timeout(self._request_timeout):
-                head = await reader.readuntil(b"\r\n\r\n")
-        except TimeoutError:
-            _respond(writer, _error(408, "request timeout"))
-        except asyncio.LimitOverrunError:
-            _respond(writer, _error(431, "headers too large"))
-        else:
-            _respond(writer, *self._handle(head[:-4].split(b"\r\n")))
-
-    def _handle(self, lines: list[bytes]) -> tuple[_Response, bool]:
-        """The response to a request's head, and whether it is for HEAD (no body)."""
-        request = _REQUEST_LINE.fullmatch(lines[0])
-        if request is None or not all(_HEADER.fullmatch(line) for line in lines[1:]):
-            return _error(400, "malformed request"), False
-        method = request["method"].decode()
-        path = request["target"].split(b"?", 1)[0].decode("latin-1")
-        if path not in ("/healthz", "/readyz", "/metrics"):
-            return _error(404, "not found"), False
-        if method not in ("GET", "HEAD"):
-            return _error(405, "method not allowed", ("Allow", "GET, HEAD")), False
-        return self._route(path, _header(lines[1:], b"accept")), method == "HEAD"
-
-    def _route(self, path: str, accept: str) -> _Response:
-        if path == "/healthz":
-            return _Response(200, _JSON, b'{"status":"alive"}')
-        if path == "/readyz":
-            try:
-                readiness = self._readiness()
-            except Exception:
-                log.exception("the readiness callback failed")
-                readiness = Readiness(False, "error")
-            body = json.dumps({"ready": readiness.ready, "reason": readiness.reason})
-            return _Response(200 if readiness.ready else 503, _JSON, body.encode())
-        encoder, content_type = choose_encoder(accept)
-        try:
-            return _Response(200, content_type, encoder(self._registry))
+            body = encoder(self._registry)
         except Exception:
             log.exception("collecting the metrics failed")
-            return _error(500, "collecting the metrics failed")
+            return _json(500, {"error": "collecting the metrics failed"})
+        # aiohttp's content_type takes no parameters: the header is set whole.
+        return web.Response(
+            body=body, headers={"Content-Type": content_type, "Cache-Control": "no-store"}
+        )
 
 
-@dataclass(frozen=True, slots=True)
-class _Response:
-    status: int
-    content_type: str
-    body: bytes
-    headers: tuple[tuple[str, str], ...] = ()
+class _ServerLog(logging.Logger):
+    """aiohttp's log of what went wrong with a connection. A request the client got wrong
+    (malformed, headers too large) is answered 400 and is the client's fault: one DEBUG line,
+    so that no client can fill the log with tracebacks. Anything else stays an ERROR with its
+    traceback: a bug of ours."""
+
+    def exception(self, msg: object, *args: object, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info")
+        if isinstance(error, HttpProcessingError):
+            self.debug("%s: %s", str(msg) % args, error.message)
+        else:
+            super().exception(msg, *args, **kwargs)
 
 
-def _error(status: int, error: str, *headers: tuple[str, str]) -> _Response:
-    return _Response(status, _JSON, json.dumps({"error": error}).encode(), headers)
+_SERVER_LOG = _ServerLog(f"{__name__}.server")
+_SERVER_LOG.parent = log  # made outside logging's registry: propagate to the server's loggers
 
 
-def _respond(writer: asyncio.StreamWriter, response: _Response, head_only: bool = False) -> None:
-    lines = [
-        f"HTTP/1.1 {response.status} {_REASONS[response.status]}",
-        f"Content-Type: {response.content_type}",
-        f"Content-Length: {len(response.body)}",
-        "Cache-Control: no-store",
-        "Connection: close",
-        *(f"{name}: {value}" for name, value in response.headers),
-    ]
-    writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
-    if not head_only:
-        writer.write(response.body)
+def _json(status: int, body: dict[str, object]) -> web.Response:
+    return web.Response(
+        status=status,
+        body=json.dumps(body).encode(),
+        content_type=_JSON,
+        headers={"Cache-Control": "no-store"},
+    )
 
 
-_HEADER = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+:[ \t]*[^\r\n]*")
-
-
-def _header(lines: list[bytes], name: bytes) -> str:
-    for line in lines:
-        key, _, value = line.partition(b":")
-        if key.lower() == name:
-            return value.strip().decode("latin-1")
-    return ""
+@web.middleware
+async def _json_errors(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """aiohttp's own 404 and 405 (with its ``Allow``) as JSON, as every other answer."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = _json(exc.status, {"error": (exc.reason or "error").lower()})
+        if "Allow" in exc.headers:
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response

@@ -6,11 +6,15 @@ from zero, so :class:`SchedulerCollector` adds in what the schedulers it watched
 (read live while they still run, as a draining leader does, then kept once they stopped):
 counters and histograms never go down while the process lives. Gauges (queue depth, running
 attempts, leadership) are the current scheduler's alone.
+
+Every series labelled by pool exists for each configured pool from the first scrape, at 0 (a
+standby's gauges too: it holds none of the cluster's tasks), so that a rate or a sum over the
+replicas is 0 rather than missing until something happens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +27,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from cronoq import Status
 
 if TYPE_CHECKING:
     from cronoq import Histogram, Scheduler, SchedulerMetrics
@@ -107,8 +113,9 @@ class _Totals:
 class SchedulerCollector(Collector):
     """Metrics of the scheduler being :meth:`watch`-ed, with the counts of those before it."""
 
-    def __init__(self, workers_connected: Callable[[], int]) -> None:
+    def __init__(self, workers_connected: Callable[[], int], pools: Iterable[str]) -> None:
         self._workers_connected = workers_connected
+        self._pools = tuple(pools)
         self._current: Scheduler | None = None
         self._retiring: list[Scheduler] = []
         """Schedulers no longer watched that may still count (a leader draining its attempts):
@@ -146,7 +153,9 @@ class SchedulerCollector(Collector):
         totals = self._totals(snapshot)
         for name, field, labels, help_text in _COUNTERS:
             counter = CounterMetricFamily(name, help_text, labels=labels)
-            for key, value in sorted(totals.counters[field].items(), key=_label_order):
+            statuses = _FINAL if "status" in labels else ()
+            counts = self._zeros(statuses) | totals.counters[field]
+            for key, value in sorted(counts.items(), key=_label_order):
                 counter.add_metric(_labels(key), value)
             yield counter
         for name, field, help_text in _HISTOGRAMS:
@@ -167,13 +176,17 @@ class SchedulerCollector(Collector):
             "cronoq_attempts_running", "Attempts running, by pool.", labels=("pool",)
         )
         epoch = GaugeMetricFamily("cronoq_epoch", "Fencing epoch of this leader (absent if none).")
+        depths = self._zeros(_LIVE)
+        runs = self._zeros(())
         if snapshot is not None:
-            for key, value in sorted(snapshot.queue_depth.items()):
-                depth.add_metric(_labels(key), value)
-            for pool, value in sorted(snapshot.running.items()):
-                running.add_metric((pool,), value)
+            depths.update(snapshot.queue_depth.items())
+            runs.update(snapshot.running.items())
             if snapshot.epoch is not None:
                 epoch.add_metric((), snapshot.epoch)
+        for key, value in sorted(depths.items(), key=_label_order):
+            depth.add_metric(_labels(key), value)
+        for key, value in sorted(runs.items(), key=_label_order):
+            running.add_metric(_labels(key), value)
         yield depth
         yield running
         yield GaugeMetricFamily(
@@ -187,6 +200,17 @@ class SchedulerCollector(Collector):
             "Remote workers attached to this process.",
             value=self._workers_connected(),
         )
+
+    def _zeros(self, statuses: tuple[str, ...]) -> dict[object, int]:
+        """0 for each configured pool (and each of ``statuses``), keyed as the scheduler's
+        metrics are: the pool, or (pool, status)."""
+        if not statuses:
+            return dict.fromkeys(self._pools, 0)
+        return {(pool, status): 0 for pool in self._pools for status in statuses}
+
+
+_FINAL = tuple(status.value for status in Status if status.is_terminal)
+_LIVE = tuple(status.value for status in Status if not status.is_terminal)
 
 
 def _labels(key: object) -> tuple[str, ...]:

@@ -5,6 +5,13 @@ says it leads. While it leads, calls go to that scheduler; when it loses leaders
 its store failed), it steps down, opens a new store connection and waits again as a standby.
 A graceful shutdown drains: no new attempts are leased and no new calls taken, while the
 workers' heartbeats and reports still are, until the scheduler closes.
+
+A store that fails with ``StoreFatal`` (a wrong role, a permission denied, a damaged file) will
+not recover by itself: the replica says so once, with the store's words and what to do, tries
+again with a growing pause (someone may be fixing it), and after ``fatal_attempts`` such
+failures in a row without leading in between, ``run`` raises :class:`StoreFailed` so that the
+process exits and its supervisor restarts it or alerts. A transient error (``Unavailable``) is
+retried for as long as it lasts, as a standby waits for leadership.
 """
 
 from __future__ import annotations
@@ -16,16 +23,19 @@ from collections.abc import Awaitable, Callable
 from enum import StrEnum
 
 from cronoq import BytesCodec, RemotePool, Scheduler
-from cronoq.errors import CronoqError, SchedulerError
+from cronoq.errors import CronoqError, SchedulerError, StoreFatal
 from cronoq.store import Store
+from cronoq_server._errors import CronoqServerError
 from cronoq_server._logging import lifecycle
 
-__all__ = ["NotServing", "Replica", "Role"]
+__all__ = ["NotServing", "Replica", "Role", "StoreFailed"]
 
 log = logging.getLogger("cronoq.server")
 
 _RESTART_PAUSE_S = 0.5
 """Before a replica that stepped down (or failed to start) waits for leadership again."""
+_FATAL_PAUSE_MAX_S = 10.0
+"""The pause after a permanent store error doubles from ``_RESTART_PAUSE_S`` up to this."""
 
 
 class Role(StrEnum):
@@ -44,6 +54,10 @@ class NotServing(SchedulerError):
         self.reason = reason
 
 
+class StoreFailed(CronoqServerError):
+    """The store failed permanently ``fatal_attempts`` times in a row: ``serve`` gives up."""
+
+
 class Replica:
     def __init__(
         self,
@@ -54,6 +68,7 @@ class Replica:
         retention: float,
         drain_timeout: float,
         max_payload_bytes: int,
+        fatal_attempts: int,
     ) -> None:
         self._open_store = open_store
         self._pools = pools
@@ -61,6 +76,10 @@ class Replica:
         self._retention = retention
         self._drain_timeout = drain_timeout
         self._max_payload = max_payload_bytes
+        self._fatal_attempts = fatal_attempts
+        self._fatal_count = 0
+        self.store_problem: str | None = None
+        """The last permanent store error, until the replica leads again."""
         self.leases = {p.name: p.lease for p in pools}
         self.role = Role.STANDBY
         self.reason = "waiting for leadership"
@@ -93,10 +112,20 @@ class Replica:
         raise NotServing(f"this replica is {self.role.value} ({self.reason})", "STOPPING")
 
     async def run(self) -> None:
-        """Lead whenever possible until ``shutdown()``; returns once the scheduler closed."""
+        """Lead whenever possible until ``shutdown()``; returns once the scheduler closed.
+        Raises :class:`StoreFailed` after ``fatal_attempts`` permanent store errors in a row."""
+        try:
+            await self._run()
+        finally:
+            self._become(Role.STOPPED, "shut down")
+
+    async def _run(self) -> None:
         while not self._shutdown.is_set():
             try:
                 store = await self._open_store()
+            except StoreFatal as exc:
+                await self._pause(self._fatal("opening the store", exc))
+                continue
             except CronoqError as exc:
                 log.warning("could not open the store: %s", exc)
                 await self._pause()
@@ -110,16 +139,17 @@ class Replica:
                 max_payload_bytes=self._max_payload,
             )
             try:
-                await self._lead(sched)
+                pause = await self._lead(sched)
             finally:
                 self.scheduler = None
                 with contextlib.suppress(CronoqError):
                     await store.close()
             if not self._shutdown.is_set():
-                await self._pause()
-        self._become(Role.STOPPED, "shut down")
+                await self._pause(pause)
 
-    async def _lead(self, sched: Scheduler) -> None:
+    async def _lead(self, sched: Scheduler) -> float:
+        """Wait for leadership, then lead until it is lost or the replica shuts down; returns
+        the pause before the next try."""
         self._become(Role.STANDBY, "waiting for leadership")
         lifecycle("standby")
         starting = asyncio.ensure_future(sched.start())
@@ -132,10 +162,13 @@ class Replica:
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError, CronoqError):
                 await starting
-            return
+            return _RESTART_PAUSE_S
         if (error := starting.exception()) is not None:
+            if isinstance(error, StoreFatal):
+                return self._fatal("starting to lead", error)
             log.warning("could not start leading: %s", error)
-            return
+            return _RESTART_PAUSE_S
+        self._fatal_count, self.store_problem = 0, None
         self.scheduler = sched
         self._become(Role.LEADING, f"epoch {sched.epoch}")
         lifecycle("leading", epoch=sched.epoch)
@@ -151,15 +184,39 @@ class Replica:
             lifecycle("draining", epoch=sched.epoch, timeout_s=self._drain_timeout)
             await sched.close(timeout=self._drain_timeout)
             lifecycle("stepped_down", epoch=sched.epoch, reason="shutdown")
-            return
+            return 0.0
         why = str(sched.failure or "leadership was lost")
         self._become(Role.STANDBY, f"stepped down: {why}")
         lifecycle("stepping_down", epoch=sched.epoch, reason=why)
         await sched.close(timeout=0)
+        if isinstance(sched.failure, StoreFatal):
+            return self._fatal("leading", sched.failure)
+        return _RESTART_PAUSE_S
 
-    async def _pause(self) -> None:
+    def _fatal(self, doing: str, error: StoreFatal) -> float:
+        """Count a permanent store error: said once (again only if it changes), raised as
+        StoreFailed at the last attempt; else the pause before the next one."""
+        self._fatal_count += 1
+        problem = " ".join(str(error).split())  # one line, whatever the store's message
+        if problem != self.store_problem:
+            log.error(
+                "the store failed while %s, and this will not pass by itself: %s. Fix the "
+                "store or its settings (the message says what failed); cronoq-server tries "
+                "%d time(s) in all (runtime.store_fatal_attempts), then exits with code 1",
+                doing,
+                problem,
+                self._fatal_attempts,
+            )
+        self.store_problem = problem
+        self.reason = f"the store failed: {problem}"
+        if self._fatal_count >= self._fatal_attempts:
+            raise StoreFailed(f"the store failed {self._fatal_count} time(s) in a row: {problem}")
+        pause: float = _RESTART_PAUSE_S * 2.0 ** (self._fatal_count - 1)
+        return min(pause, _FATAL_PAUSE_MAX_S)
+
+    async def _pause(self, seconds: float = _RESTART_PAUSE_S) -> None:
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_RESTART_PAUSE_S):
+            async with asyncio.timeout(seconds):
                 await self._shutdown.wait()
 
     def shutdown(self) -> None:

@@ -5,7 +5,8 @@ object: a standby (and a leader that stepped down) serves from a server built wi
 ``grpc.max_connection_age_ms`` of one second, which sends every connection a GOAWAY about a
 second after it opened, so that a retrying client reconnects and a balancer picks a replica
 again; the leader serves from one without that limit. A role change starts the new server on
-the same port (SO_REUSEPORT, gRPC's default on Linux) before the old one stops.
+the same port (SO_REUSEPORT, gRPC's default on Linux) before the old one stops. Only this
+process's server objects may share the port: another process there is refused (``_ports``).
 
 A server object is never stopped under a call it could still answer: the standby's refuses
 every call (even once the replica leads, see ``_service``), and the leader's is stopped only
@@ -21,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -29,17 +30,22 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cronoq_client.protocol import SERVICE_NAMES
-from cronoq_server._config import ServerConfig, open_store, remote_pools
+from cronoq_server._config import Address, ServerConfig, open_store, remote_pools
+from cronoq_server._exits import EXIT_CANNOT_LISTEN, EXIT_FAILED, EXIT_OK, forced_exit
+from cronoq_server._grpc_metrics import GrpcMetrics, MetricsInterceptor
 from cronoq_server._http import HttpServer, Readiness
 from cronoq_server._logging import configure_logging, lifecycle
 from cronoq_server._metrics import SchedulerCollector, metrics_registry
-from cronoq_server._replica import Replica, Role
+from cronoq_server._ports import cannot_listen, check_alone, listen_error
+from cronoq_server._replica import Replica, Role, StoreFailed
 from cronoq_server._service import Arrivals, SchedulerService, WorkerService, add_services
 
 __all__ = ["GrpcEndpoint", "run"]
 
 log = logging.getLogger("cronoq.server")
 
+_GRPC_SETTING = "listen.grpc"
+_HTTP_SETTING = "listen.http"
 STANDBY_CONNECTION_AGE_MS = 1000
 """How long a standby keeps a connection: about a second, then GOAWAY (gRPC adds +-10%)."""
 _STANDBY_GRACE_MS = 200
@@ -62,6 +68,7 @@ class _Options:
     host: str
     max_message_bytes: int
     credentials: grpc.ServerCredentials | None
+    interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
 
 
 class GrpcEndpoint:
@@ -78,10 +85,22 @@ class GrpcEndpoint:
         self._arrivals: dict[grpc.aio.Server, Arrivals] = {}
 
     async def start(self) -> None:
+        """Listen; ``OSError`` with a one-line message if the port is taken or not bindable."""
         # grpcio's health servicer starts out SERVING: a replica that never gets as far as a
         # role change (its store cannot be opened) would claim to serve.
         await self._set_health(self._replica.role)
+        check_alone(_GRPC_SETTING, self._address(), bound=False)
         await self._serve(self._replica.role)
+        try:
+            # Again now that this process listens: another server that started at the same
+            # instant passed the first check too (each then refuses the other).
+            check_alone(_GRPC_SETTING, self._address(), bound=True)
+        except OSError:
+            await self.stop(0)
+            raise
+
+    def _address(self) -> Address:
+        return Address(self._options.host, self.port)
 
     def _build(self, leader: bool) -> grpc.aio.Server:
         options: list[tuple[str, Any]] = [
@@ -102,7 +121,7 @@ class GrpcEndpoint:
                 ("grpc.max_connection_age_ms", STANDBY_CONNECTION_AGE_MS),
                 ("grpc.max_connection_age_grace_ms", _STANDBY_GRACE_MS),
             ]
-        server = grpc.aio.server(options=options)
+        server = grpc.aio.server(options=options, interceptors=self._options.interceptors)
         arrivals = Arrivals()
         add_services(
             server,
@@ -119,13 +138,21 @@ class GrpcEndpoint:
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        address = f"{self._options.host}:{self.port}"
-        if self._options.credentials is None:
-            bound = server.add_insecure_port(address)
-        else:
-            bound = server.add_secure_port(address, self._options.credentials)
+        address = str(self._address())
+        try:
+            if self._options.credentials is None:
+                bound = server.add_insecure_port(address)
+            else:
+                bound = server.add_secure_port(address, self._options.credentials)
+        except RuntimeError:  # grpcio's word for any failed bind, without the reason
+            bound = 0
         if bound == 0:
-            raise OSError(f"could not listen for gRPC on {address}")
+            check_alone(_GRPC_SETTING, self._address(), bound=False)  # taken: by whom
+            raise cannot_listen(
+                _GRPC_SETTING,
+                self._address(),
+                "the address is not one of this host's, or the port needs privileges",
+            )
         self.port = bound  # port 0 picks one; the next server object takes the same
         return server
 
@@ -195,25 +222,38 @@ def make_replica(config: ServerConfig) -> Replica:
         retention=config.retention_s,
         drain_timeout=config.drain_timeout_s,
         max_payload_bytes=config.limits.max_message_bytes,
+        fatal_attempts=config.runtime.store_fatal_attempts,
     )
+
+
+def _readiness(replica: Replica, endpoint: GrpcEndpoint) -> Readiness:
+    # Ready once the leader's server alone holds the port, so that a balancer routing on
+    # readiness never reaches the standby's server in its last moments.
+    if replica.ready and endpoint.leading:
+        return Readiness(True, replica.role.value)
+    if replica.store_problem is not None:
+        return Readiness(False, "store_failed", replica.store_problem)
+    return Readiness(False, replica.role.value)
 
 
 async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> int:
-    """Serve until SIGTERM or SIGINT: drain on the first, stop at once on a second."""
+    """Serve until SIGTERM or SIGINT: drain on the first, stop at once on a second. Returns
+    the process's exit code (``_exits``)."""
     configure_logging(config.logging)
     replica = make_replica(config)
-    limit = config.limits.max_message_bytes
-    options = _Options(config.listen.grpc.host, limit, _credentials(config))
-    endpoint = GrpcEndpoint(replica, options, config.listen.grpc.port)
     collector = SchedulerCollector(
-        lambda: replica.scheduler.workers if replica.scheduler is not None else 0
+        lambda: replica.scheduler.workers if replica.scheduler is not None else 0,
+        [pool.name for pool in config.pools],
     )
+    registry = metrics_registry(collector)
+    interceptors = (MetricsInterceptor(GrpcMetrics(registry)),)
+    limit = config.limits.max_message_bytes
+    options = _Options(config.listen.grpc.host, limit, _credentials(config), interceptors)
+    endpoint = GrpcEndpoint(replica, options, config.listen.grpc.port)
     http = HttpServer(
         config.listen.http,
-        # Ready once the leader's server alone holds the port, so that a balancer routing on
-        # readiness never reaches the standby's server in its last moments.
-        readiness=lambda: Readiness(replica.ready and endpoint.leading, replica.role.value),
-        registry=metrics_registry(collector),
+        readiness=lambda: _readiness(replica, endpoint),
+        registry=registry,
     )
     pending: set[asyncio.Task[None]] = set()
 
@@ -225,32 +265,57 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
         task.add_done_callback(pending.discard)
 
     replica.on_change(changed)
-    await endpoint.start()
-    await http.start()
+    try:
+        await endpoint.start()
+        try:
+            await http.start()
+        except OSError as exc:
+            raise listen_error(_HTTP_SETTING, config.listen.http, exc) from None
+    except OSError as exc:
+        # The one line: what is taken (by whom) and what to do (strerror: without "[Errno N]").
+        log.error("%s", exc.strerror or exc)
+        await endpoint.stop(0)
+        lifecycle("stopped", exit_code=EXIT_CANNOT_LISTEN)
+        return EXIT_CANNOT_LISTEN
     loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio
     lifecycle("listening", grpc_port=endpoint.port, http_port=http.port, event_loop=loop)
-    _install_signals(replica)
+    signals = _install_signals(replica)
     if ready is not None:
         ready.set()
+    code = EXIT_OK
     try:
         await replica.run()
+    except StoreFailed:
+        code = EXIT_FAILED  # the replica said why, once, with what to do
     finally:
         await asyncio.gather(*pending, return_exceptions=True)
         # The scheduler is closed: every call holds its answer (applied, or not applied),
         # which leaves before the connections close.
         await endpoint.stop(_STOP_GRACE_S, _STOP_QUIET_LIMIT_S)
         await http.close()
-        lifecycle("stopped")
-    return 0
+    if signals.forced is not None:
+        code = forced_exit(signals.forced)
+    lifecycle("stopped", exit_code=code)
+    return code
 
 
-def _install_signals(replica: Replica) -> None:
+@dataclass(slots=True)
+class _Signals:
+    received: list[int] = field(default_factory=list)
+
+    @property
+    def forced(self) -> int | None:
+        """The signal that forced an immediate stop (the second one), if any."""
+        return self.received[1] if len(self.received) > 1 else None
+
+
+def _install_signals(replica: Replica) -> _Signals:
     loop = asyncio.get_running_loop()
-    received: list[int] = []
+    signals = _Signals()
 
     def on_signal(signum: int) -> None:
-        received.append(signum)
-        if len(received) == 1:
+        signals.received.append(signum)
+        if len(signals.received) == 1:
             lifecycle("shutdown_requested", signal=signal.Signals(signum).name)
             replica.shutdown()
         else:
@@ -260,3 +325,4 @@ def _install_signals(replica: Replica) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, on_signal, signum)
+    return signals

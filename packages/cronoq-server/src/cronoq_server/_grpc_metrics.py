@@ -1,0 +1,159 @@
+"""Per-method gRPC metrics: calls by method and status code, and their latency.
+
+A server interceptor wraps each call's handler and observes it when the handler ends: its
+status code is the one the handler set or aborted with (OK when it set none), ``CANCELLED``
+when the call was cancelled (the client left, or its deadline passed), ``UNKNOWN`` when the
+handler raised. Every method of the services the server offers, with every status code, is
+a series from the start at 0, so that a rate over a code that has not happened yet is 0 and
+not missing; a method the server does not know (a typo, a scanner) counts as ``unknown``
+(``UNIMPLEMENTED``), so that no client can add series.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeAlias
+
+import grpc
+from grpc_health.v1 import health_pb2
+from grpc_reflection.v1alpha import reflection_pb2
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from cronoq_client.protocol import pb
+
+__all__ = ["GrpcMetrics", "MetricsInterceptor"]
+
+UNKNOWN_METHOD = "unknown"
+_Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic for the type checker only
+_Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+# From a fraction of a millisecond (a Get) to minutes (a Wait, an Attach stream's life).
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60)
+
+
+def _methods() -> tuple[str, ...]:
+    """``package.Service/Method`` of every method this server offers."""
+    return tuple(
+        f"{service.full_name}/{method.name}"
+        for descriptor in (pb.DESCRIPTOR, health_pb2.DESCRIPTOR, reflection_pb2.DESCRIPTOR)
+        for service in descriptor.services_by_name.values()
+        for method in service.methods
+    )
+
+
+class GrpcMetrics:
+    """The series, registered in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.methods = frozenset(_methods())
+        self.calls = Counter(
+            "cronoq_grpc_calls",
+            "gRPC calls handled, by method and status code.",
+            ("method", "code"),
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "cronoq_grpc_call_seconds",
+            "gRPC call duration from the handler's start to its end, by method.",
+            ("method",),
+            buckets=_BUCKETS,
+            registry=registry,
+        )
+        for method in sorted(self.methods):
+            self.seconds.labels(method)
+            for code in grpc.StatusCode:
+                self.calls.labels(method, code.name)
+        self.calls.labels(UNKNOWN_METHOD, grpc.StatusCode.UNIMPLEMENTED.name)
+
+    def observe(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
+        self.calls.labels(method, code.name).inc()
+        self.seconds.labels(method).observe(seconds)
+
+
+def _code(
+    context: grpc.aio.ServicerContext[Any, Any], error: BaseException | None
+) -> grpc.StatusCode:
+    if isinstance(error, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code
+    return grpc.StatusCode.OK if error is None else grpc.StatusCode.UNKNOWN
+
+
+class MetricsInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, metrics: GrpcMetrics) -> None:
+        self._metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[_Handler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> _Handler | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method.lstrip("/")
+        if handler is None or method not in self._metrics.methods:
+            # gRPC answers UNIMPLEMENTED for a method without a handler.
+            self._metrics.calls.labels(UNKNOWN_METHOD, "UNIMPLEMENTED").inc()
+            return handler
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(method, handler.unary_unary),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._streaming(method, handler.unary_stream),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._unary(method, handler.stream_unary),
+                handler.request_deserializer,
+                handler.response_serializer,
+            )
+        assert handler.stream_stream is not None  # the fourth kind of handler
+        return grpc.stream_stream_rpc_method_handler(
+            self._streaming(method, handler.stream_stream),
+            handler.request_deserializer,
+            handler.response_serializer,
+        )
+
+    def _unary(self, method: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
+        async def observed(request: Any, context: _Context) -> Any:
+            started = time.perf_counter()
+            error: BaseException | None = None
+            try:
+                return await behaviour(request, context)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                self._metrics.observe(method, _code(context, error), time.perf_counter() - started)
+
+        return observed
+
+    def _streaming(self, method: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
+        """A response stream is a handler that writes with ``context.write`` and returns, or
+        an async generator: either is observed when it ends."""
+
+        async def observed(request: Any, context: _Context) -> Any:
+            started = time.perf_counter()
+            error: BaseException | None = None
+            try:
+                result = behaviour(request, context)
+                if isinstance(result, AsyncIterator):
+                    async for response in result:
+                        await context.write(response)
+                else:
+                    await result
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                self._metrics.observe(method, _code(context, error), time.perf_counter() - started)
+
+        return observed
