@@ -241,9 +241,12 @@ async def test_sigterm_of_the_leader_lets_the_running_attempt_report_then_hands_
                 old.signal(signal.SIGTERM)
                 await old.wait_for("draining")
                 # Through the same connection: a draining leader keeps it open.
-                await workers.Heartbeat(wire.heartbeat_request(event.token), timeout=2)
+                await workers.Heartbeat(
+                    wire.heartbeat_request(event.token, event.lease_id), timeout=2
+                )
                 await workers.Report(
-                    wire.report_request(event.token, wire.ReportSuccess(b"out")), timeout=2
+                    wire.report_request(event.token, event.lease_id, wire.ReportSuccess(b"out")),
+                    timeout=2,
                 )
                 assert await old.wait_exit(10) == 0
                 stream.cancel()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 
 import pytest
@@ -293,6 +294,9 @@ async def test_bad_worker_input_is_refused(sched: Scheduler) -> None:
         sched.attach(["remote"], slots=1, running=[token])  # type: ignore[list-item]
     with pytest.raises(InvalidArgument, match="lease_id"):
         sched.attach(["remote"], slots=1, running=[(token, b"x")])
+    endless = itertools.repeat((token, lease_id))
+    with pytest.raises(InvalidArgument, match="running: more than 100000 items given"):
+        sched.attach(["remote"], slots=1, running=endless)
     with pytest.raises(StaleAttempt) as stale:
         await sched.report_success(token, lease_id=lease_id)
     assert stale.value.reason == "unknown"

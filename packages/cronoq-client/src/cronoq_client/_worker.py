@@ -107,7 +107,7 @@ class _Attempt:
     executing: bool = True
     """The function still runs: a cancellation interrupts it (not the report that follows)."""
     stale: bool = False
-    """The server said the attempt is no longer current: it ends without a report."""
+    """The worker is stopping and gave up on it: it ends without a report."""
     heartbeat: asyncio.Task[None] | None = field(default=None)
 
 
@@ -267,7 +267,7 @@ class Worker:
                 self.worker_id,
                 self._pools,
                 self._slots,
-                running=tuple(self._attempts),
+                running=tuple((t, a.leased.lease_id) for t, a in self._attempts.items()),
                 max_message_bytes=self._max_message_bytes,
             )
             call = stub.Attach(request)
@@ -403,13 +403,15 @@ class Worker:
         except PayloadError as exc:
             return ReportFailure(_truncate(str(exc)), retryable=False)
 
-    def _abandon(self, attempt: _Attempt, error: StaleAttempt) -> None:
+    def _stale(self, attempt: _Attempt, error: StaleAttempt) -> None:
+        """The server no longer holds the attempt: stop its function. It is still reported
+        once the function returns (answered stale), which frees its slot on the server: until
+        then the server gives this worker no attempt in its place."""
         log.info(
-            "attempt is stale (%s): stopping it without a report",
+            "attempt is stale (%s): stopping it",
             error.reason,
             extra={"task_id": attempt.ctx.task_id},
         )
-        attempt.stale = True
         self._interrupt(attempt, f"the attempt is no longer current: {error}")
 
     # --- heartbeats and reports -------------------------------------------------------------
@@ -423,7 +425,8 @@ class Worker:
             connection, stub = self._current()
             sent = loop.time()
             try:
-                reply = await stub.Heartbeat(heartbeat_request(token), timeout=interval)
+                request = heartbeat_request(token, attempt.leased.lease_id)
+                reply = await stub.Heartbeat(request, timeout=interval)
             except asyncio.CancelledError:
                 if not closed_under_call():
                     raise
@@ -435,9 +438,7 @@ class Worker:
                 error = error_from_rpc(err)
                 if isinstance(error, StaleAttempt):
                     if attempt.executing:
-                        self._abandon(attempt, error)
-                    else:
-                        attempt.stale = True  # its report is answered stale too
+                        self._stale(attempt, error)
                     return
                 if judge(err, idempotent=True) is Verdict.RETRY:
                     self._reconnect(connection)
@@ -446,6 +447,8 @@ class Worker:
             attempt.lease_end = sent + attempt.lease_s
             renewed = lease_renewed_from_pb(reply)
             if renewed.cancel_reason is not None:
+                # A stopped attempt goes on heartbeating: the server holds its slot and its
+                # task (no retry starts) until the function returns and it is reported.
                 self._interrupt(attempt, renewed.cancel_reason)
 
     async def _report(self, attempt: _Attempt, result: ReportSuccess | ReportFailure) -> None:
@@ -453,7 +456,8 @@ class Worker:
         a repeat of an applied one is answered stale and changes nothing)."""
         token = attempt.leased.token
         loop = asyncio.get_running_loop()
-        request = report_request(token, result)
+        lease_id = attempt.leased.lease_id
+        request = report_request(token, lease_id, result)
         failures = 0
         while not attempt.stale:
             connection, answer = await self._reports.send(request, attempt.lease_end)
@@ -475,7 +479,7 @@ class Worker:
                 if isinstance(result, ReportSuccess) and isinstance(error, InvalidArgument):
                     # An output the server refuses (too large): the attempt fails instead.
                     result = ReportFailure(_truncate(f"output refused: {error}"), False)
-                    request = report_request(token, result)
+                    request = report_request(token, lease_id, result)
                     continue
                 log.error("report refused: %s", error, extra={"task_id": token.task_id})
                 return
