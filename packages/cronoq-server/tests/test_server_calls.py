@@ -58,7 +58,17 @@ NEVER = "0 0 1 1 *"
 POOLS = (
     "".join(
         f'[[pools]]\nname = "{name}"\n'
-        for name in ("default", "attach", "stale", "cancel", "fuzz", "batched", "large", "many")
+        for name in (
+            "default",
+            "attach",
+            "stale",
+            "cancel",
+            "fuzz",
+            "batched",
+            "large",
+            "many",
+            "forged",
+        )
     )
     + '[[pools]]\nname = "bounded"\nmax_live = 1\n'
 )
@@ -394,7 +404,12 @@ class Worker:
     """One Attach stream, read event by event."""
 
     def __init__(
-        self, api: Api, pools: list[str], slots: int = 1, max_message_bytes: int = 0
+        self,
+        api: Api,
+        pools: list[str],
+        slots: int = 1,
+        max_message_bytes: int = 0,
+        running: tuple[pb.AttemptToken, ...] = (),
     ) -> None:
         self.api = api
         request = pb.AttachRequest(
@@ -402,6 +417,7 @@ class Worker:
             pools=pools,
             slots=slots,
             max_message_bytes=max_message_bytes,
+            running=running,
         )
         self.stream = AttachStream(api.workers.Attach(request))
 
@@ -423,8 +439,13 @@ async def attach(api: Api) -> AsyncIterator[Attacher]:
     """Attach a worker to a pool; yields it with the leader's epoch (from ``attached``)."""
     opened: list[Worker] = []
 
-    async def open_one(pool: str, slots: int = 1, max_message_bytes: int = 0) -> tuple[Worker, int]:
-        worker = Worker(api, [pool], slots, max_message_bytes)
+    async def open_one(
+        pool: str,
+        slots: int = 1,
+        max_message_bytes: int = 0,
+        running: tuple[pb.AttemptToken, ...] = (),
+    ) -> tuple[Worker, int]:
+        worker = Worker(api, [pool], slots, max_message_bytes, running)
         opened.append(worker)
         first = await worker.event()
         assert first.WhichOneof("event") == "attached", first
@@ -437,8 +458,8 @@ async def attach(api: Api) -> AsyncIterator[Attacher]:
 
 
 Attacher = Callable[..., Awaitable[tuple[Worker, int]]]
-"""``attach(pool, slots=1, max_message_bytes=0)``: a worker attached to the pool, and the
-leader's epoch."""
+"""``attach(pool, slots=1, max_message_bytes=0, running=())``: a worker attached to the pool,
+and the leader's epoch."""
 
 
 def token(epoch: int, task_id: int, attempt: int, lease_id: bytes = bytes(16)) -> pb.AttemptToken:
@@ -525,6 +546,41 @@ async def test_stale_tokens_are_failed_precondition_and_change_nothing(
     )
     done = await api.tasks.Wait(pb.WaitRequest(task_id=task_id, timeout=seconds(5)))
     assert (done.status, done.attempt, done.output) == (pb.STATUS_SUCCEEDED, 2, b"new")
+
+
+async def test_a_token_read_by_anyone_does_not_let_an_impostor_take_the_attempt(
+    api: Api, attach: Attacher
+) -> None:
+    # Issue 19, item 2: a token is (epoch, task id, attempt), all visible through List/Get.
+    # Attaching with someone else's token moved the attempt to the impostor (its cancel went
+    # there, and the real worker's slot leaked for good); anyone could heartbeat or complete it.
+    worker, epoch = await attach("forged")
+    task_id = await submitted(api, pool="forged")
+    attempt = await worker.attempt()
+    guessed = token(epoch, task_id, 1)  # everything but the lease id, which only the worker has
+    impostor, _ = await attach("forged", running=(guessed,))
+    for call in (
+        api.workers.Heartbeat(pb.HeartbeatRequest(token=guessed)),
+        api.workers.Report(pb.ReportRequest(token=guessed, success=pb.Success(output=b"forged"))),
+    ):
+        err = await rejected(call)
+        assert_status(err, Code.FAILED_PRECONDITION, "STALE_ATTEMPT", why="unknown")
+        assert attempt.token.lease_id.hex() not in str(err.details())
+    info = await api.tasks.Get(pb.GetRequest(task_id=task_id))
+    assert (info.status, info.attempt) == (pb.STATUS_RUNNING, 1)
+    assert attempt.token.lease_id not in info.SerializeToString(), "no read shows the lease id"
+    await api.tasks.Cancel(pb.CancelRequest(task_id=task_id, reason="stop"))
+    event = await worker.event()
+    assert event.WhichOneof("event") == "cancel", "the cancel goes to the worker that runs it"
+    await api.workers.Report(
+        pb.ReportRequest(token=attempt.token, failure=pb.Failure(message="stopped"))
+    )
+    done = await api.tasks.Wait(pb.WaitRequest(task_id=task_id, timeout=seconds(5)))
+    assert (done.status, done.HasField("output")) == (pb.STATUS_CANCELLED, False)
+    # The real worker's slot came back with its report: the next attempt is its.
+    await submitted(api, pool="forged")
+    assert (await worker.attempt()).token.task_id != task_id
+    impostor.close()
 
 
 async def test_cancel_of_a_running_task_reaches_its_worker(api: Api, attach: Attacher) -> None:
