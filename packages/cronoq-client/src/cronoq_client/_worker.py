@@ -417,16 +417,24 @@ class Worker:
     # --- heartbeats and reports -------------------------------------------------------------
 
     async def _heartbeats(self, attempt: _Attempt) -> None:
+        """Every third of the lease; after a failure, again soon (with jittered backoff, at
+        most that third): after a failover the new leader holds the attempt for one lease
+        from its takeover, and the worker must find it within that lease."""
         interval = attempt.lease_s / 3
         token = attempt.leased.token
         loop = asyncio.get_running_loop()
+        wait, timeout, failures = interval, interval, 0
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(wait)
+            # Until one succeeds: soon again (a few tenths of a second, jittered), each try
+            # bounded to half the usual time, so that a frozen replica costs little.
+            wait = min(interval, _BACKOFF.delay(min(failures, 3)))
+            failures += 1
             connection, stub = self._current()
             sent = loop.time()
             try:
                 request = heartbeat_request(token, attempt.leased.lease_id)
-                reply = await stub.Heartbeat(request, timeout=interval)
+                reply = await stub.Heartbeat(request, timeout=timeout)
             except asyncio.CancelledError:
                 if not closed_under_call():
                     raise
@@ -443,7 +451,9 @@ class Worker:
                 if judge(err, idempotent=True) is Verdict.RETRY:
                     self._reconnect(connection)
                 log.info("heartbeat failed: %s", error, extra={"task_id": token.task_id})
+                timeout = interval / 2
                 continue
+            wait, timeout, failures = interval, interval, 0
             attempt.lease_end = sent + attempt.lease_s
             renewed = lease_renewed_from_pb(reply)
             if renewed.cancel_reason is not None:
@@ -452,10 +462,12 @@ class Worker:
                 self._interrupt(attempt, renewed.cancel_reason)
 
     async def _report(self, attempt: _Attempt, result: ReportSuccess | ReportFailure) -> None:
-        """Report until the server answers, while the lease lasts (a report is idempotent:
-        a repeat of an applied one is answered stale and changes nothing)."""
+        """Report until a server answers it, until the worker stops (a report is idempotent:
+        a repeat of an applied one is answered stale and changes nothing). Not only while the
+        lease lasts as this worker last heard it: a new leader holds the attempt for a whole
+        lease from its takeover, and a finished attempt whose report waits for it must not
+        run again."""
         token = attempt.leased.token
-        loop = asyncio.get_running_loop()
         lease_id = attempt.leased.lease_id
         request = report_request(token, lease_id, result)
         failures = 0
@@ -482,13 +494,6 @@ class Worker:
                     request = report_request(token, lease_id, result)
                     continue
                 log.error("report refused: %s", error, extra={"task_id": token.task_id})
-                return
-            if loop.time() >= attempt.lease_end:
-                log.warning(
-                    "report failed and the lease is over; the server retries the attempt: %s",
-                    error,
-                    extra={"task_id": token.task_id},
-                )
                 return
             log.info("report failed; retrying: %s", error, extra={"task_id": token.task_id})
             self._reconnect(connection)

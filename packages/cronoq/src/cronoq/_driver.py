@@ -598,6 +598,8 @@ class Driver:
         if self._timer is not None:
             self._timer.cancel()
         for token, pool in list(self._executing.items()):
+            if token in self._lease_ids:
+                continue  # a remote attempt runs on: the next leader adopts it from its row
             with contextlib.suppress(Exception):
                 self._executors[pool].cancel(token, "the scheduler stopped")
         self._work.shutdown(wait=False)
