@@ -248,9 +248,10 @@ def test_hostile_attaches(harness: Harness, message: pb.AttachRequest) -> None:
 @HOSTILE
 @given(messages(pb.HeartbeatRequest))
 def test_hostile_heartbeats(harness: Harness, message: pb.HeartbeatRequest) -> None:
-    token = _decoded(lambda: w.heartbeat_token(message))
-    if token is not None:
-        harness.takes(lambda: harness.sched.heartbeat(token), StaleAttempt)
+    decoded = _decoded(lambda: w.heartbeat_token(message))
+    if decoded is not None:
+        token, lease_id = decoded
+        harness.takes(lambda: harness.sched.heartbeat(token, lease_id=lease_id), StaleAttempt)
 
 
 @HOSTILE
@@ -259,13 +260,20 @@ def test_hostile_reports(harness: Harness, message: pb.ReportRequest) -> None:
     decoded = _decoded(lambda: w.report_from_pb(message))
     if decoded is None:
         return
-    token, outcome = decoded
+    token, lease_id, outcome = decoded
     if isinstance(outcome, w.ReportSuccess):
-        harness.takes(lambda: harness.sched.report_success(token, outcome.output), StaleAttempt)
+        harness.takes(
+            lambda: harness.sched.report_success(token, outcome.output, lease_id=lease_id),
+            StaleAttempt,
+        )
     else:
         harness.takes(
             lambda: harness.sched.report_failure(
-                token, outcome.message, retryable=outcome.retryable, retry_after=outcome.retry_after
+                token,
+                outcome.message,
+                lease_id=lease_id,
+                retryable=outcome.retryable,
+                retry_after=outcome.retry_after,
             ),
             StaleAttempt,
         )

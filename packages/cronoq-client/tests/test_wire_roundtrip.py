@@ -341,9 +341,14 @@ def test_attached_round_trips(epoch: int, leases: dict[str, float]) -> None:
 
 
 @ROUND_TRIPS
-@given(texts, st.lists(texts, max_size=3), int64s, st.lists(tokens, max_size=3))
+@given(
+    texts,
+    st.lists(texts, max_size=3),
+    int64s,
+    st.lists(st.tuples(tokens, st.binary(max_size=20)), max_size=3),
+)
 def test_attach_arguments_round_trip(
-    worker_id: str, pools: list[str], slots: int, running: list[AttemptToken]
+    worker_id: str, pools: list[str], slots: int, running: list[tuple[AttemptToken, bytes]]
 ) -> None:
     message = wire(w.attach_request(worker_id, pools, slots, running))
     assert message.worker_id == worker_id
@@ -404,34 +409,41 @@ def test_an_accepted_report_has_no_error() -> None:
     assert error_from_report_result(wire(report_result(None))) is None
 
 
-@ROUND_TRIPS
-@given(tokens)
-def test_heartbeat_carries_the_token(token: AttemptToken) -> None:
-    assert w.heartbeat_token(wire(w.heartbeat_request(token))) == token
+lease_ids = st.binary(min_size=16, max_size=16)
 
 
 @ROUND_TRIPS
-@given(utc_datetimes, optional_texts)
-def test_lease_renewed_round_trips(expires: datetime, reason: str | None) -> None:
-    renewed = LeaseRenewed(expires, reason)
+@given(tokens, lease_ids)
+def test_heartbeat_carries_the_token_and_its_lease_id(token: AttemptToken, lease_id: bytes) -> None:
+    assert w.heartbeat_token(wire(w.heartbeat_request(token, lease_id))) == (token, lease_id)
+
+
+@ROUND_TRIPS
+@given(utc_datetimes, optional_texts, st.booleans())
+def test_lease_renewed_round_trips(expires: datetime, reason: str | None, stopped: bool) -> None:
+    renewed = LeaseRenewed(expires, reason, stopped)
     assert w.lease_renewed_from_pb(wire(w.lease_renewed_to_pb(renewed))) == renewed
 
 
 @ROUND_TRIPS
-@given(tokens, st.none() | st.binary(max_size=20))
-def test_success_report_round_trips(token: AttemptToken, output: bytes | None) -> None:
-    decoded = w.report_from_pb(wire(w.report_request(token, w.ReportSuccess(output))))
-    assert decoded == (token, w.ReportSuccess(output))
+@given(tokens, lease_ids, st.none() | st.binary(max_size=20))
+def test_success_report_round_trips(
+    token: AttemptToken, lease_id: bytes, output: bytes | None
+) -> None:
+    decoded = w.report_from_pb(wire(w.report_request(token, lease_id, w.ReportSuccess(output))))
+    assert decoded == (token, lease_id, w.ReportSuccess(output))
 
 
 @ROUND_TRIPS
-@given(tokens, texts, st.booleans(), st.none() | durations)
+@given(tokens, lease_ids, texts, st.booleans(), st.none() | durations)
 def test_failure_report_round_trips(
-    token: AttemptToken, message: str, retryable: bool, retry_after: Any
+    token: AttemptToken, lease_id: bytes, message: str, retryable: bool, retry_after: Any
 ) -> None:
     failure = w.ReportFailure(message, retryable, retry_after)
-    got_token, got = w.report_from_pb(wire(w.report_request(token, failure)))
-    assert got_token == token
+    got_token, got_lease_id, got = w.report_from_pb(
+        wire(w.report_request(token, lease_id, failure))
+    )
+    assert (got_token, got_lease_id) == (token, lease_id)
     assert isinstance(got, w.ReportFailure)
     assert (got.message, got.retryable) == (message, retryable)
     assert (None if got.retry_after is None else duration_ns(got.retry_after)) == (
@@ -442,19 +454,19 @@ def test_failure_report_round_trips(
 def test_a_failure_without_retryable_is_retryable() -> None:
     message = pb.ReportRequest(token=pb.AttemptToken(epoch=1, task_id=1, attempt=1))
     message.failure.message = "boom"
-    assert w.report_from_pb(wire(message))[1] == w.ReportFailure("boom", retryable=True)
+    assert w.report_from_pb(wire(message))[2] == w.ReportFailure("boom", retryable=True)
 
 
 def test_a_failure_message_with_a_lone_surrogate_is_still_reported() -> None:
     token = AttemptToken(1, 2, 3)
-    message = w.report_request(token, w.ReportFailure("bad \udc00 byte"))
+    message = w.report_request(token, bytes(16), w.ReportFailure("bad \udc00 byte"))
     assert wire(message).failure.message == "bad \\udc00 byte"
 
 
 def test_an_empty_payload_is_no_payload_on_the_wire() -> None:
     attempt = LeasedAttempt(
         AttemptToken(1, 2, 3), "p", "k", None, (), None, None, None, b"",
-        datetime(2030, 1, 1, tzinfo=UTC),
+        datetime(2030, 1, 1, tzinfo=UTC), bytes(16),
     )  # fmt: skip
     message = w.worker_event_to_pb(attempt)
     assert not message.attempt.HasField("payload")

@@ -74,7 +74,7 @@ class _Service(pb_grpc.WorkerServiceServicer):
         self.standby = False
         self.refused = 0
         self.refusals = asyncio.Event()
-        self.attaches: list[tuple[AttemptToken, ...]] = []
+        self.attaches: list[tuple[tuple[AttemptToken, bytes], ...]] = []
         self.detached = asyncio.Event()
         self.reattached = asyncio.Event()
         self.report_calls: list[int] = []
@@ -110,18 +110,23 @@ class _Service(pb_grpc.WorkerServiceServicer):
 
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         try:
-            return lease_renewed_to_pb(await self.sched.heartbeat(heartbeat_token(request)))
+            token, lease_id = heartbeat_token(request)
+            return lease_renewed_to_pb(await self.sched.heartbeat(token, lease_id=lease_id))
         except CronoqError as exc:
             await context.abort_with_status(status_for(exc))
             raise
 
     async def _report(self, request: pb.ReportRequest) -> None:
-        token, outcome = report_from_pb(request)
+        token, lease_id, outcome = report_from_pb(request)
         if isinstance(outcome, WireSuccess):
-            await self.sched.report_success(token, outcome.output)
+            await self.sched.report_success(token, outcome.output, lease_id=lease_id)
         else:
             await self.sched.report_failure(
-                token, outcome.message, retryable=outcome.retryable, retry_after=outcome.retry_after
+                token,
+                outcome.message,
+                lease_id=lease_id,
+                retryable=outcome.retryable,
+                retry_after=outcome.retry_after,
             )
 
     async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:
@@ -471,7 +476,7 @@ async def test_running_attempts_survive_a_server_restart_and_report_on_the_new_o
         await served.start()
         await asyncio.wait_for(served.service.reattached.wait(), WAIT_S)
         # It reattached naming the attempt it still runs, which keeps its slot and lease.
-        assert after in {token.task_id for token in served.service.attaches[1]}
+        assert after in {token.task_id for token, _ in served.service.attaches[1]}
         gates["after"].set()
         for task_id, output in ((during, b"during"), (after, b"after")):
             info = await served.sched.wait(task_id, timeout=WAIT_S)
@@ -710,7 +715,9 @@ async def test_a_reconnect_while_the_stream_is_healthy_keeps_the_worker_and_its_
         worker._reconnect(worker._current()[0])  # what a failed heartbeat or report does
         await asyncio.wait_for(served_long.service.reattached.wait(), WAIT_S)
         assert not running.task.done(), "the worker stopped after a reconnect"
-        assert served_long.service.attaches[-1] == (AttemptToken(1, task_id, 1),)
+        assert [token for token, _ in served_long.service.attaches[-1]] == [
+            AttemptToken(1, task_id, 1)
+        ]
         release.set()
         info = await served_long.sched.wait(task_id, timeout=WAIT_S)
         assert (info.status, info.attempt, info.output) == (Status.SUCCEEDED, 1, b"after")

@@ -178,6 +178,7 @@ leased_attempts = st.builds(
     timeout=st.none() | st.integers(1, TEN_YEARS_NS).map(lambda ns: ns / NS_PER_S),
     payload=st.binary(max_size=40),
     lease_expires_at=utc_datetimes,
+    lease_id=st.binary(min_size=16, max_size=16),
 )
 
 _REQUEST_FIELDS: dict[str, st.SearchStrategy[Any]] = {

@@ -58,7 +58,17 @@ NEVER = "0 0 1 1 *"
 POOLS = (
     "".join(
         f'[[pools]]\nname = "{name}"\n'
-        for name in ("default", "attach", "stale", "cancel", "fuzz", "batched", "large", "many")
+        for name in (
+            "default",
+            "attach",
+            "stale",
+            "cancel",
+            "fuzz",
+            "batched",
+            "large",
+            "many",
+            "forged",
+        )
     )
     + '[[pools]]\nname = "bounded"\nmax_live = 1\n'
 )
@@ -394,7 +404,12 @@ class Worker:
     """One Attach stream, read event by event."""
 
     def __init__(
-        self, api: Api, pools: list[str], slots: int = 1, max_message_bytes: int = 0
+        self,
+        api: Api,
+        pools: list[str],
+        slots: int = 1,
+        max_message_bytes: int = 0,
+        running: tuple[pb.AttemptToken, ...] = (),
     ) -> None:
         self.api = api
         request = pb.AttachRequest(
@@ -402,6 +417,7 @@ class Worker:
             pools=pools,
             slots=slots,
             max_message_bytes=max_message_bytes,
+            running=running,
         )
         self.stream = AttachStream(api.workers.Attach(request))
 
@@ -423,8 +439,13 @@ async def attach(api: Api) -> AsyncIterator[Attacher]:
     """Attach a worker to a pool; yields it with the leader's epoch (from ``attached``)."""
     opened: list[Worker] = []
 
-    async def open_one(pool: str, slots: int = 1, max_message_bytes: int = 0) -> tuple[Worker, int]:
-        worker = Worker(api, [pool], slots, max_message_bytes)
+    async def open_one(
+        pool: str,
+        slots: int = 1,
+        max_message_bytes: int = 0,
+        running: tuple[pb.AttemptToken, ...] = (),
+    ) -> tuple[Worker, int]:
+        worker = Worker(api, [pool], slots, max_message_bytes, running)
         opened.append(worker)
         first = await worker.event()
         assert first.WhichOneof("event") == "attached", first
@@ -437,12 +458,13 @@ async def attach(api: Api) -> AsyncIterator[Attacher]:
 
 
 Attacher = Callable[..., Awaitable[tuple[Worker, int]]]
-"""``attach(pool, slots=1, max_message_bytes=0)``: a worker attached to the pool, and the
-leader's epoch."""
+"""``attach(pool, slots=1, max_message_bytes=0, running=())``: a worker attached to the pool,
+and the leader's epoch."""
 
 
-def token(epoch: int, task_id: int, attempt: int) -> pb.AttemptToken:
-    return pb.AttemptToken(epoch=epoch, task_id=task_id, attempt=attempt)
+def token(epoch: int, task_id: int, attempt: int, lease_id: bytes = bytes(16)) -> pb.AttemptToken:
+    """A token as a worker sends it; by default with a well-formed lease id nobody was given."""
+    return pb.AttemptToken(epoch=epoch, task_id=task_id, attempt=attempt, lease_id=lease_id)
 
 
 async def test_a_worker_attaches_heartbeats_and_reports(api: Api, attach: Attacher) -> None:
@@ -452,7 +474,8 @@ async def test_a_worker_attaches_heartbeats_and_reports(api: Api, attach: Attach
                               name="n", timeout=seconds(9),
                               deadline_delay=seconds(3600))  # fmt: skip
     attempt = await worker.attempt()
-    assert attempt.token == token(epoch, task_id, 1)
+    assert attempt.token == token(epoch, task_id, 1, attempt.token.lease_id)
+    assert len(attempt.token.lease_id) == 16
     assert (attempt.pool, attempt.kind, list(attempt.tags), attempt.name) == (
         "attach", "job", ["w"], "n",
     )  # fmt: skip
@@ -493,15 +516,17 @@ async def test_stale_tokens_are_failed_precondition_and_change_nothing(
     failure = pb.Failure(message="flaky", retry_after=seconds(0))
     await api.workers.Report(pb.ReportRequest(token=first.token, failure=failure))
     second = await worker.attempt()
-    assert second.token == token(epoch, task_id, 2)
+    assert second.token == token(epoch, task_id, 2, second.token.lease_id)
     before = await api.tasks.Get(pb.GetRequest(task_id=task_id))
     assert (before.status, before.attempt) == (pb.STATUS_RUNNING, 2)
-    stale = {
-        "attempt": first.token,
-        "epoch": token(epoch + 1, task_id, 2),
-        "unknown": token(epoch, task_id + 10**6, 1),
-    }
-    for why, old in stale.items():
+    stale = [
+        ("attempt", first.token),
+        ("unknown", token(epoch + 1, task_id, 2, second.token.lease_id)),  # never issued
+        ("unknown", token(epoch, task_id + 10**6, 1)),
+        # The current attempt's token, read by anyone from Get, without its lease id.
+        ("unknown", token(epoch, task_id, 2)),
+    ]
+    for why, old in stale:
         for call in (
             api.workers.Report(pb.ReportRequest(token=old, success=pb.Success(output=b"old"))),
             api.workers.Report(pb.ReportRequest(
@@ -523,6 +548,41 @@ async def test_stale_tokens_are_failed_precondition_and_change_nothing(
     assert (done.status, done.attempt, done.output) == (pb.STATUS_SUCCEEDED, 2, b"new")
 
 
+async def test_a_token_read_by_anyone_does_not_let_an_impostor_take_the_attempt(
+    api: Api, attach: Attacher
+) -> None:
+    # Issue 19, item 2: a token is (epoch, task id, attempt), all visible through List/Get.
+    # Attaching with someone else's token moved the attempt to the impostor (its cancel went
+    # there, and the real worker's slot leaked for good); anyone could heartbeat or complete it.
+    worker, epoch = await attach("forged")
+    task_id = await submitted(api, pool="forged")
+    attempt = await worker.attempt()
+    guessed = token(epoch, task_id, 1)  # everything but the lease id, which only the worker has
+    impostor, _ = await attach("forged", running=(guessed,))
+    for call in (
+        api.workers.Heartbeat(pb.HeartbeatRequest(token=guessed)),
+        api.workers.Report(pb.ReportRequest(token=guessed, success=pb.Success(output=b"forged"))),
+    ):
+        err = await rejected(call)
+        assert_status(err, Code.FAILED_PRECONDITION, "STALE_ATTEMPT", why="unknown")
+        assert attempt.token.lease_id.hex() not in str(err.details())
+    info = await api.tasks.Get(pb.GetRequest(task_id=task_id))
+    assert (info.status, info.attempt) == (pb.STATUS_RUNNING, 1)
+    assert attempt.token.lease_id not in info.SerializeToString(), "no read shows the lease id"
+    await api.tasks.Cancel(pb.CancelRequest(task_id=task_id, reason="stop"))
+    event = await worker.event()
+    assert event.WhichOneof("event") == "cancel", "the cancel goes to the worker that runs it"
+    await api.workers.Report(
+        pb.ReportRequest(token=attempt.token, failure=pb.Failure(message="stopped"))
+    )
+    done = await api.tasks.Wait(pb.WaitRequest(task_id=task_id, timeout=seconds(5)))
+    assert (done.status, done.HasField("output")) == (pb.STATUS_CANCELLED, False)
+    # The real worker's slot came back with its report: the next attempt is its.
+    await submitted(api, pool="forged")
+    assert (await worker.attempt()).token.task_id != task_id
+    impostor.close()
+
+
 async def test_cancel_of_a_running_task_reaches_its_worker(api: Api, attach: Attacher) -> None:
     worker, _ = await attach("cancel")
     task_id = await submitted(api, pool="cancel")
@@ -531,7 +591,11 @@ async def test_cancel_of_a_running_task_reaches_its_worker(api: Api, attach: Att
     assert reply.status == pb.STATUS_RUNNING
     event = await worker.event()
     assert event.WhichOneof("event") == "cancel"
-    assert (event.cancel.token, event.cancel.reason) == (attempt.token, "stop it")
+    assert (wire.token_from_pb(event.cancel.token), event.cancel.reason) == (
+        wire.token_from_pb(attempt.token),
+        "stop it",
+    )
+    assert event.cancel.token.lease_id == b"", "a cancellation does not repeat the lease id"
     renewed = await api.workers.Heartbeat(pb.HeartbeatRequest(token=attempt.token))
     assert (renewed.cancel_requested, renewed.cancel_reason) == (True, "stop it")
     # Bad reports of the current attempt are refused and leave it running.
@@ -613,7 +677,8 @@ async def test_report_many_judges_each_report_alone(api: Api, attach: Attacher) 
     )
     accepted, stale_epoch, bad, repeated = reply.results
     assert accepted == pb.ReportResult()
-    assert (stale_epoch.reason, stale_epoch.metadata["why"]) == ("STALE_ATTEMPT", "epoch")
+    # An epoch that has not begun: no such attempt was ever issued.
+    assert (stale_epoch.reason, stale_epoch.metadata["why"]) == ("STALE_ATTEMPT", "unknown")
     assert (bad.reason, bad.message) == (
         "INVALID_ARGUMENT", "a report needs an outcome: success or failure",
     )  # fmt: skip
@@ -926,10 +991,11 @@ def bad_others() -> Iterator[Bad]:
         bad("Attach-slots-negative", "Attach", pb.AttachRequest(pools=["attach"], slots=-1),
             "slots must be between 1 and 100000"),
         # A worker may name more running attempts than its slots (it asks for fewer now): not
-        # bad input. Past the most slots any worker may have, it is.
-        bad("Attach-running-endless", "Attach",
-            pb.AttachRequest(pools=["attach"], slots=1, running=[token(1, 1, 1)] * 100_001),
-            "running: more than 100000 items given"),
+        # bad input. (Past the most slots any worker may have, it is: more tokens than fit in
+        # one message, so that bound is tested on the Scheduler.) Each needs its lease id.
+        bad("Attach-running-without-its-lease-id", "Attach",
+            pb.AttachRequest(pools=["attach"], slots=1, running=[token(1, 1, 1, b"short")]),
+            "lease_id is 5 bytes long; a lease id is 16 bytes"),
         bad("Attach-running-zero-token", "Attach",
             pb.AttachRequest(pools=["attach"], slots=1, running=[token(0, 0, 0)]),
             "token epoch must be between 1"),

@@ -55,7 +55,9 @@ async def test_a_task_submitted_over_grpc_runs_on_an_attached_worker(tmp_path: P
             attempt = await _attempt(stream)
             assert attempt.token.task_id == submitted.task_id
             assert attempt.payload == b"in"
-            await workers.Report(wire.report_request(attempt.token, wire.ReportSuccess(b"out")))
+            await workers.Report(
+                wire.report_request(attempt.token, attempt.lease_id, wire.ReportSuccess(b"out"))
+            )
             done = await tasks.Wait(wire.wait_request(submitted.task_id, 5))
             info = wire.task_info_from_pb(done, BytesCodec())
             assert (info.status, info.output) == (Status.SUCCEEDED, b"out")
@@ -85,7 +87,8 @@ async def main():
         stream = workers.Attach(wire.attach_request("w", ["default"], 1))
         await stream.read()
         [attempt] = wire.worker_events_from_pb(await stream.read())
-        await workers.Report(wire.report_request(attempt.token, wire.ReportSuccess(b"y")))
+        report = wire.report_request(attempt.token, attempt.lease_id, wire.ReportSuccess(b"y"))
+        await workers.Report(report)
         info = await tasks.Wait(wire.wait_request(sub.task_id, 10))
         print("status", info.status, info.output)
         stream.cancel()
@@ -144,8 +147,10 @@ async def test_sigterm_drains_a_running_remote_attempt(tmp_path: Path) -> None:
                 await tasks.Submit(wire.submit_request(TaskRequest("late", b""), BytesCodec()))
             assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
             assert wire.outcome(refused.value) is wire.Outcome.NOT_APPLIED
-            await workers.Heartbeat(wire.heartbeat_request(attempt.token))
-            await workers.Report(wire.report_request(attempt.token, wire.ReportSuccess(b"done")))
+            await workers.Heartbeat(wire.heartbeat_request(attempt.token, attempt.lease_id))
+            await workers.Report(
+                wire.report_request(attempt.token, attempt.lease_id, wire.ReportSuccess(b"done"))
+            )
             assert await server.wait_exit(10) == 0
         assert server.events("stepped_down")
 

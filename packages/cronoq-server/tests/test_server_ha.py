@@ -42,7 +42,7 @@ from server_process import (
     start_server,
 )
 
-from cronoq import BytesCodec, LeasedAttempt, Status, TaskRequest, TaskSummary
+from cronoq import BytesCodec, LeasedAttempt, Status, TaskContext, TaskRequest, TaskSummary
 from cronoq_client import AsyncClient, Worker
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
@@ -241,9 +241,12 @@ async def test_sigterm_of_the_leader_lets_the_running_attempt_report_then_hands_
                 old.signal(signal.SIGTERM)
                 await old.wait_for("draining")
                 # Through the same connection: a draining leader keeps it open.
-                await workers.Heartbeat(wire.heartbeat_request(event.token), timeout=2)
+                await workers.Heartbeat(
+                    wire.heartbeat_request(event.token, event.lease_id), timeout=2
+                )
                 await workers.Report(
-                    wire.report_request(event.token, wire.ReportSuccess(b"out")), timeout=2
+                    wire.report_request(event.token, event.lease_id, wire.ReportSuccess(b"out")),
+                    timeout=2,
                 )
                 assert await old.wait_exit(10) == 0
                 stream.cancel()
@@ -382,3 +385,46 @@ def _judged(err: grpc.aio.AioRpcError) -> tuple[str, str, str]:
     ):
         return err.code().name, "-", "NEVER_SENT"
     return err.code().name, _reason(err) or "-", wire.outcome(err).name
+
+
+# --- 5. a failover adopts the remote attempts whose workers live on -------------------------
+
+
+async def test_a_failover_adopts_a_running_remote_attempt_instead_of_running_it_again(
+    tmp_path: Path, store: StoreSection
+) -> None:
+    # Issue 19, item 1: the new leader counted the previous epoch's running rows lost and
+    # retried them after the backoff, while their workers still ran them inside their leases.
+    async with (
+        cluster(tmp_path, store(1.5)) as (old, new),
+        Balancer([old.grpc_port, new.grpc_port]) as balancer,
+    ):
+        runs: list[int] = []
+        started, release = asyncio.Event(), asyncio.Event()
+
+        async def held(ctx: TaskContext, payload: bytes) -> bytes:
+            runs.append(ctx.attempt)
+            started.set()
+            await release.wait()
+            return b"ran once"
+
+        worker = Worker(balancer.target, {"default": held}, slots=1)
+        working = asyncio.ensure_future(worker.run())
+        try:
+            async with AsyncClient(old.target, timeout=10) as client:
+                task_id = await client.submit("held", b"", retry=QUICK_RETRY)
+            await asyncio.wait_for(started.wait(), 10)
+            old.signal(signal.SIGKILL)
+            await new.leading()
+            async with AsyncClient(new.target, timeout=10) as client:
+                # The new leader's recovery is committed before it serves: it adopted the
+                # attempt (still running, attempt 1), not counted it lost and retried it.
+                during = await client.get(task_id)
+                release.set()
+                done = await client.wait(task_id, timeout=20)
+        finally:
+            worker.stop()
+            await asyncio.gather(working, return_exceptions=True)
+    assert (during.status, during.attempt) == (Status.RUNNING, 1)
+    assert runs == [1], f"attempts that ran: {runs}"
+    assert (done.status, done.attempt, done.output) == (Status.SUCCEEDED, 1, b"ran once")

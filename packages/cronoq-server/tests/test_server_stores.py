@@ -27,7 +27,7 @@ async def run_one_remote_task(config: ServerConfig) -> None:
                 attempt = await link.next()
                 assert isinstance(attempt, LeasedAttempt)
                 assert (attempt.token.task_id, attempt.payload) == (task_id, b"in")
-                await scheduler.report_success(attempt.token, b"out")
+                await scheduler.report_success(attempt.token, b"out", lease_id=attempt.lease_id)
                 info = await scheduler.wait(task_id)
             assert (info.status, info.output) == (Status.SUCCEEDED, b"out")
     finally:

@@ -99,8 +99,9 @@ EXACT = RetryPolicy(max_attempts=3, initial_ns=S, multiplier=2.0, max_ns=300 * S
 
 # --- helpers --------------------------------------------------------------------------------
 
-# Per engine: the last persisted (status, attempt) of every task, to check each step.
-_PERSISTED: weakref.WeakKeyDictionary[Engine, dict[int, tuple[Status, int]]] = (
+# Per engine: the last persisted (status, attempt, whether the row holds a lease) of every
+# task, to check each step.
+_PERSISTED: weakref.WeakKeyDictionary[Engine, dict[int, tuple[Status, int, bool]]] = (
     weakref.WeakKeyDictionary()
 )
 _QUEUED = frozenset({Status.WAITING, Status.SCHEDULED, Status.READY})
@@ -116,13 +117,20 @@ def _check_step(engine: Engine, now: int, result: StepResult) -> None:
                 assert task_id not in seen, f"task {task_id} submitted twice"
                 assert status in _QUEUED
                 assert submitted_ns == now
-                seen[task_id] = (status, 0)
-            case TaskUpdated(task_id, status, attempt, message, at_ns, due_ns, output):
-                before, previous_attempt = seen[task_id]
+                seen[task_id] = (status, 0, False)
+            case TaskUpdated(task_id, status, attempt, message, at_ns, due_ns, output, lease):
+                before, previous_attempt, held = seen[task_id]
                 assert not before.is_terminal, f"task {task_id} changed after {before}"
                 assert message, f"task {task_id} -> {status} has no message"
                 assert at_ns == now
-                if status is Status.RUNNING:
+                # A row keeps a lease only while its attempt may run: started remote, or
+                # stopped and retrying (a rewrite of the same row then only clears it).
+                assert lease is None or status in (Status.RUNNING, Status.RETRYING)
+                clearing = held and before is Status.RETRYING and lease is None
+                if clearing:
+                    assert status in (Status.RETRYING, Status.READY) or status.is_terminal
+                    assert attempt == previous_attempt
+                elif status is Status.RUNNING:
                     assert before is not Status.RUNNING
                     assert attempt == previous_attempt + 1
                     started[task_id] = attempt
@@ -132,13 +140,13 @@ def _check_step(engine: Engine, now: int, result: StepResult) -> None:
                 else:
                     assert attempt == previous_attempt
                 if status is Status.RETRYING:
-                    assert before is Status.RUNNING
+                    assert before is Status.RUNNING or clearing
                     assert due_ns is not None
                     assert due_ns >= now
                 else:
                     assert due_ns is None
                 assert output is None or status is Status.SUCCEEDED
-                seen[task_id] = (status, attempt)
+                seen[task_id] = (status, attempt, lease is not None)
             case CancelRequested(task_id, at_ns, message):
                 assert seen[task_id][0] is Status.RUNNING
                 assert at_ns == now
@@ -149,11 +157,12 @@ def _check_step(engine: Engine, now: int, result: StepResult) -> None:
         assert started.pop(token.task_id) == token.attempt
     assert not started, f"persisted as running but not dispatched: {started}"
     running = {
-        AttemptToken(engine.epoch, task_id, attempt)
-        for task_id, (status, attempt) in seen.items()
+        (task_id, attempt)
+        for task_id, (status, attempt, _) in seen.items()
         if status is Status.RUNNING
     }
-    assert engine.running_tokens() == running
+    # A remote attempt adopted from an earlier leader keeps its token's epoch.
+    assert {(t.task_id, t.attempt) for t in engine.running_tokens()} == running
     assert result.next_wake_ns is None or result.next_wake_ns >= now
 
 
@@ -198,8 +207,8 @@ def recover(
     inflight: InFlight | None = None,
 ) -> tuple[Engine, StepResult]:
     engine, first = Engine.recover(config, epoch, now, state, inflight)
-    seen = {row.task_id: (row.status, row.attempt) for row in state.tasks}
-    seen.update((task_id, (Status.FAILED, 0)) for task_id, _ in state.quarantined)
+    seen = {row.task_id: (row.status, row.attempt, row.lease is not None) for row in state.tasks}
+    seen.update((task_id, (Status.FAILED, 0, False)) for task_id, _ in state.quarantined)
     _PERSISTED[engine] = seen
     _check_step(engine, now, first)
     return engine, first

@@ -155,6 +155,7 @@ class History:
 
     def __init__(self, seed: int) -> None:
         self.rng = random.Random(seed)
+        self.lease_ids_drawn = 0
         rng = self.rng
         pools = [
             PoolConfig("a", concurrency=rng.choice([1, 2, 4])),
@@ -166,6 +167,7 @@ class History:
             retention_ns=rng.choice([20 * S, 60 * S]),
             max_live_tasks=rng.choice([None, None, 12]),
             seed=seed,
+            lease_ids=self._lease_id,
         )
         self.cluster = MemoryCluster(NEVER_AUTO_PRUNE_NS)
         self.counters = Counters()
@@ -174,6 +176,7 @@ class History:
         self.replies = 0
         self.ids: list[int] = []
         self.executing: dict[AttemptToken, str] = {}
+        self.lease_ids: dict[AttemptToken, bytes] = {}
         self.withheld: list[AttemptToken] = []
         self.abandoned: set[AttemptToken] = set()
         self.again: list[Input] = []
@@ -184,6 +187,11 @@ class History:
         self.trace: list[object] = []
         self.plain = Plain()
         self.engine = self.rebuild(None)
+
+    def _lease_id(self) -> bytes:
+        """Deterministic, so that the trace records them (never so outside a test)."""
+        self.lease_ids_drawn += 1
+        return self.lease_ids_drawn.to_bytes(16, "big")
 
     # --- the driver's part --------------------------------------------------------------
 
@@ -214,6 +222,8 @@ class History:
                 self.withheld.append(dispatch.token)
             else:
                 self.executing[dispatch.token] = dispatch.spec.pool
+            if dispatch.lease_id is not None:
+                self.lease_ids[dispatch.token] = dispatch.lease_id
         for token in result.expired:
             self.executing.pop(token, None)
         self.next_wake = result.next_wake_ns
@@ -222,7 +232,8 @@ class History:
         rng = self.rng
         action = rng.choices(["inputs", "crash", "prune", "waiters"], weights=[40, 1, 2, 1], k=1)[0]
         if action == "crash":
-            self.executing.clear()
+            # Remote attempts run on in their workers, which speak to the next leader.
+            self.executing = {t: p for t, p in self.executing.items() if p == "r"}
             self.withheld.clear()
             self.abandoned.clear()
             self.again.clear()
@@ -274,10 +285,12 @@ class History:
         reports = [item for item in inputs if isinstance(item, AttemptReport)]
         for item in reports:
             self.executing.pop(item.token, None)
+        mine = {t: p for t, p in self.executing.items() if t.epoch == self.epoch}
         inflight = InFlight(
-            executing=dict(self.executing),
+            executing=mine,
             reported=frozenset(item.token for item in reports),
             abandoned=frozenset(self.abandoned),
+            lease_ids={t: self.lease_ids[t] for t in mine if t in self.lease_ids},
         )
         waiters = self.engine.take_waiters()
         self.engine = self.rebuild(inflight)
@@ -329,9 +342,11 @@ class History:
                 outcome = AttemptFailed("boom", rng.random() < 0.85, retry_after)
             remote = token.task_id in self.ids and self.leased(token)
             received = self.now - rng.choice([0, 0, S]) if remote else None
-            return AttemptReport(token, outcome, self.reply(), remote, received)
+            lease_id = self.lease_id(token) if remote else None
+            return AttemptReport(token, outcome, self.reply(), remote, received, lease_id)
         if kind == "heartbeat" and (token := self.token()) is not None:
-            return Heartbeat(token, self.reply(), remote=True, received_ns=self.now)
+            lease_id = self.lease_id(token)
+            return Heartbeat(token, self.reply(), True, self.now, lease_id)
         if kind == "cancel" and self.ids:
             target = rng.choice([*self.ids[-8:], 12345])
             return CancelTask(target, "cancelled by the history", self.reply())
@@ -343,6 +358,12 @@ class History:
             tokens, self.withheld = self.withheld, []
             return WithdrawAttempts(tokens, "the history withdrew it")
         return SubmitTasks([self.spec() for _ in range(rng.choice([1, 1, 2, 5]))], self.reply())
+
+    def lease_id(self, token: AttemptToken) -> bytes | None:
+        """Its worker's lease id, or now and then an impostor's guess."""
+        if self.rng.random() < 0.1:
+            return bytes(16)
+        return self.lease_ids.get(token)
 
     def leased(self, token: AttemptToken) -> bool:
         return self.executing.get(token) == "r"
@@ -545,6 +566,9 @@ def test_the_histories_reach_every_corner() -> None:
         '"reason":"lease"',
         "was never started",
         "a newer attempt exists",
+        '"stopped":true',
+        "the lease id does not match",
+        "was not adopted",
     ):
         assert needle in text, needle
 

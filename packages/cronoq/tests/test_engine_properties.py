@@ -5,7 +5,9 @@ A hypothesis ``RuleBasedStateMachine`` plays the driver: every rule builds input
 fail; then, exactly like ``Driver._recover_from_failed_step``, the engine is discarded and rebuilt
 from the cluster (same epoch, adopting the attempts still in flight) and the rebuild's first step
 is committed. Replies count as acknowledged, and dispatches as started, only after their step
-committed. A crash discards the engine and every in-flight attempt and recovers under a new epoch.
+committed. A crash discards the engine and every in-flight attempt of this process (pool a) and
+recovers under a new epoch; remote attempts (pool b) run on in their workers, which report and
+heartbeat them to the new leader with their lease ids.
 
 The machine keeps a model of everything ever committed (it outlives pruning) and checks the
 invariants of DESIGN.md on the committed mutation stream, at every dispatch, on every reply, and
@@ -287,6 +289,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.next_wake: int | None = None
         self.inflight: dict[AttemptToken, str] = {}
         """Dispatched (after commit) and not yet reported, mapped to their pool."""
+        self.lease_ids: dict[AttemptToken, bytes] = {}
+        """The lease id each remote attempt was dispatched with (its worker's capability)."""
         self.retired: set[AttemptToken] = set()
         """Attempts that can never be current again: reported, or lost in a crash."""
         self.tasks: dict[int, TaskModel] = {}
@@ -308,11 +312,25 @@ class EngineMachine(RuleBasedStateMachine):
         if fail and result.mutations:
             # The step never became durable: forget it, rebuild memory from the log. Reports in
             # it stay in flight (the driver re-applies them), so their tokens are adopted too.
-            self.engine = self._rebuild(InFlight(executing=dict(self.inflight)), failures=0)
+            self.engine = self._rebuild(self._inflight(), failures=0)
             return None
         reported = {item.token for item in inputs if isinstance(item, AttemptReport)}
         self._persist(result, reported=reported)
         return result
+
+    def _inflight(self) -> InFlight:
+        """What the driver knows after an uncertain commit: the attempts it released in this
+        epoch (remote ones adopted from an earlier leader were never released by it)."""
+        mine = {t: pool for t, pool in self.inflight.items() if t.epoch == self.epoch}
+        lease_ids = {t: self.lease_ids[t] for t in mine if t in self.lease_ids}
+        return InFlight(executing=mine, lease_ids=lease_ids)
+
+    def _report(
+        self, token: AttemptToken, outcome: AttemptSucceeded | AttemptFailed, tag: str
+    ) -> AttemptReport:
+        """As an executor reports: a remote worker with its lease id, a local one without."""
+        lease_id = self.lease_ids.get(token)
+        return AttemptReport(token, outcome, tag, remote=lease_id is not None, lease_id=lease_id)
 
     def _rebuild(self, inflight: InFlight | None, failures: int) -> Engine:
         """``Driver._rebuild``: recover, commit the first step; retry if that commit fails."""
@@ -341,15 +359,21 @@ class EngineMachine(RuleBasedStateMachine):
             # As the driver does: a stopped leased attempt whose lease ended is let go (its
             # worker may be gone); a report of it is stale from now on.
             assert token in self.inflight, f"{token} expired but was not in flight"
-            del self.inflight[token]
-            self.retired.add(token)
+            self._retire(token)
         for dispatch in result.dispatches:
             self._check_dispatch(dispatch.token, engine or self.engine, reported)
             self.inflight[dispatch.token] = dispatch.spec.pool
+            if dispatch.lease_id is not None:
+                self.lease_ids[dispatch.token] = dispatch.lease_id
         # The driver sleeps until next_wake_ns: in the past it would spin.
         assert result.next_wake_ns is None or result.next_wake_ns > self.now, result.next_wake_ns
         self.next_wake = result.next_wake_ns
         self.steps_since_crash += 1
+
+    def _retire(self, token: AttemptToken) -> None:
+        del self.inflight[token]
+        self.lease_ids.pop(token, None)
+        self.retired.add(token)
 
     # --- checks on the committed mutation stream ------------------------------------------
 
@@ -551,7 +575,7 @@ class EngineMachine(RuleBasedStateMachine):
                 inputs.append(CancelTask(task_id, "cancelled in a burst", tag))
             elif unreported:
                 token = unreported.pop(data.draw(st.integers(0, len(unreported) - 1), label=tag))
-                inputs.append(AttemptReport(token, data.draw(OUTCOMES, label=tag), tag))
+                inputs.append(self._report(token, data.draw(OUTCOMES, label=tag), tag))
         result = self._run(inputs, fail)
         if result is None:
             return
@@ -569,8 +593,7 @@ class EngineMachine(RuleBasedStateMachine):
                     assert reply is None, reply
                 else:
                     assert isinstance(reply, StaleAttempt), reply
-                del self.inflight[item.token]
-                self.retired.add(item.token)
+                self._retire(item.token)
 
     # --- rules: executors -----------------------------------------------------------------
 
@@ -581,7 +604,7 @@ class EngineMachine(RuleBasedStateMachine):
     ) -> None:
         token = data.draw(st.sampled_from(sorted(self.inflight, key=_token_order)), label="token")
         current = token in self.engine.running_tokens()
-        result = self._run([AttemptReport(token, outcome, "report")], fail)
+        result = self._run([self._report(token, outcome, "report")], fail)
         if result is None:
             return  # not durable: the attempt is still in flight and will report again
         reply = _reply(result, "report")
@@ -590,8 +613,7 @@ class EngineMachine(RuleBasedStateMachine):
         else:
             # Timed out, deadline passed or lease lost since: the engine moved on without it.
             assert isinstance(reply, StaleAttempt), reply
-        del self.inflight[token]
-        self.retired.add(token)
+        self._retire(token)
 
     @precondition(lambda self: bool(self.inflight))
     @rule(outcome=OUTCOMES, fail=FAIL)
@@ -600,7 +622,7 @@ class EngineMachine(RuleBasedStateMachine):
         tokens = sorted(self.inflight, key=_token_order)
         running = self.engine.running_tokens()
         reports: list[Input] = [
-            AttemptReport(token, outcome, f"report {i}") for i, token in enumerate(tokens)
+            self._report(token, outcome, f"report {i}") for i, token in enumerate(tokens)
         ]
         result = self._run(reports, fail)
         if result is None:
@@ -608,8 +630,7 @@ class EngineMachine(RuleBasedStateMachine):
         for i, token in enumerate(tokens):
             reply = _reply(result, f"report {i}")
             assert (reply is None) if token in running else isinstance(reply, StaleAttempt), reply
-            del self.inflight[token]
-            self.retired.add(token)
+            self._retire(token)
 
     @precondition(lambda self: bool(self.ids) or bool(self.retired))
     @rule(data=st.data(), outcome=OUTCOMES)
@@ -636,11 +657,17 @@ class EngineMachine(RuleBasedStateMachine):
     def heartbeat(self, data: st.DataObject) -> None:
         token = data.draw(st.sampled_from(sorted(self.inflight, key=_token_order)), label="token")
         current = token in self.engine.running_tokens()
-        result = self.engine.step(self.now, [WORKERS, Heartbeat(token, "heartbeat")])
+        zombie = self.engine._attempts.zombies.get(token.task_id)  # white box: stopped ones
+        lease_id = self.lease_ids.get(token)
+        heartbeat = Heartbeat(token, "heartbeat", remote=lease_id is not None, lease_id=lease_id)
+        result = self.engine.step(self.now, [WORKERS, heartbeat])
         reply = _reply(result, "heartbeat")
         if current:
-            assert isinstance(reply, HeartbeatReply), reply
+            assert isinstance(reply, HeartbeatReply) and not reply.stopped, reply
             assert (reply.cancel_reason is not None) is self.tasks[token.task_id].cancel_requested
+        elif lease_id is not None and zombie is not None and zombie.token == token:
+            # Stopped, still running on its worker: it holds its slot while it heartbeats.
+            assert isinstance(reply, HeartbeatReply) and reply.stopped, reply
         else:
             assert isinstance(reply, StaleAttempt), reply
         assert result.mutations == [], "a heartbeat persists nothing"
@@ -701,16 +728,17 @@ class EngineMachine(RuleBasedStateMachine):
 
     # --- rules: faults and housekeeping ---------------------------------------------------
 
-    # Crashes lose every running attempt; spaced out, attempts get a chance to succeed.
+    # Crashes lose every local running attempt; spaced out, attempts get a chance to succeed.
     @precondition(lambda self: self.steps_since_crash >= 6)
     @rule(
         downtime=st.sampled_from([0, S, 5 * S, 40 * S]),
         failures=st.integers(0, 5).map(lambda n: 1 if n == 5 else 0),
     )
     def crash(self, downtime: int, failures: int) -> None:
-        """The process dies: engine and running attempts are gone; a new leader recovers."""
-        self.retired.update(self.inflight)
-        self.inflight.clear()
+        """The process dies: its engine and its own running attempts are gone; remote ones
+        run on in their workers; a new leader recovers."""
+        for token in [t for t in self.inflight if t not in self.lease_ids]:
+            self._retire(token)
         self.steps_since_crash = 0
         self.epoch += 1
         self.now += downtime
@@ -818,7 +846,7 @@ class EngineMachine(RuleBasedStateMachine):
         # timeout, a deadline): every unreported attempt counts. A leased one also lets go
         # when its lease ends (white box: the stopped ones still inside their lease).
         unreported = Counter(self.inflight.values())
-        leased_zombies = Counter(pool for _, pool in self.engine._attempts.zombies.values())
+        leased_zombies = Counter(zombie.pool for zombie in self.engine._attempts.zombies.values())
         for config in POOLS:
             if config.lease_ns is None:
                 count = unreported[config.name]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 
 import pytest
@@ -70,15 +71,15 @@ async def test_an_attempt_is_leased_reported_and_its_output_kept(sched: Schedule
     assert attempt.token == AttemptToken(sched.epoch or 0, task_id, 1)
     assert (attempt.kind, attempt.payload, attempt.key, attempt.tags) == ("job", b"in", "k", ("t",))
     assert attempt.timeout == 9
-    renewed = await sched.heartbeat(attempt.token)
+    renewed = await sched.heartbeat(attempt.token, lease_id=attempt.lease_id)
     assert renewed.cancel_reason is None
     assert renewed.lease_expires_at >= attempt.lease_expires_at
-    await sched.report_success(attempt.token, b"out")
+    await sched.report_success(attempt.token, b"out", lease_id=attempt.lease_id)
     info = await sched.wait(task_id, timeout=5)
     assert (info.status, info.output, info.attempt) == (Status.SUCCEEDED, b"out", 1)
     # The same report again changes nothing and says why.
     with pytest.raises(StaleAttempt) as stale:
-        await sched.report_success(attempt.token, b"other")
+        await sched.report_success(attempt.token, b"other", lease_id=attempt.lease_id)
     assert stale.value.reason == "finished"
     assert (await sched.get(task_id)).output == b"out"
 
@@ -92,7 +93,7 @@ async def test_no_attempt_starts_without_a_free_worker_slot(sched: Scheduler) ->
     assert attempt.token.task_id == first
     summaries = {t.task_id: t.status for t in await sched.list(pool="remote")}
     assert summaries == {first: Status.RUNNING, second: Status.READY}
-    await sched.report_success(attempt.token)
+    await sched.report_success(attempt.token, lease_id=attempt.lease_id)
     assert (await _attempt(link)).token.task_id == second  # the freed slot takes the next
 
 
@@ -102,14 +103,17 @@ async def test_a_failure_retries_on_a_new_attempt_and_an_old_token_is_stale(
     link = sched.attach(["remote"], slots=2)
     task_id = await sched.submit("job", pool="remote", retry=FAST)
     first = await _attempt(link)
-    await sched.report_failure(first.token, "boom", retry_after=0)
+    await sched.report_failure(first.token, "boom", retry_after=0, lease_id=first.lease_id)
     second = await _attempt(link)
     assert second.token.attempt == 2
-    for call in (sched.heartbeat(first.token), sched.report_success(first.token)):
+    for call in (
+        sched.heartbeat(first.token, lease_id=first.lease_id),
+        sched.report_success(first.token, lease_id=first.lease_id),
+    ):
         with pytest.raises(StaleAttempt) as stale:
             await call
         assert stale.value.reason == "attempt"
-    await sched.report_failure(second.token, "fatal", retryable=False)
+    await sched.report_failure(second.token, "fatal", retryable=False, lease_id=second.lease_id)
     info = await sched.wait(task_id, timeout=5)
     assert info.status is Status.FAILED
     assert "fatal" in info.message
@@ -125,11 +129,14 @@ async def test_an_attempt_whose_lease_expires_is_lost_and_retried() -> None:
         again = sched.attach(["remote"], slots=1)
         retried = await _attempt(again)
         assert retried.token.attempt == 2
-        for call in (sched.heartbeat(lost.token), sched.report_success(lost.token, b"late")):
+        for call in (
+            sched.heartbeat(lost.token, lease_id=lost.lease_id),
+            sched.report_success(lost.token, b"late", lease_id=lost.lease_id),
+        ):
             with pytest.raises(StaleAttempt) as stale:
                 await call
             assert stale.value.reason == "attempt"
-        await sched.report_success(retried.token, b"ok")
+        await sched.report_success(retried.token, b"ok", lease_id=retried.lease_id)
         info = await sched.wait(task_id, timeout=5)
         assert (info.status, info.output, info.attempt) == (Status.SUCCEEDED, b"ok", 2)
         assert sched.metrics().attempts_lost == {"remote": 1}
@@ -142,8 +149,10 @@ async def test_a_cancel_reaches_the_worker_and_its_report_ends_the_task(sched: S
     assert await sched.cancel(task_id, "not needed") is Status.RUNNING
     event = await asyncio.wait_for(link.next(), 5)
     assert event == CancelRequested(attempt.token, "not needed")
-    assert (await sched.heartbeat(attempt.token)).cancel_reason == "not needed"
-    await sched.report_failure(attempt.token, "cancelled by the worker")
+    assert (
+        await sched.heartbeat(attempt.token, lease_id=attempt.lease_id)
+    ).cancel_reason == "not needed"
+    await sched.report_failure(attempt.token, "cancelled by the worker", lease_id=attempt.lease_id)
     info = await sched.wait(task_id, timeout=5)
     assert (info.status, info.message) == (Status.CANCELLED, "not needed")
 
@@ -170,10 +179,10 @@ async def test_an_attempt_not_taken_from_a_closed_link_goes_back_uncounted(
     third = sched.attach(["remote"], slots=1)
     again = await _attempt(third)
     assert again.token == attempt.token
-    await sched.report_success(again.token)
+    await sched.report_success(again.token, lease_id=again.lease_id)
     assert (await sched.wait(second_id, timeout=5)).attempt == 1
     # The first attempt, taken before the close, is still the worker's to report.
-    await sched.report_success(taken.token)
+    await sched.report_success(taken.token, lease_id=taken.lease_id)
     assert (await sched.wait(first_id, timeout=5)).status is Status.SUCCEEDED
 
 
@@ -198,10 +207,10 @@ async def test_a_reconnecting_worker_keeps_the_slots_of_what_it_runs(sched: Sche
     attempt = await _attempt(link)
     link.close()
     await sched.submit("next", pool="remote")
-    back = sched.attach(["remote"], slots=1, running=[attempt.token])
+    back = sched.attach(["remote"], slots=1, running=[(attempt.token, attempt.lease_id)])
     await sched.list()  # a step: it would lease "next" if the slot were offered
     assert back.free == 0  # the slot is still taken by the attempt it runs
-    await sched.report_success(attempt.token)
+    await sched.report_success(attempt.token, lease_id=attempt.lease_id)
     assert (await _attempt(back)).kind == "next"
 
 
@@ -212,9 +221,13 @@ async def test_a_token_named_twice_at_reattach_takes_one_slot(sched: Scheduler) 
     await sched.submit("job", pool="remote")
     attempt = await _attempt(link)
     link.close()
-    back = sched.attach(["remote"], slots=2, running=[attempt.token, attempt.token])
+    back = sched.attach(
+        ["remote"],
+        slots=2,
+        running=[(attempt.token, attempt.lease_id), (attempt.token, attempt.lease_id)],
+    )
     assert back.free == 1
-    await sched.report_success(attempt.token)
+    await sched.report_success(attempt.token, lease_id=attempt.lease_id)
     assert back.free == 2
 
 
@@ -226,7 +239,7 @@ async def test_a_graceful_close_waits_for_remote_reports() -> None:
 
         async def worker_finishes() -> None:
             await asyncio.sleep(0.1)
-            await sched.report_success(attempt.token, b"done")
+            await sched.report_success(attempt.token, b"done", lease_id=attempt.lease_id)
 
         finishing = asyncio.create_task(worker_finishes())
         await sched.close(timeout=5)
@@ -261,18 +274,31 @@ async def test_bad_worker_input_is_refused(sched: Scheduler) -> None:
     with pytest.raises(InvalidArgument):
         sched.attach("remote", slots=1)
     token = AttemptToken(sched.epoch or 0, 1, 1)
+    lease_id = bytes(16)
     with pytest.raises(InvalidArgument):
-        await sched.heartbeat((1, 2, 3))  # type: ignore[arg-type]
+        await sched.heartbeat((1, 2, 3), lease_id=lease_id)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument):
-        await sched.report_success(AttemptToken(0, 1, 1))
+        await sched.report_success(AttemptToken(0, 1, 1), lease_id=lease_id)
     with pytest.raises(InvalidArgument):
-        await sched.report_success(token, "text")  # type: ignore[arg-type]
+        await sched.report_success(token, "text", lease_id=lease_id)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument):
-        await sched.report_failure(token, "x", retry_after=float("inf"))
+        await sched.report_failure(token, "x", lease_id=lease_id, retry_after=float("inf"))
     with pytest.raises(InvalidArgument):
-        await sched.report_failure(token, "x" * 70_000)
+        await sched.report_failure(token, "x" * 70_000, lease_id=lease_id)
+    for bad_lease in (b"short", "0" * 16, None, bytes(17)):
+        with pytest.raises(InvalidArgument, match="lease_id"):
+            await sched.heartbeat(token, lease_id=bad_lease)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgument, match="lease_id"):
+            await sched.report_success(token, lease_id=bad_lease)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="pair"):
+        sched.attach(["remote"], slots=1, running=[token])  # type: ignore[list-item]
+    with pytest.raises(InvalidArgument, match="lease_id"):
+        sched.attach(["remote"], slots=1, running=[(token, b"x")])
+    endless = itertools.repeat((token, lease_id))
+    with pytest.raises(InvalidArgument, match="running: more than 100000 items given"):
+        sched.attach(["remote"], slots=1, running=endless)
     with pytest.raises(StaleAttempt) as stale:
-        await sched.report_success(token)
+        await sched.report_success(token, lease_id=lease_id)
     assert stale.value.reason == "unknown"
 
 
@@ -286,8 +312,9 @@ async def test_a_worker_cannot_end_a_local_attempt() -> None:
     async with Scheduler([Pool("local", slow), RemotePool("remote")], store=MemoryStore()) as sched:
         task_id = await sched.submit("job", pool="local")
         await asyncio.wait_for(started.wait(), 5)
+        forged = AttemptToken(sched.epoch or 0, task_id, 1)
         with pytest.raises(StaleAttempt, match="not leased"):
-            await sched.report_success(AttemptToken(sched.epoch or 0, task_id, 1), b"forged")
+            await sched.report_success(forged, b"forged", lease_id=bytes(16))
         release.set()
         assert (await sched.wait(task_id, timeout=5)).status is Status.SUCCEEDED
 
@@ -296,13 +323,13 @@ async def test_metrics_count_what_happened(sched: Scheduler) -> None:
     link = sched.attach(["remote"], slots=1)
     ok = await sched.submit("job", pool="remote", retry=FAST)
     attempt = await _attempt(link)
-    await sched.report_failure(attempt.token, "again", retry_after=0)
+    await sched.report_failure(attempt.token, "again", retry_after=0, lease_id=attempt.lease_id)
     attempt = await _attempt(link)
-    await sched.report_success(attempt.token)
+    await sched.report_success(attempt.token, lease_id=attempt.lease_id)
     await sched.wait(ok, timeout=5)
     dead = await sched.submit("job", pool="remote")
     attempt = await _attempt(link)
-    await sched.report_failure(attempt.token, "no", retryable=False)
+    await sched.report_failure(attempt.token, "no", retryable=False, lease_id=attempt.lease_id)
     await sched.wait(dead, timeout=5)
     await sched.submit("queued", pool="other")
     metrics = sched.metrics()
@@ -329,23 +356,82 @@ async def test_list_pages_through_ascending_ids(sched: Scheduler) -> None:
     assert pages == [ids[0:3], ids[3:6], ids[6:7]]
 
 
-async def test_a_new_leader_counts_a_remote_attempt_lost_and_rejects_its_report() -> None:
-    store = MemoryStore()
-    first = Scheduler([RemotePool("remote")], store=store)
+async def _failover(store: MemoryStore, lease: float = 30.0) -> tuple[Scheduler, Scheduler]:
+    """A leader that stops without waiting for its remote attempt, and the one after it."""
+    first = Scheduler([RemotePool("remote", lease=lease)], store=store)
     await first.start()
+    return first, Scheduler([RemotePool("remote", lease=lease)], store=store)
+
+
+async def test_a_new_leader_adopts_a_remote_attempt_whose_worker_proves_its_lease() -> None:
+    # Issue 19, item 1: a failover re-ran every in-flight remote attempt at once.
+    first, second = await _failover(MemoryStore())
     link = first.attach(["remote"], slots=1)
     task_id = await first.submit("job", pool="remote", retry=FAST)
     attempt = await _attempt(link)
     await first.close(timeout=0)
-    second = Scheduler([RemotePool("remote")], store=store)
     await second.start()
-    with pytest.raises(StaleAttempt) as stale:
-        await second.report_success(attempt.token)
-    assert stale.value.reason == "epoch"
-    again = await _attempt(second.attach(["remote"], slots=1))
-    assert again.token == AttemptToken(second.epoch or 0, task_id, 2)
-    assert second.metrics().attempts_lost == {"remote": 1}
-    await second.close(timeout=0.1)
+    try:
+        back = second.attach(["remote"], slots=1, running=[(attempt.token, attempt.lease_id)])
+        await second.submit("other", pool="remote")
+        renewed = await second.heartbeat(attempt.token, lease_id=attempt.lease_id)
+        assert not renewed.stopped and renewed.cancel_reason is None
+        assert back.queued == 0, "the worker's one slot is its adopted attempt's"
+        await second.report_success(attempt.token, b"done", lease_id=attempt.lease_id)
+        record = await second.wait(task_id, timeout=2)
+        assert (record.status, record.attempt, record.output) == (Status.SUCCEEDED, 1, b"done")
+        assert second.metrics().attempts_lost == {}
+        assert (await _attempt(back)).kind == "other"  # its slot came back with the report
+    finally:
+        await second.close(timeout=0)
+
+
+async def test_an_impostor_cannot_speak_for_an_adopted_attempt() -> None:
+    # Issue 19, item 2: a token is visible through List/Get; the lease id is not.
+    first, second = await _failover(MemoryStore())
+    link = first.attach(["remote"], slots=1)
+    task_id = await first.submit("job", pool="remote", retry=FAST)
+    attempt = await _attempt(link)
+    await first.close(timeout=0)
+    await second.start()
+    try:
+        impostor = second.attach(["remote"], slots=1, running=[(attempt.token, bytes(16))])
+        for call in (
+            second.heartbeat(attempt.token, lease_id=bytes(16)),
+            second.report_success(attempt.token, b"forged", lease_id=bytes(16)),
+        ):
+            with pytest.raises(StaleAttempt) as stale:
+                await call
+            assert stale.value.reason == "unknown"
+        assert (await second.get(task_id)).status is Status.RUNNING
+        worker = second.attach(["remote"], slots=1, running=[(attempt.token, attempt.lease_id)])
+        await second.heartbeat(attempt.token, lease_id=attempt.lease_id)
+        await second.cancel(task_id)
+        event = await asyncio.wait_for(worker.next(), 2)
+        assert isinstance(event, CancelRequested), "the cancel goes to the real worker"
+        assert impostor.queued == 0
+        await second.report_failure(attempt.token, "cancelled", lease_id=attempt.lease_id)
+        assert (await second.wait(task_id, timeout=2)).output is None
+    finally:
+        await second.close(timeout=0)
+
+
+async def test_a_new_leader_retries_a_remote_attempt_whose_worker_never_returns() -> None:
+    first, second = await _failover(MemoryStore(), lease=0.3)
+    link = first.attach(["remote"], slots=1)
+    task_id = await first.submit("job", pool="remote", retry=FAST)
+    attempt = await _attempt(link)
+    await first.close(timeout=0)
+    await second.start()
+    try:
+        again = await _attempt(second.attach(["remote"], slots=1))  # after one lease
+        assert again.token == AttemptToken(second.epoch or 0, task_id, 2)
+        assert second.metrics().attempts_lost == {"remote": 1}
+        with pytest.raises(StaleAttempt) as stale:
+            await second.report_success(attempt.token, lease_id=attempt.lease_id)
+        assert stale.value.reason == "attempt"
+    finally:
+        await second.close(timeout=0)
 
 
 # --- the engine's side: pure steps ------------------------------------------------------------
@@ -385,7 +471,13 @@ def test_a_report_after_the_lease_is_stale_even_before_the_timer_fired() -> None
     engine = _engine(PoolConfig("r", 1, lease_ns=10 * S))
     [dispatch] = _submit(engine, T0, "r", offer=OfferSlots([(frozenset({"r"}), 1)])).dispatches
     reply_to = object()
-    late = AttemptReport(dispatch.token, AttemptSucceeded(b"late"), reply_to, remote=True)
+    late = AttemptReport(
+        dispatch.token,
+        AttemptSucceeded(b"late"),
+        reply_to,
+        remote=True,
+        lease_id=dispatch.lease_id,
+    )
     result = engine.step(T0 + 10 * S, [late])
     [value] = [v for to, v in result.replies if to is reply_to]
     assert isinstance(value, StaleAttempt) and value.reason == "lease"

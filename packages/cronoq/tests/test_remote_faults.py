@@ -48,8 +48,10 @@ async def test_a_report_queued_when_the_scheduler_halts_is_answered() -> None:
     link = sched.attach(["remote"], slots=1)
     await sched.submit("job", pool="remote")
     attempt = await _attempt(link)
-    report = asyncio.create_task(sched.report_success(attempt.token, b"out"))
-    beat = asyncio.create_task(sched.heartbeat(attempt.token))
+    report = asyncio.create_task(
+        sched.report_success(attempt.token, b"out", lease_id=attempt.lease_id)
+    )
+    beat = asyncio.create_task(sched.heartbeat(attempt.token, lease_id=attempt.lease_id))
     await asyncio.sleep(0)  # both are in the driver's inbox now
     sched.abort()  # or: fenced, leadership lost, close() timing out
     for call in (report, beat):
@@ -57,24 +59,43 @@ async def test_a_report_queued_when_the_scheduler_halts_is_answered() -> None:
             await asyncio.wait_for(call, 2)
 
 
-async def test_a_stale_heartbeat_without_report_does_not_leak_the_worker_slot() -> None:
-    # cronoq_client.Worker: a heartbeat answered stale -> the attempt is abandoned, NO report.
+async def test_a_lapsed_attempt_keeps_its_slot_until_its_worker_reports_it() -> None:
+    # Issue 19, item 3: a stale heartbeat freed the slot while the function still ran, and
+    # the retry was leased into it: a slots=1 worker ran two attempts of one task at once.
     async with _serving(Scheduler([RemotePool("remote", lease=0.2)], store=MemoryStore())) as sched:
         link = sched.attach(["remote"], slots=1)
         await sched.submit("job", pool="remote", retry=FAST)
         first = await _attempt(link)
-        await asyncio.sleep(0.35)  # a GC pause / network blip: the lease expires
+        cancel = await asyncio.wait_for(link.next(), 2)  # it lapsed: the engine stops it
+        assert isinstance(cancel, CancelRequested) and cancel.token == first.token
+        with pytest.raises(StaleAttempt) as stale:
+            await sched.heartbeat(first.token, lease_id=first.lease_id)
+        assert stale.value.reason == "lease"
+        await sched.list()  # a step: it would lease the retry if a slot were offered
+        assert link.queued == 0, "the retry must not go to a worker whose slot is still taken"
         with pytest.raises(StaleAttempt):
-            await sched.heartbeat(first.token)
-        # The worker abandons it without a report, as the Worker runtime does. Its one slot
-        # should be free again; it must not stay taken for the life of the link.
-        events = []
-        while True:
-            event = await asyncio.wait_for(link.next(), 2)  # the CancelRequested, then ...
-            events.append(event)
-            if isinstance(event, LeasedAttempt):
-                break
-        assert events[-1].token.attempt == 2
+            await sched.report_failure(first.token, "cancelled", lease_id=first.lease_id)
+        second = await _attempt(link)  # the function returned: the slot is free again
+        assert second.token.attempt == 2
+
+
+async def test_a_stopped_attempt_heartbeats_as_stopped_and_holds_its_task() -> None:
+    async with _serving(Scheduler([RemotePool("remote", lease=5)], store=MemoryStore())) as sched:
+        link = sched.attach(["remote"], slots=2)
+        task_id = await sched.submit("job", pool="remote", retry=FAST, timeout=0.2)
+        first = await _attempt(link)
+        cancel = await asyncio.wait_for(link.next(), 2)  # timed out
+        assert isinstance(cancel, CancelRequested)
+        for _ in range(2):
+            renewed = await sched.heartbeat(first.token, lease_id=first.lease_id)
+            assert renewed.stopped and renewed.cancel_reason is not None
+            await sched.list()
+            assert link.queued == 0, "no retry while the stopped attempt still runs"
+        # Its backoff is over (FAST): ready, and held back only by its running attempt.
+        assert (await sched.get(task_id)).status is Status.READY
+        with pytest.raises(StaleAttempt):
+            await sched.report_success(first.token, lease_id=first.lease_id)
+        assert (await _attempt(link)).token.attempt == 2
 
 
 async def test_a_report_whose_caller_is_cancelled_still_frees_the_slot() -> None:
@@ -84,7 +105,7 @@ async def test_a_report_whose_caller_is_cancelled_still_frees_the_slot() -> None
         link = sched.attach(["remote"], slots=1)
         first_id = await sched.submit("a", pool="remote")
         first = await _attempt(link)
-        call = asyncio.create_task(sched.report_success(first.token, b"x"))
+        call = asyncio.create_task(sched.report_success(first.token, b"x", lease_id=first.lease_id))
         await asyncio.sleep(0)
         call.cancel()
         assert (await sched.wait(first_id, timeout=2)).status is Status.SUCCEEDED
@@ -100,9 +121,13 @@ async def test_cancel_while_disconnected_keeps_the_slot_on_reattach() -> None:
         link.close()  # the stream broke; the worker goes on running the attempt
         assert await sched.cancel(t1) is Status.RUNNING  # still running until it reports
         await sched.submit("b", pool="remote")
-        back = sched.attach(["remote"], slots=1, running=[first.token])
+        back = sched.attach(["remote"], slots=1, running=[(first.token, first.lease_id)])
         await sched.list()  # a step: it would lease "b" if a slot were offered
-        assert back.queued == 0, "a slots=1 worker still running attempt 1 is sent a second"
+        # The cancellation its broken link never delivered comes on the new one; no attempt
+        # does (a slots=1 worker still running attempt 1 is not sent a second).
+        assert back.queued == 1
+        event = await back.next()
+        assert isinstance(event, CancelRequested) and event.token == first.token
 
 
 async def test_a_worker_running_more_than_its_slots_can_reattach() -> None:
@@ -114,13 +139,17 @@ async def test_a_worker_running_more_than_its_slots_can_reattach() -> None:
         first, second = await _attempt(link), await _attempt(link)
         link.close()
         await sched.submit("c", pool="remote")
-        back = sched.attach(["remote"], slots=1, running=[first.token, second.token])
+        back = sched.attach(
+            ["remote"],
+            slots=1,
+            running=[(first.token, first.lease_id), (second.token, second.lease_id)],
+        )
         await sched.list()  # a step: nothing may be leased to it while it runs two
         assert back.queued == 0
-        await sched.report_success(first.token)
+        await sched.report_success(first.token, lease_id=first.lease_id)
         await sched.list()
         assert back.queued == 0  # still one running: its one slot is taken
-        await sched.report_success(second.token)
+        await sched.report_success(second.token, lease_id=second.lease_id)
         assert (await _attempt(back)).kind == "c"
 
 
@@ -182,7 +211,7 @@ async def test_an_attempt_taken_by_a_cancelled_next_goes_back(spins: int) -> Non
         # Never sent: it must come back uncounted (attempt 1) at once, not after 30 s.
         again = await _attempt(other, timeout=2)
         assert again.token.attempt == 1 and again.token.task_id == task_id
-        await sched.report_success(again.token)
+        await sched.report_success(again.token, lease_id=again.lease_id)
 
 
 async def test_a_withdraw_during_a_failing_rebuild_is_not_lost() -> None:
@@ -218,7 +247,9 @@ async def test_a_heartbeat_sent_in_time_is_not_judged_late_because_a_commit_stal
         store.set_available(False)  # a slow commit (within commit_timeout): no rebuild
         slow = asyncio.create_task(sched.submit("b", pool="remote", key="b"))
         await asyncio.sleep(0.2)
-        beat = asyncio.create_task(sched.heartbeat(attempt.token))  # 0.2 s into a 0.5 s lease
+        beat = asyncio.create_task(
+            sched.heartbeat(attempt.token, lease_id=attempt.lease_id)
+        )  # 0.2 s into a 0.5 s lease
         await asyncio.sleep(0.6)
         store.set_available(True)
         await slow
@@ -241,7 +272,9 @@ async def test_a_stopped_remote_attempt_holds_its_task_until_it_reports() -> Non
         assert b.queued == 0  # held back, although its backoff is over and B is free
         assert (await sched.get(task_id)).status is Status.READY
         with pytest.raises(StaleAttempt):
-            await sched.report_failure(first.token, "stopped")  # A ends it at last
+            await sched.report_failure(
+                first.token, "stopped", lease_id=first.lease_id
+            )  # A ends it at last
         second = await _attempt(b)  # now the retry starts
         assert second.token.attempt == 2
 

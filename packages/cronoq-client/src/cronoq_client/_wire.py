@@ -1031,11 +1031,15 @@ class ReportFailure:
     """Seconds before the next attempt (as ``TaskError.retry_after``); None: the backoff."""
 
 
-def token_to_pb(token: AttemptToken) -> pb.AttemptToken:
+def token_to_pb(token: AttemptToken, lease_id: bytes = b"") -> pb.AttemptToken:
+    """``lease_id``: only on what goes between the server and the attempt's own worker."""
+    if not isinstance(lease_id, bytes):
+        raise InvalidArgument(f"lease_id must be bytes, got {type(lease_id).__name__}")
     return pb.AttemptToken(
         epoch=_int64(token.epoch, "token epoch"),
         task_id=_int64(token.task_id, "token task_id"),
         attempt=_int64(token.attempt, "token attempt"),
+        lease_id=lease_id,
     )
 
 
@@ -1045,24 +1049,38 @@ def token_from_pb(message: pb.AttemptToken) -> AttemptToken:
     return AttemptToken(message.epoch, message.task_id, message.attempt)
 
 
-def _required_token(message: pb.HeartbeatRequest | pb.ReportRequest, what: str) -> AttemptToken:
+def _required_token(
+    message: pb.HeartbeatRequest | pb.ReportRequest, what: str
+) -> tuple[AttemptToken, bytes]:
+    """The token and the lease id a worker sent (the Scheduler checks the id's length)."""
     if not message.HasField("token"):
         raise InvalidArgument(f"{what} needs the token of its attempt")
-    return token_from_pb(message.token)
+    return token_from_pb(message.token), message.token.lease_id
+
+
+def _running_to_pb(attempt: object) -> pb.AttemptToken:
+    if not isinstance(attempt, tuple) or len(attempt) != 2:
+        raise InvalidArgument("each running attempt must be a (token, lease_id) pair")
+    token, lease_id = attempt
+    return token_to_pb(token, lease_id)
 
 
 def attach_request(
     worker_id: str,
     pools: Iterable[str],
     slots: int,
-    running: Iterable[AttemptToken] = (),
+    running: Iterable[tuple[AttemptToken, bytes]] = (),
     max_message_bytes: int = 0,
 ) -> pb.AttachRequest:
+    """``running``: the attempts the worker still runs, as (token, lease id) pairs."""
     return pb.AttachRequest(
         worker_id=_text(worker_id, "worker_id"),
         pools=_texts(pools, "pools", "a pool name"),
         slots=_int64(slots, "slots"),
-        running=[token_to_pb(t) for t in _items(running, "running", "an iterable of tokens")],
+        running=[
+            _running_to_pb(a)
+            for a in _items(running, "running", "an iterable of (token, lease_id) pairs")
+        ],
         max_message_bytes=_int64(max_message_bytes, "max_message_bytes"),
     )
 
@@ -1081,13 +1099,13 @@ def attach_kwargs(message: pb.AttachRequest) -> dict[str, Any]:
     return {
         "pools": tuple(message.pools),
         "slots": message.slots,
-        "running": tuple(token_from_pb(t) for t in message.running),
+        "running": tuple((token_from_pb(t), t.lease_id) for t in message.running),
     }
 
 
 def _attempt_to_pb(attempt: LeasedAttempt) -> pb.Attempt:
     message = pb.Attempt(
-        token=token_to_pb(attempt.token),
+        token=token_to_pb(attempt.token, attempt.lease_id),
         pool=attempt.pool,
         kind=attempt.kind,
         tags=attempt.tags,
@@ -1120,6 +1138,7 @@ def _attempt_from_pb(message: pb.Attempt) -> LeasedAttempt:
         ),
         payload=message.payload,  # absent is b"": no payload, as stored
         lease_expires_at=_datetime(message.lease_expires_at, "lease_expires_at"),
+        lease_id=message.token.lease_id,
     )
 
 
@@ -1160,12 +1179,12 @@ def worker_events_from_pb(message: pb.AttachResponse) -> list[WorkerEvent]:
     return [worker_event_from_pb(event) for event in message.events]
 
 
-def heartbeat_request(token: AttemptToken) -> pb.HeartbeatRequest:
-    return pb.HeartbeatRequest(token=token_to_pb(token))
+def heartbeat_request(token: AttemptToken, lease_id: bytes) -> pb.HeartbeatRequest:
+    return pb.HeartbeatRequest(token=token_to_pb(token, lease_id))
 
 
-def heartbeat_token(message: pb.HeartbeatRequest) -> AttemptToken:
-    """The argument of ``Scheduler.heartbeat``."""
+def heartbeat_token(message: pb.HeartbeatRequest) -> tuple[AttemptToken, bytes]:
+    """The arguments of ``Scheduler.heartbeat``: the token and its lease id."""
     return _required_token(message, "a heartbeat")
 
 
@@ -1174,6 +1193,7 @@ def lease_renewed_to_pb(renewed: LeaseRenewed) -> pb.HeartbeatResponse:
         lease_expires_at=_timestamp(renewed.lease_expires_at, "lease_expires_at"),
         cancel_requested=renewed.cancel_reason is not None,
         cancel_reason=renewed.cancel_reason or "",
+        stopped=renewed.stopped,
     )
 
 
@@ -1181,13 +1201,16 @@ def lease_renewed_from_pb(message: pb.HeartbeatResponse) -> LeaseRenewed:
     return LeaseRenewed(
         _datetime(message.lease_expires_at, "lease_expires_at"),
         message.cancel_reason if message.cancel_requested else None,
+        message.stopped,
     )
 
 
-def report_request(token: AttemptToken, outcome: ReportSuccess | ReportFailure) -> pb.ReportRequest:
+def report_request(
+    token: AttemptToken, lease_id: bytes, outcome: ReportSuccess | ReportFailure
+) -> pb.ReportRequest:
     """A report of the worker. A failure's message may be any str: a lone surrogate in an
     exception's text is escaped, since refusing the report would lose the outcome."""
-    message = pb.ReportRequest(token=token_to_pb(token))
+    message = pb.ReportRequest(token=token_to_pb(token, lease_id))
     if isinstance(outcome, ReportSuccess):
         message.success.SetInParent()
         if outcome.output is not None:
@@ -1216,20 +1239,28 @@ def report_many_from_pb(message: pb.ReportManyRequest) -> Sequence[pb.ReportRequ
     return message.reports
 
 
-def report_from_pb(message: pb.ReportRequest) -> tuple[AttemptToken, ReportSuccess | ReportFailure]:
-    """The token and outcome, for ``Scheduler.report_success`` or ``report_failure``."""
-    token = _required_token(message, "a report")
+def report_from_pb(
+    message: pb.ReportRequest,
+) -> tuple[AttemptToken, bytes, ReportSuccess | ReportFailure]:
+    """The token, lease id and outcome, for ``Scheduler.report_success`` or
+    ``report_failure``."""
+    token, lease_id = _required_token(message, "a report")
     kind = message.WhichOneof("outcome")
     if kind == "success":
         success = message.success
-        return token, ReportSuccess(success.output if success.HasField("output") else None)
+        output = success.output if success.HasField("output") else None
+        return token, lease_id, ReportSuccess(output)
     if kind == "failure":
         failure = message.failure
-        return token, ReportFailure(
-            failure.message,
-            failure.retryable if failure.HasField("retryable") else True,
-            _seconds(failure.retry_after, "retry_after")
-            if failure.HasField("retry_after")
-            else None,
+        return (
+            token,
+            lease_id,
+            ReportFailure(
+                failure.message,
+                failure.retryable if failure.HasField("retryable") else True,
+                _seconds(failure.retry_after, "retry_after")
+                if failure.HasField("retry_after")
+                else None,
+            ),
         )
     raise InvalidArgument("a report needs an outcome: success or failure")

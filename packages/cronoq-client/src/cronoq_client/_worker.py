@@ -107,7 +107,7 @@ class _Attempt:
     executing: bool = True
     """The function still runs: a cancellation interrupts it (not the report that follows)."""
     stale: bool = False
-    """The server said the attempt is no longer current: it ends without a report."""
+    """The worker is stopping and gave up on it: it ends without a report."""
     heartbeat: asyncio.Task[None] | None = field(default=None)
 
 
@@ -267,7 +267,7 @@ class Worker:
                 self.worker_id,
                 self._pools,
                 self._slots,
-                running=tuple(self._attempts),
+                running=tuple((t, a.leased.lease_id) for t, a in self._attempts.items()),
                 max_message_bytes=self._max_message_bytes,
             )
             call = stub.Attach(request)
@@ -403,27 +403,38 @@ class Worker:
         except PayloadError as exc:
             return ReportFailure(_truncate(str(exc)), retryable=False)
 
-    def _abandon(self, attempt: _Attempt, error: StaleAttempt) -> None:
+    def _stale(self, attempt: _Attempt, error: StaleAttempt) -> None:
+        """The server no longer holds the attempt: stop its function. It is still reported
+        once the function returns (answered stale), which frees its slot on the server: until
+        then the server gives this worker no attempt in its place."""
         log.info(
-            "attempt is stale (%s): stopping it without a report",
+            "attempt is stale (%s): stopping it",
             error.reason,
             extra={"task_id": attempt.ctx.task_id},
         )
-        attempt.stale = True
         self._interrupt(attempt, f"the attempt is no longer current: {error}")
 
     # --- heartbeats and reports -------------------------------------------------------------
 
     async def _heartbeats(self, attempt: _Attempt) -> None:
+        """Every third of the lease; after a failure, again soon (with jittered backoff, at
+        most that third): after a failover the new leader holds the attempt for one lease
+        from its takeover, and the worker must find it within that lease."""
         interval = attempt.lease_s / 3
         token = attempt.leased.token
         loop = asyncio.get_running_loop()
+        wait, timeout, failures = interval, interval, 0
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(wait)
+            # Until one succeeds: soon again (a few tenths of a second, jittered), each try
+            # bounded to half the usual time, so that a frozen replica costs little.
+            wait = min(interval, _BACKOFF.delay(min(failures, 3)))
+            failures += 1
             connection, stub = self._current()
             sent = loop.time()
             try:
-                reply = await stub.Heartbeat(heartbeat_request(token), timeout=interval)
+                request = heartbeat_request(token, attempt.leased.lease_id)
+                reply = await stub.Heartbeat(request, timeout=timeout)
             except asyncio.CancelledError:
                 if not closed_under_call():
                     raise
@@ -435,25 +446,30 @@ class Worker:
                 error = error_from_rpc(err)
                 if isinstance(error, StaleAttempt):
                     if attempt.executing:
-                        self._abandon(attempt, error)
-                    else:
-                        attempt.stale = True  # its report is answered stale too
+                        self._stale(attempt, error)
                     return
                 if judge(err, idempotent=True) is Verdict.RETRY:
                     self._reconnect(connection)
                 log.info("heartbeat failed: %s", error, extra={"task_id": token.task_id})
+                timeout = interval / 2
                 continue
+            wait, timeout, failures = interval, interval, 0
             attempt.lease_end = sent + attempt.lease_s
             renewed = lease_renewed_from_pb(reply)
             if renewed.cancel_reason is not None:
+                # A stopped attempt goes on heartbeating: the server holds its slot and its
+                # task (no retry starts) until the function returns and it is reported.
                 self._interrupt(attempt, renewed.cancel_reason)
 
     async def _report(self, attempt: _Attempt, result: ReportSuccess | ReportFailure) -> None:
-        """Report until the server answers, while the lease lasts (a report is idempotent:
-        a repeat of an applied one is answered stale and changes nothing)."""
+        """Report until a server answers it, until the worker stops (a report is idempotent:
+        a repeat of an applied one is answered stale and changes nothing). Not only while the
+        lease lasts as this worker last heard it: a new leader holds the attempt for a whole
+        lease from its takeover, and a finished attempt whose report waits for it must not
+        run again."""
         token = attempt.leased.token
-        loop = asyncio.get_running_loop()
-        request = report_request(token, result)
+        lease_id = attempt.leased.lease_id
+        request = report_request(token, lease_id, result)
         failures = 0
         while not attempt.stale:
             connection, answer = await self._reports.send(request, attempt.lease_end)
@@ -475,16 +491,9 @@ class Worker:
                 if isinstance(result, ReportSuccess) and isinstance(error, InvalidArgument):
                     # An output the server refuses (too large): the attempt fails instead.
                     result = ReportFailure(_truncate(f"output refused: {error}"), False)
-                    request = report_request(token, result)
+                    request = report_request(token, lease_id, result)
                     continue
                 log.error("report refused: %s", error, extra={"task_id": token.task_id})
-                return
-            if loop.time() >= attempt.lease_end:
-                log.warning(
-                    "report failed and the lease is over; the server retries the attempt: %s",
-                    error,
-                    extra={"task_id": token.task_id},
-                )
                 return
             log.info("report failed; retrying: %s", error, extra={"task_id": token.task_id})
             self._reconnect(connection)

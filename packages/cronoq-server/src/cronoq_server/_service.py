@@ -346,8 +346,8 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
 
     @_unary
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
-        token = wire.heartbeat_token(request)
-        renewed = await self._leader(reporting=True).heartbeat(token)
+        token, lease_id = wire.heartbeat_token(request)
+        renewed = await self._leader(reporting=True).heartbeat(token, lease_id=lease_id)
         return wire.lease_renewed_to_pb(renewed)
 
     @_unary
@@ -380,10 +380,14 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
 
 
 async def _report(sched: Scheduler, request: pb.ReportRequest) -> None:
-    token, outcome = wire.report_from_pb(request)
+    token, lease_id, outcome = wire.report_from_pb(request)
     if isinstance(outcome, wire.ReportSuccess):
-        await sched.report_success(token, outcome.output)
+        await sched.report_success(token, outcome.output, lease_id=lease_id)
     else:
         await sched.report_failure(
-            token, outcome.message, retryable=outcome.retryable, retry_after=outcome.retry_after
+            token,
+            outcome.message,
+            lease_id=lease_id,
+            retryable=outcome.retryable,
+            retry_after=outcome.retry_after,
         )

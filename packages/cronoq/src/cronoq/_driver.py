@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import time
 from collections import deque
@@ -96,6 +97,7 @@ class Driver:
         # Attempts released to executors that have not reported, and those a close left
         # running: what a rebuild in this epoch must know (see InFlight).
         self._executing: dict[AttemptToken, str] = {}
+        self._lease_ids: dict[AttemptToken, bytes] = {}  # of the remote ones among them
         self._abandoned: set[AttemptToken] = set()
         # Waiters taken from an engine being rebuilt, until the new one takes them over.
         self._moving_waiters: list[tuple[int, object]] = []
@@ -152,7 +154,7 @@ class Driver:
         for tokens in left:
             self._abandoned |= tokens
             for token in tokens:
-                self._executing.pop(token, None)
+                self._forget(token)
         self._stopping = True
         self._wake()
         final = max(deadline, loop.time() + _CLOSE_GRACE_S)
@@ -214,30 +216,36 @@ class Driver:
         outcome: AttemptSucceeded | AttemptFailed,
         reply_to: asyncio.Future[object] | None = None,
         remote: bool = False,
+        lease_id: bytes | None = None,
     ) -> None:
         """An attempt ended. With ``reply_to``, it is answered once the outcome is committed
-        (or with StaleAttempt); reports are taken while closing, unlike calls."""
+        (or with StaleAttempt); reports are taken while closing, unlike calls. A remote one
+        carries its lease id: a report without the right one leaves the attempt running."""
         if self.stopped.is_set():
             if reply_to is not None:
                 _resolve(reply_to, self.failure_error())
             return
-        self._executing.pop(token, None)
+        known = self._lease_ids.get(token)
+        if known is None or (lease_id is not None and hmac.compare_digest(known, lease_id)):
+            self._forget(token)
         received = self._clock() if remote else None
-        self._inbox.append(AttemptReport(token, outcome, reply_to, remote, received))
+        self._inbox.append(AttemptReport(token, outcome, reply_to, remote, received, lease_id))
         self._wake()
 
-    def heartbeat(self, token: AttemptToken, reply_to: asyncio.Future[object]) -> None:
+    def heartbeat(
+        self, token: AttemptToken, lease_id: bytes, reply_to: asyncio.Future[object]
+    ) -> None:
         """A remote worker's heartbeat, answered after the step that applied it."""
         if self.stopped.is_set():
             _resolve(reply_to, self.failure_error())
             return
-        self._inbox.append(Heartbeat(token, reply_to, remote=True, received_ns=self._clock()))
+        self._inbox.append(Heartbeat(token, reply_to, True, self._clock(), lease_id))
         self._wake()
 
     def withdraw(self, token: AttemptToken, reason: str) -> None:
         """A released attempt that its executor could not start after all (a remote worker
         left in the meantime): back to its queue, not counted."""
-        self._executing.pop(token, None)
+        self._forget(token)
         if not self.stopped.is_set():
             self._inbox.append(WithdrawAttempts([token], reason))
             self._wake()
@@ -344,12 +352,14 @@ class Driver:
         else:
             for dispatch in result.dispatches:
                 self._executing[dispatch.token] = dispatch.spec.pool
+                if dispatch.lease_id is not None:
+                    self._lease_ids[dispatch.token] = dispatch.lease_id
                 self._executors[dispatch.spec.pool].start(dispatch, self)
         for cancel in result.cancels:
             self._executors[cancel.pool].cancel(cancel.token, cancel.reason)
         for token in result.expired:
             # Its worker is gone or will hear it is stale: no rebuild may hold it again.
-            pool = self._executing.pop(token, None)
+            pool = self._forget(token)
             executor = None if pool is None else self._executors.get(pool)
             if executor is not None:
                 executor.expired(token)
@@ -357,6 +367,11 @@ class Driver:
             if isinstance(item, WaitTask) and item.timeout_s is not None:
                 self._arm_wait_timeout(item, item.timeout_s)
         self._set_timer(result.next_wake_ns)
+
+    def _forget(self, token: AttemptToken) -> str | None:
+        """The attempt no longer runs here (reported, withdrawn, let go): its pool, if it did."""
+        self._lease_ids.pop(token, None)
+        return self._executing.pop(token, None)
 
     def _arm_wait_timeout(self, item: WaitTask, timeout: float) -> None:
         future: asyncio.Future[object] = item.reply_to  # type: ignore[assignment]
@@ -388,6 +403,7 @@ class Driver:
             executing=dict(self._executing),
             reported=frozenset(reported),
             abandoned=frozenset(self._abandoned),
+            lease_ids=dict(self._lease_ids),
         )
         writers = [
             item
@@ -582,6 +598,8 @@ class Driver:
         if self._timer is not None:
             self._timer.cancel()
         for token, pool in list(self._executing.items()):
+            if token in self._lease_ids:
+                continue  # a remote attempt runs on: the next leader adopts it from its row
             with contextlib.suppress(Exception):
                 self._executors[pool].cancel(token, "the scheduler stopped")
         self._work.shutdown(wait=False)

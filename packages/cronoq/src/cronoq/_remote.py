@@ -10,15 +10,23 @@ The engine starts an attempt of a remote pool only into a free worker slot that 
 :class:`RemoteExecutor` offered before the step; if the worker left before the step committed,
 the attempt is withdrawn, uncounted. An attempt counts as used once it left this process for
 the worker, so an attempt lost in the network is retried after its lease, as a crash would be.
+
+Each attempt comes with a lease id, a capability only its worker holds: heartbeats, reports and
+re-attaching need it, so that no one who merely read a task's token can speak for its attempt.
+A worker's slot stays taken until the worker reports the attempt (or its link closes), even
+after the attempt was stopped or its lease lapsed: the function may still run, and the worker
+is never given more attempts than its slots. A link whose attempt lapsed without a heartbeat
+gets no new attempts until the worker speaks again (a wedged worker would lose them all).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from cronoq import _validate as check
@@ -81,11 +89,15 @@ class LeasedAttempt:
     payload: bytes
     """As stored: the client's codec made it; ``b""`` means no payload."""
     lease_expires_at: datetime
+    lease_id: bytes = field(repr=False)
+    """The attempt's capability: heartbeat, report and re-attach with it. Keep it secret (it
+    is never logged, stored or shown by any read)."""
 
     @classmethod
     def of(cls, dispatch: Dispatch) -> LeasedAttempt:
         spec = dispatch.spec
         assert dispatch.lease_expires_ns is not None, "a leased pool's dispatch has a lease"
+        assert dispatch.lease_id is not None, "a leased pool's dispatch has a lease id"
         return cls(
             token=dispatch.token,
             pool=spec.pool,
@@ -97,6 +109,7 @@ class LeasedAttempt:
             timeout=None if spec.timeout_ns is None else spec.timeout_ns / NS_PER_S,
             payload=spec.payload,
             lease_expires_at=_utc(dispatch.lease_expires_ns),
+            lease_id=dispatch.lease_id,
         )
 
 
@@ -116,6 +129,10 @@ class LeaseRenewed:
     lease_expires_at: datetime
     cancel_reason: str | None
     """Set once the attempt is asked to stop."""
+    stopped: bool = False
+    """The scheduler ended the attempt (a timeout, a deadline, a cancellation) and its task
+    waits for it: keep heartbeating while the function runs, then report (the report changes
+    nothing, but frees the slot and lets the task go on)."""
 
 
 class WorkerLink:
@@ -132,6 +149,12 @@ class WorkerLink:
         self.pools = pools
         self.slots = slots
         self.free = slots
+        # Attempts the worker named on attaching that this process did not lease to it (an
+        # earlier leader's, or ones it let go): each holds a slot until the worker reports it
+        # or proves it with a heartbeat. By token, with the lease id the worker gave.
+        self.claims: dict[AttemptToken, bytes] = {}
+        # An attempt of this link lapsed without a heartbeat: no new ones until it speaks.
+        self.wedged = False
         self._hub = hub
         # A deque and an event, not an asyncio.Queue: a next() cancelled just as an event
         # arrived must leave the event in place (a Queue getter may have taken it already).
@@ -215,6 +238,9 @@ class RemoteExecutor:
         # and when each one's lease ends (Unix ns; renewed by heartbeats).
         self._leased: dict[AttemptToken, WorkerLink] = {}
         self._lease_ends: dict[AttemptToken, int] = {}
+        self._lease_ids: dict[AttemptToken, bytes] = {}
+        # Cancellations of attempts not on an open link (yet): sent when a link names them.
+        self._cancels: dict[AttemptToken, str] = {}
         self._reporter: Reporter | None = None
         self._wake: Callable[[], None] | None = None
         self._stopped = asyncio.Event()
@@ -237,19 +263,34 @@ class RemoteExecutor:
         pools: frozenset[str],
         slots: int,
         stopped: asyncio.Event,
-        running: Sequence[AttemptToken],
+        running: Sequence[tuple[AttemptToken, bytes]],
     ) -> WorkerLink:
         link = WorkerLink(self, pools, slots, stopped)
-        # A reconnecting worker names the attempts it still runs: they keep their slots on
-        # the new link, whose reports free them (all of them, even beyond its slots: the
-        # worker runs them whatever it asks for now). A token named twice takes one slot.
-        for token in dict.fromkeys(running):
-            if token in self._leased:
+        # A reconnecting worker names the attempts it still runs, with their lease ids: each
+        # takes a slot on the new link, whose reports free them (all of them, even beyond its
+        # slots: the worker runs them whatever it asks for now). One leased here moves to the
+        # new link only with its lease id; any other is held as a claim. A token named twice
+        # takes one slot.
+        for token, lease_id in dict(running).items():
+            link.free -= 1
+            if self._owns(token, lease_id):
+                previous = self._leased.get(token)
+                if previous is not None and not previous.closed:
+                    previous.free += 1  # the worker moved it off a link it still holds
                 self._leased[token] = link
-                link.free -= 1
+            else:
+                link.claims[token] = lease_id
+            reason = self._cancels.get(token)
+            if reason is not None:
+                link._put(CancelRequested(token, reason))  # the one its old link never sent
         self._links.append(link)
         self._poke()
         return link
+
+    def _owns(self, token: AttemptToken, lease_id: bytes | None) -> bool:
+        """Whether ``lease_id`` is the id this process leased ``token`` with."""
+        known = self._lease_ids.get(token)
+        return known is not None and lease_id is not None and hmac.compare_digest(known, lease_id)
 
     def detach(self, link: WorkerLink) -> None:
         if link in self._links:
@@ -265,13 +306,15 @@ class RemoteExecutor:
     def slot_offer(self) -> list[tuple[frozenset[str], int]]:
         groups: dict[frozenset[str], int] = {}
         for link in self._links:
-            if link.free > 0:
+            if link.free > 0 and not link.wedged:
                 groups[link.pools] = groups.get(link.pools, 0) + link.free
         return list(groups.items())
 
     def start(self, dispatch: Dispatch, reporter: Reporter) -> None:
         pool = dispatch.spec.pool
-        candidates = [link for link in self._links if link.free > 0 and pool in link.pools]
+        candidates = [
+            link for link in self._links if link.free > 0 and not link.wedged and pool in link.pools
+        ]
         if not candidates:
             reporter.withdraw(dispatch.token, "its worker left before it was sent")
             return
@@ -280,24 +323,33 @@ class RemoteExecutor:
         link = min(candidates, key=lambda link: (link.pools != dispatch.slot_pools, -link.free))
         link.free -= 1
         self._leased[dispatch.token] = link
-        assert dispatch.lease_expires_ns is not None
+        assert dispatch.lease_expires_ns is not None and dispatch.lease_id is not None
         self._lease_ends[dispatch.token] = dispatch.lease_expires_ns
+        self._lease_ids[dispatch.token] = dispatch.lease_id
         link._put(LeasedAttempt.of(dispatch))
 
     def cancel(self, token: AttemptToken, reason: str) -> None:
         link = self._leased.get(token)
         if link is not None and not link.closed:
-            # A worker whose link closed may still run it and reattach naming it: it keeps
-            # its place until it reports or its lease ends.
             link._put(CancelRequested(token, reason))
+        else:
+            # Its worker may still run it and re-attach naming it (its link broke, or it ran
+            # under an earlier leader): it hears the cancellation then.
+            self._cancels[token] = reason
 
     def expired(self, token: AttemptToken) -> None:
+        self._cancels.pop(token, None)
         link = self._leased.get(token)
-        if link is not None and link.closed:
+        if link is None:
+            return
+        if link.closed:
             # Its worker left: only a reattach naming it could bring it back, and its report
-            # would be stale now. One whose worker is still attached keeps its slot until the
-            # worker reports it or hears it is stale.
+            # would be stale now.
             self._finished(token)
+        else:
+            # Its worker is attached but let the lease lapse: it keeps the slot until it
+            # reports, and its link gets no new attempt until it heartbeats or reports.
+            link.wedged = True
 
     async def drain(self, timeout: float) -> set[AttemptToken]:
         """Wait for every leased attempt to be reported, until ``timeout``; one whose worker
@@ -335,14 +387,41 @@ class RemoteExecutor:
     def leased(self, token: AttemptToken) -> bool:
         return token in self._leased
 
-    def reported(self, token: AttemptToken) -> None:
-        """The attempt's report was answered (applied or stale), or its heartbeat was answered
-        stale (its worker stops it): its worker slot is free."""
-        self._finished(token)
+    def reported(self, token: AttemptToken, lease_id: bytes) -> None:
+        """The attempt's report was answered (applied or stale): its worker's slot is free.
+        Only for the worker that holds its lease id: a guessed report frees nothing."""
+        if self._owns(token, lease_id):
+            self._spoke(self._leased.get(token))
+            self._finished(token)
+            return
+        for link in self._links:
+            claimed = link.claims.get(token)
+            if claimed is not None and hmac.compare_digest(claimed, lease_id):
+                del link.claims[token]
+                self._spoke(link)
+                link.free += 1
+                self._poke()
+                return
 
-    def renewed(self, token: AttemptToken, lease_ends_ns: int) -> None:
-        if token in self._lease_ends:
-            self._lease_ends[token] = lease_ends_ns
+    def renewed(self, token: AttemptToken, lease_id: bytes, lease_ends_ns: int) -> None:
+        """A heartbeat the engine accepted (so ``lease_id`` is the attempt's): a claimed
+        attempt becomes its link's, whose cancellations and slot it then follows."""
+        if token not in self._leased:
+            for link in self._links:
+                if link.claims.get(token) == lease_id:
+                    del link.claims[token]
+                    self._leased[token] = link
+                    self._lease_ids[token] = lease_id
+                    break
+            else:
+                return
+        self._spoke(self._leased[token])
+        self._lease_ends[token] = lease_ends_ns
+
+    def _spoke(self, link: WorkerLink | None) -> None:
+        if link is not None and link.wedged:
+            link.wedged = False
+            self._poke()
 
     def unsent(self, link: WorkerLink, token: AttemptToken) -> None:
         if self._leased.get(token) is link:
@@ -352,6 +431,8 @@ class RemoteExecutor:
 
     def _finished(self, token: AttemptToken) -> None:
         self._lease_ends.pop(token, None)
+        self._lease_ids.pop(token, None)
+        self._cancels.pop(token, None)
         link = self._leased.pop(token, None)
         if link is not None and not link.closed:
             link.free += 1

@@ -19,6 +19,7 @@ from cronoq._codecs import BytesCodec, Codec, decode_payload, decode_with
 from cronoq._cron import CronSchedule
 from cronoq._driver import Driver
 from cronoq._engine import (
+    LEASE_ID_BYTES,
     AddSchedule,
     AttemptFailed,
     AttemptSucceeded,
@@ -57,7 +58,6 @@ from cronoq._remote import LeaseRenewed, RemoteExecutor, RemotePool, WorkerLink
 from cronoq.errors import (
     InvalidArgument,
     PayloadError,
-    StaleAttempt,
     TaskError,
     TaskNotFound,
     UnknownPool,
@@ -113,6 +113,26 @@ def _token(value: object) -> AttemptToken:
     check.integer(value.task_id, "token task_id", 1, 2**63 - 1)
     check.integer(value.attempt, "token attempt", 1, 2**31 - 1)
     return value
+
+
+def _lease_id(value: object) -> bytes:
+    # Its value is never put in a message: it is a secret.
+    if not isinstance(value, bytes):
+        raise InvalidArgument(f"lease_id must be bytes, got {type(value).__name__}")
+    if len(value) != LEASE_ID_BYTES:
+        raise InvalidArgument(
+            f"lease_id is {len(value)} bytes long; a lease id is {LEASE_ID_BYTES} bytes "
+            "(the one the attempt came with)"
+        )
+    return value
+
+
+def _running_attempt(value: object) -> tuple[AttemptToken, bytes]:
+    if not isinstance(value, tuple) or len(value) != 2:
+        raise InvalidArgument(
+            f"each running attempt must be a (token, lease_id) pair, got {type(value).__name__}"
+        )
+    return _token(value[0]), _lease_id(value[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -648,13 +668,18 @@ class Scheduler:
     # --- remote workers -------------------------------------------------------------------
 
     def attach(
-        self, pools: Iterable[str], slots: int, *, running: Iterable[AttemptToken] = ()
+        self,
+        pools: Iterable[str],
+        slots: int,
+        *,
+        running: Iterable[tuple[AttemptToken, bytes]] = (),
     ) -> WorkerLink:
         """Attach a remote worker that runs attempts of these remote pools, ``slots`` at a
         time; attempts leased to it and cancellations arrive on the returned link.
 
-        ``running`` names attempts the worker still runs from an earlier link (it reconnected):
-        they keep their slots on this one. Close the link when the worker goes away.
+        ``running`` names the attempts the worker still runs from an earlier link or an
+        earlier leader, as (token, lease id) pairs: each keeps a slot on this one until the
+        worker reports it. Close the link when the worker goes away.
         """
         names = frozenset(
             check.bounded(pools, "pools", "an iterable of pool names", 1000, self._remote_pool)
@@ -663,7 +688,11 @@ class Scheduler:
             raise InvalidArgument("a worker must attach to at least one pool")
         check.integer(slots, "slots", 1, MAX_WORKER_SLOTS)
         tokens = check.bounded(
-            running, "running", "an iterable of AttemptToken", MAX_WORKER_SLOTS, _token
+            running,
+            "running",
+            "an iterable of (AttemptToken, lease_id) pairs",
+            MAX_WORKER_SLOTS,
+            _running_attempt,
         )
         if not self.running:
             raise self._driver.failure_error()
@@ -675,27 +704,32 @@ class Scheduler:
             raise InvalidArgument(f"pool {pool!r} runs in this process: it has no remote workers")
         return pool
 
-    async def heartbeat(self, token: AttemptToken) -> LeaseRenewed:
+    async def heartbeat(self, token: AttemptToken, *, lease_id: bytes) -> LeaseRenewed:
         """Extend the lease of a remote attempt; learn whether it should stop.
 
-        Raises StaleAttempt (nothing changes) if the attempt is not its task's current one:
-        an earlier attempt or leader, an expired lease, a finished task."""
+        ``lease_id`` is the one the attempt came with. An attempt the scheduler stopped (its
+        timeout, its deadline, a cancellation) that still runs is answered ``stopped``: keep
+        heartbeating it until the function returns, then report it. Raises StaleAttempt
+        (nothing changes) otherwise: an earlier attempt, an earlier leader's attempt not
+        adopted, an expired lease, a finished task, or an attempt unknown with that lease id;
+        the worker should still report the attempt once its function returns, to free its slot.
+        """
         _token(token)
+        _lease_id(lease_id)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._driver.heartbeat(token, future)
-        try:
-            reply: HeartbeatReply = await future
-        except StaleAttempt:
-            self._remote.reported(token)  # its worker is told to stop it: the slot is free
-            raise
+        self._driver.heartbeat(token, lease_id, future)
+        reply: HeartbeatReply = await future
         assert reply.lease_expires_ns is not None, "a remote attempt has a lease"
-        self._remote.renewed(token, reply.lease_expires_ns)
-        return LeaseRenewed(_utc(reply.lease_expires_ns), reply.cancel_reason)
+        self._remote.renewed(token, lease_id, reply.lease_expires_ns)
+        return LeaseRenewed(_utc(reply.lease_expires_ns), reply.cancel_reason, reply.stopped)
 
-    async def report_success(self, token: AttemptToken, output: bytes | None = None) -> None:
+    async def report_success(
+        self, token: AttemptToken, output: bytes | None = None, *, lease_id: bytes
+    ) -> None:
         """A remote attempt succeeded with ``output`` (as the client's codec made it).
         Returns once committed; StaleAttempt if it is not current (nothing changes)."""
         _token(token)
+        _lease_id(lease_id)
         if output is not None:
             if not isinstance(output, bytes):
                 raise InvalidArgument(f"output must be bytes or None, got {type(output).__name__}")
@@ -703,35 +737,39 @@ class Scheduler:
                 raise InvalidArgument(
                     f"output is {len(output)} bytes; the limit is {self._max_payload}"
                 )
-        await self._report(token, AttemptSucceeded(output))
+        await self._report(token, AttemptSucceeded(output), lease_id)
 
     async def report_failure(
         self,
         token: AttemptToken,
         message: str,
         *,
+        lease_id: bytes,
         retryable: bool = True,
         retry_after: float | Any = None,
     ) -> None:
         """A remote attempt failed; ``retryable`` and ``retry_after`` as for TaskError.
         Returns once committed; StaleAttempt if it is not current (nothing changes)."""
         _token(token)
+        _lease_id(lease_id)
         if isinstance(message, str) and len(message) > MAX_REPORT_MESSAGE:
             raise InvalidArgument(
                 f"message is {len(message)} characters long; the limit is {MAX_REPORT_MESSAGE}"
             )
         error = TaskError(message, retryable=retryable, retry_after=retry_after)  # validates
-        await self._report(token, AttemptFailed(message, retryable, error.retry_after_ns))
+        await self._report(token, AttemptFailed(message, retryable, error.retry_after_ns), lease_id)
 
-    async def _report(self, token: AttemptToken, outcome: AttemptSucceeded | AttemptFailed) -> None:
+    async def _report(
+        self, token: AttemptToken, outcome: AttemptSucceeded | AttemptFailed, lease_id: bytes
+    ) -> None:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._driver.report(token, outcome, future, remote=True)
+        self._driver.report(token, outcome, future, remote=True, lease_id=lease_id)
         try:
             await future
         finally:
             # The worker is done with it whatever the answer (applied, stale, or unknown and
             # retried by the worker), and even if this caller gave up: the report stays queued.
-            self._remote.reported(token)
+            self._remote.reported(token, lease_id)
 
     # --- schedules ------------------------------------------------------------------------
 

@@ -1117,21 +1117,28 @@ class AttemptToken(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     TASK_ID_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     """The leadership epoch of the leader that leased the attempt."""
     task_id: _builtins.int
     attempt: _builtins.int
     """The attempt number, from 1."""
+    lease_id: _builtins.bytes
+    """The attempt's lease id (16 random bytes): a capability sent only to the worker that
+    received the attempt, and required on every Heartbeat, Report and re-Attach of it. Keep it
+    secret; no read (Get, List, metrics, logs) ever shows it.
+    """
     def __init__(
         self,
         *,
         epoch: _builtins.int = ...,
         task_id: _builtins.int = ...,
         attempt: _builtins.int = ...,
+        lease_id: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "epoch", b"epoch", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "epoch", b"epoch", "lease_id", b"lease_id", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1411,10 +1418,16 @@ class HeartbeatResponse(_message.Message):
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
     CANCEL_REQUESTED_FIELD_NUMBER: _builtins.int
     CANCEL_REASON_FIELD_NUMBER: _builtins.int
+    STOPPED_FIELD_NUMBER: _builtins.int
     cancel_requested: _builtins.bool
     """The task was cancelled: stop the attempt and report it."""
     cancel_reason: _builtins.str
     """Why, when cancel_requested."""
+    stopped: _builtins.bool
+    """The server ended the attempt (its timeout, its deadline, a cancellation) and its task waits
+    for it: keep heartbeating while the function runs, then report it (the report changes
+    nothing but frees the worker's slot and lets the task go on).
+    """
     @_builtins.property
     def lease_expires_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -1423,10 +1436,11 @@ class HeartbeatResponse(_message.Message):
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
         cancel_requested: _builtins.bool = ...,
         cancel_reason: _builtins.str = ...,
+        stopped: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["lease_expires_at", b"lease_expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "lease_expires_at", b"lease_expires_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel_reason", b"cancel_reason", "cancel_requested", b"cancel_requested", "lease_expires_at", b"lease_expires_at", "stopped", b"stopped"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

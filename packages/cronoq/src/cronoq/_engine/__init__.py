@@ -4,6 +4,7 @@ imports."""
 
 from cronoq._engine.engine import Engine
 from cronoq._engine.inputs import (
+    LEASE_ID_BYTES,
     AddSchedule,
     AttemptFailed,
     AttemptReport,
@@ -26,6 +27,8 @@ from cronoq._engine.inputs import (
     SubmitTasks,
     WaitTask,
     WithdrawAttempts,
+    lease_hash,
+    lease_matches,
 )
 from cronoq._engine.outputs import (
     CancelAttempt,
@@ -38,6 +41,7 @@ from cronoq._engine.outputs import (
 from cronoq.errors import StaleAttempt
 
 __all__ = [
+    "LEASE_ID_BYTES",
     "AddSchedule",
     "AttemptFailed",
     "AttemptReport",
@@ -68,4 +72,6 @@ __all__ = [
     "TaskSummary",
     "WaitTask",
     "WithdrawAttempts",
+    "lease_hash",
+    "lease_matches",
 ]

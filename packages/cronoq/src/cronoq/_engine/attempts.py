@@ -1,22 +1,41 @@
 """Attempts once started: which report or heartbeat is current (and why another is stale),
-leases, the end of an attempt and the retry it leads to (backoff, attempts left, deadline),
-attempts the engine stopped that still hold their slot ("zombies"), and attempts put back
-because no executor received them."""
+leases and their ids, the end of an attempt and the retry it leads to (backoff, attempts left,
+deadline), attempts the engine stopped that still hold their slot ("zombies"), and attempts put
+back because no executor received them."""
 
 from __future__ import annotations
 
 import random
+from typing import NamedTuple
 
-from cronoq._engine.inputs import AttemptReport, AttemptSucceeded, AttemptToken, Heartbeat
+from cronoq._engine.inputs import (
+    AttemptReport,
+    AttemptSucceeded,
+    AttemptToken,
+    Heartbeat,
+    lease_matches,
+)
 from cronoq._engine.outputs import CancelAttempt, HeartbeatReply
 from cronoq._engine.state import Shared, Task, earliest, seconds
 from cronoq._engine.tasks import Tasks
 from cronoq._metrics import bump
 from cronoq._model import Status
 from cronoq.errors import StaleAttempt
-from cronoq.store import TaskUpdated
+from cronoq.store import AttemptLease, TaskUpdated
 
-__all__ = ["Attempts"]
+__all__ = ["Attempts", "Zombie"]
+
+
+class Zombie(NamedTuple):
+    """An attempt the engine stopped that has not reported: it keeps its slot, and its task
+    starts no other attempt, until it does (or, if leased, until its lease ends)."""
+
+    token: AttemptToken
+    pool: str
+    reason: str
+    lease: AttemptLease | None
+    """A remote attempt's lease: its worker proves itself with the id, and the task's row
+    keeps it so that a new leader waits for that worker too."""
 
 
 class Attempts:
@@ -24,76 +43,97 @@ class Attempts:
         self.shared = shared
         self.tasks = tasks
         self.rng = random.Random(shared.config.seed)
-        # Attempts told to stop (a timeout, a deadline) that have not reported yet: each keeps
-        # its pool slot, and its task starts no other attempt, until it does.
-        self.zombies: dict[int, tuple[AttemptToken, str]] = {}
-        # A leased zombie also ends when its lease does (its worker may be gone for good).
+        self.zombies: dict[int, Zombie] = {}
+        # A leased zombie also ends when its lease does (its worker may be gone for good); its
+        # worker's heartbeats renew it while the function runs.
         self.zombie_leases: dict[int, int] = {}
 
     def running_tokens(self) -> set[AttemptToken]:
-        epoch = self.shared.epoch
-        return {t.token(epoch) for t in self.shared.tasks.values() if t.status is Status.RUNNING}
+        return {t.token() for t in self.shared.tasks.values() if t.status is Status.RUNNING}
 
     def current(self, token: AttemptToken) -> Task | None:
         task = self.shared.tasks.get(token.task_id)
         if (
             task is None
-            or token.epoch != self.shared.epoch
             or task.status is not Status.RUNNING
             or task.attempt != token.attempt
+            or task.attempt_epoch != token.epoch
         ):
             return None
         return task
 
     def stale(
-        self, token: AttemptToken, remote: bool, received_ns: int | None = None
+        self,
+        token: AttemptToken,
+        remote: bool,
+        received_ns: int | None = None,
+        lease_id: bytes | None = None,
     ) -> StaleAttempt | None:
-        """Why a heartbeat or report of ``token`` must change nothing, if it must."""
+        """Why a heartbeat or report of ``token`` must change nothing, if it must. A remote
+        one must carry the attempt's lease id; without it the attempt is "unknown" to the
+        caller, whatever it is, so that a guessed token learns nothing and changes nothing."""
         shared = self.shared
         name = f"attempt {token.attempt} of task {token.task_id} (epoch {token.epoch})"
         task = shared.tasks.get(token.task_id)
         if remote and task is not None and shared.pools[task.spec.pool].config.lease_ns is None:
             # A worker may not end an attempt that runs in this process.
             return StaleAttempt(f"{name} was not leased to a worker", "unknown")
-        if token.epoch != shared.epoch:
-            message = f"{name} belongs to an earlier leader (epoch now {shared.epoch})"
-            return StaleAttempt(message, "epoch")
+        if token.epoch > shared.epoch:
+            return StaleAttempt(f"{name} was never issued (epoch now {shared.epoch})", "unknown")
         if task is None:
             done = self.tasks.finished.get(token.task_id)
             if done is None:
                 return StaleAttempt(f"{name}: no such task", "unknown")
             return StaleAttempt(f"{name}: the task is {done.status}", "finished")
-        if task.status is not Status.RUNNING or task.attempt != token.attempt:
-            now = f"the task is {task.status}, attempt {task.attempt}"
-            if token.attempt > task.attempt:
-                return StaleAttempt(f"{name} was never started ({now})", "unknown")
-            if token.attempt < task.attempt:
-                return StaleAttempt(
-                    f"{name} is not current: a newer attempt exists ({now})", "attempt"
+        if task.status is Status.RUNNING and task.attempt == token.attempt:
+            if token.epoch != task.attempt_epoch:
+                message = (
+                    f"{name} belongs to an earlier leader and was not adopted "
+                    f"(epoch now {shared.epoch})"
                 )
-            if task.id in shared.lapsed:
-                message = f"{name}: its lease expired and it was counted lost ({now})"
-                return StaleAttempt(message, "lease")
-            return StaleAttempt(f"{name} has already ended ({now})", "attempt")
-        lease_end = shared.leases.get(task.id)
-        if lease_end is not None and lease_end <= (received_ns or shared.now):
-            return StaleAttempt(f"{name}: its lease expired", "lease")
-        return None
+                return StaleAttempt(message, "epoch")
+            if remote and not lease_matches(lease_id, shared.lease_hashes.get(task.id, b"")):
+                return StaleAttempt(f"{name}: the lease id does not match", "unknown")
+            lease_end = shared.leases.get(task.id)
+            if lease_end is not None and lease_end <= (received_ns or shared.now):
+                return StaleAttempt(f"{name}: its lease expired", "lease")
+            return None
+        now = f"the task is {task.status}, attempt {task.attempt}"
+        if token.attempt > task.attempt:
+            return StaleAttempt(f"{name} was never started ({now})", "unknown")
+        if token.attempt < task.attempt:
+            return StaleAttempt(f"{name} is not current: a newer attempt exists ({now})", "attempt")
+        if task.id in shared.lapsed:
+            message = f"{name}: its lease expired and it was counted lost ({now})"
+            return StaleAttempt(message, "lease")
+        if token.epoch != task.attempt_epoch:
+            message = f"{name} belongs to an earlier leader (epoch now {shared.epoch}; {now})"
+            return StaleAttempt(message, "epoch")
+        return StaleAttempt(f"{name} has already ended ({now})", "attempt")
+
+    def held(self, token: AttemptToken, remote: bool, lease_id: bytes | None) -> Zombie | None:
+        """The stopped attempt ``token`` names, if it still holds its slot and the caller may
+        speak for it: a worker with its lease id, or this process for one of its own."""
+        zombie = self.zombies.get(token.task_id)
+        if zombie is None or zombie.token != token:
+            return None
+        if remote:
+            if zombie.lease is None or not lease_matches(lease_id, zombie.lease.id_hash):
+                return None
+        elif zombie.lease is not None:
+            return None
+        return zombie
 
     def report(self, item: AttemptReport) -> None:
         shared = self.shared
-        stale = self.stale(item.token, item.remote, item.received_ns)
+        stale = self.stale(item.token, item.remote, item.received_ns, item.lease_id)
         if stale is not None:
-            zombie = self.zombies.get(item.token.task_id)
-            # A worker's report ends only a leased zombie: never an attempt of this process.
-            if zombie is not None and (
-                not item.remote or shared.pools[zombie[1]].config.lease_ns is not None
-            ):
+            if self.held(item.token, item.remote, item.lease_id) is not None:
                 self.end_zombie(item.token)
             shared.reply(item.reply_to, stale)
             return
         task = shared.tasks[item.token.task_id]
-        shared.leases.pop(task.id, None)
+        shared.drop_lease(task)
         shared.pools[task.spec.pool].running -= 1
         outcome = item.outcome
         if isinstance(outcome, AttemptSucceeded):
@@ -107,9 +147,18 @@ class Attempts:
 
     def heartbeat(self, item: Heartbeat) -> None:
         shared = self.shared
-        stale = self.stale(item.token, item.remote, item.received_ns)
+        stale = self.stale(item.token, item.remote, item.received_ns, item.lease_id)
         if stale is not None:
-            shared.reply(item.reply_to, stale)
+            zombie = self.held(item.token, item.remote, item.lease_id)
+            lease = None if zombie is None else shared.pools[zombie.pool].config.lease_ns
+            if zombie is None or lease is None:
+                shared.reply(item.reply_to, stale)
+                return
+            # Still running after it was stopped: it keeps its slot, and its task waits, for
+            # as long as its worker says so.
+            end = shared.now + lease
+            self.zombie_leases[item.token.task_id] = end
+            shared.reply(item.reply_to, HeartbeatReply(end, zombie.reason, stopped=True))
             return
         task = shared.tasks[item.token.task_id]
         shared.set_wake(task, self.running_wake(task))
@@ -130,9 +179,17 @@ class Attempts:
             wake = earliest(wake, shared.now + lease)
         return wake
 
-    def failed(self, task: Task, reason: str, retryable: bool, retry_after_ns: int | None) -> None:
+    def failed(
+        self,
+        task: Task,
+        reason: str,
+        retryable: bool,
+        retry_after_ns: int | None,
+        lease: AttemptLease | None = None,
+    ) -> None:
         """The running attempt of ``task`` ended without success (its slot is already freed):
-        retry after the backoff, or dead-letter it."""
+        retry after the backoff, or dead-letter it. ``lease``: the attempt was stopped and may
+        still run; the retrying row keeps its lease, so that a new leader waits for it too."""
         shared = self.shared
         counters = shared.counters
         spec = task.spec
@@ -160,58 +217,76 @@ class Attempts:
         message = f"attempt {attempt} failed: {reason}; retrying in {seconds(delay)}"
         self.tasks.transition(task, Status.RETRYING, message)
         shared.out.mutations.append(
-            TaskUpdated(task.id, Status.RETRYING, attempt, message, shared.now, due_ns=due)
+            TaskUpdated(
+                task.id, Status.RETRYING, attempt, message, shared.now, due_ns=due, lease=lease
+            )
         )
         task.wake_ns = None
         shared.set_wake(task, earliest(due, spec.deadline_ns))
 
     # --- attempts the engine stopped, and attempts that never began ------------------------
 
-    def stop(self, task: Task, reason: str) -> None:
+    def stop(self, task: Task, reason: str) -> AttemptLease | None:
         """Cancel the running attempt of ``task``, which the engine is ending on its own.
 
         The attempt keeps its slot until it reports (Python cannot kill a thread, an async
         function may ignore its cancellation, a worker may finish first): the pool's limit and
         "one attempt of a task at a time" hold for attempts that outlive their timeout. A leased
-        (remote) attempt also lets go when its lease ends, since its worker may be gone.
+        (remote) attempt lets go when its lease ends, since its worker may be gone; its worker
+        renews that lease by heartbeating while the function runs. Returns that lease while it
+        holds, for the task's row to keep.
         """
         shared = self.shared
-        token = task.token(shared.epoch)
+        token = task.token()
         shared.out.cancels.append(CancelAttempt(token, task.spec.pool, reason))
-        self.hold(token, task.spec.pool, shared.leases.pop(task.id, None))
+        end, lease = shared.drop_lease(task)
+        if end is not None and end <= shared.now:
+            lease = None  # it lapsed: nothing waits for it any more (a crash would not either)
+        self.hold(Zombie(token, task.spec.pool, reason, lease), end)
+        return lease
 
     def stopping(self, task_id: int) -> bool:
         """Whether a stopped attempt of this task still holds its slot."""
         return task_id in self.zombies
 
-    def hold(self, token: AttemptToken, pool: str, lease_end: int | None) -> None:
+    def hold(self, zombie: Zombie, lease_end: int | None) -> None:
         """A stopped attempt keeps its slot (already counted in its pool) until it reports,
         or until ``lease_end`` if its worker may be gone."""
-        self.zombies[token.task_id] = (token, pool)
+        self.zombies[zombie.token.task_id] = zombie
         if lease_end is not None:
-            self.zombie_leases[token.task_id] = lease_end
+            self.zombie_leases[zombie.token.task_id] = lease_end
 
     def end_zombie(self, token: AttemptToken) -> None:
-        """A stopped attempt finally reported: free its slot and let its task go on."""
+        """A stopped attempt reported, or its lease ended: free its slot and let its task go
+        on. A row that kept its lease for it is cleared, so that no later leader waits for an
+        attempt that is over (and counts its slot twice)."""
         shared = self.shared
         zombie = self.zombies.get(token.task_id)
-        if zombie is None or zombie[0] != token:
+        if zombie is None or zombie.token != token:
             return
         del self.zombies[token.task_id]
         self.zombie_leases.pop(token.task_id, None)
-        pool = shared.pools.get(zombie[1])
+        pool = shared.pools.get(zombie.pool)
         if pool is not None:
             pool.running -= 1
+        task = shared.tasks.get(token.task_id)
+        if task is None:
+            return
+        if zombie.lease is not None and task.status in (Status.RETRYING, Status.READY):
+            due = task.wake_ns if task.status is Status.RETRYING else None
+            shared.out.mutations.append(
+                TaskUpdated(task.id, task.status, task.attempt, task.message, shared.now, due)
+            )
         if token.task_id in shared.deferred:
             shared.deferred.discard(token.task_id)
-            shared.enqueue(shared.tasks[token.task_id])
+            shared.enqueue(task)
 
     def expire_zombies(self) -> None:
         """Let go of stopped leased attempts whose lease ended without a report."""
         shared = self.shared
         for task_id, lease_end in list(self.zombie_leases.items()):
             if lease_end <= shared.now:
-                token = self.zombies[task_id][0]
+                token = self.zombies[task_id].token
                 shared.out.expired.append(token)
                 self.end_zombie(token)
 
@@ -222,7 +297,7 @@ class Attempts:
         """Put back a dispatched attempt that no executor received: it does not count."""
         shared = self.shared
         shared.pools[task.spec.pool].running -= 1
-        shared.leases.pop(task.id, None)
+        shared.drop_lease(task)
         task.attempt -= 1
         # RUNNING -> READY is not a transition of the task's life: the attempt never began.
         task.status = Status.READY

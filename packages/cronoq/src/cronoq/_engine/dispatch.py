@@ -7,12 +7,12 @@ import heapq
 from collections.abc import Sequence
 
 from cronoq._engine.attempts import Attempts
-from cronoq._engine.inputs import AttemptToken, OfferSlots
+from cronoq._engine.inputs import AttemptToken, OfferSlots, lease_hash
 from cronoq._engine.outputs import Dispatch
 from cronoq._engine.state import Shared
 from cronoq._engine.tasks import Tasks
 from cronoq._model import NS_PER_S, Status
-from cronoq.store import TaskUpdated
+from cronoq.store import AttemptLease, TaskUpdated
 
 __all__ = ["Dispatcher"]
 
@@ -68,6 +68,7 @@ class Dispatcher:
                     shared.deferred.add(task_id)  # re-queued when the old attempt reports
                     continue
                 task.attempt += 1
+                task.attempt_epoch = shared.epoch
                 shared.lapsed.discard(task_id)
                 message = f"attempt {task.attempt} started"
                 shared.counters.start_delay.observe((shared.now - task.updated_ns) / NS_PER_S)
@@ -75,16 +76,24 @@ class Dispatcher:
                 pool.running += 1
                 if slot is not None:
                     slot.free -= 1
+                lease_id = lease = None
+                if leased:
+                    lease_id = shared.config.lease_ids()
+                    lease = AttemptLease(shared.epoch, lease_hash(lease_id))
+                    shared.lease_hashes[task_id] = lease.id_hash
                 out.mutations.append(
-                    TaskUpdated(task.id, Status.RUNNING, task.attempt, message, shared.now)
+                    TaskUpdated(
+                        task.id, Status.RUNNING, task.attempt, message, shared.now, lease=lease
+                    )
                 )
                 shared.set_wake(task, self.attempts.running_wake(task))
                 out.dispatches.append(
                     Dispatch(
-                        task.token(shared.epoch),
+                        task.token(),
                         task.spec,
                         shared.leases.get(task.id),
                         None if slot is None else slot.pools,
+                        lease_id,
                     )
                 )
 

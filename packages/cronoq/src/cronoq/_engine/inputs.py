@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+import hmac
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cronoq._model import NS_PER_S, ScheduleSpec, Status, TaskSpec
 
 __all__ = [
+    "LEASE_ID_BYTES",
     "AddSchedule",
     "AttemptFailed",
     "AttemptReport",
@@ -30,7 +34,26 @@ __all__ = [
     "SubmitTasks",
     "WaitTask",
     "WithdrawAttempts",
+    "lease_hash",
+    "lease_matches",
 ]
+
+LEASE_ID_BYTES = 16
+"""A lease id is 128 random bits: a capability, not a name (no one can guess another's)."""
+
+
+def _random_lease_id() -> bytes:
+    return secrets.token_bytes(LEASE_ID_BYTES)
+
+
+def lease_hash(lease_id: bytes) -> bytes:
+    """What a store keeps of a lease id (SHA-256): enough to check a worker, not to be one."""
+    return hashlib.sha256(lease_id).digest()
+
+
+def lease_matches(lease_id: bytes | None, id_hash: bytes) -> bool:
+    """Whether ``lease_id`` is the id whose hash is ``id_hash``, in constant time."""
+    return lease_id is not None and hmac.compare_digest(lease_hash(lease_id), id_hash)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +75,8 @@ class EngineConfig:
     max_live_tasks: int | None = None
     seed: int | None = None
     """Seed of the backoff jitter; None draws one from the OS."""
+    lease_ids: Callable[[], bytes] = _random_lease_id
+    """Draws the lease id of each remote attempt (tests pass a deterministic one)."""
 
 
 # --- inputs -------------------------------------------------------------------------------
@@ -102,6 +127,8 @@ class AttemptReport:
     received_ns: int | None = None
     """When the driver received it: a lease is judged by that, not by a step a slow commit
     delayed."""
+    lease_id: bytes | None = None
+    """From a remote worker: the lease id it was given with the attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +137,7 @@ class Heartbeat:
     reply_to: object = None
     remote: bool = False
     received_ns: int | None = None
+    lease_id: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +252,8 @@ class InFlight:
     """Ended; their reports are applied again after the rebuild."""
     abandoned: frozenset[AttemptToken] = frozenset()
     """Released, then left running without a report (a graceful close that timed out)."""
+    lease_ids: Mapping[AttemptToken, bytes] = field(default_factory=dict)
+    """The lease ids of the remote ones among ``executing``."""
 
     def released(self, token: AttemptToken) -> bool:
         return token in self.executing or token in self.reported or token in self.abandoned

@@ -51,6 +51,8 @@ class Dispatch:
     """Leased pools: when the attempt is lost unless its worker heartbeats."""
     slot_pools: frozenset[str] | None = None
     """Leased pools: the offered slot group it took (the pools of the workers it may go to)."""
+    lease_id: bytes | None = None
+    """Leased pools: the attempt's capability, for its worker only (never stored or logged)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +66,17 @@ class CancelAttempt:
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatReply:
-    """The answer to a heartbeat of a current attempt."""
+    """The answer to a heartbeat of a current attempt, or of a stopped one that still holds
+    its slot."""
 
     lease_expires_ns: int | None
     """None when the pool has no lease."""
     cancel_reason: str | None
     """Why the attempt should stop, once a cancellation was requested."""
+    stopped: bool = False
+    """The engine ended the attempt (timeout, deadline, cancellation) and its task waits for
+    it: keep heartbeating until the function returns, then report (the report changes
+    nothing but frees the slot and lets the task go on)."""
 
 
 @dataclass(slots=True)

@@ -1,18 +1,20 @@
-"""Restore: an engine rebuilt from the rows a store recovered, at the start of an epoch (every
-running attempt was the previous leader's, and is lost) or within this process's own epoch
-after a commit whose outcome is uncertain (:class:`InFlight` says which attempts really left)."""
+"""Restore: an engine rebuilt from the rows a store recovered, at the start of an epoch (a
+running attempt of a previous leader is lost, unless it is remote: its worker may still run it
+inside its lease, so the new leader waits for that worker and adopts the attempt when it proves
+itself with the lease id) or within this process's own epoch after a commit whose outcome is
+uncertain (:class:`InFlight` says which attempts really left)."""
 
 from __future__ import annotations
 
-from cronoq._engine.attempts import Attempts
-from cronoq._engine.inputs import AttemptToken, InFlight
+from cronoq._engine.attempts import Attempts, Zombie
+from cronoq._engine.inputs import AttemptToken, InFlight, lease_hash
 from cronoq._engine.outputs import CancelAttempt
 from cronoq._engine.schedules import Schedules
 from cronoq._engine.state import Shared, Task, earliest
 from cronoq._engine.tasks import Tasks
 from cronoq._metrics import bump
 from cronoq._model import Status
-from cronoq.store import RecoveredState
+from cronoq.store import AttemptLease, RecoveredState, TaskRecord, TaskUpdated
 
 __all__ = ["Restorer"]
 
@@ -51,7 +53,7 @@ class Restorer:
         for row in live_rows:
             restored = shared.tasks.get(row.task_id)
             if restored is not None:  # a failed parent's cascade may have finished it already
-                self._task(restored, row.due_ns)
+                self._task(restored, row)
         if self.inflight is not None:
             for token in self.inflight.executing:
                 self._stopped_attempt(token, self.inflight)
@@ -62,8 +64,13 @@ class Restorer:
         commit), it is told to stop, and keeps its slot until it reports."""
         shared = self.shared
         task = shared.tasks.get(token.task_id)
-        if task is not None and task.status is Status.RUNNING and task.attempt == token.attempt:
-            return  # adopted by _task
+        if (
+            task is not None
+            and task.status is Status.RUNNING
+            and task.attempt == token.attempt
+            and task.attempt_epoch == token.epoch
+        ):
+            return  # kept by _task
         done = self.tasks.finished.get(token.task_id) if task is None else None
         reason = f"attempt {token.attempt} is no longer current"
         if task is not None:
@@ -89,9 +96,12 @@ class Restorer:
         # gone). One whose lease had ended is not here (the driver forgets those: ``expired``),
         # unless the step that ended it is the uncertain one: it then holds one lease more, a
         # later retry but never two attempts at once.
-        self.attempts.hold(token, pool_name, None if lease is None else shared.now + lease)
+        lease_id = inflight.lease_ids.get(token)
+        held = None if lease_id is None else AttemptLease(token.epoch, lease_hash(lease_id))
+        end = None if lease is None else shared.now + lease
+        self.attempts.hold(Zombie(token, pool_name, reason, held), end)
 
-    def _task(self, task: Task, due_ns: int | None) -> None:
+    def _task(self, task: Task, row: TaskRecord) -> None:
         shared = self.shared
         tasks = self.tasks
         attempts = self.attempts
@@ -101,14 +111,22 @@ class Restorer:
             # Its pool is no longer configured: fail it visibly rather than keep it forever.
             tasks.finish(task, Status.FAILED, f"pool {spec.pool!r} is no longer configured")
             return
+        pool = shared.pools[spec.pool]
+        # A remote attempt of an earlier leader that may still run: its worker's lease holds.
+        earlier = row.lease is not None and (inflight is None or row.lease.epoch != shared.epoch)
+        waits_for_worker = earlier and pool.config.lease_ns is not None
         if task.status is Status.RUNNING:
-            pool = shared.pools[spec.pool]
             pool.running += 1
-            token = task.token(shared.epoch)
+            token = task.token()
             if inflight is not None and (token in inflight.executing or token in inflight.reported):
-                shared.set_wake(task, attempts.running_wake(task))
+                self._keep(task, row.lease)
                 if task.cancel_requested and token in inflight.executing:
                     # The cancellation may have landed in the uncertain commit: deliver it.
+                    shared.out.cancels.append(CancelAttempt(token, spec.pool, task.message))
+                return
+            if waits_for_worker:
+                self._keep(task, row.lease)
+                if task.cancel_requested:
                     shared.out.cancels.append(CancelAttempt(token, spec.pool, task.message))
                 return
             if inflight is not None and not inflight.released(token):
@@ -123,8 +141,11 @@ class Restorer:
                 reason = "lost: the scheduler stopped while it ran"
                 bump(shared.counters.attempts_lost, spec.pool)
                 attempts.failed(task, reason, retryable=True, retry_after_ns=None)
-        elif task.status is Status.RETRYING:
-            due = due_ns if due_ns is not None else shared.now
+            return
+        if row.lease is not None:
+            self._stopped_row(task, row, waits_for_worker)
+        if task.status is Status.RETRYING:
+            due = row.due_ns if row.due_ns is not None else shared.now
             shared.set_wake(task, earliest(due, spec.deadline_ns))
         else:
             blocker = tasks.link_parents(task) if spec.after else None
@@ -140,3 +161,33 @@ class Restorer:
                 became_ready = task.status is Status.READY
                 task.status = tasks.initial_status(task)
                 tasks.arm(task, check_miss=not became_ready)
+
+    def _keep(self, task: Task, lease: AttemptLease | None) -> None:
+        """A running attempt goes on: this process's own, or a remote one adopted from an
+        earlier leader, whose lease runs a whole one from now (its worker may be alive)."""
+        if lease is not None:
+            self.shared.lease_hashes[task.id] = lease.id_hash
+        self.shared.set_wake(task, self.attempts.running_wake(task))
+
+    def _stopped_row(self, task: Task, row: TaskRecord, waits_for_worker: bool) -> None:
+        """A row that kept the lease of an attempt the engine had stopped. An earlier leader's:
+        its worker may still run it, so it holds its slot and its task for one lease from now
+        (or until it reports). This leader's own: ``InFlight`` says whether it still runs (then
+        ``_stopped_attempt`` holds it), and the row is cleared if not (the write that cleared
+        it was the uncertain one)."""
+        shared = self.shared
+        assert row.lease is not None
+        token = AttemptToken(row.lease.epoch, task.id, task.attempt)
+        pool = shared.pools[task.spec.pool]
+        if waits_for_worker:
+            lease_ns = pool.config.lease_ns
+            assert lease_ns is not None
+            pool.running += 1
+            zombie = Zombie(token, pool.config.name, task.message, row.lease)
+            self.attempts.hold(zombie, shared.now + lease_ns)
+        elif self.inflight is None or token not in self.inflight.executing:
+            shared.out.mutations.append(
+                TaskUpdated(
+                    task.id, task.status, task.attempt, task.message, shared.now, row.due_ns
+                )
+            )

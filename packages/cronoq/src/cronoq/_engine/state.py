@@ -15,7 +15,7 @@ from cronoq._engine.inputs import AttemptToken, EngineConfig, PoolConfig
 from cronoq._engine.outputs import StepResult, TaskSummary
 from cronoq._metrics import Counters
 from cronoq._model import NS_PER_S, Status, TaskSpec
-from cronoq.store import TaskRecord
+from cronoq.store import AttemptLease, TaskRecord
 
 __all__ = ["NO_TASK", "Pool", "Shared", "Task", "earliest", "seconds"]
 
@@ -25,6 +25,7 @@ class Task:
 
     __slots__ = (
         "attempt",
+        "attempt_epoch",
         "cancel_requested",
         "id",
         "message",
@@ -41,6 +42,9 @@ class Task:
         self.spec = spec
         self.status = Status.READY
         self.attempt = 0
+        # The epoch that started the current attempt: this leader's, or an earlier one's for
+        # a remote attempt adopted after a failover (its worker keeps its token).
+        self.attempt_epoch = 0
         self.message = "submitted"
         self.submitted_ns = submitted_ns
         self.updated_ns = submitted_ns
@@ -69,8 +73,8 @@ class Task:
             self.id, self.status, self.attempt, spec.pool, spec.kind, spec.key, spec.tags, finished
         )
 
-    def token(self, epoch: int) -> AttemptToken:
-        return AttemptToken(epoch, self.id, self.attempt)
+    def token(self) -> AttemptToken:
+        return AttemptToken(self.attempt_epoch, self.id, self.attempt)
 
 
 NO_TASK = Task(0, TaskSpec("", "", b""), 0)
@@ -91,7 +95,8 @@ class Pool:
 class Shared:
     """The state several rooms touch. ``tasks`` holds the live tasks only; a finished one
     leaves it (see the tasks room). ``leases``: when each leased attempt's lease ends, by task
-    id (a report after it is stale). ``lapsed``: tasks whose latest attempt was counted lost
+    id (a report after it is stale); ``lease_hashes``: the SHA-256 of its lease id, which its
+    worker must present. ``lapsed``: tasks whose latest attempt was counted lost
     because its lease ran out (a later word of that attempt is answered "lease", not "not
     current"). ``deferred``: ready tasks held back from dispatch while their previous attempt
     still runs."""
@@ -102,6 +107,7 @@ class Shared:
         "deferred",
         "epoch",
         "lapsed",
+        "lease_hashes",
         "leases",
         "now",
         "out",
@@ -120,8 +126,16 @@ class Shared:
         self.pools = {p.name: Pool(p) for p in config.pools}
         self.timers: list[tuple[int, int]] = []
         self.leases: dict[int, int] = {}
+        self.lease_hashes: dict[int, bytes] = {}
         self.lapsed: set[int] = set()
         self.deferred: set[int] = set()
+
+    def drop_lease(self, task: Task) -> tuple[int | None, AttemptLease | None]:
+        """The running attempt of ``task`` ends: when its lease would have ended, and the
+        lease itself (None for an attempt of this process)."""
+        end = self.leases.pop(task.id, None)
+        id_hash = self.lease_hashes.pop(task.id, None)
+        return end, None if id_hash is None else AttemptLease(task.attempt_epoch, id_hash)
 
     def reply(self, reply_to: object, value: object) -> None:
         if reply_to is not None:

@@ -208,9 +208,7 @@ class Tasks:
             task.cancel_requested = True
             task.message = message
             shared.out.mutations.append(CancelRequested(task.id, shared.now, message))
-            shared.out.cancels.append(
-                CancelAttempt(task.token(shared.epoch), task.spec.pool, message)
-            )
+            shared.out.cancels.append(CancelAttempt(task.token(), task.spec.pool, message))
         return Status.RUNNING
 
     def finish(self, task: Task, status: Status, message: str, output: bytes | None = None) -> None:
@@ -228,7 +226,7 @@ class Tasks:
                 TaskUpdated(task.id, status, task.attempt, message, shared.now, output=output)
             )
             del shared.tasks[task.id]
-            shared.leases.pop(task.id, None)
+            shared.drop_lease(task)
             shared.lapsed.discard(task.id)
             bump(shared.counters.finished, (task.spec.pool, status.value))
             pool = shared.pools.get(task.spec.pool)
@@ -323,6 +321,9 @@ class Tasks:
         task.message = row.message
         task.updated_ns = row.updated_ns
         task.cancel_requested = row.cancel_requested
+        # A remote attempt's lease names the leader that started it; any other attempt row is
+        # either this leader's own (a rebuild in its epoch) or lost with its leader.
+        task.attempt_epoch = shared.epoch if row.lease is None else row.lease.epoch
         shared.tasks[task.id] = task
         if row.spec.key is not None:
             self.keys[row.spec.key] = task.id

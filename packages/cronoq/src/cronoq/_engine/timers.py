@@ -62,8 +62,8 @@ class Timers:
                 reason = "lost: its worker stopped heartbeating"
                 bump(shared.counters.attempts_lost, spec.pool)
                 shared.lapsed.add(task.id)
-            attempts.stop(task, reason)
-            attempts.failed(task, reason, retryable=True, retry_after_ns=None)
+            lease = attempts.stop(task, reason)
+            attempts.failed(task, reason, retryable=True, retry_after_ns=None, lease=lease)
         elif deadline_passed:
             tasks.finish(task, Status.FAILED, "deadline passed before the task could start")
         elif status is Status.SCHEDULED:
