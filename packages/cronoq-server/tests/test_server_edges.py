@@ -117,7 +117,7 @@ async def broken_store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[
     if request.param == "damaged_sqlite":
         path = tmp_path / "damaged.db"
         path.write_bytes(b"this is not a SQLite database, whatever its name says" * 100)
-        return sqlite(path), "not a database"
+        return sqlite(path), "not a SQLite database"
     conn = await pg_connect()  # skips (or fails, if required) without PostgreSQL
     await conn.close()
     role = f"cronoq_no_such_role_{os.urandom(4).hex()}"
