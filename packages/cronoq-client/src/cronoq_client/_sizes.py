@@ -2,8 +2,9 @@
 must send (an attempt on the Attach stream, a task, a payload or output alone, a page of a
 list) fits in its message limit.
 
-A payload is accepted only if the attempt that carries it fits; an output only if it fits
-alone in a ``GetTaskDataResponse``. Get, GetByKey and Wait leave out a payload or output that
+A payload is accepted only if the attempt that carries it fits. An output always fits alone
+in a ``GetTaskDataResponse``: the report that brought it was a larger message under the same
+limit. Get, GetByKey and Wait leave out a payload or output that
 would not fit with the rest of the task, and say so; List ends a page early. So nothing the
 server accepted is ever impossible to send, which is what a limit on the requests alone
 (gRPC's own) cannot promise: an attempt and a task carry more than the request that made them.
@@ -17,7 +18,7 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
 from cronoq import TaskInfo, TaskRequest, TaskSummary
-from cronoq.errors import InvalidArgument, PayloadError
+from cronoq.errors import PayloadError
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._wire import task_info_to_pb, task_summary_to_pb
 
@@ -26,7 +27,6 @@ __all__ = [
     "TOKEN_RESERVE_BYTES",
     "attempt_bytes",
     "check_attempts_fit",
-    "check_output_fits",
     "fitted_task_info",
     "list_response_to_pb",
     "max_data_bytes",
@@ -132,15 +132,6 @@ def max_data_bytes(limit: int) -> int:
     while size + 1 + 1 + _varint_bytes(size + 1) <= limit:
         size += 1
     return size
-
-
-def check_output_fits(output: bytes | None, limit: int) -> None:
-    """``InvalidArgument`` if an output would not fit alone in a reply of ``limit`` bytes."""
-    if output is not None and len(output) > max_data_bytes(limit):
-        raise InvalidArgument(
-            f"output is {len(output)} bytes; the server takes at most {max_data_bytes(limit)} "
-            f"(its message limit of {limit} bytes less the reply's framing)"
-        )
 
 
 def fitted_task_info(info: TaskInfo, *, payload: bool, output: bool, limit: int) -> pb.TaskInfo:

@@ -415,7 +415,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
 
     @_unary
     async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:
-        await _report(self._leader(reporting=True), request, self._max_message_bytes)
+        await _report(self._leader(reporting=True), request)
         return pb.ReportResponse()
 
     @_unary
@@ -427,8 +427,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
         # Each report is a Scheduler call of its own; those that arrive together are judged
         # in one step and committed together.
         outcomes = await asyncio.gather(
-            *(_report(sched, report, self._max_message_bytes) for report in reports),
-            return_exceptions=True,
+            *(_report(sched, report) for report in reports), return_exceptions=True
         )
         results = []
         for outcome in outcomes:
@@ -443,10 +442,9 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
         return pb.ReportManyResponse(results=results)
 
 
-async def _report(sched: Scheduler, request: pb.ReportRequest, limit: int) -> None:
+async def _report(sched: Scheduler, request: pb.ReportRequest) -> None:
     token, outcome = wire.report_from_pb(request)
     if isinstance(outcome, wire.ReportSuccess):
-        wire.check_output_fits(outcome.output, limit)  # so that GetTaskData can send it
         await sched.report_success(token, outcome.output)
     else:
         await sched.report_failure(
