@@ -56,7 +56,7 @@ async def test_a_task_submitted_over_grpc_runs_on_an_attached_worker(tmp_path: P
             assert attempt.token.task_id == submitted.task_id
             assert attempt.payload == b"in"
             await workers.Report(wire.report_request(attempt.token, wire.ReportSuccess(b"out")))
-            done = await tasks.Wait(wire.wait_request(submitted.task_id, 5))
+            done = await tasks.Wait(wire.wait_request(submitted.task_id, 5, include_output=True))
             info = wire.task_info_from_pb(done, BytesCodec())
             assert (info.status, info.output) == (Status.SUCCEEDED, b"out")
             stream.cancel()
@@ -86,7 +86,7 @@ async def main():
         await stream.read()
         [attempt] = wire.worker_events_from_pb(await stream.read())
         await workers.Report(wire.report_request(attempt.token, wire.ReportSuccess(b"y")))
-        info = await tasks.Wait(wire.wait_request(sub.task_id, 10))
+        info = await tasks.Wait(wire.wait_request(sub.task_id, 10, include_output=True))
         print("status", info.status, info.output)
         stream.cancel()
 
