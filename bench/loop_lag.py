@@ -106,9 +106,8 @@ async def main() -> None:
                     took = time.perf_counter() - start
                     await asyncio.sleep(0.2)  # the probes after it, too
                     worst = max(idle) - base
-                    print(
-                        f"{name}: call {took * 1000:.0f} ms, worst probe delay {worst * 1000:.0f} ms"
-                    )
+                    print(f"{name}: call {took * 1000:.0f} ms, ", end="")
+                    print(f"worst probe delay {worst * 1000:.0f} ms")
                 prober.cancel()
         finally:
             process.terminate()
