@@ -56,6 +56,7 @@ from cronoq import (
 from cronoq.errors import CronoqError, InvalidArgument, PayloadError, StaleAttempt, TaskNotFound
 from cronoq_client import _wire as w
 from cronoq_client._proto import cronoq_pb2 as pb
+from cronoq_client._sizes import list_response_to_pb
 from cronoq_client._status import error_from_report_result, report_result, status_of
 from cronoq_client._wire import NS_PER_S
 
@@ -268,7 +269,7 @@ def test_an_empty_status_filter_matches_nothing_rather_than_everything() -> None
 @ROUND_TRIPS
 @given(st.lists(task_summaries, max_size=4), st.none() | st.integers(1, 6))
 def test_list_pages_carry_the_next_after(tasks: list[Any], limit: int | None) -> None:
-    page, after = w.list_response(wire(w.list_response_to_pb(tasks, limit)))
+    page, after = w.list_response(wire(list_response_to_pb(tasks, limit, 1 << 20)))
     assert page == tasks
     full = limit is not None and len(tasks) == limit
     assert after == (tasks[-1].task_id if full else None)
@@ -344,7 +345,7 @@ def test_attached_round_trips(epoch: int, leases: dict[str, float]) -> None:
 @given(
     texts,
     st.lists(texts, max_size=3),
-    int64s,
+    st.integers(-(2**63), w.MAX_WORKER_SLOTS),
     st.lists(st.tuples(tokens, st.binary(max_size=20)), max_size=3),
 )
 def test_attach_arguments_round_trip(

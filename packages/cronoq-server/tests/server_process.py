@@ -38,7 +38,7 @@ class AttachStream:
             self._unread.extend(message.events)
         return self._unread.popleft()
 
-    async def event(self) -> wire.WorkerEvent:
+    async def event(self) -> wire.WorkerEvent | wire.UnreadableAttempt:
         return wire.worker_event_from_pb(await self.raw())
 
     def cancel(self) -> None:

@@ -58,7 +58,7 @@ async def test_a_task_submitted_over_grpc_runs_on_an_attached_worker(tmp_path: P
             await workers.Report(
                 wire.report_request(attempt.token, attempt.lease_id, wire.ReportSuccess(b"out"))
             )
-            done = await tasks.Wait(wire.wait_request(submitted.task_id, 5))
+            done = await tasks.Wait(wire.wait_request(submitted.task_id, 5, include_output=True))
             info = wire.task_info_from_pb(done, BytesCodec())
             assert (info.status, info.output) == (Status.SUCCEEDED, b"out")
             stream.cancel()
@@ -89,7 +89,7 @@ async def main():
         [attempt] = wire.worker_events_from_pb(await stream.read())
         report = wire.report_request(attempt.token, attempt.lease_id, wire.ReportSuccess(b"y"))
         await workers.Report(report)
-        info = await tasks.Wait(wire.wait_request(sub.task_id, 10))
+        info = await tasks.Wait(wire.wait_request(sub.task_id, 10, include_output=True))
         print("status", info.status, info.output)
         stream.cancel()
 

@@ -257,7 +257,7 @@ async def test_sigterm_of_the_leader_lets_the_running_attempt_report_then_hands_
         await new.leading(timeout=lease_ttl)
         async with grpc.aio.insecure_channel(new.target) as channel:
             done = await pb_grpc.SchedulerServiceStub(channel).Get(
-                wire.get_request(submitted.task_id)
+                wire.get_request(submitted.task_id, include_output=True)
             )
     released = log_time(old.events("stepped_down")[0])
     exited = log_time(old.events("stopped")[0])

@@ -348,7 +348,7 @@ def test_invalid_expression_checked_before_zone() -> None:
         "localtime",
         "right/UTC",
         "zone.tab",
-        "x" * 5000,
+        "x" * 255,
     ],
 )
 def test_unknown_time_zones(timezone: str) -> None:
@@ -356,6 +356,13 @@ def test_unknown_time_zones(timezone: str) -> None:
         CronSchedule.parse("* * * * *", timezone)
     assert isinstance(info.value, InvalidArgument)
     assert isinstance(info.value, ValueError)
+
+
+def test_time_zone_names_and_cron_expressions_are_bounded_before_parsing() -> None:
+    with pytest.raises(UnknownTimeZone, match="5000 characters long; the limit is 255"):
+        CronSchedule.parse("* * * * *", "x" * 5000)
+    with pytest.raises(InvalidCron, match="1029 characters long; the limit is 1024"):
+        CronSchedule.parse(" " * 1020 + "* * * * *")
 
 
 @pytest.mark.parametrize("timezone", [None, 5, b"UTC"])

@@ -216,38 +216,80 @@ class AsyncClient:
             )
         return list(reply.task_ids)
 
-    async def get(self, task_id: int) -> TaskInfo:
-        """The task with this id. Raises TaskNotFound if it is unknown or pruned."""
-        message = wire.get_request(task_id)
+    async def get(
+        self, task_id: int, *, include_payload: bool = True, include_output: bool = True
+    ) -> TaskInfo:
+        """The task with this id. Raises TaskNotFound if it is unknown or pruned.
+
+        ``include_payload=False`` / ``include_output=False``: that value is not sent and reads
+        None, which spares the transfer of a large one. A value too large to travel with the
+        rest of the task is fetched alone (a second call)."""
+        message = wire.get_request(
+            task_id, include_payload=include_payload, include_output=include_output
+        )
         reply = await self._call(
             lambda stub, timeout: stub.Get(message, timeout=timeout), idempotent=True
         )
-        return wire.task_info_from_pb(reply, self._codec)
+        return await self._task(reply)
 
-    async def get_by_key(self, key: str) -> TaskInfo | None:
-        """The task holding ``key`` (live or finished within the retention), or None."""
-        message = wire.get_by_key_request(key)
+    async def get_by_key(
+        self, key: str, *, include_payload: bool = True, include_output: bool = True
+    ) -> TaskInfo | None:
+        """The task holding ``key`` (live or finished within the retention), or None; the
+        options are ``get``'s."""
+        message = wire.get_by_key_request(
+            key, include_payload=include_payload, include_output=include_output
+        )
         reply = await self._call(
             lambda stub, timeout: stub.GetByKey(message, timeout=timeout), idempotent=True
         )
-        return wire.task_info_from_pb(reply.task, self._codec) if reply.HasField("task") else None
+        return await self._task(reply.task) if reply.HasField("task") else None
 
-    async def wait(self, task_id: int, timeout: float | None = None) -> TaskInfo:
+    async def wait(
+        self,
+        task_id: int,
+        timeout: float | None = None,
+        *,
+        include_payload: bool = True,
+        include_output: bool = True,
+    ) -> TaskInfo:
         """Wait until the task is terminal; return it with its output. Past ``timeout``
         seconds, ``WaitTimedOut``. The call's deadline is the longer of ``timeout`` and the
-        client's, plus WAIT_MARGIN; with ``timeout=None`` it has none."""
-        wire.wait_request(task_id, timeout)  # refuse bad arguments before any wait
+        client's, plus WAIT_MARGIN; with ``timeout=None`` it has none. The options are
+        ``get``'s."""
+        include = {"include_payload": include_payload, "include_output": include_output}
+        wire.wait_request(task_id, timeout, **include)  # refuse bad arguments before any wait
         loop = asyncio.get_running_loop()
         until = None if timeout is None else loop.time() + _seconds(timeout)
 
         def send(stub: Stub, remaining: float | None) -> Awaitable[pb.TaskInfo]:
             # A retry waits only for what is left of the caller's timeout.
             left = None if until is None else max(0.0, until - loop.time())
-            return stub.Wait(wire.wait_request(task_id, left), timeout=remaining)
+            return stub.Wait(wire.wait_request(task_id, left, **include), timeout=remaining)
 
         seconds = None if timeout is None else max(_seconds(timeout), self._timeout) + WAIT_MARGIN
         reply = await self._call(send, idempotent=True, seconds=seconds)
+        return await self._task(reply)
+
+    async def _task(self, reply: pb.TaskInfo) -> TaskInfo:
+        """The task of a reply, with the payload or output the server left out because it
+        did not fit in one message with the rest fetched alone."""
+        if reply.payload_omitted:
+            payload = await self._task_data(reply.task_id, pb.TASK_DATA_PAYLOAD)
+            if payload is not None:
+                reply.payload = payload
+        if reply.output_omitted:
+            output = await self._task_data(reply.task_id, pb.TASK_DATA_OUTPUT)
+            if output is not None:
+                reply.output = output
         return wire.task_info_from_pb(reply, self._codec)
+
+    async def _task_data(self, task_id: int, data: pb.TaskData.ValueType) -> bytes | None:
+        message = wire.task_data_request(task_id, data)
+        reply = await self._call(
+            lambda stub, timeout: stub.GetTaskData(message, timeout=timeout), idempotent=True
+        )
+        return reply.data if reply.HasField("data") else None
 
     async def list(
         self,
@@ -259,15 +301,24 @@ class AsyncClient:
         limit: int | None = None,
         after: int | None = None,
     ) -> builtins.list[TaskSummary]:
-        """One page of tasks, in ascending id order: ids above ``after``, ``limit`` at most."""
-        message = wire.list_request(
-            status=status, pool=pool, kind=kind, tag=tag, limit=limit, after=after
-        )
-        reply = await self._call(
+        """Tasks in ascending id order: ids above ``after``, ``limit`` at most (None: all). The
+        server sends long lists in pages (``MAX_LIST_PAGE`` tasks, or fewer when they would
+        not fit in a message): this asks for the next page until it has them all."""
+        found: builtins.list[TaskSummary] = []
+        while True:
+            left = None if limit is None else limit - len(found)
+            message = wire.list_request(
+                status=status, pool=pool, kind=kind, tag=tag, limit=left, after=after
+            )
+            tasks, after = wire.list_response(await self._list_page(message))
+            found.extend(tasks)
+            if after is None or (limit is not None and len(found) >= limit):
+                return found
+
+    async def _list_page(self, message: pb.ListRequest) -> pb.ListResponse:
+        return await self._call(
             lambda stub, timeout: stub.List(message, timeout=timeout), idempotent=True
         )
-        tasks, _ = wire.list_response(reply)
-        return tasks
 
     async def cancel(self, task_id: int, reason: str = "cancelled by request") -> Status:
         """Cancel a task; return its status (``running`` while its attempt stops)."""

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeGuard, TypeVar
@@ -60,9 +60,13 @@ from cronoq_client._proto import cronoq_pb2 as pb
 
 __all__ = [
     "MAX_REPORTS_PER_CALL",
+    "MAX_WORKER_ID_LENGTH",
+    "MAX_WORKER_POOLS",
+    "MAX_WORKER_SLOTS",
     "Attached",
     "ReportFailure",
     "ReportSuccess",
+    "UnreadableAttempt",
     "add_schedule_kwargs",
     "add_schedule_request",
     "attach_kwargs",
@@ -79,7 +83,6 @@ __all__ = [
     "list_kwargs",
     "list_request",
     "list_response",
-    "list_response_to_pb",
     "parse",
     "preview_kwargs",
     "preview_request",
@@ -97,6 +100,7 @@ __all__ = [
     "submit_many_request",
     "submit_many_requests",
     "submit_request",
+    "task_data_request",
     "task_info_from_pb",
     "task_info_to_pb",
     "task_request_from_pb",
@@ -741,16 +745,42 @@ def _unknown(call: str, options: Mapping[str, object], known: Iterable[str]) -> 
         raise InvalidArgument(f"{call} got unknown options: {', '.join(extra)}")
 
 
-def get_request(task_id: object) -> pb.GetRequest:
-    return pb.GetRequest(task_id=_int64(task_id, "task_id"))
+def get_request(
+    task_id: object, *, include_payload: object = False, include_output: object = False
+) -> pb.GetRequest:
+    return pb.GetRequest(
+        task_id=_int64(task_id, "task_id"),
+        include_payload=_flag(include_payload, "include_payload"),
+        include_output=_flag(include_output, "include_output"),
+    )
 
 
-def get_by_key_request(key: object) -> pb.GetByKeyRequest:
-    return pb.GetByKeyRequest(key=_text(key, "key"))
+def get_by_key_request(
+    key: object, *, include_payload: object = False, include_output: object = False
+) -> pb.GetByKeyRequest:
+    return pb.GetByKeyRequest(
+        key=_text(key, "key"),
+        include_payload=_flag(include_payload, "include_payload"),
+        include_output=_flag(include_output, "include_output"),
+    )
 
 
-def wait_request(task_id: object, timeout: object = None) -> pb.WaitRequest:
-    message = pb.WaitRequest(task_id=_int64(task_id, "task_id"))
+def task_data_request(task_id: int, data: pb.TaskData.ValueType) -> pb.GetTaskDataRequest:
+    return pb.GetTaskDataRequest(task_id=task_id, data=data)
+
+
+def wait_request(
+    task_id: object,
+    timeout: object = None,
+    *,
+    include_payload: object = False,
+    include_output: object = False,
+) -> pb.WaitRequest:
+    message = pb.WaitRequest(
+        task_id=_int64(task_id, "task_id"),
+        include_payload=_flag(include_payload, "include_payload"),
+        include_output=_flag(include_output, "include_output"),
+    )
     if timeout is not None:
         message.timeout.CopyFrom(_duration(timeout, "timeout"))
     return message
@@ -841,15 +871,6 @@ def list_kwargs(message: pb.ListRequest) -> dict[str, Any]:
     if message.HasField("page_size"):
         kwargs["limit"] = message.page_size
     return kwargs
-
-
-def list_response_to_pb(tasks: Sequence[TaskSummary], limit: int | None) -> pb.ListResponse:
-    """A page of ``Scheduler.list(..., limit=limit)``: a full page has a next-page token."""
-    full = limit is not None and len(tasks) == limit and len(tasks) > 0
-    return pb.ListResponse(
-        tasks=[task_summary_to_pb(t) for t in tasks],
-        next_page_token=str(tasks[-1].task_id) if full else "",
-    )
 
 
 def list_response(message: pb.ListResponse) -> tuple[list[TaskSummary], int | None]:
@@ -1018,6 +1039,18 @@ WorkerEvent = Attached | LeasedAttempt | CancelRequested
 
 
 @dataclass(frozen=True, slots=True)
+class UnreadableAttempt:
+    """An attempt of the Attach stream whose fields do not decode (a value out of range): the
+    worker cannot run it, but can report it failed by its token (a wire value only)."""
+
+    token: AttemptToken
+    pool: str
+    reason: str
+    lease_id: bytes = field(default=b"", repr=False)
+    """Its lease id, to report it with (a secret, never shown)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ReportSuccess:
     output: bytes | None = None
     """As the worker's codec made it; None: the function returned None."""
@@ -1074,7 +1107,7 @@ def attach_request(
 ) -> pb.AttachRequest:
     """``running``: the attempts the worker still runs, as (token, lease id) pairs."""
     return pb.AttachRequest(
-        worker_id=_text(worker_id, "worker_id"),
+        worker_id=_worker_id(_text(worker_id, "worker_id")),
         pools=_texts(pools, "pools", "a pool name"),
         slots=_int64(slots, "slots"),
         running=[
@@ -1094,8 +1127,35 @@ def attach_message_limit(message: pb.AttachRequest) -> int | None:
     return message.max_message_bytes or None
 
 
+MAX_WORKER_ID_LENGTH = 255
+"""Characters of a worker's name (it is in the server's log lines)."""
+MAX_WORKER_SLOTS = 10_000
+"""Most slots a worker attaches with, and most attempts it names as still running."""
+MAX_WORKER_POOLS = 1_000
+"""Most pools one worker attaches to."""
+
+
+def _worker_id(value: str) -> str:
+    if len(value) > MAX_WORKER_ID_LENGTH:
+        raise InvalidArgument(
+            f"worker_id is {len(value)} characters long; the limit is {MAX_WORKER_ID_LENGTH}: "
+            f"{_shown(value)}"
+        )
+    return value
+
+
 def attach_kwargs(message: pb.AttachRequest) -> dict[str, Any]:
-    """The arguments of ``Scheduler.attach`` (``worker_id`` is the server's, for its logs)."""
+    """The arguments of ``Scheduler.attach`` (``worker_id`` is the server's, for its logs),
+    each list bounded before any item is decoded."""
+    _worker_id(message.worker_id)
+    if len(message.pools) > MAX_WORKER_POOLS:
+        raise InvalidArgument(f"pools: {len(message.pools)} given; the limit is {MAX_WORKER_POOLS}")
+    if message.slots > MAX_WORKER_SLOTS or len(message.running) > MAX_WORKER_SLOTS:
+        raise InvalidArgument(
+            f"a worker may have at most {MAX_WORKER_SLOTS} slots (and attempts running); "
+            f"this one asked for {message.slots} (with {len(message.running)} running): "
+            "use fewer slots"
+        )
     return {
         "pools": tuple(message.pools),
         "slots": message.slots,
@@ -1153,7 +1213,7 @@ def worker_event_to_pb(event: WorkerEvent) -> pb.WorkerEvent:
     )
 
 
-def worker_event_from_pb(message: pb.WorkerEvent) -> WorkerEvent:
+def worker_event_from_pb(message: pb.WorkerEvent) -> WorkerEvent | UnreadableAttempt:
     kind = message.WhichOneof("event")
     if kind == "attached":
         leases = {
@@ -1162,7 +1222,13 @@ def worker_event_from_pb(message: pb.WorkerEvent) -> WorkerEvent:
         }
         return Attached(message.attached.epoch, leases)
     if kind == "attempt":
-        return _attempt_from_pb(message.attempt)
+        try:
+            return _attempt_from_pb(message.attempt)
+        except InvalidArgument as exc:
+            attempt = message.attempt
+            return UnreadableAttempt(
+                token_from_pb(attempt.token), attempt.pool, str(exc), attempt.token.lease_id
+            )
     if kind == "cancel":
         return CancelRequested(token_from_pb(message.cancel.token), message.cancel.reason)
     raise InvalidArgument("a worker event must be attached, attempt or cancel; it is empty")
@@ -1173,7 +1239,7 @@ def worker_events_to_pb(events: Iterable[WorkerEvent]) -> pb.AttachResponse:
     return pb.AttachResponse(events=[worker_event_to_pb(event) for event in events])
 
 
-def worker_events_from_pb(message: pb.AttachResponse) -> list[WorkerEvent]:
+def worker_events_from_pb(message: pb.AttachResponse) -> list[WorkerEvent | UnreadableAttempt]:
     if not message.events:
         raise InvalidArgument("a message of the Attach stream carries at least one event")
     return [worker_event_from_pb(event) for event in message.events]

@@ -53,14 +53,16 @@ from cronoq_client._channel import (
     targets_of,
 )
 from cronoq_client._client import DEFAULT_MAX_MESSAGE_BYTES
+from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 from cronoq_client._reports import Reports
 from cronoq_client._retry import Backoff, Verdict, judge
-from cronoq_client._status import error_from_rpc
+from cronoq_client._status import error_from_rpc, error_info
 from cronoq_client._wire import (
     Attached,
     ReportFailure,
     ReportSuccess,
+    UnreadableAttempt,
     attach_request,
     heartbeat_request,
     lease_renewed_from_pb,
@@ -164,6 +166,7 @@ class Worker:
         self._running = False
         self._threads: ThreadPoolExecutor | None = None
         self._attached = asyncio.Event()
+        self._refusals: set[asyncio.Task[None]] = set()
 
     # --- control ----------------------------------------------------------------------------
 
@@ -271,10 +274,12 @@ class Worker:
                 max_message_bytes=self._max_message_bytes,
             )
             call = stub.Attach(request)
+            attached = False
             try:
                 async for message in call:
                     for event in worker_events_from_pb(message):
                         if isinstance(event, Attached):
+                            attached = True
                             failures = 0
                             self._leases.update(event.leases)
                             self._attached.set()
@@ -284,14 +289,14 @@ class Worker:
                             )
                         elif isinstance(event, LeasedAttempt):
                             self._start(event)
+                        elif isinstance(event, UnreadableAttempt):
+                            self._refuse(event)
                         else:
                             self._cancel(event)
                 log.info("attach stream ended; reconnecting", extra={"worker": self.worker_id})
             except grpc.RpcError as err:
                 error = error_from_rpc(err)
-                if judge(err, idempotent=True) is Verdict.RAISE and isinstance(
-                    error, InvalidArgument
-                ):
+                if not attached and _refused_for_good(err, error):
                     raise error from None
                 log.info("attach failed; reconnecting: %s", error, extra={"worker": self.worker_id})
             except InvalidArgument as exc:  # a malformed event: the server is not one we know
@@ -332,6 +337,28 @@ class Worker:
         self._attempts[leased.token] = attempt
         attempt.task = loop.create_task(self._run(attempt), name=f"cronoq-attempt-{ctx.task_id}")
         attempt.heartbeat = loop.create_task(self._heartbeats(attempt))
+
+    def _refuse(self, event: UnreadableAttempt) -> None:
+        """Report an attempt this worker cannot read as failed (for good: any worker of this
+        release reads the same bytes alike), in the background, as a report of a run."""
+        log.error(
+            "attempt could not be read; reporting it failed: %s",
+            event.reason,
+            extra={"task_id": event.token.task_id},
+        )
+        message = f"worker {self.worker_id} could not read the attempt: {event.reason}"
+        failure = ReportFailure(_truncate(message), retryable=False)
+        request = report_request(event.token, event.lease_id, failure)
+        lease_s = self._leases.get(event.pool, 0.0)
+        deadline = asyncio.get_running_loop().time() + lease_s
+        task = asyncio.get_running_loop().create_task(self._send_refusal(request, deadline))
+        self._refusals.add(task)
+        task.add_done_callback(self._refusals.discard)
+
+    async def _send_refusal(self, request: pb.ReportRequest, deadline: float) -> None:
+        # Sent once: if it is lost, the attempt's lease runs out and the next try of it is
+        # refused again (and the task fails after its attempts).
+        await self._reports.send(request, deadline)
 
     def _cancel(self, event: CancelRequested) -> None:
         attempt = self._attempts.get(event.token)
@@ -499,3 +526,14 @@ class Worker:
             self._reconnect(connection)
             await asyncio.sleep(_BACKOFF.delay(failures))
             failures += 1
+
+
+def _refused_for_good(err: grpc.RpcError, error: Exception) -> bool:
+    """The server itself refused the attachment as bad input (an unknown pool, too many slots),
+    which every retry would meet again; a message too large for the stream or any other
+    failure of the transport is not the worker's to give up on."""
+    return (
+        judge(err, idempotent=True) is Verdict.RAISE
+        and isinstance(error, InvalidArgument)
+        and error_info(err) is not None
+    )

@@ -125,7 +125,12 @@ class GrpcEndpoint:
         arrivals = Arrivals()
         add_services(
             server,
-            SchedulerService(self._replica, leader_server=leader, arrivals=arrivals),
+            SchedulerService(
+                self._replica,
+                self._options.max_message_bytes,
+                leader_server=leader,
+                arrivals=arrivals,
+            ),
             WorkerService(
                 self._replica,
                 self._options.max_message_bytes,

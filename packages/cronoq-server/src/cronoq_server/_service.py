@@ -9,6 +9,7 @@ exception goes back through the protocol's status mapping. A replica that does n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -18,10 +19,11 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from cronoq import CancelRequested, LeasedAttempt, Scheduler, preview
+from cronoq import CancelRequested, LeasedAttempt, Scheduler, TaskInfo, TaskRequest, preview
 from cronoq.errors import CronoqError, InvalidArgument, WaitTimedOut
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
+from cronoq_server._links import Links
 from cronoq_server._replica import NotServing, Replica
 
 __all__ = ["Arrivals", "SchedulerService", "WorkerService", "add_services"]
@@ -149,10 +151,20 @@ def _refuse_on_standby_server(replica: Replica, leader_server: bool) -> None:
 
 
 class SchedulerService(pb_grpc.SchedulerServiceServicer):
+    """Every message it sends fits ``max_message_bytes``: a task is accepted only if its
+    attempt fits (``check_attempts_fit``), a reply leaves out a payload or output that would
+    not (``fitted_task_info``), and ``GetTaskData`` sends one alone."""
+
     def __init__(
-        self, replica: Replica, *, leader_server: bool = True, arrivals: Arrivals | None = None
+        self,
+        replica: Replica,
+        max_message_bytes: int,
+        *,
+        leader_server: bool = True,
+        arrivals: Arrivals | None = None,
     ) -> None:
         self._replica = replica
+        self._max_message_bytes = max_message_bytes
         self._leader_server = leader_server
         self.arrivals = Arrivals() if arrivals is None else arrivals
 
@@ -163,6 +175,7 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
     @_unary
     async def Submit(self, request: pb.SubmitRequest, context: Any) -> pb.SubmitResponse:
         task = wire.task_request_from_pb(request.task)
+        wire.check_attempts_fit(request, [task], self._max_message_bytes)
         [task_id] = await self._leader().submit_many([task])
         return pb.SubmitResponse(task_id=task_id)
 
@@ -171,24 +184,57 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         self, request: pb.SubmitManyRequest, context: Any
     ) -> pb.SubmitManyResponse:
         tasks = wire.submit_many_requests(request)
+        wire.check_attempts_fit(request, tasks, self._max_message_bytes)
         return pb.SubmitManyResponse(task_ids=await self._leader().submit_many(tasks))
+
+    def _task(
+        self, info: TaskInfo, request: pb.GetRequest | pb.GetByKeyRequest | pb.WaitRequest
+    ) -> pb.TaskInfo:
+        return wire.fitted_task_info(
+            info,
+            payload=request.include_payload,
+            output=request.include_output,
+            limit=self._max_message_bytes,
+        )
 
     @_unary
     async def Get(self, request: pb.GetRequest, context: Any) -> pb.TaskInfo:
-        return wire.task_info_to_pb(await self._leader().get(request.task_id))
+        return self._task(await self._leader().get(request.task_id), request)
 
     @_unary
     async def GetByKey(self, request: pb.GetByKeyRequest, context: Any) -> pb.GetByKeyResponse:
         found = await self._leader().get_by_key(request.key)
         if found is None:
             return pb.GetByKeyResponse()
-        return pb.GetByKeyResponse(task=wire.task_info_to_pb(found))
+        # The reply adds the field's tag and length to the task (at most 6 bytes).
+        task = wire.fitted_task_info(
+            found,
+            payload=request.include_payload,
+            output=request.include_output,
+            limit=self._max_message_bytes - 6,
+        )
+        return pb.GetByKeyResponse(task=task)
+
+    @_unary
+    async def GetTaskData(
+        self, request: pb.GetTaskDataRequest, context: Any
+    ) -> pb.GetTaskDataResponse:
+        if request.data not in (pb.TASK_DATA_PAYLOAD, pb.TASK_DATA_OUTPUT):
+            raise InvalidArgument(f"data must be PAYLOAD or OUTPUT, got {request.data}")
+        info = await self._leader().get(request.task_id)
+        value = info.payload if request.data == pb.TASK_DATA_PAYLOAD else info.output
+        return wire.task_data_response(value, info.task_id, self._max_message_bytes)
 
     @_unary
     async def List(self, request: pb.ListRequest, context: Any) -> pb.ListResponse:
         options = wire.list_kwargs(request)
+        asked = options.get("limit")
+        if asked is None or asked > wire.MAX_LIST_PAGE:
+            # A longer page ends early with a token: the reply is bounded, and so is the work
+            # of one call on the event loop.
+            options["limit"] = wire.MAX_LIST_PAGE
         tasks = await self._leader().list(**options)
-        return wire.list_response_to_pb(tasks, options.get("limit"))
+        return wire.list_response_to_pb(tasks, options["limit"], self._max_message_bytes)
 
     @_unary
     async def Wait(self, request: pb.WaitRequest, context: Any) -> pb.TaskInfo:
@@ -196,7 +242,7 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         sched = self._leader()
         remaining = context.time_remaining()
         if remaining is None:
-            return wire.task_info_to_pb(await sched.wait(**options))
+            return self._task(await sched.wait(**options), request)
         # The call's own deadline bounds the wait too: answered before the client gives up.
         # Around the wait, not in place of its timeout, which is still the Scheduler's to
         # check (ten years and more is INVALID_ARGUMENT, whatever the deadline).
@@ -210,7 +256,7 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
             raise WaitTimedOut(
                 f"task {request.task_id} did not finish within the call's deadline"
             ) from None
-        return wire.task_info_to_pb(info)
+        return self._task(info, request)
 
     @_unary
     async def Cancel(self, request: pb.CancelRequest, context: Any) -> pb.CancelResponse:
@@ -220,6 +266,15 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
     @_unary
     async def AddSchedule(self, request: pb.AddScheduleRequest, context: Any) -> pb.ScheduleInfo:
         options = wire.add_schedule_kwargs(request)
+        template = TaskRequest(
+            options["kind"],
+            options.get("payload"),
+            options.get("pool", "default"),
+            tags=options["tags"],
+            name=options["name"],
+            timeout=options.get("timeout"),
+        )
+        wire.check_attempts_fit(request, [template], self._max_message_bytes)
         return wire.schedule_info_to_pb(await self._leader().add_schedule(**options))
 
     @_unary
@@ -253,9 +308,12 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         self, request: pb.PreviewScheduleRequest, context: Any
     ) -> pb.PreviewScheduleResponse:
         # Pure computation, but answered by the leader only, as every call is: a standby's
-        # answer would mislead a client into staying on its connection.
+        # answer would mislead a client into staying on its connection. In a thread: 10,000
+        # occurrences take about 0.2 s, which would hold up every other call (and the
+        # leadership's renewal) on the event loop.
         self._leader()
-        return wire.preview_response_to_pb(preview(**wire.preview_kwargs(request)))
+        occurrences = await asyncio.to_thread(preview, **wire.preview_kwargs(request))
+        return wire.preview_response_to_pb(occurrences)
 
 
 _MAX_EVENTS_PER_MESSAGE = 512
@@ -281,6 +339,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
         self._max_message_bytes = max_message_bytes
         self._leader_server = leader_server
         self.arrivals = Arrivals() if arrivals is None else arrivals
+        self._links = Links()
 
     def _leader(self, *, leasing: bool = False, reporting: bool = False) -> Scheduler:
         _refuse_on_standby_server(self._replica, self._leader_server)
@@ -303,7 +362,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                     f"the server's limit of {self._max_message_bytes}: an attempt could be too "
                     "large for it (raise the worker's max_message_bytes)"
                 )
-            link = sched.attach(**options)
+            link = self._links.attach(sched, context.peer(), options)
         except Exception as exc:
             await _abort(context, exc)
             return
@@ -322,6 +381,9 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                 carried = None
                 message = wire.worker_events_to_pb([first])
                 size = message.ByteSize()
+                if size > self._max_message_bytes and isinstance(first, LeasedAttempt):
+                    await _fail_unsendable(sched, first, size, self._max_message_bytes)
+                    continue
                 # Whatever else is ready leaves with it: under load a worker gets its attempts
                 # a batch per message, and alone one at once (nothing waits to fill a batch).
                 while link.queued and len(message.events) < _MAX_EVENTS_PER_MESSAGE:
@@ -342,6 +404,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
             if isinstance(carried, LeasedAttempt):
                 link.unsent(carried)
             link.close()
+            self._links.detach(link)
             log.info("worker detached", extra={"worker": request.worker_id})
 
     @_unary
@@ -390,4 +453,19 @@ async def _report(sched: Scheduler, request: pb.ReportRequest) -> None:
             lease_id=lease_id,
             retryable=outcome.retryable,
             retry_after=outcome.retry_after,
+        )
+
+
+async def _fail_unsendable(sched: Scheduler, attempt: LeasedAttempt, size: int, limit: int) -> None:
+    """An attempt too large for any stream message (its task was accepted before the limit
+    counted the attempt, or under a larger one) fails for good instead of breaking the stream
+    of every worker it is sent to."""
+    message = (
+        f"the attempt takes {size} bytes, over the server's message limit of {limit}: "
+        "no worker can be sent it (resubmit with a smaller payload)"
+    )
+    log.warning("attempt too large to send", extra={"task_id": attempt.token.task_id})
+    with contextlib.suppress(CronoqError):  # already finished, or the scheduler stopped
+        await sched.report_failure(
+            attempt.token, message, lease_id=attempt.lease_id, retryable=False
         )

@@ -5,7 +5,7 @@ Store authors also use :mod:`cronoq.store`; every exception lives in :mod:`crono
 """
 
 from cronoq._codecs import BytesCodec, Codec, JsonCodec, decode_with, encode_with
-from cronoq._engine import AttemptToken, TaskSummary
+from cronoq._engine import LEASE_ID_BYTES, AttemptToken, TaskSummary
 from cronoq._executors import TaskContext
 from cronoq._memory import MemoryStore
 from cronoq._metrics import Histogram, SchedulerMetrics
@@ -28,6 +28,7 @@ from cronoq.errors import (
 )
 
 __all__ = [
+    "LEASE_ID_BYTES",
     "MAX_BATCH",
     "AdmissionRejected",
     "AttemptToken",

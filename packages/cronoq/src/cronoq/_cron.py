@@ -78,6 +78,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
 
+from cronoq._validate import MAX_CRON_LENGTH, MAX_TIME_ZONE_LENGTH, shown
 from cronoq.errors import InvalidArgument, InvalidCron, UnknownTimeZone
 
 __all__ = ["CronSchedule"]
@@ -184,6 +185,17 @@ class CronSchedule:
             raise UnknownTimeZone(
                 f"unknown time zone {timezone!r}: expected an IANA name (str), "
                 f"got {type(timezone).__name__}"
+            )
+        # Bounded before parsing: the parse takes time in proportion to the length.
+        if len(expression) > MAX_CRON_LENGTH:
+            raise InvalidCron(
+                f"cron expression is {len(expression)} characters long; the limit is "
+                f"{MAX_CRON_LENGTH}: {shown(expression)}"
+            )
+        if len(timezone) > MAX_TIME_ZONE_LENGTH:
+            raise UnknownTimeZone(
+                f"time zone name is {len(timezone)} characters long; the limit is "
+                f"{MAX_TIME_ZONE_LENGTH}: {shown(timezone)}"
             )
         object.__setattr__(self, "_compiled", _compile(expression, timezone))
 

@@ -149,6 +149,23 @@ CATCH_UP_POLICY_SKIP: CatchUpPolicy.ValueType  # 2
 """Run none of them; wait for the next occurrence."""
 Global___CatchUpPolicy: _TypeAlias = CatchUpPolicy  # noqa: Y015
 
+class _TaskData:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _TaskDataEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskData.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TASK_DATA_UNSPECIFIED: _TaskData.ValueType  # 0
+    TASK_DATA_PAYLOAD: _TaskData.ValueType  # 1
+    TASK_DATA_OUTPUT: _TaskData.ValueType  # 2
+
+class TaskData(_TaskData, metaclass=_TaskDataEnumTypeWrapper): ...
+
+TASK_DATA_UNSPECIFIED: TaskData.ValueType  # 0
+TASK_DATA_PAYLOAD: TaskData.ValueType  # 1
+TASK_DATA_OUTPUT: TaskData.ValueType  # 2
+Global___TaskData: _TypeAlias = TaskData  # noqa: Y015
+
 @_typing.final
 class RetryPolicy(_message.Message):
     """Attempts and exponential backoff (cronoq.RetryPolicy). Every field is optional: absent means
@@ -345,6 +362,8 @@ class TaskInfo(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     AFTER_FIELD_NUMBER: _builtins.int
     SCHEDULE_FIELD_NUMBER: _builtins.int
+    PAYLOAD_OMITTED_FIELD_NUMBER: _builtins.int
+    OUTPUT_OMITTED_FIELD_NUMBER: _builtins.int
     task_id: _builtins.int
     status: Global___Status.ValueType
     attempt: _builtins.int
@@ -362,6 +381,11 @@ class TaskInfo(_message.Message):
     """The output of a succeeded task, for the client's codec. Absent: none."""
     schedule: _builtins.str
     """Name of the schedule that created the task."""
+    payload_omitted: _builtins.bool
+    """The call asked for the payload (or output), the task has one, and it was left out because
+    the reply would exceed the server's message limit with it: GetTaskData sends it alone.
+    """
+    output_omitted: _builtins.bool
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -394,10 +418,12 @@ class TaskInfo(_message.Message):
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         after: _abc.Iterable[_builtins.int] | None = ...,
         schedule: _builtins.str | None = ...,
+        payload_omitted: _builtins.bool = ...,
+        output_omitted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_output", b"_output", "_payload", b"_payload", "_schedule", b"_schedule", "finished_at", b"finished_at", "key", b"key", "name", b"name", "output", b"output", "payload", b"payload", "schedule", b"schedule", "submitted_at", b"submitted_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_output", b"_output", "_payload", b"_payload", "_schedule", b"_schedule", "after", b"after", "attempt", b"attempt", "finished_at", b"finished_at", "key", b"key", "kind", b"kind", "message", b"message", "name", b"name", "output", b"output", "payload", b"payload", "pool", b"pool", "priority", b"priority", "schedule", b"schedule", "status", b"status", "submitted_at", b"submitted_at", "tags", b"tags", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_output", b"_output", "_payload", b"_payload", "_schedule", b"_schedule", "after", b"after", "attempt", b"attempt", "finished_at", b"finished_at", "key", b"key", "kind", b"kind", "message", b"message", "name", b"name", "output", b"output", "output_omitted", b"output_omitted", "payload", b"payload", "payload_omitted", b"payload_omitted", "pool", b"pool", "priority", b"priority", "schedule", b"schedule", "status", b"status", "submitted_at", b"submitted_at", "tags", b"tags", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__key: _TypeAlias = _typing.Literal["key"]  # noqa: Y015
     _WhichOneofArgType__key: _TypeAlias = _typing.Literal["_key", b"_key"]  # noqa: Y015
@@ -621,18 +647,29 @@ Global___SubmitManyResponse: _TypeAlias = SubmitManyResponse  # noqa: Y015
 
 @_typing.final
 class GetRequest(_message.Message):
+    """Get, GetByKey and Wait send a task's payload and output only when asked (they can be
+    large), and then only if the reply fits in the server's message limit with them; a value
+    that does not fit is left out and flagged (TaskInfo.payload_omitted, output_omitted).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_PAYLOAD_FIELD_NUMBER: _builtins.int
+    INCLUDE_OUTPUT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.int
+    include_payload: _builtins.bool
+    include_output: _builtins.bool
     def __init__(
         self,
         *,
         task_id: _builtins.int = ...,
+        include_payload: _builtins.bool = ...,
+        include_output: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_output", b"include_output", "include_payload", b"include_payload", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -643,19 +680,69 @@ class GetByKeyRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     KEY_FIELD_NUMBER: _builtins.int
+    INCLUDE_PAYLOAD_FIELD_NUMBER: _builtins.int
+    INCLUDE_OUTPUT_FIELD_NUMBER: _builtins.int
     key: _builtins.str
+    include_payload: _builtins.bool
+    include_output: _builtins.bool
     def __init__(
         self,
         *,
         key: _builtins.str = ...,
+        include_payload: _builtins.bool = ...,
+        include_output: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_output", b"include_output", "include_payload", b"include_payload", "key", b"key"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetByKeyRequest: _TypeAlias = GetByKeyRequest  # noqa: Y015
+
+@_typing.final
+class GetTaskDataRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.int
+    data: Global___TaskData.ValueType
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.int = ...,
+        data: Global___TaskData.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTaskDataRequest: _TypeAlias = GetTaskDataRequest  # noqa: Y015
+
+@_typing.final
+class GetTaskDataResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DATA_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """Absent: the task has none (no payload; no output, or not succeeded)."""
+    def __init__(
+        self,
+        *,
+        data: _builtins.bytes | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_data", b"_data", "data", b"data"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_data", b"_data", "data", b"data"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__data: _TypeAlias = _typing.Literal["data"]  # noqa: Y015
+    _WhichOneofArgType__data: _TypeAlias = _typing.Literal["_data", b"_data"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__data) -> _WhichOneofReturnType__data | None: ...
+
+Global___GetTaskDataResponse: _TypeAlias = GetTaskDataResponse  # noqa: Y015
 
 @_typing.final
 class GetByKeyResponse(_message.Message):
@@ -718,7 +805,9 @@ class ListRequest(_message.Message):
     tag: _builtins.str
     """Tasks carrying this tag."""
     page_size: _builtins.int
-    """Most tasks to return. Absent: no limit (the server may cap it)."""
+    """Most tasks to return. Absent: no limit. The server ends a page early (with a
+    next_page_token) at 10,000 tasks or where the next would not fit in its message limit.
+    """
     page_token: _builtins.str
     """Empty: from the first task. Otherwise the `next_page_token` of the previous page, which is
     the decimal id of the last task it returned: this page has the tasks of higher ids
@@ -768,7 +857,9 @@ class ListResponse(_message.Message):
     TASKS_FIELD_NUMBER: _builtins.int
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _builtins.int
     next_page_token: _builtins.str
-    """Empty when this page was not full (no more tasks right now); else the token of the next."""
+    """Empty when this page was not full (no more tasks right now); else the token of the next.
+    A page the server ended early (see page_size) has one too.
+    """
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskSummary]: ...
     def __init__(
@@ -791,7 +882,12 @@ class WaitRequest(_message.Message):
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
+    INCLUDE_PAYLOAD_FIELD_NUMBER: _builtins.int
+    INCLUDE_OUTPUT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.int
+    include_payload: _builtins.bool
+    """As GetRequest's."""
+    include_output: _builtins.bool
     @_builtins.property
     def timeout(self) -> _duration_pb2.Duration:
         """Absent: wait until the task is terminal or the call's deadline passes."""
@@ -801,10 +897,12 @@ class WaitRequest(_message.Message):
         *,
         task_id: _builtins.int = ...,
         timeout: _duration_pb2.Duration | None = ...,
+        include_payload: _builtins.bool = ...,
+        include_output: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_output", b"include_output", "include_payload", b"include_payload", "task_id", b"task_id", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

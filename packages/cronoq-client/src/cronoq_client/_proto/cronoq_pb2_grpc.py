@@ -60,6 +60,11 @@ class SchedulerServiceStub:
                 request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListRequest.SerializeToString,
                 response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListResponse.FromString,
                 _registered_method=True)
+        self.GetTaskData = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/GetTaskData',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetTaskDataRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetTaskDataResponse.FromString,
+                _registered_method=True)
         self.Wait = channel.unary_unary(
                 '/cronoq.v1.SchedulerService/Wait',
                 request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.WaitRequest.SerializeToString,
@@ -136,6 +141,14 @@ class SchedulerServiceServicer:
 
     def List(self, request, context):
         """Tasks in memory (live, and finished within the retention), filtered, by ascending id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTaskData(self, request, context):
+        """The payload or the output of a task alone: for a value Get, GetByKey or Wait left out
+        (TaskInfo.payload_omitted, output_omitted). Every accepted payload and output fits here.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -223,6 +236,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.List,
                     request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListRequest.FromString,
                     response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListResponse.SerializeToString,
+            ),
+            'GetTaskData': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTaskData,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetTaskDataRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetTaskDataResponse.SerializeToString,
             ),
             'Wait': grpc.unary_unary_rpc_method_handler(
                     servicer.Wait,
@@ -401,6 +419,33 @@ class SchedulerService:
             '/cronoq.v1.SchedulerService/List',
             cronoq__client_dot___proto_dot_cronoq__pb2.ListRequest.SerializeToString,
             cronoq__client_dot___proto_dot_cronoq__pb2.ListResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTaskData(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/GetTaskData',
+            cronoq__client_dot___proto_dot_cronoq__pb2.GetTaskDataRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.GetTaskDataResponse.FromString,
             options,
             channel_credentials,
             insecure,

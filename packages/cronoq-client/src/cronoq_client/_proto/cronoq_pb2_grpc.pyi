@@ -65,6 +65,10 @@ class SchedulerServiceStub:
     """The task holding a key; an absent task (not NOT_FOUND) if none does."""
     List: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ListRequest, _cronoq_pb2.ListResponse]
     """Tasks in memory (live, and finished within the retention), filtered, by ascending id."""
+    GetTaskData: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.GetTaskDataRequest, _cronoq_pb2.GetTaskDataResponse]
+    """The payload or the output of a task alone: for a value Get, GetByKey or Wait left out
+    (TaskInfo.payload_omitted, output_omitted). Every accepted payload and output fits here.
+    """
     Wait: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.WaitRequest, _cronoq_pb2.TaskInfo]
     """Returns when the task is terminal. Bounded by `timeout` (DEADLINE_EXCEEDED with reason
     WAIT_TIMED_OUT: the task carries on) and by the call's gRPC deadline.
@@ -97,6 +101,10 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """The task holding a key; an absent task (not NOT_FOUND) if none does."""
     List: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ListRequest, _cronoq_pb2.ListResponse]  # type: ignore[assignment]
     """Tasks in memory (live, and finished within the retention), filtered, by ascending id."""
+    GetTaskData: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.GetTaskDataRequest, _cronoq_pb2.GetTaskDataResponse]  # type: ignore[assignment]
+    """The payload or the output of a task alone: for a value Get, GetByKey or Wait left out
+    (TaskInfo.payload_omitted, output_omitted). Every accepted payload and output fits here.
+    """
     Wait: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.WaitRequest, _cronoq_pb2.TaskInfo]  # type: ignore[assignment]
     """Returns when the task is terminal. Bounded by `timeout` (DEADLINE_EXCEEDED with reason
     WAIT_TIMED_OUT: the task carries on) and by the call's gRPC deadline.
@@ -156,6 +164,16 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_cronoq_pb2.ListResponse, _abc.Awaitable[_cronoq_pb2.ListResponse]]:
         """Tasks in memory (live, and finished within the retention), filtered, by ascending id."""
+
+    @_abc_1.abstractmethod
+    def GetTaskData(
+        self,
+        request: _cronoq_pb2.GetTaskDataRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.GetTaskDataResponse, _abc.Awaitable[_cronoq_pb2.GetTaskDataResponse]]:
+        """The payload or the output of a task alone: for a value Get, GetByKey or Wait left out
+        (TaskInfo.payload_omitted, output_omitted). Every accepted payload and output fits here.
+        """
 
     @_abc_1.abstractmethod
     def Wait(

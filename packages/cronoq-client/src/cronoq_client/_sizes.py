@@ -1,0 +1,197 @@
+"""What fits in one message: the accounting behind the server's promise that every message it
+must send (an attempt on the Attach stream, a task, a payload or output alone, a page of a
+list) fits in its message limit.
+
+A payload is accepted only if the attempt that carries it fits. An output always fits alone
+in a ``GetTaskDataResponse``: the report that brought it was a larger message under the same
+limit. Get, GetByKey and Wait leave out a payload or output that
+would not fit with the rest of the task, and say so; List ends a page early. So nothing the
+server accepted is ever impossible to send, which is what a limit on the requests alone
+(gRPC's own) cannot promise: an attempt and a task carry more than the request that made them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from google.protobuf import duration_pb2, timestamp_pb2
+from google.protobuf.message import Message
+
+from cronoq import LEASE_ID_BYTES, TaskInfo, TaskRequest, TaskSummary
+from cronoq.errors import PayloadError
+from cronoq_client._proto import cronoq_pb2 as pb
+from cronoq_client._wire import task_info_to_pb, task_summary_to_pb
+
+__all__ = [
+    "MAX_LIST_PAGE",
+    "TOKEN_RESERVE_BYTES",
+    "attempt_bytes",
+    "check_attempts_fit",
+    "fitted_task_info",
+    "list_response_to_pb",
+    "max_data_bytes",
+    "task_data_response",
+]
+
+_INT64_MAX = 2**63 - 1
+# The largest values of a Timestamp and a Duration the protocol carries (a datetime's last
+# second; protobuf's longest Duration): an attempt's instants are counted at their largest.
+_LATEST = timestamp_pb2.Timestamp(seconds=253_402_300_799, nanos=999_999_999)
+_LONGEST = duration_pb2.Duration(seconds=315_576_000_000, nanos=999_999_999)
+_LARGEST_TOKEN = pb.AttemptToken(
+    epoch=_INT64_MAX, task_id=_INT64_MAX, attempt=_INT64_MAX, lease_id=bytes(LEASE_ID_BYTES)
+)
+
+TOKEN_RESERVE_BYTES = 64
+"""Room kept in every attempt message for fields a later version may add to its token, so
+that a payload accepted now still fits when they are sent (the lease id is counted above)."""
+
+MAX_LIST_PAGE = 10_000
+"""Most tasks one List reply carries: a longer page ends early, with a next-page token."""
+
+_VARINT_GROWTH = 4
+"""Bytes a length prefix can grow by (1 byte for a small message, 5 for the largest)."""
+
+
+def _attempt_message(attempt: pb.Attempt) -> int:
+    return pb.AttachResponse(events=[pb.WorkerEvent(attempt=attempt)]).ByteSize()
+
+
+_ATTEMPT_EXTRA = (
+    _attempt_message(
+        pb.Attempt(
+            token=_LARGEST_TOKEN,
+            pool="default",
+            deadline=_LATEST,
+            timeout=_LONGEST,
+            lease_expires_at=_LATEST,
+        )
+    )
+    + 3 * _VARINT_GROWTH  # the prefixes of Attempt, WorkerEvent and the event in the response
+    + TOKEN_RESERVE_BYTES
+)
+"""The most an attempt's stream message adds to the fields of the TaskRequest it came from:
+the token, the lease's expiry, a deadline as an instant, the default pool's name, and the
+framing. Every other field of an attempt is one of the request's, encoded the same way."""
+
+
+def _varint_bytes(value: int) -> int:
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def attempt_bytes(request: TaskRequest) -> int:
+    """The most bytes the Attach stream message that carries this task's attempt alone can
+    take: its fields as they are, its token's numbers and instants at their largest, and
+    TOKEN_RESERVE_BYTES. ``request`` is as decoded from the wire (str fields, bytes payload)."""
+    attempt = pb.Attempt(
+        token=_LARGEST_TOKEN,
+        pool=request.pool,
+        kind=request.kind,
+        tags=request.tags,
+        lease_expires_at=_LATEST,
+    )
+    if request.key is not None:
+        attempt.key = request.key
+    if request.name is not None:
+        attempt.name = request.name
+    if request.deadline is not None:
+        attempt.deadline.CopyFrom(_LATEST)
+    if request.timeout is not None:
+        attempt.timeout.CopyFrom(_LONGEST)
+    if request.payload:
+        attempt.payload = request.payload
+    return _attempt_message(attempt) + TOKEN_RESERVE_BYTES
+
+
+def check_attempts_fit(message: Message, requests: Sequence[TaskRequest], limit: int) -> None:
+    """``PayloadError`` naming the first task whose attempt would not fit in a stream message
+    of ``limit`` bytes; ``message`` is the request that carried the tasks.
+
+    Each attempt holds its task's fields, which the message holds too, and adds at most
+    ``_ATTEMPT_EXTRA``: a message that much below the limit needs no more. Otherwise a task
+    too large must be nearly the whole message, so the others together are smaller than that
+    extra, which a long batch cannot be: only a batch of a few tasks is measured, task by task.
+    """
+    if message.ByteSize() + _ATTEMPT_EXTRA <= limit or len(requests) > _ATTEMPT_EXTRA // 2 + 1:
+        return
+    for index, request in enumerate(requests):
+        size = attempt_bytes(request)
+        if size <= limit:
+            continue
+        which = "the task" if len(requests) == 1 else f"task {index} of the {len(requests)}"
+        payload = len(request.payload or b"")
+        room = max(payload - (size - limit), 0)
+        raise PayloadError(
+            f"{which} cannot be sent to a worker: its attempt would take {size} bytes with its "
+            f"{payload}-byte payload, over the server's message limit of {limit} bytes; its "
+            f"payload may be at most {room} bytes (or raise limits.max_message_bytes)"
+        )
+
+
+def max_data_bytes(limit: int) -> int:
+    """The largest payload or output a ``GetTaskDataResponse`` of ``limit`` bytes carries."""
+    size = limit - 1 - _varint_bytes(limit)  # the field's tag, and its length's prefix
+    while size + 1 + 1 + _varint_bytes(size + 1) <= limit:
+        size += 1
+    return size
+
+
+def fitted_task_info(info: TaskInfo, *, payload: bool, output: bool, limit: int) -> pb.TaskInfo:
+    """The task as a reply of at most ``limit`` bytes, with the payload and output only if
+    asked for. One asked for that does not fit is left out and flagged (the payload first:
+    the caller submitted it), for ``GetTaskData`` to send alone."""
+    message = task_info_to_pb(info)
+    if not payload:
+        message.ClearField("payload")
+    if not output:
+        message.ClearField("output")
+    if message.ByteSize() > limit and message.HasField("payload"):
+        message.ClearField("payload")
+        message.payload_omitted = True
+    if message.ByteSize() > limit and message.HasField("output"):
+        message.ClearField("output")
+        message.output_omitted = True
+    if message.ByteSize() <= limit:
+        return message
+    raise PayloadError(
+        f"task {info.task_id} takes {message.ByteSize()} bytes without its payload and output, "
+        f"over the server's message limit of {limit} bytes (raise limits.max_message_bytes)"
+    )
+
+
+def task_data_response(value: bytes | None, task_id: int, limit: int) -> pb.GetTaskDataResponse:
+    """A payload or output alone; one stored before its limit applied may still not fit."""
+    if value is not None and len(value) > max_data_bytes(limit):
+        raise PayloadError(
+            f"task {task_id}'s value is {len(value)} bytes, over the server's message limit of "
+            f"{limit} bytes (raise limits.max_message_bytes)"
+        )
+    message = pb.GetTaskDataResponse()
+    if value is not None:
+        message.data = value
+    return message
+
+
+def list_response_to_pb(
+    tasks: Sequence[TaskSummary], asked: int | None, limit: int
+) -> pb.ListResponse:
+    """A List reply of at most ``limit`` bytes: the tasks in order while they fit (at least
+    one), with a next-page token when it ended early or is as long as ``asked``."""
+    message = pb.ListResponse()
+    size = 0
+    for summary in tasks:
+        encoded = task_summary_to_pb(summary)
+        # The token (a task id) and each task's tag and length prefix.
+        size += encoded.ByteSize() + 1 + _varint_bytes(encoded.ByteSize())
+        if size + 2 + 20 > limit:
+            if not message.tasks:
+                raise PayloadError(
+                    f"task {summary.task_id}'s summary alone exceeds the server's message "
+                    f"limit of {limit} bytes (raise limits.max_message_bytes)"
+                )
+            break
+        message.tasks.append(encoded)
+    full = len(message.tasks) < len(tasks) or (asked is not None and len(tasks) == asked)
+    if full and message.tasks:
+        message.next_page_token = str(message.tasks[-1].task_id)
+    return message
