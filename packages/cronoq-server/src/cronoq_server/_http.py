@@ -40,6 +40,7 @@ class Readiness:
 _REQUEST_LINE = re.compile(rb"(?P<method>[A-Z]{1,16}) (?P<target>/\S{0,2048}) HTTP/1\.[01]")
 _REASONS = {
     200: "OK",
+    401: "Unauthorized",
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
@@ -64,6 +65,7 @@ class HttpServer:
         request_timeout: float = 5.0,
         max_header_bytes: int = 8192,
         max_connections: int = 64,
+        metrics_auth: Callable[[str], bool] | None = None,
     ) -> None:
         self._address = address
         self._readiness = readiness
@@ -71,6 +73,8 @@ class HttpServer:
         self._request_timeout = request_timeout
         self._max_header_bytes = max_header_bytes
         self._max_connections = max_connections
+        self._metrics_auth = metrics_auth
+        """None: /metrics is open; else it takes the Authorization header's value."""
         self._connections: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
 
@@ -159,7 +163,15 @@ class HttpServer:
             return _error(404, "not found"), False
         if method not in ("GET", "HEAD"):
             return _error(405, "method not allowed", ("Allow", "GET, HEAD")), False
+        if path == "/metrics" and not self._metrics_allowed(lines[1:]):
+            challenge = ("WWW-Authenticate", 'Bearer realm="cronoq"')
+            return _error(401, "a bearer token of the metrics permission is required", challenge), (
+                method == "HEAD"
+            )
         return self._route(path, _header(lines[1:], b"accept")), method == "HEAD"
+
+    def _metrics_allowed(self, headers: list[bytes]) -> bool:
+        return self._metrics_auth is None or self._metrics_auth(_header(headers, b"authorization"))
 
     def _route(self, path: str, accept: str) -> _Response:
         if path == "/healthz":

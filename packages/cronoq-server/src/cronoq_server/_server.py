@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,9 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cronoq_client.protocol import SERVICE_NAMES
+from cronoq_server._auth import AuthCollector, AuthInterceptor, Guard
 from cronoq_server._config import ServerConfig, open_store, remote_pools
+from cronoq_server._credentials import CredentialFiles, CredentialsError
 from cronoq_server._http import HttpServer, Readiness
 from cronoq_server._logging import configure_logging, lifecycle
 from cronoq_server._metrics import SchedulerCollector, metrics_registry
@@ -61,7 +64,9 @@ connections end within a second anyway); the leader is ready only after it stopp
 class _Options:
     host: str
     max_message_bytes: int
-    credentials: grpc.ServerCredentials | None
+    credentials: Callable[[], grpc.ServerCredentials | None]
+    """Credentials for each server object (None: plaintext); see ``_credentials``."""
+    interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
 
 
 class GrpcEndpoint:
@@ -102,7 +107,7 @@ class GrpcEndpoint:
                 ("grpc.max_connection_age_ms", STANDBY_CONNECTION_AGE_MS),
                 ("grpc.max_connection_age_grace_ms", _STANDBY_GRACE_MS),
             ]
-        server = grpc.aio.server(options=options)
+        server = grpc.aio.server(options=options, interceptors=self._options.interceptors)
         arrivals = Arrivals()
         add_services(
             server,
@@ -120,10 +125,11 @@ class GrpcEndpoint:
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         address = f"{self._options.host}:{self.port}"
-        if self._options.credentials is None:
+        credentials = self._options.credentials()
+        if credentials is None:
             bound = server.add_insecure_port(address)
         else:
-            bound = server.add_secure_port(address, self._options.credentials)
+            bound = server.add_secure_port(address, credentials)
         if bound == 0:
             raise OSError(f"could not listen for gRPC on {address}")
         self.port = bound  # port 0 picks one; the next server object takes the same
@@ -180,11 +186,48 @@ class GrpcEndpoint:
                 self._server = None
 
 
-def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
-    if config.tls is None:
-        return None
-    with open(config.tls.key, "rb") as key, open(config.tls.cert, "rb") as cert:
-        return grpc.ssl_server_credentials([(key.read(), cert.read())])
+@dataclass(frozen=True, slots=True)
+class _Security:
+    files: CredentialFiles
+    guard: Guard | None
+    """None: authentication is off (loopback only, or explicitly insecure)."""
+    collector: AuthCollector
+
+    @property
+    def interceptors(self) -> tuple[grpc.aio.ServerInterceptor, ...]:
+        return () if self.guard is None else (AuthInterceptor(self.guard),)
+
+    def metrics_auth(self, open_metrics: bool) -> Callable[[str], bool] | None:
+        """Who may read /metrics: everyone, or the holders of a ``metrics`` token."""
+        if self.guard is None or open_metrics:
+            return None
+        return self.guard.allows_metrics
+
+    def reload(self, why: str) -> None:
+        if self.files.reload(why) and self.guard is not None:
+            self.guard.tokens = self.files.current.tokens
+
+
+def _security(config: ServerConfig) -> _Security:
+    """The credentials and the guard of the configuration; CredentialsError if a file is bad."""
+    files = CredentialFiles(config.tls, config.auth)
+    collector = AuthCollector()
+    guard = Guard(config.auth, files.current.tokens, collector) if config.auth.enabled else None
+    return _Security(files, guard, collector)
+
+
+def _install_reload(security: _Security, interval: float) -> asyncio.Task[None]:
+    """Reload the credential files on SIGHUP and when one changes."""
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, security.reload, "SIGHUP")
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            if security.files.changed():
+                security.reload("a file changed")
+
+    return asyncio.get_running_loop().create_task(watch(), name="cronoq-credentials-watch")
 
 
 def make_replica(config: ServerConfig) -> Replica:
@@ -201,19 +244,32 @@ def make_replica(config: ServerConfig) -> Replica:
 async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> int:
     """Serve until SIGTERM or SIGINT: drain on the first, stop at once on a second."""
     configure_logging(config.logging)
+    try:
+        security = _security(config)
+    except CredentialsError as exc:
+        lifecycle("credentials_invalid", error=str(exc))
+        return 2  # as an invalid configuration
     replica = make_replica(config)
     limit = config.limits.max_message_bytes
-    options = _Options(config.listen.grpc.host, limit, _credentials(config))
+    options = _Options(
+        config.listen.grpc.host,
+        limit,
+        security.files.server_credentials,
+        security.interceptors,
+    )
     endpoint = GrpcEndpoint(replica, options, config.listen.grpc.port)
     collector = SchedulerCollector(
         lambda: replica.scheduler.workers if replica.scheduler is not None else 0
     )
+    registry = metrics_registry(collector)
+    registry.register(security.collector)
     http = HttpServer(
         config.listen.http,
         # Ready once the leader's server alone holds the port, so that a balancer routing on
         # readiness never reaches the standby's server in its last moments.
         readiness=lambda: Readiness(replica.ready and endpoint.leading, replica.role.value),
-        registry=metrics_registry(collector),
+        registry=registry,
+        metrics_auth=security.metrics_auth(config.auth.open_metrics),
     )
     pending: set[asyncio.Task[None]] = set()
 
@@ -230,12 +286,14 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
     loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio
     lifecycle("listening", grpc_port=endpoint.port, http_port=http.port, event_loop=loop)
     _install_signals(replica)
+    watching = _install_reload(security, config.auth.reload_interval_s)
     if ready is not None:
         ready.set()
     try:
         await replica.run()
     finally:
-        await asyncio.gather(*pending, return_exceptions=True)
+        watching.cancel()
+        await asyncio.gather(*pending, watching, return_exceptions=True)
         # The scheduler is closed: every call holds its answer (applied, or not applied),
         # which leaves before the connections close.
         await endpoint.stop(_STOP_GRACE_S, _STOP_QUIET_LIMIT_S)
