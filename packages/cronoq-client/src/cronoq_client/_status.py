@@ -370,6 +370,12 @@ def error_from_report_result(result: pb.ReportResult) -> CronoqError | None:
     return _BY_REASON[reason](result.message, result.metadata)
 
 
+def tls_refused(err: grpc.RpcError) -> bool:
+    """The connection failed in the TLS handshake: this client does not trust the server's
+    certificate (or the name in it), and no retry will change that."""
+    return _code(err) is Code.UNAVAILABLE and "handshake failed" in _details(err).lower()
+
+
 def error_from_rpc(err: grpc.RpcError) -> CronoqError:
     """The exception the embedded Scheduler raises for what this failed call reports.
 
@@ -389,5 +395,10 @@ def error_from_rpc(err: grpc.RpcError) -> CronoqError:
         return InvalidArgument(details)
     if _too_large(code, details):
         return PayloadError(details)
+    if tls_refused(err):
+        return Unauthenticated(
+            f"the TLS handshake with the server failed; check tls= (the CA of the server's "
+            f"certificate, the name it is for): {details}"
+        )
     applied = None if outcome(err) is Outcome.UNKNOWN else False
     return _scheduler_error(f"{code.name}: {details}" if details else code.name, applied)
