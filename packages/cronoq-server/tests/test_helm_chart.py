@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from tls_material import Authority
 
 from cronoq_server import ServerConfig, load_config
 
@@ -136,10 +137,23 @@ def check_config(
     )
 
 
+def mounted(tmp_path: Path) -> dict[str, str]:
+    """The files of the Secrets the pod mounts (the TLS pair, the tokens file), made here and
+    named by the environment (which wins over the file's mount paths)."""
+    cert, key = Authority().server().write(tmp_path, "tls")
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"app {'0' * 64}\n")
+    return {
+        "CRONOQ_TLS__CERT": str(cert),
+        "CRONOQ_TLS__KEY": str(key),
+        "CRONOQ_AUTH__TOKENS_FILE": str(tokens),
+    }
+
+
 def loaded(tmp_path: Path, toml: str) -> ServerConfig:
     file = tmp_path / "loaded.toml"
     file.write_text(toml)
-    return load_config(file, environ={"CRONOQ_STORE__DSN": DSN})
+    return load_config(file, environ={"CRONOQ_STORE__DSN": DSN, **mounted(tmp_path)})
 
 
 def named_port(container: Mapping[str, Any], port: object) -> int:
@@ -186,10 +200,11 @@ def test_the_config_map_is_a_valid_server_config_listening_on_the_chart_ports(
 ) -> None:
     toml = render(helm, tmp_path, case.values).toml()
     # The server's own command, as the pod runs it: the DSN from the environment only.
-    result = check_config(tmp_path, toml, {"CRONOQ_STORE__DSN": DSN})
+    secrets = mounted(tmp_path)
+    result = check_config(tmp_path, toml, {"CRONOQ_STORE__DSN": DSN, **secrets})
     assert result.returncode == 0, result.stderr
     assert "note:" not in result.stderr  # nothing in the file or environment was ignored
-    assert check_config(tmp_path, toml, {}).returncode == 2  # without the Secret's DSN: refused
+    assert check_config(tmp_path, toml, secrets).returncode == 2  # without the Secret's DSN
     config = loaded(tmp_path, toml)
     assert config.store.kind == "postgres"
     assert (str(config.listen.grpc), str(config.listen.http)) == (
@@ -377,3 +392,75 @@ def test_a_key_the_server_does_not_know_is_refused_by_check_config(
     assert result.returncode == 2
     assert "drain_timeout" in result.stderr
     assert "store.sesion_timeout_s" in result.stderr
+
+
+# --- authentication ---------------------------------------------------------------------------
+
+
+def _mounts(rendered: Rendered) -> dict[str, tuple[str, str]]:
+    """Each Secret volume's mount path and Secret name, by volume name."""
+    pod = rendered.get("Deployment")["spec"]["template"]["spec"]
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    return {
+        mount["name"]: (mount["mountPath"], secrets[mount["name"]])
+        for mount in rendered.container()["volumeMounts"]
+        if mount["name"] in secrets
+    }
+
+
+def test_authentication_is_on_by_default_with_an_identity_per_role(
+    helm: Helm, tmp_path: Path
+) -> None:
+    rendered = render(helm, tmp_path)
+    document = tomllib.loads(rendered.toml())
+    config = loaded(tmp_path, rendered.toml())
+    assert config.auth.enabled and not config.auth.insecure
+    roles = {i.name: (sorted(i.permissions), sorted(i.work_pools)) for i in config.auth.identities}
+    assert roles == {
+        "admin": (["admin"], []),
+        "app": (["cancel", "read", "submit"], []),
+        "scheduler": (["read", "schedules"], []),
+        "worker": (["work"], ["default"]),
+        "prometheus": (["metrics"], []),
+    }
+    # The files the server reads are those of the Secrets the Deployment mounts.
+    mounts = _mounts(rendered)
+    assert mounts == {
+        "tls": ("/var/run/cronoq/tls", "cronoq-tls"),
+        "tokens": ("/var/run/cronoq/tokens", "cronoq-tokens"),
+    }
+    assert document["tls"] == {
+        "cert": "/var/run/cronoq/tls/tls.crt",
+        "key": "/var/run/cronoq/tls/tls.key",
+    }
+    assert document["auth"]["tokens_file"] == "/var/run/cronoq/tokens/tokens"
+
+
+def test_client_certificates_and_auth_off_render_as_the_server_takes_them(
+    helm: Helm, tmp_path: Path
+) -> None:
+    mtls = render(helm, tmp_path, {"tls": {"clientCaSecret": "cronoq-client-ca"}})
+    assert tomllib.loads(mtls.toml())["tls"]["client_ca"] == "/var/run/cronoq/client-ca/ca.crt"
+    assert _mounts(mtls)["client-ca"] == ("/var/run/cronoq/client-ca", "cronoq-client-ca")
+    off = render(helm, tmp_path, {"auth": {"enabled": False}})
+    assert "tokens" not in _mounts(off)
+    config = loaded(tmp_path, off.toml())
+    assert config.auth.insecure and not config.auth.enabled
+    result = check_config(tmp_path, off.toml(), {"CRONOQ_STORE__DSN": DSN, **mounted(tmp_path)})
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"config": {"auth": {"insecure": True}}}, "config.auth and config.tls are set by the"),
+        ({"auth": {"identities": []}}, "auth.identities: at least one identity"),
+    ],
+    ids=["config-auth", "no-identity"],
+)
+def test_auth_values_the_chart_cannot_render_are_refused(
+    helm: Helm, tmp_path: Path, values: Mapping[str, Any], message: str
+) -> None:
+    result = helm.run("template", RELEASE, str(CHART), *values_args(tmp_path, values))
+    assert result.returncode != 0
+    assert message in result.stderr

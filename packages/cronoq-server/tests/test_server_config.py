@@ -84,6 +84,8 @@ def test_toml_sets_everything_and_env_wins(tmp_path: Path) -> None:
         [listen]
         grpc = "0.0.0.0:0"
         http = "[::1]:9090"
+        [auth]
+        insecure = true
         [limits]
         max_message_bytes = 1048576
         [logging]
@@ -218,6 +220,7 @@ def test_the_effective_configuration_reloads_as_itself(tmp_path: Path) -> None:
         "CRONOQ_TLS__CERT": str(tmp_path / "c.pem"),
         "CRONOQ_TLS__KEY": str(tmp_path / "c.pem"),
         "CRONOQ_LISTEN__GRPC": "[::]:50051",
+        "CRONOQ_AUTH__INSECURE": "true",
     }
     config = load_config(None, environ)
     rendered = render_config(config)
@@ -395,7 +398,7 @@ def test_mask_dsn(dsn: str, masked: str) -> None:
             "CRONOQ_SERVER__PORT", "1",
             "server.port = '1' (from env CRONOQ_SERVER__PORT): unknown key; the top-level keys "
             "are: commit_timeout_s, drain_timeout_s, keep_finished_s, pools, retention_s; the "
-            "sections: limits, listen, logging, runtime, store, tls",
+            "sections: auth, limits, listen, logging, runtime, store, tls",
         ),
         (
             "CRONOQ_POOLS__0__NAME", "a",
@@ -575,7 +578,7 @@ def test_unknown_keys_in_the_file(tmp_path: Path) -> None:
     assert problems(path) == [
         f"keep_finished = 1 (from {path}): unknown key; the top-level keys are: "
         "commit_timeout_s, drain_timeout_s, keep_finished_s, pools, retention_s; the sections: "
-        "limits, listen, logging, runtime, store, tls",
+        "auth, limits, listen, logging, runtime, store, tls",
         f"store.lock_poll = 0.5 (from {path}): unknown key; the keys of [store] are: "
         "busy_timeout_s, command_timeout_s, dsn, full_sync, journal_size_limit, keepalive_s, "
         "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, migrate, path, pool_size, "
@@ -584,7 +587,8 @@ def test_unknown_keys_in_the_file(tmp_path: Path) -> None:
         "busy_timeout_s, command_timeout_s, dsn, full_sync, journal_size_limit, keepalive_s, "
         "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, migrate, path, pool_size, "
         "prune_batch, prune_interval_s, schema, session_timeout_s",
-        f"tls.certificate = 'x' (from {path}): unknown key; the keys of [tls] are: cert, key",
+        f"tls.certificate = 'x' (from {path}): unknown key; the keys of [tls] are: cert, "
+        "client_ca, key, require_client_auth",
         f"pools[0].concurency = 3 (from {path}): unknown key; the keys of a pool are: "
         "concurrency, lease_s, max_live, name",
     ]
@@ -675,6 +679,7 @@ def test_the_default_configuration_rendered() -> None:
         },
         "listen": {"grpc": "127.0.0.1:50051", "http": "127.0.0.1:8080"},
         "limits": {"max_message_bytes": 4194304},
+        "auth": {"insecure": False, "open_metrics": False, "reload_interval_s": 10.0},
         "logging": {"format": "keyvalue", "level": "info"},
         "runtime": {"event_loop": "auto", "store_fatal_attempts": 5},
         "pools": [{"name": "default", "concurrency": 1000, "lease_s": 30.0}],

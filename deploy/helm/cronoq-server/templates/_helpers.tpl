@@ -90,6 +90,9 @@ comes from the environment. Every key is the server's to judge (check-config), n
 {{- if hasKey $config "listen" -}}
 {{- fail "config.listen is set by the chart from ports.grpc and ports.http" -}}
 {{- end -}}
+{{- if or (hasKey $config "auth") (hasKey $config "tls") -}}
+{{- fail "config.auth and config.tls are set by the chart from auth and tls (docs/security.md)" -}}
+{{- end -}}
 {{- if or (hasKey $store "kind") (hasKey $store "dsn") -}}
 {{- fail "config.store.kind and config.store.dsn are set by the chart: the DSN comes from the Secret postgres.existingSecret" -}}
 {{- end -}}
@@ -109,6 +112,7 @@ kind = "postgres"
 [listen]
 grpc = "0.0.0.0:{{ include "cronoq-server.port" (dict "Values" .Values "name" "grpc") }}"
 http = "0.0.0.0:{{ include "cronoq-server.port" (dict "Values" .Values "name" "http") }}"
+{{- include "cronoq-server.securityToml" . }}
 {{- range $section, $table := omit $config "store" }}
 {{- if kindIs "map" $table }}
 
@@ -162,5 +166,81 @@ nodeSelector:
 {{- with .Values.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
+[tls] and [auth] from .Values.tls and .Values.auth: the files are the Secrets mounted by the
+Deployment (secret volumes are updated in place, and the server reloads them on change).
+*/}}
+{{- define "cronoq-server.securityToml" -}}
+{{- if .Values.tls.existingSecret }}
+
+[tls]
+cert = "/var/run/cronoq/tls/tls.crt"
+key = "/var/run/cronoq/tls/tls.key"
+{{- if .Values.tls.clientCaSecret }}
+client_ca = "/var/run/cronoq/client-ca/ca.crt"
+{{- end }}
+{{- end }}
+
+[auth]
+{{- if .Values.auth.enabled }}
+{{- if not .Values.auth.identities }}
+{{- fail "auth.identities: at least one identity (or auth.enabled: false)" }}
+{{- end }}
+{{- if .Values.auth.tokensSecret }}
+tokens_file = "/var/run/cronoq/tokens/{{ required "auth.tokensKey: the Secret's key that holds the tokens file" .Values.auth.tokensKey }}"
+{{- end }}
+{{- if .Values.auth.openMetrics }}
+open_metrics = true
+{{- end }}
+{{- range .Values.auth.identities }}
+
+[[auth.identities]]
+{{- range $key, $value := . }}
+{{ include "cronoq-server.tomlKey" $key }} = {{ if kindIs "slice" $value }}[{{ range $i, $item := $value }}{{ if $i }}, {{ end }}{{ include "cronoq-server.tomlValue" $item }}{{ end }}]{{ else }}{{ include "cronoq-server.tomlValue" $value }}{{ end }}
+{{- end }}
+{{- end }}
+{{- else }}
+# auth.enabled is false in the chart's values: anyone who reaches the port may do anything.
+insecure = true
+{{- end }}
+{{- end -}}
+
+{{/* The Secrets of [tls] and [auth], as volumes and their mounts. */}}
+{{- define "cronoq-server.secretVolumes" -}}
+{{- if .Values.tls.existingSecret }}
+- name: tls
+  secret:
+    secretName: {{ .Values.tls.existingSecret }}
+{{- end }}
+{{- if .Values.tls.clientCaSecret }}
+- name: client-ca
+  secret:
+    secretName: {{ .Values.tls.clientCaSecret }}
+{{- end }}
+{{- if and .Values.auth.enabled .Values.auth.tokensSecret }}
+- name: tokens
+  secret:
+    secretName: {{ .Values.auth.tokensSecret }}
+{{- end }}
+{{- end -}}
+
+{{- define "cronoq-server.secretMounts" -}}
+{{- if .Values.tls.existingSecret }}
+- name: tls
+  mountPath: /var/run/cronoq/tls
+  readOnly: true
+{{- end }}
+{{- if .Values.tls.clientCaSecret }}
+- name: client-ca
+  mountPath: /var/run/cronoq/client-ca
+  readOnly: true
+{{- end }}
+{{- if and .Values.auth.enabled .Values.auth.tokensSecret }}
+- name: tokens
+  mountPath: /var/run/cronoq/tokens
+  readOnly: true
 {{- end }}
 {{- end -}}

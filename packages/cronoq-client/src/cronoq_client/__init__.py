@@ -5,6 +5,7 @@ The wire protocol is :mod:`cronoq_client.protocol`.
 """
 
 from cronoq_client._client import AsyncClient
+from cronoq_client._credentials import Tls
 from cronoq_client._worker import Worker
 
-__all__ = ["AsyncClient", "Worker"]
+__all__ = ["AsyncClient", "Tls", "Worker"]

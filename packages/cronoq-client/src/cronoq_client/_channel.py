@@ -7,10 +7,10 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import grpc
 from grpc import aio
 
 from cronoq.errors import InvalidArgument
+from cronoq_client._credentials import Credentials
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 
 __all__ = ["Channels", "Connection", "closed_under_call", "message_limit"]
@@ -68,7 +68,7 @@ class Channels:
     def __init__(
         self,
         targets: tuple[str, ...],
-        credentials: grpc.ChannelCredentials | None,
+        credentials: Credentials,
         max_message_bytes: int,
         retire_grace: float,
     ) -> None:
@@ -104,10 +104,15 @@ class Channels:
             target = self._targets[self._next % len(self._targets)]
             self._next += 1
             self._generation += 1
-            if self._credentials is None:
-                channel = aio.insecure_channel(target, options=self._options)
+            secure, interceptors = self._credentials.channel, self._credentials.interceptors
+            if secure is None:
+                channel = aio.insecure_channel(
+                    target, options=self._options, interceptors=interceptors
+                )
             else:
-                channel = aio.secure_channel(target, self._credentials, options=self._options)
+                channel = aio.secure_channel(
+                    target, secure, options=self._options, interceptors=interceptors
+                )
             stub = pb_grpc.SchedulerServiceStub(channel)
             self._current = Connection(channel, stub, self._generation)
         return self._current

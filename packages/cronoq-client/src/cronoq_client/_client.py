@@ -37,6 +37,7 @@ from cronoq_client._channel import (
     message_limit,
     targets_of,
 )
+from cronoq_client._credentials import Tls, credentials
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 from cronoq_client._retry import Backoff, Verdict, judge, never_sent
@@ -61,9 +62,13 @@ class AsyncClient:
     arguments, return values and exceptions.
 
     ``target`` is ``"host:port"`` or a list of replicas (tried in turn). ``timeout`` bounds
-    every call, its retries included. ``tls``: None for plaintext, True for TLS with the
-    system's roots, or ``grpc.ChannelCredentials``. Payloads and outputs go through ``codec``
-    (``BytesCodec`` by default), on this side: the server stores bytes.
+    every call, its retries included. ``tls``: False for plaintext, True for TLS with the
+    system's roots, :class:`cronoq_client.Tls` (PEM files: the server's CA, a client certificate
+    for mTLS) or ``grpc.ChannelCredentials``; None: from ``CRONOQ_TLS_*``, else plaintext.
+    ``token``: the bearer token sent with every call (None: ``CRONOQ_TOKEN`` or the file named
+    by ``CRONOQ_TOKEN_FILE``, else none). Credentials the server refuses fail the call at once
+    with ``Unauthenticated`` or ``PermissionDenied``, never retried. Payloads and outputs go
+    through ``codec`` (``BytesCodec`` by default), on this side: the server stores bytes.
 
     A call is retried, with backoff and on a new connection, while nothing was applied (a
     standby's or stopping leader's answer, a connection that could not be made) and, when its
@@ -80,27 +85,19 @@ class AsyncClient:
         target: str | Sequence[str],
         *,
         codec: Codec | None = None,
-        tls: grpc.ChannelCredentials | bool | None = None,
+        tls: grpc.ChannelCredentials | Tls | bool | None = None,
+        token: str | None = None,
         timeout: float = 30.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
         max_message_bytes = message_limit(max_message_bytes)
-        if tls is True:
-            credentials: grpc.ChannelCredentials | None = grpc.ssl_channel_credentials()
-        elif tls is None or tls is False:
-            credentials = None
-        elif isinstance(tls, grpc.ChannelCredentials):
-            credentials = tls
-        else:
-            raise InvalidArgument(
-                f"tls must be None, True or grpc.ChannelCredentials, got {type(tls).__name__}"
-            )
+        secrets = credentials(tls, token)
         self._codec: Codec = BytesCodec() if codec is None else codec
         self._timeout = float(timeout)
         self._backoff = Backoff()
-        self._channels = Channels(targets_of(target), credentials, max_message_bytes, timeout)
+        self._channels = Channels(targets_of(target), secrets, max_message_bytes, timeout)
 
     @property
     def codec(self) -> Codec:

@@ -21,7 +21,7 @@ from enum import Enum
 
 import grpc
 
-from cronoq_client._status import Outcome, error_info, outcome
+from cronoq_client._status import Outcome, error_info, outcome, tls_refused
 
 __all__ = ["Backoff", "Verdict", "judge", "never_sent"]
 
@@ -54,6 +54,8 @@ def never_sent(err: grpc.RpcError) -> bool:
 
 
 def judge(err: grpc.RpcError, *, idempotent: bool) -> Verdict:
+    if tls_refused(err):
+        return Verdict.RAISE  # a credential, not a passing failure
     if never_sent(err):
         return Verdict.RETRY
     result = outcome(err)

@@ -19,6 +19,9 @@ AdmissionRejected                           RESOURCE_EXHAUSTED    ADMISSION_REJE
 WaitTimedOut                                DEADLINE_EXCEEDED     WAIT_TIMED_OUT
 StaleAttempt                                FAILED_PRECONDITION   STALE_ATTEMPT (metadata ``why``:
                                                                   its ``reason``)
+Unauthenticated                             UNAUTHENTICATED       UNAUTHENTICATED
+PermissionDenied                            PERMISSION_DENIED     PERMISSION_DENIED (metadata
+                                                                  ``permission``)
 (a standby; the server says so itself)      UNAVAILABLE           STANDBY
 SchedulerStopped, applied=False             UNAVAILABLE           STOPPING
 SchedulerError, applied=False               UNAVAILABLE           NOT_APPLIED
@@ -52,11 +55,13 @@ from cronoq.errors import (
     InvalidArgument,
     InvalidCron,
     PayloadError,
+    PermissionDenied,
     ScheduleNotFound,
     SchedulerError,
     SchedulerStopped,
     StaleAttempt,
     TaskNotFound,
+    Unauthenticated,
     UnknownDependency,
     UnknownPool,
     UnknownTimeZone,
@@ -104,6 +109,8 @@ class Reason(StrEnum):
     ADMISSION_REJECTED = "ADMISSION_REJECTED"
     WAIT_TIMED_OUT = "WAIT_TIMED_OUT"
     STALE_ATTEMPT = "STALE_ATTEMPT"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
     STANDBY = "STANDBY"
     """This replica does not lead: nothing was applied; retry on a new connection."""
     STOPPING = "STOPPING"
@@ -133,6 +140,8 @@ _BY_CLASS: dict[type[BaseException], tuple[grpc.StatusCode, Reason]] = {
     AdmissionRejected: (Code.RESOURCE_EXHAUSTED, Reason.ADMISSION_REJECTED),
     WaitTimedOut: (Code.DEADLINE_EXCEEDED, Reason.WAIT_TIMED_OUT),
     StaleAttempt: (Code.FAILED_PRECONDITION, Reason.STALE_ATTEMPT),
+    Unauthenticated: (Code.UNAUTHENTICATED, Reason.UNAUTHENTICATED),
+    PermissionDenied: (Code.PERMISSION_DENIED, Reason.PERMISSION_DENIED),
 }
 
 
@@ -150,6 +159,8 @@ def _classify(exc: BaseException) -> tuple[grpc.StatusCode, Reason, dict[str, st
             code, reason = _BY_CLASS[cls]
             if isinstance(exc, StaleAttempt):
                 return code, reason, {"why": exc.reason}
+            if isinstance(exc, PermissionDenied):
+                return code, reason, {"permission": exc.permission}
             return code, reason, {}
     if isinstance(exc, SchedulerError):
         if exc.applied is False:
@@ -335,6 +346,8 @@ _BY_REASON: dict[Reason, Callable[[str, Mapping[str, str]], CronoqError]] = {
     Reason.ADMISSION_REJECTED: lambda m, _: AdmissionRejected(m),
     Reason.WAIT_TIMED_OUT: lambda m, _: WaitTimedOut(m),
     Reason.STALE_ATTEMPT: lambda m, meta: StaleAttempt(m, reason=meta.get("why", "unknown")),
+    Reason.UNAUTHENTICATED: lambda m, _: Unauthenticated(m),
+    Reason.PERMISSION_DENIED: lambda m, meta: PermissionDenied(m, meta.get("permission", "")),
     Reason.STANDBY: lambda m, _: _scheduler_error(m, False),
     Reason.STOPPING: lambda m, _: _stopped(m, False),
     Reason.NOT_APPLIED: lambda m, _: _scheduler_error(m, False),
@@ -357,6 +370,12 @@ def error_from_report_result(result: pb.ReportResult) -> CronoqError | None:
     return _BY_REASON[reason](result.message, result.metadata)
 
 
+def tls_refused(err: grpc.RpcError) -> bool:
+    """The connection failed in the TLS handshake: this client does not trust the server's
+    certificate (or the name in it), and no retry will change that."""
+    return _code(err) is Code.UNAVAILABLE and "handshake failed" in _details(err).lower()
+
+
 def error_from_rpc(err: grpc.RpcError) -> CronoqError:
     """The exception the embedded Scheduler raises for what this failed call reports.
 
@@ -376,5 +395,10 @@ def error_from_rpc(err: grpc.RpcError) -> CronoqError:
         return InvalidArgument(details)
     if _too_large(code, details):
         return PayloadError(details)
+    if tls_refused(err):
+        return Unauthenticated(
+            f"the TLS handshake with the server failed; check tls= (the CA of the server's "
+            f"certificate, the name it is for): {details}"
+        )
     applied = None if outcome(err) is Outcome.UNKNOWN else False
     return _scheduler_error(f"{code.name}: {details}" if details else code.name, applied)

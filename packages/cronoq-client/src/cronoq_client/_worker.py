@@ -43,7 +43,14 @@ from cronoq import (
     decode_with,
     encode_with,
 )
-from cronoq.errors import InvalidArgument, PayloadError, SchedulerError, StaleAttempt
+from cronoq.errors import (
+    InvalidArgument,
+    PayloadError,
+    PermissionDenied,
+    SchedulerError,
+    StaleAttempt,
+    Unauthenticated,
+)
 from cronoq_client._channel import (
     CLOSED_UNDER_CALL,
     Channels,
@@ -53,6 +60,7 @@ from cronoq_client._channel import (
     targets_of,
 )
 from cronoq_client._client import DEFAULT_MAX_MESSAGE_BYTES
+from cronoq_client._credentials import Tls, credentials
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 from cronoq_client._reports import Reports
@@ -119,7 +127,9 @@ class Worker:
     ``target`` is ``host:port``, or a list of them, tried in turn on reconnect (as for
     ``AsyncClient``). ``pools`` maps each remote pool's name to its function. ``codec`` decodes
     payloads and encodes outputs, as the submitting client's codec does (default
-    ``BytesCodec``). ``tls``: channel credentials, or None for plaintext. ``worker_id`` names the
+    ``BytesCodec``). ``tls`` and ``token``: the credentials, as for ``AsyncClient`` (also from
+    the environment); credentials the server refuses make :meth:`run` raise ``Unauthenticated``
+    or ``PermissionDenied`` at once. ``worker_id`` names the
     worker in the server's logs (default ``host:pid``). ``max_message_bytes``: the largest
     message its channel takes (default 4 MiB, as the server's); a server whose limit is higher
     refuses the worker (INVALID_ARGUMENT), since an attempt could be too large for it.
@@ -136,7 +146,8 @@ class Worker:
         *,
         slots: int = 10,
         codec: Codec | None = None,
-        tls: grpc.ChannelCredentials | None = None,
+        tls: grpc.ChannelCredentials | Tls | bool | None = None,
+        token: str | None = None,
         worker_id: str | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
@@ -154,7 +165,10 @@ class Worker:
         self._slots = slots
         self._codec: Codec = codec if codec is not None else BytesCodec()
         self._channels = Channels(
-            targets, tls, self._max_message_bytes, retire_grace=_CHANNEL_CLOSE_GRACE_S
+            targets,
+            credentials(tls, token),
+            self._max_message_bytes,
+            retire_grace=_CHANNEL_CLOSE_GRACE_S,
         )
         self._stubs: tuple[int, pb_grpc.WorkerServiceAsyncStub] | None = None
         self._reports = Reports(self._current, self._max_message_bytes)
@@ -191,7 +205,8 @@ class Worker:
 
     async def run(self) -> None:
         """Attach and run attempts until stopped; see the class. Raises InvalidArgument if the
-        server refuses the attachment for good (an unknown pool, a pool that is not remote)."""
+        server refuses the attachment for good (an unknown pool, a pool that is not remote), and
+        Unauthenticated or PermissionDenied if it refuses the worker's credentials."""
         if self._running:
             raise RuntimeError("this Worker is already running")
         self._running = True
@@ -296,7 +311,9 @@ class Worker:
                 log.info("attach stream ended; reconnecting", extra={"worker": self.worker_id})
             except grpc.RpcError as err:
                 error = error_from_rpc(err)
-                if not attached and _refused_for_good(err, error):
+                if (not attached and _refused_for_good(err, error)) or isinstance(
+                    error, Unauthenticated | PermissionDenied
+                ):
                     raise error from None
                 log.info("attach failed; reconnecting: %s", error, extra={"worker": self.worker_id})
             except InvalidArgument as exc:  # a malformed event: the server is not one we know

@@ -19,12 +19,13 @@ of :class:`~cronoq_store_sqlite.SqliteStoreConfig` and :class:`~cronoq_store_pos
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import math
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args
@@ -38,7 +39,10 @@ from cronoq_store_postgres import PgStore, PgStoreConfig
 from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig
 
 __all__ = [
+    "PERMISSIONS",
     "Address",
+    "AuthSettings",
+    "IdentitySettings",
     "LimitSettings",
     "ListenSettings",
     "LoggingSettings",
@@ -148,6 +152,51 @@ class TlsSettings:
     """PEM certificate chain file."""
     key: str
     """PEM private key file."""
+    client_ca: str | None = None
+    """PEM bundle of the CAs whose client certificates are accepted (mTLS)."""
+    require_client_auth: bool = False
+    """Every client must present a certificate signed by ``client_ca``. gRPC Python requests a
+    client certificate only when it requires one, so this is set exactly when ``client_ca`` is."""
+
+
+PERMISSIONS = ("read", "submit", "cancel", "schedules", "work", "metrics", "admin")
+"""The permissions an identity can be granted; docs/security.md says what each allows."""
+
+
+@dataclass(frozen=True, slots=True)
+class IdentitySettings:
+    """A caller the server knows: what it may do, and the hashes of its bearer tokens. A client
+    certificate names it by a SAN or its CN (see docs/security.md)."""
+
+    name: str
+    permissions: frozenset[str]
+    """Names from :data:`PERMISSIONS`."""
+    submit_pools: frozenset[str] | None = None
+    """With ``submit``: the pools it may submit to (None: any)."""
+    submit_kinds: frozenset[str] | None = None
+    """With ``submit``: the kinds it may submit (None: any)."""
+    work_pools: frozenset[str] = frozenset()
+    """With ``work``: the pools whose attempts it may receive, heartbeat and report."""
+    token_sha256: tuple[str, ...] = field(default=(), repr=False)
+    """Hex SHA-256 digests of its tokens (never the tokens); more than one during a rotation."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuthSettings:
+    identities: tuple[IdentitySettings, ...] = ()
+    """Authentication is on when at least one identity is configured."""
+    tokens_file: str | None = None
+    """More token hashes, one ``IDENTITY SHA256HEX`` a line; reloaded when it changes."""
+    insecure: bool = False
+    """Serve gRPC on a non-loopback address without authentication (or tokens without TLS)."""
+    open_metrics: bool = False
+    """With authentication on, ``/metrics`` without a token of the ``metrics`` permission."""
+    reload_interval_s: float = 10.0
+    """How often the certificate, CA and token files are checked for a change (and SIGHUP)."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.identities)
 
 
 LogFormat: TypeAlias = Literal["keyvalue", "json"]
@@ -188,6 +237,7 @@ class ServerConfig:
     listen: ListenSettings = ListenSettings()
     limits: LimitSettings = LimitSettings()
     tls: TlsSettings | None = None
+    auth: AuthSettings = AuthSettings()
     logging: LoggingSettings = LoggingSettings()
     runtime: RuntimeSettings = RuntimeSettings()
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
@@ -393,7 +443,10 @@ _SECTIONS: dict[str, frozenset[str]] = {
     "store": frozenset().union(*_STORE_KEYS.values()),
     "listen": frozenset({"grpc", "http"}),
     "limits": frozenset({"max_message_bytes"}),
-    "tls": frozenset({"cert", "key"}),
+    "tls": frozenset({"cert", "key", "client_ca", "require_client_auth"}),
+    "auth": frozenset(
+        {"identities", "tokens_file", "insecure", "open_metrics", "reload_interval_s"}
+    ),
     "logging": frozenset({"format", "level"}),
     "runtime": frozenset({"event_loop", "store_fatal_attempts"}),
 }
@@ -404,6 +457,10 @@ _POOL_KEYS: dict[str, _Parser[Any]] = {
     "lease_s": _seconds(allow_zero=False),
 }
 _MAX_NAME_LENGTH = 255  # cronoq's bound on pool names
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_IDENTITY_KEYS = frozenset(
+    {"name", "permissions", "submit_pools", "submit_kinds", "work_pools", "token_sha256"}
+)
 
 
 def _listed(keys: frozenset[str] | Mapping[str, object]) -> str:
@@ -544,6 +601,7 @@ class _Loader:
                 )
             ),
             tls=self.tls(),
+            auth=self.auth(),
             logging=LoggingSettings(
                 cast(
                     LogFormat, self.get("logging.format", _choice(*get_args(LogFormat)), "keyvalue")
@@ -715,7 +773,160 @@ class _Loader:
                 f"is required because tls.{present} is set (from "
                 f"{self.origins[f'tls.{present}']}): set both tls.cert and tls.key, or neither",
             )  # fmt: skip
-        return TlsSettings(cert, key) if given == {"cert", "key"} else None
+        client_ca = self.get("tls.client_ca", _existing_file, "") or None
+        require = self.get("tls.require_client_auth", _boolean, client_ca is not None)
+        if require != (client_ca is not None) and not {"tls.client_ca"} & self.failed:
+            key = "tls.require_client_auth" if "tls.require_client_auth" in self.raw else ""
+            self.issue(
+                key or "tls.client_ca", self.origins.get(key, ""), require if key else _UNSET,
+                "must be true exactly when tls.client_ca is set: gRPC requests a client "
+                "certificate only when it requires one (set both, or neither)",
+            )  # fmt: skip
+        if client_ca is not None and given != {"cert", "key"}:
+            self.issue(
+                "tls.client_ca", self.origins["tls.client_ca"], client_ca,
+                "needs tls.cert and tls.key: client certificates are verified only over TLS",
+            )  # fmt: skip
+        if given != {"cert", "key"}:
+            return None
+        return TlsSettings(cert, key, client_ca, require)
+
+    def auth(self) -> AuthSettings:
+        defaults = AuthSettings()
+        settings = AuthSettings(
+            self.identities(),
+            self.get("auth.tokens_file", _existing_file, "") or None,
+            self.get("auth.insecure", _boolean, defaults.insecure),
+            self.get("auth.open_metrics", _boolean, defaults.open_metrics),
+            self.get("auth.reload_interval_s", _seconds(allow_zero=False), 10.0),
+        )
+        tokens = settings.tokens_file is not None or any(
+            identity.token_sha256 for identity in settings.identities
+        )
+        if settings.enabled and not tokens and "tls.client_ca" not in self.raw:
+            self.issue(
+                "auth.identities", self.origins["auth.identities"], _UNSET,
+                "no identity can authenticate: give identities token_sha256, or set "
+                "auth.tokens_file, or tls.client_ca for client certificates",
+            )  # fmt: skip
+        self.exposure(settings, tokens)
+        return settings
+
+    def identities(self) -> tuple[IdentitySettings, ...]:
+        raw = self.raw.get("auth.identities")
+        if raw is None:
+            return ()
+        self.origins["auth.identities"] = raw.source
+        items: object = raw.value
+        if raw.text:
+            try:
+                items = json.loads(raw.value)  # type: ignore[arg-type]
+            except ValueError as exc:
+                self.issue("auth.identities", raw.source, raw.value, f"is not valid JSON: {exc}")
+                return ()
+        if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
+            self.issue(
+                "auth.identities", raw.source, raw.value,
+                "must be a list of identities: [[auth.identities]] with name = ... and "
+                "permissions = [...]",
+            )  # fmt: skip
+            return ()
+        identities: list[IdentitySettings] = []
+        for index, item in enumerate(items):
+            identity = self.identity(f"auth.identities[{index}]", raw.source, item)
+            if identity is None:
+                continue
+            if any(other.name == identity.name for other in identities):
+                self.issue(
+                    f"auth.identities[{index}].name", raw.source, identity.name,
+                    "must be unique: another identity has it",
+                )  # fmt: skip
+            identities.append(identity)
+        return tuple(identities)
+
+    def identity(self, prefix: str, source: str, item: dict[str, Any]) -> IdentitySettings | None:
+        def issue(key: str, problem: str) -> None:
+            shown = "<hidden>" if key == "token_sha256" else item.get(key, _UNSET)
+            self.issue(f"{prefix}.{key}", source, shown, problem)
+
+        for key in item.keys() - _IDENTITY_KEYS:
+            issue(key, f"unknown key; the keys of an identity are: {_listed(_IDENTITY_KEYS)}")
+        names = {key: _names(item[key]) for key in item.keys() & _IDENTITY_KEYS - {"name"}}
+        for key, value in names.items():
+            if value is None:
+                issue(key, "must be a list of non-empty strings")
+        name = item.get("name")
+        if not isinstance(name, str) or not name or len(name) > _MAX_NAME_LENGTH:
+            issue("name", f"is required: a string of 1 to {_MAX_NAME_LENGTH} characters")
+            return None
+        permissions = frozenset(names.get("permissions") or ())
+        if not permissions:
+            issue("permissions", "must list at least one of: " + ", ".join(PERMISSIONS))
+        for unknown in sorted(permissions - set(PERMISSIONS)):
+            issue("permissions", f"{unknown!r} is not a permission; they are: "
+                  + ", ".join(PERMISSIONS))  # fmt: skip
+        for key, needs in (("submit_pools", "submit"), ("submit_kinds", "submit"),
+                           ("work_pools", "work")):  # fmt: skip
+            if key in item and needs not in permissions:
+                issue(key, f"applies to the {needs!r} permission, which this identity lacks")
+        work_pools = frozenset(names.get("work_pools") or ())
+        if "work" in permissions and not work_pools:
+            issue("work_pools", "is required with the 'work' permission: the pools it works on")
+        digests = tuple(names.get("token_sha256") or ())
+        if not all(_SHA256_HEX.fullmatch(digest) for digest in digests):
+            issue("token_sha256", "must list SHA-256 digests of tokens, 64 lowercase hex "
+                  "characters each (printf %s \"$TOKEN\" | sha256sum)")  # fmt: skip
+        submit_pools, submit_kinds = names.get("submit_pools"), names.get("submit_kinds")
+        return IdentitySettings(
+            name,
+            permissions,
+            None if submit_pools is None else frozenset(submit_pools),
+            None if submit_kinds is None else frozenset(submit_kinds),
+            work_pools,
+            digests,
+        )
+
+    def exposure(self, auth: AuthSettings, tokens: bool) -> None:
+        """Refuse a configuration that would let anyone on the network in: gRPC on a
+        non-loopback address without authentication, or bearer tokens crossing it in clear,
+        unless ``auth.insecure`` says so explicitly."""
+        if auth.insecure or "listen.grpc" in self.failed:
+            return
+        grpc = self.get("listen.grpc", _address, ListenSettings().grpc)
+        if _loopback(grpc.host):
+            return
+        if not auth.enabled:
+            problem = (
+                "is not a loopback address and no authentication is configured, so anyone "
+                "who reaches it could submit, read and cancel every task and receive every "
+                "payload: configure [[auth.identities]] (docs/security.md), or set "
+                "auth.insecure = true if a network boundary you trust protects this port"
+            )
+        elif tokens and "tls.cert" not in self.raw:
+            problem = (
+                "is not a loopback address and bearer tokens are configured without [tls], "
+                "so they would cross the network in clear: configure tls.cert and tls.key, or "
+                "set auth.insecure = true if the network is encrypted otherwise (a mesh)"
+            )
+        else:
+            return
+        self.issue("listen.grpc", self.origins["listen.grpc"], str(grpc), problem)
+
+
+def _names(value: object) -> list[str] | None:
+    """A list of non-empty strings, or None if ``value`` is not one."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        return None
+    return value
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost may resolve to any address
 
 
 class _Unset:
@@ -826,6 +1037,10 @@ def render_config(config: ServerConfig) -> str:
         lines.append("[tls]")
         put("cert", config.tls.cert, "tls.cert")
         put("key", config.tls.key, "tls.key")
+        if config.tls.client_ca is not None:
+            put("client_ca", config.tls.client_ca, "tls.client_ca")
+        put("require_client_auth", config.tls.require_client_auth, "tls.require_client_auth")
+    lines += _render_auth(config.auth, origins)
     lines += ["", "[logging]"]
     put("format", config.logging.format, "logging.format")
     put("level", config.logging.level, "logging.level")
@@ -846,6 +1061,30 @@ def render_config(config: ServerConfig) -> str:
                 else f"{f.name} = {_toml_value(value)}"
             )
     return "\n".join(lines) + "\n"
+
+
+def _render_auth(auth: AuthSettings, origins: Mapping[str, str]) -> list[str]:
+    lines = ["", "[auth]"]
+    if not auth.enabled:
+        lines.append("# identities: none, authentication is off (loopback only, see insecure)")
+    if auth.tokens_file is not None:
+        lines.append(f"tokens_file = {_toml_value(auth.tokens_file)}")
+    for key in ("insecure", "open_metrics", "reload_interval_s"):
+        value = getattr(auth, key)
+        lines.append(f"{key} = {_toml_value(value)}  # {origins.get(f'auth.{key}', 'default')}")
+    for identity in auth.identities:
+        lines += ["", f"[[auth.identities]]  # {origins.get('auth.identities', 'default')}"]
+        lines.append(f"name = {_toml_value(identity.name)}")
+        lines.append(f"permissions = {_toml_list(identity.permissions)}")
+        for key in ("submit_pools", "submit_kinds", "work_pools", "token_sha256"):
+            value = getattr(identity, key)
+            if value:
+                lines.append(f"{key} = {_toml_list(value)}")
+    return lines
+
+
+def _toml_list(values: Iterable[str]) -> str:
+    return "[" + ", ".join(_toml_value(value) for value in sorted(values)) + "]"
 
 
 def _toml_value(value: object) -> str:

@@ -60,11 +60,14 @@ class HttpServer:
         readiness: Callable[[], Readiness],
         registry: CollectorRegistry,
         idle_timeout: float = IDLE_TIMEOUT_S,
+        metrics_auth: Callable[[str], bool] | None = None,
     ) -> None:
         self._address = address
         self._readiness = readiness
         self._registry = registry
         self._idle_timeout = idle_timeout
+        self._metrics_auth = metrics_auth
+        """None: /metrics is open; else it judges the Authorization header's value."""
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -123,6 +126,12 @@ class HttpServer:
         return _json(200 if readiness.ready else 503, body)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        if self._metrics_auth is not None and not self._metrics_auth(
+            request.headers.get("Authorization", "")
+        ):
+            response = _json(401, {"error": "a bearer token of the metrics permission is required"})
+            response.headers["WWW-Authenticate"] = 'Bearer realm="cronoq"'
+            return response
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         try:
             body = encoder(self._registry)

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +31,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cronoq_client.protocol import SERVICE_NAMES
+from cronoq_server._auth import AuthCollector, AuthInterceptor, Guard
 from cronoq_server._config import Address, ServerConfig, open_store, remote_pools
-from cronoq_server._exits import EXIT_CANNOT_LISTEN, EXIT_FAILED, EXIT_OK, forced_exit
+from cronoq_server._credentials import CredentialFiles, CredentialsError
+from cronoq_server._exits import EXIT_CANNOT_LISTEN, EXIT_FAILED, EXIT_INVALID, EXIT_OK, forced_exit
 from cronoq_server._grpc_metrics import GrpcMetrics, MetricsInterceptor
 from cronoq_server._http import HttpServer, Readiness
 from cronoq_server._logging import configure_logging, lifecycle
@@ -67,7 +70,8 @@ connections end within a second anyway); the leader is ready only after it stopp
 class _Options:
     host: str
     max_message_bytes: int
-    credentials: grpc.ServerCredentials | None
+    credentials: Callable[[], grpc.ServerCredentials | None]
+    """Credentials for each server object (None: plaintext); see ``_credentials``."""
     interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
 
 
@@ -144,11 +148,12 @@ class GrpcEndpoint:
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         address = str(self._address())
+        credentials = self._options.credentials()
         try:
-            if self._options.credentials is None:
+            if credentials is None:
                 bound = server.add_insecure_port(address)
             else:
-                bound = server.add_secure_port(address, self._options.credentials)
+                bound = server.add_secure_port(address, credentials)
         except RuntimeError:  # grpcio's word for any failed bind, without the reason
             bound = 0
         if bound == 0:
@@ -212,11 +217,48 @@ class GrpcEndpoint:
                 self._server = None
 
 
-def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
-    if config.tls is None:
-        return None
-    with open(config.tls.key, "rb") as key, open(config.tls.cert, "rb") as cert:
-        return grpc.ssl_server_credentials([(key.read(), cert.read())])
+@dataclass(frozen=True, slots=True)
+class _Security:
+    files: CredentialFiles
+    guard: Guard | None
+    """None: authentication is off (loopback only, or explicitly insecure)."""
+    collector: AuthCollector
+
+    @property
+    def interceptors(self) -> tuple[grpc.aio.ServerInterceptor, ...]:
+        return () if self.guard is None else (AuthInterceptor(self.guard),)
+
+    def metrics_auth(self, open_metrics: bool) -> Callable[[str], bool] | None:
+        """Who may read /metrics: everyone, or the holders of a ``metrics`` token."""
+        if self.guard is None or open_metrics:
+            return None
+        return self.guard.allows_metrics
+
+    def reload(self, why: str) -> None:
+        if self.files.reload(why) and self.guard is not None:
+            self.guard.tokens = self.files.current.tokens
+
+
+def _security(config: ServerConfig) -> _Security:
+    """The credentials and the guard of the configuration; CredentialsError if a file is bad."""
+    files = CredentialFiles(config.tls, config.auth)
+    collector = AuthCollector()
+    guard = Guard(config.auth, files.current.tokens, collector) if config.auth.enabled else None
+    return _Security(files, guard, collector)
+
+
+def _install_reload(security: _Security, interval: float) -> asyncio.Task[None]:
+    """Reload the credential files on SIGHUP and when one changes."""
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, security.reload, "SIGHUP")
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            if security.files.changed():
+                security.reload("a file changed")
+
+    return asyncio.get_running_loop().create_task(watch(), name="cronoq-credentials-watch")
 
 
 def make_replica(config: ServerConfig) -> Replica:
@@ -245,20 +287,30 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
     """Serve until SIGTERM or SIGINT: drain on the first, stop at once on a second. Returns
     the process's exit code (``_exits``)."""
     configure_logging(config.logging)
+    try:
+        security = _security(config)
+    except CredentialsError as exc:
+        lifecycle("credentials_invalid", error=str(exc))
+        return EXIT_INVALID  # as an invalid configuration
     replica = make_replica(config)
     collector = SchedulerCollector(
         lambda: replica.scheduler.workers if replica.scheduler is not None else 0,
         [pool.name for pool in config.pools],
     )
     registry = metrics_registry(collector)
-    interceptors = (MetricsInterceptor(GrpcMetrics(registry)),)
+    registry.register(security.collector)
+    # Every call is counted, those that authentication refuses too.
+    interceptors = (MetricsInterceptor(GrpcMetrics(registry)), *security.interceptors)
     limit = config.limits.max_message_bytes
-    options = _Options(config.listen.grpc.host, limit, _credentials(config), interceptors)
+    options = _Options(
+        config.listen.grpc.host, limit, security.files.server_credentials, interceptors
+    )
     endpoint = GrpcEndpoint(replica, options, config.listen.grpc.port)
     http = HttpServer(
         config.listen.http,
         readiness=lambda: _readiness(replica, endpoint),
         registry=registry,
+        metrics_auth=security.metrics_auth(config.auth.open_metrics),
     )
     pending: set[asyncio.Task[None]] = set()
 
@@ -285,6 +337,7 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
     loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop, asyncio
     lifecycle("listening", grpc_port=endpoint.port, http_port=http.port, event_loop=loop)
     signals = _install_signals(replica)
+    watching = _install_reload(security, config.auth.reload_interval_s)
     if ready is not None:
         ready.set()
     code = EXIT_OK
@@ -293,7 +346,8 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
     except StoreFailed:
         code = EXIT_FAILED  # the replica said why, once, with what to do
     finally:
-        await asyncio.gather(*pending, return_exceptions=True)
+        watching.cancel()
+        await asyncio.gather(*pending, watching, return_exceptions=True)
         # The scheduler is closed: every call holds its answer (applied, or not applied),
         # which leaves before the connections close.
         await endpoint.stop(_STOP_GRACE_S, _STOP_QUIET_LIMIT_S)

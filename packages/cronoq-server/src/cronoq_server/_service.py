@@ -23,6 +23,7 @@ from cronoq import CancelRequested, LeasedAttempt, Scheduler, TaskInfo, TaskRequ
 from cronoq.errors import CronoqError, InvalidArgument, WaitTimedOut
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
+from cronoq_server._auth import authorize_attempt, authorize_pool
 from cronoq_server._links import Links
 from cronoq_server._replica import NotServing, Replica
 
@@ -175,6 +176,7 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
     @_unary
     async def Submit(self, request: pb.SubmitRequest, context: Any) -> pb.SubmitResponse:
         task = wire.task_request_from_pb(request.task)
+        authorize_pool("submit", task.pool, task.kind)
         wire.check_attempts_fit(request, [task], self._max_message_bytes)
         [task_id] = await self._leader().submit_many([task])
         return pb.SubmitResponse(task_id=task_id)
@@ -184,6 +186,8 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         self, request: pb.SubmitManyRequest, context: Any
     ) -> pb.SubmitManyResponse:
         tasks = wire.submit_many_requests(request)
+        for task in tasks:
+            authorize_pool("submit", task.pool, task.kind)
         wire.check_attempts_fit(request, tasks, self._max_message_bytes)
         return pb.SubmitManyResponse(task_ids=await self._leader().submit_many(tasks))
 
@@ -353,6 +357,8 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
             _decoded(request)
             sched = self._leader(leasing=True)
             options = wire.attach_kwargs(request)
+            for pool in options["pools"]:
+                authorize_pool("work", pool)
             worker_limit = wire.attach_message_limit(request)
             if worker_limit is not None and worker_limit < self._max_message_bytes:
                 # An attempt as large as the server takes would break this worker's stream,
@@ -410,7 +416,9 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
     @_unary
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         token, lease_id = wire.heartbeat_token(request)
-        renewed = await self._leader(reporting=True).heartbeat(token, lease_id=lease_id)
+        sched = self._leader(reporting=True)
+        await authorize_attempt(sched, token)
+        renewed = await sched.heartbeat(token, lease_id=lease_id)
         return wire.lease_renewed_to_pb(renewed)
 
     @_unary
@@ -444,6 +452,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
 
 async def _report(sched: Scheduler, request: pb.ReportRequest) -> None:
     token, lease_id, outcome = wire.report_from_pb(request)
+    await authorize_attempt(sched, token)
     if isinstance(outcome, wire.ReportSuccess):
         await sched.report_success(token, outcome.output, lease_id=lease_id)
     else:

@@ -16,6 +16,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidCron",
     "PayloadError",
+    "PermissionDenied",
     "ScheduleNotFound",
     "SchedulerError",
     "SchedulerStopped",
@@ -24,6 +25,7 @@ __all__ = [
     "StoreFatal",
     "TaskError",
     "TaskNotFound",
+    "Unauthenticated",
     "Unavailable",
     "UnknownDependency",
     "UnknownPool",
@@ -114,6 +116,22 @@ class StaleAttempt(CronoqError):
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class Unauthenticated(CronoqError):
+    """A cronoq server did not accept the caller's credentials (none, a token it does not
+    accept, a certificate it does not trust): nothing was applied, and trying again with the
+    same credentials gets the same answer."""
+
+
+class PermissionDenied(CronoqError):
+    """The caller's identity lacks ``permission`` (``read``, ``submit``, ``cancel``,
+    ``schedules``, ``work``, ``admin``) for this call, or for its pool or kind: nothing was
+    applied."""
+
+    def __init__(self, message: str, permission: str) -> None:
+        super().__init__(message)
+        self.permission = permission
 
 
 class WorkerDetached(CronoqError):

@@ -1,0 +1,401 @@
+"""Who may do what: the caller's identity from a bearer token or a client certificate, and its
+permissions, checked on every call by one server interceptor.
+
+The interceptor authenticates the call and checks the permission its method needs (the table
+:data:`METHOD_PERMISSIONS`); a check that needs the request's content (the pool and kind of a
+submitted task, the pools of an Attach, the pool of a reported attempt) is the service's, through
+:func:`authorize_pool` and :func:`authorize_attempt`, which read the caller that the interceptor
+put in a context variable (each call runs in its own asyncio task, so the variable is the call's).
+Without authentication configured no interceptor is installed and both helpers allow everything.
+
+Every refusal of credentials has the same answer, whatever was wrong with them: a client cannot
+learn whether a token exists. Tokens are compared as SHA-256 digests, against every known digest
+without an early exit (``hmac.compare_digest``), and are never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health
+from grpc_reflection.v1alpha import reflection
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from cronoq import AttemptToken, Scheduler
+from cronoq.errors import PermissionDenied, TaskNotFound, Unauthenticated
+from cronoq_client import protocol as wire
+from cronoq_client.protocol import pb
+from cronoq_server._config import AuthSettings, IdentitySettings
+
+__all__ = [
+    "METHOD_PERMISSIONS",
+    "AuthCollector",
+    "AuthInterceptor",
+    "Grant",
+    "Guard",
+    "TokenTable",
+    "authorize_attempt",
+    "authorize_pool",
+    "parse_tokens_file",
+]
+
+log = logging.getLogger("cronoq.server.auth")
+
+AUTHENTICATED = ""
+"""The rule of a method that any authenticated identity may call (reflection)."""
+_OPEN = None
+
+
+def _methods() -> dict[str, str | None]:
+    scheduler = {
+        "Submit": "submit",
+        "SubmitMany": "submit",
+        "Get": "read",
+        "GetByKey": "read",
+        "List": "read",
+        "Wait": "read",
+        "ListSchedules": "read",
+        "PreviewSchedule": "read",
+        "Cancel": "cancel",
+        "AddSchedule": "schedules",
+        "PauseSchedule": "schedules",
+        "ResumeSchedule": "schedules",
+        "RemoveSchedule": "schedules",
+    }
+    worker = dict.fromkeys(("Attach", "Heartbeat", "Report", "ReportMany"), "work")
+    rules: dict[str, str | None] = {}
+    for service, methods in (("SchedulerService", scheduler), ("WorkerService", worker)):
+        full = pb.DESCRIPTOR.services_by_name[service].full_name
+        rules.update({f"/{full}/{name}": permission for name, permission in methods.items()})
+    # Probes (Kubernetes' gRPC probe, a balancer's health check) need no credentials.
+    rules.update({f"/{health.SERVICE_NAME}/{name}": _OPEN for name in ("Check", "Watch")})
+    rules[f"/{reflection.SERVICE_NAME}/ServerReflectionInfo"] = AUTHENTICATED
+    return rules
+
+
+METHOD_PERMISSIONS: Mapping[str, str | None] = _methods()
+"""The permission each method needs: a name, ``AUTHENTICATED`` (any identity) or None (open).
+A method not listed (one a later release adds) needs ``admin``."""
+
+_REFUSED = "the credentials were not accepted"
+_MISSING = (
+    "this server requires authentication: send a bearer token in the 'authorization' metadata "
+    "or a client certificate"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """An authenticated caller and what it may do (an identity of the configuration, or a
+    certificate's name that none has: it may do nothing)."""
+
+    name: str
+    permissions: frozenset[str] = frozenset()
+    submit_pools: frozenset[str] | None = None
+    submit_kinds: frozenset[str] | None = None
+    work_pools: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, identity: IdentitySettings) -> Grant:
+        return cls(
+            identity.name,
+            identity.permissions,
+            identity.submit_pools,
+            identity.submit_kinds,
+            identity.work_pools,
+        )
+
+    def allows(self, permission: str) -> bool:
+        return "admin" in self.permissions or permission in self.permissions
+
+    def check(self, permission: str) -> None:
+        if not self.allows(permission):
+            raise PermissionDenied(
+                f"identity {self.name!r} lacks the permission {permission!r}", permission
+            )
+
+    def check_pool(self, permission: str, pool: str, kind: str | None = None) -> None:
+        """``permission`` on ``pool`` (and, to submit, ``kind``)."""
+        self.check(permission)
+        if "admin" in self.permissions:
+            return
+        pools = self.work_pools if permission == "work" else self.submit_pools
+        if pools is not None and pool not in pools:
+            raise PermissionDenied(
+                f"identity {self.name!r} lacks the permission {permission!r} on pool {pool!r}",
+                permission,
+            )
+        if kind is not None and self.submit_kinds is not None and kind not in self.submit_kinds:
+            raise PermissionDenied(
+                f"identity {self.name!r} lacks the permission 'submit' for kind {kind!r}",
+                permission,
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class _Caller:
+    grant: Grant
+    guard: Guard
+    method: str
+
+
+_caller: ContextVar[_Caller | None] = ContextVar("cronoq_caller", default=None)
+
+
+def authorize_pool(permission: str, pool: str, kind: str | None = None) -> None:
+    """Raise PermissionDenied unless the current call's identity has ``permission`` on
+    ``pool`` (and ``kind``); allow everything when authentication is off."""
+    caller = _caller.get()
+    if caller is None:
+        return
+    try:
+        caller.grant.check_pool(permission, pool, kind)
+    except PermissionDenied as exc:
+        caller.guard.deny(exc, caller.grant, caller.method)
+        raise
+
+
+async def authorize_attempt(sched: Scheduler, token: AttemptToken) -> None:
+    """A heartbeat or report of an attempt of a pool the identity works on. The token names
+    no pool: the task's (which never changes) is looked up, unless the identity is an admin.
+    An unknown task is left to the scheduler, which answers StaleAttempt."""
+    caller = _caller.get()
+    if caller is None or "admin" in caller.grant.permissions:
+        return
+    try:
+        info = await sched.get(token.task_id)
+    except TaskNotFound:
+        return
+    authorize_pool("work", info.pool)
+
+
+# --- tokens ---------------------------------------------------------------------------------
+
+
+def digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class TokenTable:
+    """The known token digests and the identity each names."""
+
+    entries: tuple[tuple[bytes, str], ...] = ()
+
+    @classmethod
+    def build(
+        cls, identities: Iterable[IdentitySettings], extra: Iterable[tuple[str, str]]
+    ) -> TokenTable:
+        pairs = [(i.name, hexdigest) for i in identities for hexdigest in i.token_sha256]
+        return cls(tuple((bytes.fromhex(h), name) for name, h in [*pairs, *extra]))
+
+    def find(self, token: str) -> str | None:
+        # Every entry is compared, equal or not: the time taken says nothing of which matched.
+        presented = digest(token)
+        found = None
+        for known, name in self.entries:
+            if hmac.compare_digest(presented, known):
+                found = name
+        return found
+
+
+def parse_tokens_file(text: str, identities: Iterable[str]) -> list[tuple[str, str]]:
+    """``IDENTITY SHA256HEX`` lines (blank lines and ``#`` comments skipped). Raises ValueError
+    naming the line (never its content, which may be a token pasted by mistake)."""
+    known = set(identities)
+    pairs: list[tuple[str, str]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) != 2 or len(words[1]) != 64 or words[1].strip("0123456789abcdef"):
+            raise ValueError(
+                f"line {number} is not 'IDENTITY SHA256HEX' (the hex SHA-256 digest of a token, "
+                "64 lowercase characters)"
+            )
+        if words[0] not in known:
+            raise ValueError(
+                f"line {number} names identity {words[0]!r}, which [[auth.identities]] lacks"
+            )
+        pairs.append((words[0], words[1]))
+    return pairs
+
+
+# --- the interceptor ------------------------------------------------------------------------
+
+
+class AuthCollector(Collector):
+    """``cronoq_auth_failures_total{reason}`` (credentials refused: ``missing``, ``invalid``)
+    and ``cronoq_permission_denied_total{permission}``."""
+
+    def __init__(self) -> None:
+        self.failures: dict[str, int] = {"missing": 0, "invalid": 0}
+        self.denied: dict[str, int] = {}
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        failures = CounterMetricFamily(
+            "cronoq_auth_failures",
+            "Calls refused UNAUTHENTICATED, by reason (missing or invalid credentials).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.failures.items()):
+            failures.add_metric([reason], count)
+        yield failures
+        denied = CounterMetricFamily(
+            "cronoq_permission_denied",
+            "Calls refused PERMISSION_DENIED, by the permission that was lacking.",
+            labels=["permission"],
+        )
+        for permission, count in sorted(self.denied.items()):
+            denied.add_metric([permission], count)
+        yield denied
+
+
+def _first(values: Mapping[str, Iterable[bytes]], key: str) -> list[str]:
+    return [v.decode("utf-8", "replace") for v in values.get(key, ())]
+
+
+class Guard:
+    """Authenticates calls. The token table is replaced whole on a reload of the tokens file;
+    the identities and their permissions are the configuration's, fixed until a restart."""
+
+    def __init__(self, settings: AuthSettings, tokens: TokenTable, collector: AuthCollector):
+        self._grants = {identity.name: Grant.of(identity) for identity in settings.identities}
+        self.tokens = tokens
+        self.collector = collector
+
+    def refuse(self, reason: str, method: str, peer: str) -> Unauthenticated:
+        self.collector.failures[reason] += 1
+        log.warning(
+            "authentication failed", extra={"reason": reason, "method": method, "peer": peer}
+        )
+        return Unauthenticated(_MISSING if reason == "missing" else _REFUSED)
+
+    def deny(self, exc: PermissionDenied, grant: Grant, method: str) -> None:
+        self.collector.denied[exc.permission] = self.collector.denied.get(exc.permission, 0) + 1
+        log.warning(
+            "permission denied",
+            extra={"identity": grant.name, "permission": exc.permission, "method": method},
+        )
+
+    def authenticate(
+        self, authorization: str | None, certificate: Mapping[str, Iterable[bytes]], method: str,
+        peer: str,
+    ) -> Grant:  # fmt: skip
+        """The caller: its bearer token decides when it sent one, else its client certificate
+        (verified by the TLS handshake: gRPC puts only a verified one in the auth context)."""
+        if authorization is not None:
+            scheme, _, token = authorization.partition(" ")
+            name = self.tokens.find(token.strip()) if scheme.lower() == "bearer" else None
+            if name is None:
+                raise self.refuse("invalid", method, peer)
+            return self._grants[name]
+        names = [
+            *_first(certificate, "x509_subject_alternative_name"),
+            *_first(certificate, "x509_common_name"),
+        ]
+        if not names:
+            raise self.refuse("missing", method, peer)
+        for name in names:
+            if name in self._grants:
+                return self._grants[name]
+        return Grant(names[0])  # a certificate of the trusted CA that no identity claims
+
+    def allows_metrics(self, authorization: str) -> bool:
+        scheme, _, token = authorization.partition(" ")
+        name = self.tokens.find(token.strip()) if scheme.lower() == "bearer" else None
+        return name is not None and self._grants[name].allows("metrics")
+
+    async def admit(
+        self, rule: str, method: str, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """Authenticate the call and check ``rule``; abort it otherwise. Sets the caller."""
+        authorization = None
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization" and isinstance(value, str):
+                authorization = value
+        try:
+            grant = self.authenticate(authorization, context.auth_context(), method, context.peer())
+            if rule:
+                try:
+                    grant.check(rule)
+                except PermissionDenied as exc:
+                    self.deny(exc, grant, method)
+                    raise
+        except (Unauthenticated, PermissionDenied) as exc:
+            await context.abort_with_status(wire.status_for(exc))
+        _caller.set(_Caller(grant, self, method))
+
+
+_Behaviour = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every method's handler so that it first admits the call (``Guard.admit``)."""
+
+    def __init__(self, guard: Guard) -> None:
+        self._guard = guard
+        self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        method = handler_call_details.method
+        rule = METHOD_PERMISSIONS.get(method, "admin")
+        handler = await continuation(handler_call_details)
+        if handler is None or rule is _OPEN:
+            return handler
+        # The handler objects of a service are fixed once it is added: wrap each once.
+        wrapped = self._wrapped.get(method)
+        if wrapped is None:
+            wrapped = self._wrapped[method] = _wrap(handler, self._guard, rule, method)
+        return wrapped
+
+
+def _wrap(
+    handler: grpc.RpcMethodHandler[Any, Any], guard: Guard, rule: str, method: str
+) -> grpc.RpcMethodHandler[Any, Any]:
+    def guarded(inner: _Behaviour) -> _Behaviour:
+        if inspect.isasyncgenfunction(inner):
+
+            async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                await guard.admit(rule, method, context)
+                async for response in inner(request, context):
+                    yield response
+
+            return stream
+
+        async def call(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            await guard.admit(rule, method, context)
+            return await inner(request, context)
+
+        return call
+
+    kinds = (
+        ("unary_unary", grpc.unary_unary_rpc_method_handler),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler),
+        ("stream_unary", grpc.stream_unary_rpc_method_handler),
+        ("stream_stream", grpc.stream_stream_rpc_method_handler),
+    )
+    for attribute, make in kinds:
+        inner = getattr(handler, attribute)
+        if inner is not None:
+            return make(
+                guarded(inner),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+    raise AssertionError(f"a handler of no known kind for {method}")
