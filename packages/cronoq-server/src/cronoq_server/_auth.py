@@ -171,11 +171,13 @@ async def authorize_attempt(sched: Scheduler, token: AttemptToken) -> None:
     caller = _caller.get()
     if caller is None or "admin" in caller.grant.permissions:
         return
-    try:
-        info = await sched.get(token.task_id)
-    except TaskNotFound:
-        return
-    authorize_pool("work", info.pool)
+    pool = sched.remote_attempt_pool(token)  # the attempts it leased: no step needed
+    if pool is None:
+        try:
+            pool = (await sched.get(token.task_id)).pool
+        except TaskNotFound:
+            return
+    authorize_pool("work", pool)
 
 
 # --- tokens ---------------------------------------------------------------------------------

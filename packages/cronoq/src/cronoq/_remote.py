@@ -239,6 +239,7 @@ class RemoteExecutor:
         self._leased: dict[AttemptToken, WorkerLink] = {}
         self._lease_ends: dict[AttemptToken, int] = {}
         self._lease_ids: dict[AttemptToken, bytes] = {}
+        self._pools: dict[AttemptToken, str] = {}  # of the attempts this process leased
         # Cancellations of attempts not on an open link (yet): sent when a link names them.
         self._cancels: dict[AttemptToken, str] = {}
         self._reporter: Reporter | None = None
@@ -326,6 +327,7 @@ class RemoteExecutor:
         assert dispatch.lease_expires_ns is not None and dispatch.lease_id is not None
         self._lease_ends[dispatch.token] = dispatch.lease_expires_ns
         self._lease_ids[dispatch.token] = dispatch.lease_id
+        self._pools[dispatch.token] = pool
         link._put(LeasedAttempt.of(dispatch))
 
     def cancel(self, token: AttemptToken, reason: str) -> None:
@@ -387,6 +389,10 @@ class RemoteExecutor:
     def leased(self, token: AttemptToken) -> bool:
         return token in self._leased
 
+    def pool_of(self, token: AttemptToken) -> str | None:
+        """The pool of an attempt this process leased and that is not reported yet."""
+        return self._pools.get(token)
+
     def reported(self, token: AttemptToken, lease_id: bytes) -> None:
         """The attempt's report was answered (applied or stale): its worker's slot is free.
         Only for the worker that holds its lease id: a guessed report frees nothing."""
@@ -432,6 +438,7 @@ class RemoteExecutor:
     def _finished(self, token: AttemptToken) -> None:
         self._lease_ends.pop(token, None)
         self._lease_ids.pop(token, None)
+        self._pools.pop(token, None)
         self._cancels.pop(token, None)
         link = self._leased.pop(token, None)
         if link is not None and not link.closed:

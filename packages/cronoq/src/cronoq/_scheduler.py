@@ -704,6 +704,12 @@ class Scheduler:
             raise InvalidArgument(f"pool {pool!r} runs in this process: it has no remote workers")
         return pool
 
+    def remote_attempt_pool(self, token: AttemptToken) -> str | None:
+        """The pool of a remote attempt this scheduler leased and that is not reported yet,
+        without a step (a server checks a worker's permission with it); None otherwise (then
+        ``get`` says)."""
+        return self._remote.pool_of(_token(token))
+
     async def heartbeat(self, token: AttemptToken, *, lease_id: bytes) -> LeaseRenewed:
         """Extend the lease of a remote attempt; learn whether it should stop.
 
