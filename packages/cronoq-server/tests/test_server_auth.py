@@ -45,6 +45,7 @@ REQUIRED = {
     "SubmitMany": "submit",
     "Get": "read",
     "GetByKey": "read",
+    "GetTaskData": "read",
     "List": "read",
     "Wait": "read",
     "ListSchedules": "read",
@@ -116,6 +117,7 @@ def _request(method: str) -> Message:
         "SubmitMany": wire.submit_many_request([TaskRequest("k", pool="matrix")], codec),
         "Get": wire.get_request(2**40),
         "GetByKey": wire.get_by_key_request("absent"),
+        "GetTaskData": pb.GetTaskDataRequest(task_id=2**40, data=pb.TASK_DATA_OUTPUT),
         "List": wire.list_request(),
         "Wait": wire.wait_request(2**40, 0.01),
         "ListSchedules": pb.ListSchedulesRequest(),
@@ -301,7 +303,9 @@ async def test_a_worker_of_pool_a_never_gets_an_attempt_of_pool_b(
         worker.cancel()
         admin.cancel()
     stub = wire.pb_grpc.SchedulerServiceStub(channel)
-    done = await stub.Get(wire.get_request(in_b), metadata=metadata(TOKENS["admin"]))
+    done = await stub.Get(
+        wire.get_request(in_b, include_output=True), metadata=metadata(TOKENS["admin"])
+    )
     assert done.output == b"mine"
 
 

@@ -61,6 +61,7 @@ def _methods() -> dict[str, str | None]:
         "SubmitMany": "submit",
         "Get": "read",
         "GetByKey": "read",
+        "GetTaskData": "read",
         "List": "read",
         "Wait": "read",
         "ListSchedules": "read",
