@@ -79,6 +79,23 @@ async def test_a_lapsed_attempt_keeps_its_slot_until_its_worker_reports_it() -> 
         assert second.token.attempt == 2
 
 
+async def test_a_link_whose_attempt_lapsed_gets_nothing_new_until_its_worker_speaks() -> None:
+    # Issue 19, item 7: a wedged worker (it never heartbeats nor reports) with free slots kept
+    # receiving attempts, each lost after its lease, until every task was dead-lettered.
+    async with _serving(Scheduler([RemotePool("remote", lease=0.2)], store=MemoryStore())) as sched:
+        link = sched.attach(["remote"], slots=2)
+        await sched.submit("first", pool="remote", retry=FAST)
+        first = await _attempt(link)
+        cancel = await asyncio.wait_for(link.next(), 2)  # it lapsed
+        assert isinstance(cancel, CancelRequested) and cancel.token == first.token
+        await sched.submit("second", pool="remote")
+        await sched.list()  # a step: it would lease "second" (or the retry) to a free slot
+        assert link.queued == 0, "a link whose attempt lapsed unheard gets no new attempt"
+        with pytest.raises(StaleAttempt):  # late, but alive: the link may lease again
+            await sched.heartbeat(first.token, lease_id=first.lease_id)
+        assert (await _attempt(link)).kind in {"first", "second"}
+
+
 async def test_a_stopped_attempt_heartbeats_as_stopped_and_holds_its_task() -> None:
     async with _serving(Scheduler([RemotePool("remote", lease=5)], store=MemoryStore())) as sched:
         link = sched.attach(["remote"], slots=2)

@@ -344,6 +344,16 @@ class Driver:
     def _release(self, result: StepResult, inputs: Iterable[Input] = ()) -> None:
         for reply_to, value in result.replies:
             _resolve(reply_to, value)
+        # Cancellations and let-go attempts first: an executor then knows, as it places this
+        # step's new attempts, which worker let an attempt lapse (it gets none of them).
+        for cancel in result.cancels:
+            self._executors[cancel.pool].cancel(cancel.token, cancel.reason)
+        for token in result.expired:
+            # Its worker is gone or will hear it is stale: no rebuild may hold it again.
+            pool = self._forget(token)
+            executor = None if pool is None else self._executors.get(pool)
+            if executor is not None:
+                executor.expired(token)
         if result.dispatches and self._draining:
             # The close began while this step committed: these attempts never start here.
             tokens = [d.token for d in result.dispatches]
@@ -355,14 +365,6 @@ class Driver:
                 if dispatch.lease_id is not None:
                     self._lease_ids[dispatch.token] = dispatch.lease_id
                 self._executors[dispatch.spec.pool].start(dispatch, self)
-        for cancel in result.cancels:
-            self._executors[cancel.pool].cancel(cancel.token, cancel.reason)
-        for token in result.expired:
-            # Its worker is gone or will hear it is stale: no rebuild may hold it again.
-            pool = self._forget(token)
-            executor = None if pool is None else self._executors.get(pool)
-            if executor is not None:
-                executor.expired(token)
         for item in inputs:
             if isinstance(item, WaitTask) and item.timeout_s is not None:
                 self._arm_wait_timeout(item, item.timeout_s)

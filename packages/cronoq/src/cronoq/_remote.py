@@ -424,6 +424,11 @@ class RemoteExecutor:
         self._spoke(self._leased[token])
         self._lease_ends[token] = lease_ends_ns
 
+    def heard(self, token: AttemptToken, lease_id: bytes) -> None:
+        """The worker of ``token`` spoke (a heartbeat answered stale, say): it is not wedged."""
+        if self._owns(token, lease_id):
+            self._spoke(self._leased.get(token))
+
     def _spoke(self, link: WorkerLink | None) -> None:
         if link is not None and link.wedged:
             link.wedged = False

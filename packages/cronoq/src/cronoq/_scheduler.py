@@ -58,6 +58,7 @@ from cronoq._remote import LeaseRenewed, RemoteExecutor, RemotePool, WorkerLink
 from cronoq.errors import (
     InvalidArgument,
     PayloadError,
+    StaleAttempt,
     TaskError,
     TaskNotFound,
     UnknownPool,
@@ -724,7 +725,11 @@ class Scheduler:
         _lease_id(lease_id)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._driver.heartbeat(token, lease_id, future)
-        reply: HeartbeatReply = await future
+        try:
+            reply: HeartbeatReply = await future
+        except StaleAttempt:
+            self._remote.heard(token, lease_id)  # alive, if late: its link may lease again
+            raise
         assert reply.lease_expires_ns is not None, "a remote attempt has a lease"
         self._remote.renewed(token, lease_id, reply.lease_expires_ns)
         return LeaseRenewed(_utc(reply.lease_expires_ns), reply.cancel_reason, reply.stopped)
