@@ -744,7 +744,7 @@ async def test_a_remote_attempt_stopped_in_a_commit_that_landed_late_still_holds
         assert b.queued == 0, "the retry started beside the stopped attempt"
         assert (await sched.get(task_id)).status is Status.READY
         with pytest.raises(StaleAttempt):
-            await sched.report_failure(first.token, "stopped")  # A ends it at last
+            await sched.report_failure(first.token, "stopped", lease_id=first.lease_id)  # A ends it
         second = await asyncio.wait_for(b.next(), 5)
         assert isinstance(second, LeasedAttempt) and second.token.attempt == 2
     finally:
