@@ -43,12 +43,15 @@ class ThreadedServer:
 
 
 @contextlib.contextmanager
-def threaded_server(directory: Path, pools: str = POOLS) -> Iterator[ThreadedServer]:
-    """A leading memory-store server, until the block ends."""
+def threaded_server(
+    directory: Path, pools: str = POOLS, tables: str = ""
+) -> Iterator[ThreadedServer]:
+    """A leading memory-store server (``tables``: more sections, as config_toml's), until the
+    block ends."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="test-server-loop", daemon=True)
     thread.start()
-    config = config_toml('[store]\nkind = "memory"\n', pools=pools)
+    config = config_toml('[store]\nkind = "memory"\n', pools=pools, tables=tables)
 
     async def started() -> ServerProcess:
         server = await start_server(directory, config)
