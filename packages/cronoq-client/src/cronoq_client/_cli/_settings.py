@@ -127,9 +127,11 @@ def _context(
 
 
 def _typed(context: dict[str, Any], key: str, kind: type | tuple[type, ...], path: Path) -> Any:
+    """The context's ``key`` if it is of ``kind`` (None if absent). bool is an int to Python,
+    not to a config file: ``timeout = true`` is a mistake."""
     value = context.get(key)
-    if value is not None and (isinstance(value, bool) is not (kind is bool) or
-                              not isinstance(value, kind)):  # fmt: skip
+    is_bool = isinstance(value, bool)
+    if value is not None and (is_bool != (kind is bool) or not isinstance(value, kind)):
         raise ConfigError(f"config file {path}: {key} has the wrong type ({value!r})")
     return value
 
@@ -197,23 +199,18 @@ def resolve(flags: Flags, environ: Mapping[str, str] | None = None) -> Settings:
         token = None if token_file is None else _read_token(token_file, f"token-file of {where}")
 
     # TLS: each file from its flag, its CRONOQ_TLS_* variable, or the context.
-    files = Tls(
-        *(
+    def tls_file(key: str, given: str | None) -> str | None:
+        found = (
             given
             or env.get(f"CRONOQ_TLS_{key.upper()}")
             or _typed(context, f"tls-{key}", str, path)
-            for key, given in (
-                ("ca", flags.tls_ca),
-                ("cert", flags.tls_cert),
-                ("key", flags.tls_key),
-            )
         )
-    )
+        return None if found is None else str(Path(found).expanduser())
+
     files = Tls(
-        *(
-            None if f is None else str(Path(f).expanduser())
-            for f in (files.ca, files.cert, files.key)
-        )
+        tls_file("ca", flags.tls_ca),
+        tls_file("cert", flags.tls_cert),
+        tls_file("key", flags.tls_key),
     )
     switch = flags.tls if flags.tls is not None else _typed(context, "tls", bool, path)
     tls: Tls | bool | None
