@@ -94,7 +94,7 @@ def test_the_worker_runs_tasks_and_drains_on_sigterm(
             process.stdin.write("\n")
             process.stdin.flush()
             assert process.wait(30) == 0
-            seen.extend(process.stderr.read() if process.stderr else "")
+            seen.append(process.stderr.read() if process.stderr else "")
             assert "worker drained" in "".join(seen)
             done = client.wait(held, timeout=10)
             assert (done.status, done.output, done.attempt) == (
