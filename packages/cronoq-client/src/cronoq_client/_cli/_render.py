@@ -1,0 +1,181 @@
+"""What the commands print: rich tables for people, JSON for scripts (``--output json``), and
+``--watch``, which prints the listing again every few seconds until interrupted."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from cronoq import ScheduleInfo, TaskInfo, TaskSummary
+
+__all__ = [
+    "Columns",
+    "emit",
+    "output_option",
+    "schedule_record",
+    "summary_record",
+    "task_record",
+    "watch_options",
+]
+
+Columns = Sequence[tuple[str, str]]
+"""(record key, column title) of a table."""
+
+output_option = click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="table for people, json for scripts",
+)
+
+
+def watch_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = click.option(
+        "--interval",
+        type=click.FloatRange(min=0.1),
+        default=2.0,
+        show_default=True,
+        help="seconds between refreshes with --watch",
+    )(command)
+    return click.option("-w", "--watch", is_flag=True, help="refresh until interrupted (Ctrl-C)")(
+        command
+    )
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode()}  # a payload of BytesCodec
+    if isinstance(value, Enum):
+        return value.value
+    return repr(value)  # a value of a user codec that JSON cannot hold
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, default=_json_default, ensure_ascii=False)
+
+
+def _records(info: Any) -> dict[str, Any]:
+    return {field.name: getattr(info, field.name) for field in dataclasses.fields(info)}
+
+
+def task_record(info: TaskInfo) -> dict[str, Any]:
+    return _records(info)
+
+
+def summary_record(summary: TaskSummary) -> dict[str, Any]:
+    record = _records(summary)
+    finished = record.pop("finished_ns")
+    record["finished_at"] = (
+        None if finished is None else datetime.fromtimestamp(finished / 1e9, UTC)
+    )
+    return record
+
+
+def schedule_record(info: ScheduleInfo) -> dict[str, Any]:
+    return _records(info)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, Enum):
+        return str(value.value)
+    if isinstance(value, tuple | list):
+        return ",".join(_cell(v) for v in value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        return value
+    return _json(value)
+
+
+_WHOLE = frozenset({"task_id", "status", "name", "last_task_id", "next_run_at", "at"})
+
+
+def table(records: Sequence[dict[str, Any]], columns: Columns) -> Table:
+    grid = Table(box=None, header_style="bold", pad_edge=False)
+    for key, title in columns:
+        # An id or a name cut over two lines could not be copied; the rest may fold.
+        grid.add_column(title, overflow="fold", no_wrap=key in _WHOLE)
+    for record in records:
+        grid.add_row(*(_cell(record[key]) for key, _ in columns))
+    return grid
+
+
+def fields(record: dict[str, Any]) -> Table:
+    """One record as ``name value`` lines (``tasks get``)."""
+    grid = Table(box=None, show_header=False, pad_edge=False)
+    grid.add_column(style="bold")
+    grid.add_column(overflow="fold")
+    for key, value in record.items():
+        grid.add_row(key, _cell(value))
+    return grid
+
+
+_PIPE_WIDTH = 10_000
+
+
+def console() -> Console:
+    # Made per command: click's runner (and tests) swap sys.stdout. Into a pipe, a table is
+    # as wide as its widest row (80 columns would fold it for grep and awk).
+    out = Console(file=sys.stdout)
+    return out if out.is_terminal else Console(file=sys.stdout, width=_PIPE_WIDTH)
+
+
+def emit(output: str, data: Any, render: Callable[[], Any]) -> None:
+    """Print ``data`` as JSON, or what ``render`` makes of it for people."""
+    if output == "json":
+        click.echo(_json(data))
+    else:
+        console().print(render())
+
+
+def listing(
+    output: str,
+    watch: bool,
+    interval: float,
+    fetch: Callable[[], list[dict[str, Any]]],
+    columns: Columns,
+) -> None:
+    """Print a listing once, or with ``watch`` every ``interval`` seconds until Ctrl-C (a
+    table redrawn in place on a terminal; a JSON document per line for scripts)."""
+    if not watch:
+        records = fetch()
+        emit(output, records, lambda: table(records, columns))
+        return
+    out = console()
+    try:
+        if output == "table" and out.is_terminal:
+            with Live(table(fetch(), columns), console=out, auto_refresh=False) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(table(fetch(), columns), refresh=True)
+        while True:
+            records = fetch()
+            if output == "json":
+                click.echo(_json(records))
+            else:
+                out.print(table(records, columns))
+                out.print()
+            sys.stdout.flush()
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return  # the way to stop watching: not an error

@@ -1,0 +1,396 @@
+"""The ``cronoq`` command end to end against a real cronoq-server: every command in table and
+JSON output, its errors as one line with the documented exit code, contexts and credentials,
+``--watch`` and the console script in a real process (``test_cli_worker.py``: ``worker``).
+
+The commands run in this process through click's runner (the real command, a real Client, a
+real server); the tests that need signals run the ``cronoq`` script itself. The server is
+shared by the module: each test uses kinds, keys and schedule names of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from server_thread import ThreadedServer, threaded_server
+
+from cronoq import JsonCodec, TaskContext
+from cronoq_client import Client, Worker
+from cronoq_client._cli import cli
+from cronoq_client._cli._errors import ExitCode
+from cronoq_client._cli._settings import DEFAULT_TARGET, Flags, resolve
+
+CRONOQ = str(Path(sys.executable).parent / "cronoq")
+TOKENS = {"app": secrets.token_urlsafe(24), "reader": secrets.token_urlsafe(24)}
+IDENTITIES = "".join(
+    f'[[auth.identities]]\nname = "{name}"\npermissions = {json.dumps(grants)}\n'
+    f'token_sha256 = ["{hashlib.sha256(TOKENS[name].encode()).hexdigest()}"]\n'
+    for name, grants in (("app", ["read", "submit", "cancel", "schedules"]), ("reader", ["read"]))
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedServer]:
+    with threaded_server(tmp_path_factory.mktemp("cli")) as running:
+        yield running
+
+
+@pytest.fixture
+def env(server: ThreadedServer, tmp_path: Path) -> dict[str, str]:
+    # No config file or credentials of the machine's user may leak in.
+    return {
+        "CRONOQ_TARGET": server.target,
+        "CRONOQ_CONFIG": "",
+        "XDG_CONFIG_HOME": str(tmp_path / "no-config"),
+        "CRONOQ_CONTEXT": "",
+        "CRONOQ_TOKEN": "",
+        "CRONOQ_TOKEN_FILE": "",
+        "CRONOQ_TLS_CA": "",
+        "CRONOQ_TLS_CERT": "",
+        "CRONOQ_TLS_KEY": "",
+        "CRONOQ_CODEC": "",
+    }
+
+
+def run(env: dict[str, str], *args: str, code: int = 0, stdin: str | None = None) -> Result:
+    result = CliRunner().invoke(cli, list(args), env=env, input=stdin, prog_name="cronoq")
+    assert result.exit_code == code, (
+        f"cronoq {' '.join(args)} exited {result.exit_code}, not {code}:\n"
+        f"{result.stdout}\n{result.stderr}\n{result.exception!r}"
+    )
+    if code not in (0, ExitCode.TASK_FAILED):
+        assert result.stderr.startswith("error: ") or "Error:" in result.stderr, result.stderr
+        assert result.stderr.count("\n") == 1 or "Usage:" in result.stderr, result.stderr
+    return result
+
+
+def as_json(result: Result) -> Any:
+    return json.loads(result.stdout)
+
+
+# --- tasks and submit ---------------------------------------------------------------------
+
+
+def test_submit_get_list_cancel_in_tables_and_json(env: dict[str, str]) -> None:
+    first = int(run(env, "submit", "cli-a", '{"image": "a.png"}', "--key", "cli-a-1",
+                    "--tag", "x", "--tag", "y", "--priority", "3").stdout)  # fmt: skip
+    # The key is held: the same id.
+    again = as_json(run(env, "submit", "cli-a", "{}", "--key", "cli-a-1", "-o", "json"))
+    assert again == {"task_id": first}
+    second = as_json(run(env, "submit", "cli-a", "-p", "other", "--start-at", "+3600",
+                         "-o", "json"))["task_id"]  # fmt: skip
+
+    info = as_json(run(env, "tasks", "get", str(first), "-o", "json"))
+    assert (info["task_id"], info["kind"], info["status"], info["payload"], info["tags"]) == (
+        first, "cli-a", "ready", {"image": "a.png"}, ["x", "y"],
+    )  # fmt: skip
+    assert (info["key"], info["priority"], info["output"]) == ("cli-a-1", 3, None)
+    shown = run(env, "tasks", "get", str(first)).stdout
+    assert "cli-a-1" in shown and '{"image": "a.png"}' in shown and "ready" in shown
+    assert (
+        as_json(run(env, "tasks", "get", str(first), "--no-payload", "-o", "json"))["payload"]
+        is None
+    )
+
+    listed = as_json(run(env, "tasks", "list", "--kind", "cli-a", "-o", "json"))
+    assert [(t["task_id"], t["status"], t["pool"]) for t in listed] == [
+        (first, "ready", "default"), (second, "scheduled", "other"),
+    ]  # fmt: skip
+    assert [t["task_id"] for t in as_json(
+        run(env, "tasks", "list", "-k", "cli-a", "-s", "scheduled", "-o", "json")
+    )] == [second]  # fmt: skip
+    assert len(as_json(run(env, "tasks", "list", "-k", "cli-a", "-n", "1", "-o", "json"))) == 1
+    table = run(env, "tasks", "list", "--kind", "cli-a").stdout.splitlines()
+    assert table[0].split()[:5] == ["ID", "STATUS", "ATTEMPT", "POOL", "KIND"]
+    assert table[1].split()[:5] == [str(first), "ready", "0", "default", "cli-a"]
+
+    assert run(env, "tasks", "cancel", str(first), "-r", "no").stdout == (
+        f"task {first}: cancelled\n"
+    )
+    assert as_json(run(env, "tasks", "cancel", str(second), "-o", "json")) == {
+        "task_id": second, "status": "cancelled",
+    }  # fmt: skip
+    assert as_json(run(env, "tasks", "get", str(first), "-o", "json"))["message"] == "no"
+
+
+def test_tasks_wait_exits_by_how_the_task_ended(
+    server: ThreadedServer, env: dict[str, str]
+) -> None:
+    waiting = run(env, "submit", "cli-wait", "1").stdout.strip()
+    result = run(env, "tasks", "wait", waiting, "--timeout", "0.2", code=ExitCode.TIMED_OUT)
+    assert "the task carries on" in result.stderr
+    run(env, "tasks", "cancel", waiting)
+    ended = run(env, "tasks", "wait", waiting, "-o", "json", code=ExitCode.TASK_FAILED)
+    assert as_json(ended)["status"] == "cancelled"
+    assert ended.stderr == f"error: task {waiting} ended cancelled: cancelled by request\n"
+
+    async def double(ctx: TaskContext, payload: Any) -> Any:
+        return {"twice": payload * 2}
+
+    worker = Worker(server.target, {"other": double}, codec=JsonCodec())
+    working = server.start(worker.run())
+    server.call(worker.attached())
+    try:
+        done = run(env, "submit", "cli-wait", "21", "-p", "other").stdout.strip()
+        info = as_json(run(env, "tasks", "wait", done, "--timeout", "30", "-o", "json"))
+        assert (info["status"], info["output"], info["attempt"]) == ("succeeded", {"twice": 42}, 1)
+    finally:
+        worker.stop()
+        server.call(asyncio.wait_for(asyncio.shield(working), 30))
+
+
+def test_submit_from_a_json_lines_file(env: dict[str, str], tmp_path: Path) -> None:
+    lines: list[dict[str, Any]] = [
+        {"kind": "cli-file", "payload": {"n": n}, "key": f"cli-file-{n}"} for n in range(7)
+    ]
+    lines[3].update(pool="other", tags=["t"], priority=5, max_attempts=2, timeout=10)
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    ids = as_json(run(env, "submit", "--file", str(path), "--batch-size", "3", "-o", "json"))
+    assert len(ids) == 7 and ids == sorted(ids)
+    listed = as_json(run(env, "tasks", "list", "-k", "cli-file", "-o", "json"))
+    assert [t["task_id"] for t in listed] == ids
+    assert (listed[3]["pool"], listed[3]["tags"]) == ("other", ["t"])
+    assert run(env, "submit", "-f", str(path)).stdout == "submitted 7 tasks\n"  # keys: no more
+    assert len(as_json(run(env, "tasks", "list", "-k", "cli-file", "-o", "json"))) == 7
+
+    # Read from stdin.
+    piped = run(env, "submit", "-f", "-", "-o", "json", stdin='{"kind": "cli-stdin"}\n')
+    assert len(as_json(piped)) == 1
+
+    # A malformed line: nothing of the file is sent, and the error names the line.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind": "cli-bad"}\n{"kind": "cli-bad", "colour": "red"}\n')
+    result = run(env, "submit", "-f", str(bad), code=ExitCode.USAGE)
+    assert f"{bad}:2: unknown fields colour" in result.stderr
+    bad.write_text('{"kind": "cli-bad"}\nnot json\n')
+    assert f"{bad}:2: not JSON" in run(env, "submit", "-f", str(bad), code=2).stderr
+    # A batch the server refuses: the error says what was submitted before it.
+    bad.write_text('{"kind": "cli-bad"}\n{"kind": "cli-bad", "pool": "nowhere"}\n')
+    refused = run(env, "submit", "-f", str(bad), "--batch-size", "1", code=ExitCode.INVALID)
+    assert "the batch of tasks 2-2 failed (the 1 tasks before it were submitted)" in (
+        refused.stderr
+    )
+    assert len(as_json(run(env, "tasks", "list", "-k", "cli-bad", "-o", "json"))) == 1
+
+
+def test_errors_are_one_line_with_their_exit_code(env: dict[str, str]) -> None:
+    assert (
+        "no task" in run(env, "tasks", "get", "987654321", code=ExitCode.NOT_FOUND).stderr.lower()
+    )
+    run(env, "submit", "k", "-p", "nowhere", code=ExitCode.INVALID)
+    run(env, "submit", "k", "{not json", code=ExitCode.USAGE)
+    run(env, "tasks", "get", "abc", code=ExitCode.USAGE)
+    run(env, "submit", "k", "--start-at", "2026-01-01T00:00:00", code=ExitCode.USAGE)
+    run(env, "submit", code=ExitCode.USAGE)
+    with socket.socket() as probe:  # nothing listens once the probe is closed
+        probe.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{probe.getsockname()[1]}"
+    down = run(env, "--target", closed, "--timeout", "0.3", "tasks", "list",
+               code=ExitCode.UNAVAILABLE)  # fmt: skip
+    assert "nothing was applied: run the command again" in down.stderr
+
+
+# --- schedules ----------------------------------------------------------------------------
+
+
+def test_schedules_add_list_pause_resume_preview_remove(env: dict[str, str]) -> None:
+    added = as_json(run(env, "schedules", "add", "cli-nightly", "0 3 * * *", "--kind", "report",
+                        "--payload", '{"full": true}', "-z", "Europe/Paris", "--overlap", "allow",
+                        "-o", "json"))  # fmt: skip
+    assert (added["name"], added["cron"], added["timezone"], added["overlap"]) == (
+        "cli-nightly", "0 3 * * *", "Europe/Paris", "allow",
+    )  # fmt: skip
+    assert (
+        "cli-nightly"
+        in run(env, "schedules", "add", "cli-hourly", "0 * * * *", "-k", "r").stdout + "cli-nightly"
+    )
+    names = [s["name"] for s in as_json(run(env, "schedules", "list", "-o", "json"))]
+    assert {"cli-nightly", "cli-hourly"} <= set(names)
+    table = run(env, "schedules", "list").stdout
+    assert table.splitlines()[0].split()[:3] == ["NAME", "CRON", "ZONE"]
+    assert as_json(run(env, "schedules", "pause", "cli-nightly", "-o", "json"))["paused"] is True
+    assert "yes" in run(env, "schedules", "pause", "cli-nightly").stdout
+    assert as_json(run(env, "schedules", "resume", "cli-nightly", "-o", "json"))["paused"] is False
+    times = as_json(run(env, "schedules", "preview", "30 2 * * *", "-z", "Europe/Paris", "-n", "3",
+                        "-o", "json"))  # fmt: skip
+    assert len(times) == 3 and all(t.endswith(("+01:00", "+02:00")) for t in times)
+    assert run(env, "schedules", "preview", "0 0 1 1 *", "-n", "2").stdout.count("-01-01T") == 2
+    assert as_json(run(env, "schedules", "remove", "cli-hourly", "-o", "json")) == {
+        "name": "cli-hourly", "removed": True,
+    }  # fmt: skip
+    run(env, "schedules", "remove", "cli-hourly", code=ExitCode.NOT_FOUND)
+    run(env, "schedules", "pause", "cli-nobody", code=ExitCode.NOT_FOUND)
+    run(env, "schedules", "add", "cli-nightly", "0 4 * * *", "-k", "r", code=ExitCode.INVALID)
+    run(env, "schedules", "add", "cli-bad", "61 * * * *", "-k", "r", code=ExitCode.INVALID)
+    run(env, "schedules", "preview", "* * *", code=ExitCode.INVALID)
+    replaced = as_json(run(env, "schedules", "add", "cli-nightly", "0 4 * * *", "-k", "r",
+                           "--replace", "-o", "json"))  # fmt: skip
+    assert replaced["cron"] == "0 4 * * *"
+    run(env, "schedules", "remove", "cli-nightly")
+
+
+# --- where it connects, with what ---------------------------------------------------------
+
+
+def test_settings_come_from_flags_then_environment_then_context(tmp_path: Path) -> None:
+    token = tmp_path / "prod.token"
+    token.write_text("s3cret\n")
+    config = tmp_path / "config.toml"
+    config.write_text(
+        'current-context = "prod"\n'
+        '[contexts.prod]\ntarget = ["a:1", "b:2"]\n'
+        f'token-file = "{token}"\ntimeout = 5\ntls-ca = "/ca.pem"\n'
+        '[contexts.local]\ntarget = "127.0.0.1:9"\ncodec = "bytes"\n'
+    )
+    none: dict[str, str] = {"CRONOQ_CONFIG": str(config)}
+    prod = resolve(Flags(), none)
+    assert (prod.context, prod.target, prod.token, prod.timeout) == (
+        "prod", ("a:1", "b:2"), "s3cret", 5.0,
+    )  # fmt: skip
+    assert prod.tls is not None and not isinstance(prod.tls, bool) and prod.tls.ca == "/ca.pem"
+    local = resolve(Flags(context="local"), none)
+    assert (local.target, local.token, local.tls, type(local.codec).__name__) == (
+        ("127.0.0.1:9",), None, None, "BytesCodec",
+    )  # fmt: skip
+    assert resolve(Flags(), {**none, "CRONOQ_CONTEXT": "local"}).context == "local"
+    # The environment beats the context, a flag beats both.
+    env = {**none, "CRONOQ_TARGET": "c:3,d:4", "CRONOQ_TOKEN": "t", "CRONOQ_TLS_CA": "/env.pem"}
+    found = resolve(Flags(), env)
+    assert (found.target, found.token) == (("c:3", "d:4"), None)  # None: AsyncClient reads it
+    assert not isinstance(found.tls, bool | None) and found.tls.ca == "/env.pem"
+    flagged = resolve(Flags(target=("e:5",), tls=False, timeout=1.0), env)
+    assert (flagged.target, flagged.tls, flagged.timeout) == (("e:5",), False, 1.0)
+    # Nothing anywhere: the server's default address, plaintext unless CRONOQ_TLS_* says.
+    bare = resolve(Flags(), {"XDG_CONFIG_HOME": str(tmp_path / "none")})
+    assert (bare.target, bare.tls, bare.token, bare.context) == (
+        (DEFAULT_TARGET,),
+        None,
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "flags", "message"),
+    [
+        ('[contexts.a]\ntarget = "x:1"\n', Flags(context="b"), "no context 'b' in config file"),
+        ('[contexts.a]\ntargets = "x:1"\n', Flags(context="a"), "unknown keys targets"),
+        ('[contexts.a]\ntimeout = "5"\n', Flags(context="a"), "timeout has the wrong type"),
+        ('[contexts.a]\ntarget = []\n', Flags(context="a"), "target must be 'host:port'"),
+        ("contexts = [", Flags(), "is not valid TOML"),
+        ('current = "a"\n', Flags(), "unknown keys current"),
+        ('[contexts.a]\ntoken-file = "/nonexistent/t"\n', Flags(context="a"), "cannot read it"),
+        ('[contexts.a]\ncodec = "yaml"\n', Flags(context="a"), "codec must be json, bytes"),
+        ('[contexts.a]\ncodec = "nomodule_here:codec"\n', Flags(context="a"),
+         "importing nomodule_here failed"),
+    ],
+)  # fmt: skip
+def test_a_bad_config_fails_with_a_precise_error(
+    tmp_path: Path, env: dict[str, str], text: str, flags: Flags, message: str
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(text)
+    args = ["--config", str(config), *(["--context", flags.context] if flags.context else [])]
+    assert (
+        message
+        in run({**env, "CRONOQ_TARGET": ""}, *args, "tasks", "list", code=ExitCode.USAGE).stderr
+    )
+
+
+def test_a_context_with_a_token_file_reaches_an_authenticating_server(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    with threaded_server(tmp_path, tables=IDENTITIES) as secured:
+        for name, token in TOKENS.items():
+            (tmp_path / f"{name}.token").write_text(token)
+        config = tmp_path / "config.toml"
+        config.write_text(
+            "".join(
+                f'[contexts.{name}]\ntarget = "{secured.target}"\n'
+                f'token-file = "{tmp_path / name}.token"\n'
+                for name in TOKENS
+            )
+        )
+        base = {**env, "CRONOQ_TARGET": "", "CRONOQ_CONFIG": str(config)}
+        task_id = run(base, "--context", "app", "submit", "k").stdout.strip()
+        run(base, "--context", "reader", "tasks", "get", task_id)
+        denied = run(base, "--context", "reader", "tasks", "cancel", task_id,
+                     code=ExitCode.PERMISSION_DENIED)  # fmt: skip
+        assert "'cancel' permission" in denied.stderr
+        refused = run({**env, "CRONOQ_TARGET": secured.target, "CRONOQ_TOKEN": "wrong-token"},
+                      "tasks", "list", code=ExitCode.UNAUTHENTICATED)  # fmt: skip
+        assert "wrong-token" not in refused.stderr  # never a secret in a message
+        run({**env, "CRONOQ_TARGET": secured.target}, "tasks", "list",
+            code=ExitCode.UNAUTHENTICATED)  # fmt: skip
+
+
+# --- the console script, --watch, completion ----------------------------------------------
+
+
+def test_the_console_script_exits_with_the_code_of_its_error(
+    server: ThreadedServer, env: dict[str, str]
+) -> None:
+    found = subprocess.run(
+        [CRONOQ, "tasks", "get", "987654321"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (found.returncode, found.stdout) == (ExitCode.NOT_FOUND, "")
+    assert found.stderr.startswith("error: ") and found.stderr.count("\n") == 1
+
+
+def test_watch_prints_each_refresh_until_interrupted(
+    server: ThreadedServer, env: dict[str, str]
+) -> None:
+    with Client(server.target) as client:
+        task_id = client.submit("cli-watch", b"")
+        with subprocess.Popen(
+            [CRONOQ, "tasks", "list", "-k", "cli-watch", "--watch", "--interval", "0.1",
+             "-o", "json"],
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as process:  # fmt: skip
+            try:
+                assert process.stdout is not None
+                first = json.loads(process.stdout.readline())
+                assert [(t["task_id"], t["status"]) for t in first] == [(task_id, "ready")]
+                client.cancel(task_id)
+                # A later refresh shows the change.
+                while (line := process.stdout.readline()) and json.loads(line)[0][
+                    "status"
+                ] == "ready":
+                    pass
+                assert json.loads(line)[0]["status"] == "cancelled"
+                process.send_signal(signal.SIGINT)
+                assert process.wait(30) == 0
+            finally:
+                process.kill()
+
+
+def test_completion_scripts_and_completions(env: dict[str, str]) -> None:
+    for shell in ("bash", "zsh", "fish"):
+        assert "_CRONOQ_COMPLETE" in run(env, "completion", shell).stdout
+    run(env, "completion", "tcsh", code=ExitCode.USAGE)
+    completing = {**env, "_CRONOQ_COMPLETE": "bash_complete", "COMP_WORDS": "cronoq sch",
+                  "COMP_CWORD": "1"}  # fmt: skip
+    assert "plain,schedules" in run(completing).stdout
+    completing.update({"COMP_WORDS": "cronoq tasks list --status r", "COMP_CWORD": "4"})
+    offered = run(completing).stdout.split()
+    assert offered == ["plain,ready", "plain,running", "plain,retrying"]
