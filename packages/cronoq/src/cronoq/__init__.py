@@ -5,7 +5,7 @@ Store authors also use :mod:`cronoq.store`; every exception lives in :mod:`crono
 """
 
 from cronoq._codecs import BytesCodec, Codec, JsonCodec, decode_with, encode_with
-from cronoq._engine import LEASE_ID_BYTES, AttemptToken, TaskSummary
+from cronoq._engine import LEASE_ID_BYTES, AttemptToken, PoolInfo, TaskSummary
 from cronoq._executors import TaskContext
 from cronoq._memory import MemoryStore
 from cronoq._metrics import Histogram, SchedulerMetrics
@@ -17,6 +17,7 @@ from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
     InvalidArgument,
+    NotRetryable,
     PayloadError,
     SchedulerError,
     SchedulerStopped,
@@ -44,9 +45,11 @@ __all__ = [
     "LeasedAttempt",
     "MemoryStore",
     "MissPolicy",
+    "NotRetryable",
     "OverlapPolicy",
     "PayloadError",
     "Pool",
+    "PoolInfo",
     "RemotePool",
     "RetryPolicy",
     "ScheduleInfo",
