@@ -498,7 +498,12 @@ class StoreSuite:
         epoch, state = await self.lead(store)
         assert state.paused_pools == frozenset(), "a new cluster has no pool paused"
         await store.commit(epoch, [PoolPaused("mail", paused=True)])
-        await store.commit(epoch, [submitted(1, now_ns()), PoolPaused("ünï", paused=True)])
+        # Beside the rows recovery reads anyway (a task, a paused schedule).
+        schedule = ScheduleRecord(SCHEDULE, now_ns(), paused=True)
+        await store.commit(
+            epoch,
+            [submitted(1, now_ns()), ScheduleSaved(schedule), PoolPaused("ünï", paused=True)],
+        )
         _, state = await self.lead_after_crash(cluster, store)
         assert state.paused_pools == {"mail", "ünï"}, (
             "recover() must return every pool a PoolPaused paused: a pause outlives its leader"

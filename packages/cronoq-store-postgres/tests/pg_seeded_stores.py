@@ -12,7 +12,7 @@ import asyncpg
 
 from cronoq.store import CollapsedBatch
 from cronoq_store_postgres import PgStore, PgStoreConfig
-from cronoq_store_postgres._commit import Shape
+from cronoq_store_postgres._commit import Reference, Shape
 from cronoq_store_postgres._schema import quote_ident
 
 __all__ = [
@@ -108,16 +108,17 @@ class CommitSqlSeededPgStore(PgStore):
             assert any(
                 self.old in part.sql(lambda name: f"u.{name}", "rows", "") for part in commit._parts
             ), "the seeded bug no longer applies to PgStore"
-            old, new = self.old, self.new
             commit._parts = tuple(
-                dataclasses.replace(
-                    part,
-                    sql=lambda u, rows, conflict, sql=part.sql: sql(u, rows, conflict).replace(
-                        old, new
-                    ),
-                )
-                for part in commit._parts
+                dataclasses.replace(part, sql=self._seeded(part.sql)) for part in commit._parts
             )
         if self.recover_paused is not None:
             s = quote_ident(config.schema)
             self._sql.paused_pools = self.recover_paused.format(s=s)
+
+    def _seeded(
+        self, sql: Callable[[Reference, str, str], str]
+    ) -> Callable[[Reference, str, str], str]:
+        def seeded(u: Reference, rows: str, conflict: str) -> str:
+            return sql(u, rows, conflict).replace(self.old, self.new)
+
+        return seeded

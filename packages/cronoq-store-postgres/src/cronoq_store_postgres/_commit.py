@@ -18,7 +18,7 @@ parts it has, which columns vary); each shape is built once, and their number is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from cronoq.store import (
@@ -295,7 +295,7 @@ class CommitStatements:
                 [c.output for c in changes],
                 [c.cancel_requested for c in changes],
                 *_lease_columns(changes),
-                [c.options for c in changes],
+                _objects(c.options for c in changes),
             )
             if changes
             else None,
@@ -323,3 +323,8 @@ def _lease_columns(changes: Sequence[TaskChange]) -> tuple[list[object], list[ob
         [None if lease is None else lease.epoch for lease in leases],
         [None if lease is None else lease.id_hash for lease in leases],
     )
+
+
+def _objects(values: Iterable[object]) -> list[object]:
+    """A column as the statement's arguments take it (a list of any values)."""
+    return list(values)

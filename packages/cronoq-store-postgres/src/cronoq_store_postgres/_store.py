@@ -360,7 +360,7 @@ class PgStore:
         tasks: list[TaskRecord] = []
         quarantined: list[tuple[int, str]] = []
         schedules: list[ScheduleRecord] = []
-        paused: frozenset[str] = frozenset()
+        paused_pools: frozenset[str] = frozenset()
         async with self._serial:
             self._check_open()
             try:
@@ -376,7 +376,7 @@ class PgStore:
                         max_task_id = int(row["max_task_id"])
                         task_rows = await conn.fetch(sql.recover, time.time_ns() - retention_ns)
                         schedule_rows = await conn.fetch(sql.schedules)
-                        paused = frozenset(r[0] for r in await conn.fetch(sql.paused_pools))
+                        paused_pools = frozenset(r[0] for r in await conn.fetch(sql.paused_pools))
                     # Decoding a million rows takes seconds: off the loop, so the lock
                     # session's keepalive keeps answering meanwhile.
                     tasks, quarantined = await asyncio.to_thread(_decode_rows, task_rows, to_engine)
@@ -409,7 +409,7 @@ class PgStore:
                 raise classify(exc, "recovering") from exc
         for task_id, reason in quarantined:
             log.error("task %d %s", task_id, quarantine_message(reason))
-        return RecoveredState(max_task_id, tasks, schedules, quarantined, paused)
+        return RecoveredState(max_task_id, tasks, schedules, quarantined, paused_pools)
 
     # --- lookups --------------------------------------------------------------------------
 

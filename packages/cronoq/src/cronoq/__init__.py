@@ -10,7 +10,14 @@ from cronoq._executors import TaskContext
 from cronoq._memory import MemoryStore
 from cronoq._metrics import Histogram, SchedulerMetrics
 from cronoq._model import CatchUpPolicy, MissPolicy, OverlapPolicy, RetryPolicy, Status
-from cronoq._remote import CancelRequested, LeasedAttempt, LeaseRenewed, RemotePool, WorkerLink
+from cronoq._remote import (
+    CancelRequested,
+    LeasedAttempt,
+    LeaseRenewed,
+    RemotePool,
+    WorkerInfo,
+    WorkerLink,
+)
 from cronoq._scheduler import Pool, ScheduleInfo, Scheduler, TaskInfo, TaskRequest, preview
 from cronoq._validate import MAX_BATCH, unix_ns
 from cronoq.errors import (
@@ -67,6 +74,7 @@ __all__ = [
     "UnknownPool",
     "WaitTimedOut",
     "WorkerDetached",
+    "WorkerInfo",
     "WorkerLink",
     "decode_with",
     "encode_with",
