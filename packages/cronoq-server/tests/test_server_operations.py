@@ -1,6 +1,7 @@
 """The operator calls (issue 21) through real ``cronoq-server`` processes: a pool pause and a
 manual retry survive a SIGKILL of the leader on both stores; a paused pool starts nothing with
-a worker attached; ListWorkers shows that worker; the permissions the calls need."""
+a worker attached; ListWorkers shows that worker. (The permissions each call needs are in
+test_server_auth's matrix.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from test_server_ha import StoreSection, cluster, store
 
 from cronoq import NotRetryable, RetryPolicy, Status, TaskContext, TaskError
 from cronoq_client import AsyncClient, Worker
-from cronoq_server._auth import METHOD_PERMISSIONS
 
 __all__ = ["pg_schema", "store"]  # fixtures: requested by name
 
@@ -85,26 +85,3 @@ async def test_a_pool_pause_and_a_retry_survive_a_sigkill_of_the_leader(
     assert (done.status, done.attempt, done.output) == (Status.SUCCEEDED, 2, b"ok")
     assert other.status is Status.SUCCEEDED
     assert sorted(runs) == [("fails", 1), ("fails", 2), ("queued", 1)]
-
-
-def test_operator_calls_need_admin_and_their_lists_need_read() -> None:
-    service = "/cronoq.v1.SchedulerService/"
-    needed = {
-        name: METHOD_PERMISSIONS[service + name]
-        for name in (
-            "PausePool",
-            "ResumePool",
-            "Retry",
-            "TriggerSchedule",
-            "ListPools",
-            "ListWorkers",
-        )
-    }
-    assert needed == {
-        "PausePool": "admin",
-        "ResumePool": "admin",
-        "Retry": "admin",
-        "TriggerSchedule": "admin",
-        "ListPools": "read",
-        "ListWorkers": "read",
-    }
