@@ -33,12 +33,14 @@ from cronoq.store import (
     AttemptLease,
     CancelRequested,
     Mutation,
+    PoolPaused,
     RecoveredState,
     ScheduleRecord,
     ScheduleRemoved,
     ScheduleSaved,
     Store,
     TaskRecord,
+    TaskRetried,
     TaskSubmitted,
     TaskUpdated,
     TimeBase,
@@ -483,6 +485,111 @@ class StoreSuite:
         _, state = await self.lead_after_crash(cluster, store)
         row = by_id(state)[1]
         assert (row.status, row.attempt, row.due_ns) == (Status.RETRYING, 2, later)
+
+    # --- operator calls (issue 21): pool pauses, retried tasks -------------------------------
+    # A PoolPaused is kept by pool name until a later one replaces it; recover() returns the
+    # paused names. A TaskRetried makes a finished row live again: its options rewritten, its
+    # finish time, output, lease and cancellation request cleared.
+
+    async def test_a_paused_pool_is_recovered_by_a_new_instance(
+        self, cluster: StoreHarness
+    ) -> None:
+        store = await cluster.open()
+        epoch, state = await self.lead(store)
+        assert state.paused_pools == frozenset(), "a new cluster has no pool paused"
+        await store.commit(epoch, [PoolPaused("mail", paused=True)])
+        # Beside the rows recovery reads anyway (a task, a paused schedule).
+        schedule = ScheduleRecord(SCHEDULE, now_ns(), paused=True)
+        await store.commit(
+            epoch,
+            [submitted(1, now_ns()), ScheduleSaved(schedule), PoolPaused("ünï", paused=True)],
+        )
+        _, state = await self.lead_after_crash(cluster, store)
+        assert state.paused_pools == {"mail", "ünï"}, (
+            "recover() must return every pool a PoolPaused paused: a pause outlives its leader"
+        )
+
+    async def test_a_resumed_pool_is_not_recovered_as_paused(self, cluster: StoreHarness) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        await store.commit(epoch, [PoolPaused("mail", True), PoolPaused("sms", True)])
+        await store.commit(epoch, [PoolPaused("mail", paused=False)])
+        # Paused and resumed again in one batch: the last word counts.
+        await store.commit(epoch, [PoolPaused("sms", False), PoolPaused("sms", True)])
+        await store.commit(epoch, [PoolPaused("push", True), PoolPaused("push", False)])
+        _, state = await self.lead_after_crash(cluster, store)
+        assert state.paused_pools == {"sms"}, (
+            "a PoolPaused(paused=False) must replace the pool's earlier pause (and the last "
+            "of a batch wins)"
+        )
+
+    async def test_a_retried_task_is_live_again_with_its_new_spec(
+        self, cluster: StoreHarness
+    ) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        old = TaskSpec("default", "job", b"p", key="k", retry=RetryPolicy(2, 1, 1.0, 1, 0.0))
+        new = replace(old, retry=replace(old.retry, max_attempts=3))
+        # Task 1: started remotely, asked to stop, cancelled; then retried in a commit of its
+        # own. Task 2: submitted, cancelled and retried in one batch. Long finished (at 1 ns
+        # after 1970): a store that keeps the finish time drops them from recovery.
+        await store.commit(epoch, [TaskSubmitted(1, old, Status.READY, 1)])
+        await store.commit(epoch, [started(1, 2, 2, lease(epoch, "1"))])
+        await store.commit(epoch, [CancelRequested(1, 3, "stop")])
+        await store.commit(epoch, [TaskUpdated(1, Status.FAILED, 2, "dead", 4, output=b"x")])
+        await store.commit(epoch, [TaskRetried(1, new, Status.READY, 2, "retried", at)])
+        await store.commit(
+            epoch,
+            [
+                TaskSubmitted(2, replace(old, key=None), Status.READY, 1),
+                TaskUpdated(2, Status.CANCELLED, 0, "cancelled", 2),
+                TaskRetried(2, replace(new, key=None), Status.SCHEDULED, 0, "again", at + 1),
+            ],
+        )
+        expected = {
+            1: (new, Status.READY, 2, "retried", at, None, False, None, None),
+            2: (replace(new, key=None), Status.SCHEDULED, 0, "again", at + 1, None, False, None,
+                None),
+        }  # fmt: skip
+
+        def fields(record: TaskRecord | None) -> tuple[object, ...] | None:
+            if record is None:
+                return None
+            return (
+                record.spec, record.status, record.attempt, record.message, record.updated_ns,
+                record.due_ns, record.cancel_requested, record.lease, record.finished_ns,
+            )  # fmt: skip
+
+        looked_up = {i: fields(await store.get_task(i)) for i in (1, 2)}
+        assert looked_up == expected, (
+            "a TaskRetried must make the row live: its spec's options rewritten, status, "
+            "attempt, message and time as given, and its due time, cancellation request, "
+            "lease and finish time cleared"
+        )
+        assert (await store.load_output(1)) is None, "a retried task has no output"
+        _, state = await self.lead_after_crash(cluster, store)
+        recovered = {i: fields(r) for i, r in by_id(state).items()}
+        assert recovered == expected, (
+            "recover() must return a retried task as live, however long ago it had finished, "
+            "with its new spec and no cancellation request"
+        )
+
+    async def test_a_retried_task_is_not_pruned(self, cluster: StoreHarness) -> None:
+        self.require(cluster, Capability.PRUNE)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        await store.commit(epoch, [submitted(1, 1), submitted(2, 1)])
+        await store.commit(epoch, [finished(1, 2, Status.FAILED), finished(2, 2, Status.FAILED)])
+        spec = TaskSpec("default", "job", b"p")
+        await store.commit(epoch, [TaskRetried(1, spec, Status.READY, 1, "retried", at)])
+        await cluster.prune(store, at)
+        assert await store.get_task(2) is None, "the harness's prune must delete old rows"
+        record = await store.get_task(1)
+        assert record is not None and record.status is Status.READY, (
+            "a retried task is live: pruning must not delete it (clear its finish time)"
+        )
 
     # --- attempt leases (issue 19) ---------------------------------------------------------
     # A remote attempt's lease is kept with its row, so that a new leader waits for the

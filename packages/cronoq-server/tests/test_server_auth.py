@@ -59,6 +59,12 @@ REQUIRED = {
     "Heartbeat": "work",
     "Report": "work",
     "ReportMany": "work",
+    "ListPools": "read",
+    "ListWorkers": "read",
+    "PausePool": "admin",
+    "ResumePool": "admin",
+    "Retry": "admin",
+    "TriggerSchedule": "admin",
 }
 IDENTITIES: dict[str, dict[str, Any]] = {
     "reader": {"permissions": ["read"]},
@@ -133,6 +139,13 @@ def _request(method: str) -> Message:
         "Heartbeat": wire.heartbeat_request(token, bytes(16)),
         "Report": report,
         "ReportMany": pb.ReportManyRequest(reports=[report]),
+        # Unknown names and ids: the server answers, and the module's pools stay unpaused.
+        "ListPools": pb.ListPoolsRequest(),
+        "ListWorkers": pb.ListWorkersRequest(),
+        "PausePool": pb.PausePoolRequest(name="absent"),
+        "ResumePool": pb.ResumePoolRequest(name="absent"),
+        "Retry": pb.RetryRequest(task_id=2**40),
+        "TriggerSchedule": pb.TriggerScheduleRequest(name="absent"),
     }
     return requests[method]
 

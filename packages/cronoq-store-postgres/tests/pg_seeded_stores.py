@@ -4,6 +4,7 @@ party's store with that bug would be."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 
@@ -11,11 +12,12 @@ import asyncpg
 
 from cronoq.store import CollapsedBatch
 from cronoq_store_postgres import PgStore, PgStoreConfig
-from cronoq_store_postgres._commit import Shape
+from cronoq_store_postgres._commit import Reference, Shape
 from cronoq_store_postgres._schema import quote_ident
 
 __all__ = [
     "CancelClearsLeasePgStore",
+    "CommitSqlSeededPgStore",
     "GenerationBlindPgStore",
     "NewTaskLeaseDroppedPgStore",
     "UnfencedPrunePgStore",
@@ -88,3 +90,35 @@ class CancelClearsLeasePgStore(PgStore):
             return guarded.sub(r"\2", statement)
 
         commit.sql = seeded  # type: ignore[method-assign]
+
+
+class CommitSqlSeededPgStore(PgStore):
+    """The commit statement's text ``old`` replaced by ``new`` in every part that has it (a
+    subclass sets both), and ``recover_paused`` as the recovery's query of paused pools when
+    set: the SQL of a store with that one bug."""
+
+    old = ""
+    new = ""
+    recover_paused: str | None = None
+
+    def __init__(self, dsn: str, pool: asyncpg.Pool, config: PgStoreConfig) -> None:
+        super().__init__(dsn, pool, config)
+        commit = self._sql.commit
+        if self.old:
+            assert any(
+                self.old in part.sql(lambda name: f"u.{name}", "rows", "") for part in commit._parts
+            ), "the seeded bug no longer applies to PgStore"
+            commit._parts = tuple(
+                dataclasses.replace(part, sql=self._seeded(part.sql)) for part in commit._parts
+            )
+        if self.recover_paused is not None:
+            s = quote_ident(config.schema)
+            self._sql.paused_pools = self.recover_paused.format(s=s)
+
+    def _seeded(
+        self, sql: Callable[[Reference, str, str], str]
+    ) -> Callable[[Reference, str, str], str]:
+        def seeded(u: Reference, rows: str, conflict: str) -> str:
+            return sql(u, rows, conflict).replace(self.old, self.new)
+
+        return seeded

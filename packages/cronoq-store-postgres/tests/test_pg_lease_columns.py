@@ -46,12 +46,12 @@ async def version_2_schema(schema: str, now: int) -> None:
 async def test_a_version_2_schema_is_migrated_and_its_running_rows_have_no_lease(
     schema: str,
 ) -> None:
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     await version_2_schema(schema, time.time_ns())
     store = await PgStore.connect(DSN, config(schema))
     try:
         rows = await query(f"SELECT version FROM {quote_ident(schema)}.cronoq_schema_version")
-        assert [r["version"] for r in rows] == [3]
+        assert [r["version"] for r in rows] == [SCHEMA_VERSION]
         lease = await store.acquire_leadership()
         assert lease.epoch == 4
         state = await store.recover(lease.epoch, TimeBase(), HOUR_NS)
@@ -60,6 +60,7 @@ async def test_a_version_2_schema_is_migrated_and_its_running_rows_have_no_lease
             (2, Status.READY, None),
         ]
         assert state.quarantined == []
+        assert state.paused_pools == frozenset()
         # The migrated table takes leases like a new one.
         await store.commit(
             lease.epoch, [TaskUpdated(2, Status.RUNNING, 1, "started", 5, lease=LEASE)]

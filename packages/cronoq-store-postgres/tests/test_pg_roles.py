@@ -29,6 +29,7 @@ REPLICA_GRANTS = (
     "GRANT SELECT ON {s}.cronoq_schema_version TO {r}",
     "GRANT SELECT, UPDATE ON {s}.cronoq_leader TO {r}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.cronoq_tasks, {s}.cronoq_schedules TO {r}",
+    "GRANT SELECT, INSERT, UPDATE ON {s}.cronoq_pools TO {r}",
 )
 
 

@@ -10,6 +10,7 @@ import pytest
 from pg_harness import PgHarness
 from pg_seeded_stores import (
     CancelClearsLeasePgStore,
+    CommitSqlSeededPgStore,
     GenerationBlindPgStore,
     NewTaskLeaseDroppedPgStore,
     UnfencedPrunePgStore,
@@ -80,3 +81,64 @@ async def test_the_cancellation_lease_check_fails_on_a_store_whose_request_clear
         return
     with pytest.raises(AssertionError, match="a CancelRequested must keep the row's lease"):
         await run_check(check, harness)
+
+
+# --- the kit's checks of the operator calls (issue 21) ------------------------------------
+
+
+class PausesNotRecoveredPgStore(CommitSqlSeededPgStore):
+    recover_paused = "SELECT name FROM {s}.cronoq_pools WHERE NOT paused"
+
+
+class ResumeIgnoredPgStore(CommitSqlSeededPgStore):
+    old, new = "DO UPDATE SET paused = excluded.paused", "DO NOTHING"
+
+
+class RetryKeepsOptionsPgStore(CommitSqlSeededPgStore):
+    old, new = "options = COALESCE(", "options = COALESCE(t.options, "
+
+
+class RetryKeepsCancelPgStore(CommitSqlSeededPgStore):
+    old, new = "cancel_requested = CASE WHEN", "cancel_requested = t.cancel_requested OR CASE WHEN"
+
+
+class RetryKeepsFinishPgStore(CommitSqlSeededPgStore):
+    old, new = "THEN t.finished_ns", "THEN t.finished_ns WHEN t.finished_ns IS NOT NULL THEN 1"
+
+
+@pytest.mark.parametrize(
+    ("store_class", "check", "message"),
+    [
+        (
+            PausesNotRecoveredPgStore,
+            StoreSuite.test_a_paused_pool_is_recovered_by_a_new_instance,
+            "must return every pool a PoolPaused paused",
+        ),
+        (
+            ResumeIgnoredPgStore,
+            StoreSuite.test_a_resumed_pool_is_not_recovered_as_paused,
+            r"PoolPaused\(paused=False\) must replace",
+        ),
+        (
+            RetryKeepsOptionsPgStore,
+            StoreSuite.test_a_retried_task_is_live_again_with_its_new_spec,
+            "a TaskRetried must make the row live",
+        ),
+        (
+            RetryKeepsCancelPgStore,
+            StoreSuite.test_a_retried_task_is_live_again_with_its_new_spec,
+            "a TaskRetried must make the row live",
+        ),
+        (
+            RetryKeepsFinishPgStore,
+            StoreSuite.test_a_retried_task_is_not_pruned,
+            "pruning must not delete it",
+        ),
+    ],
+    ids=lambda value: getattr(value, "__name__", ""),
+)
+async def test_each_operation_check_fails_on_its_seeded_bug(
+    schema: str, store_class: type[PgStore], check: Check, message: str
+) -> None:
+    with pytest.raises(AssertionError, match=message):
+        await run_check(check, PgHarness(schema, store_class=store_class))

@@ -1,5 +1,6 @@
-"""The lease columns of schema version 2 (issue 19): a database of version 1 is migrated and its
-running rows recover without a lease; a malformed lease is quarantined, not read as None."""
+"""The lease columns of schema version 2 (issue 19): a database of version 1 is migrated (to the
+latest version: 3 adds the pools table of issue 21) and its running rows recover without a
+lease and no pool paused; a malformed lease is quarantined, not read as None."""
 
 from __future__ import annotations
 
@@ -12,7 +13,15 @@ from pathlib import Path
 import pytest
 from sqlite_harness import SqliteHarness
 
-from cronoq.store import AttemptLease, Status, TaskSpec, TaskSubmitted, TaskUpdated, TimeBase
+from cronoq.store import (
+    AttemptLease,
+    PoolPaused,
+    Status,
+    TaskSpec,
+    TaskSubmitted,
+    TaskUpdated,
+    TimeBase,
+)
 from cronoq_store_sqlite._schema import _MIGRATIONS, SCHEMA_VERSION
 
 LEASE = AttemptLease(7, hashlib.sha256(b"lease id").digest())
@@ -43,14 +52,14 @@ def schema_version(path: Path) -> int:
 async def test_a_version_1_database_is_migrated_and_its_running_rows_have_no_lease(
     tmp_path: Path,
 ) -> None:
-    assert SCHEMA_VERSION == 2
+    assert SCHEMA_VERSION == 3
     path = tmp_path / "old.db"
     now = time.time_ns()
     version_1_database(path, now)
     harness = SqliteHarness(path)
     try:
         store = await harness.open()
-        assert schema_version(path) == 2
+        assert schema_version(path) == 3
         lease = await store.acquire_leadership()
         assert lease.epoch == 4
         state = await store.recover(lease.epoch, TimeBase(), 3600 * 10**9)
@@ -59,12 +68,22 @@ async def test_a_version_1_database_is_migrated_and_its_running_rows_have_no_lea
             (2, Status.READY, None),
         ]
         assert state.quarantined == []
-        # The migrated table takes leases like a new one.
+        assert state.paused_pools == frozenset()
+        # The migrated tables take leases and pauses like new ones.
         await store.commit(
-            lease.epoch, [TaskUpdated(2, Status.RUNNING, 1, "started", 5, lease=LEASE)]
+            lease.epoch,
+            [
+                TaskUpdated(2, Status.RUNNING, 1, "started", 5, lease=LEASE),
+                PoolPaused("default", paused=True),
+            ],
         )
         assert (record := await store.get_task(2)) is not None
         assert record.lease == LEASE
+        await harness.crash(store)
+        other = await harness.open()
+        taken = await other.acquire_leadership()
+        recovered = await other.recover(taken.epoch, TimeBase(), 3600 * 10**9)
+        assert recovered.paused_pools == {"default"}
     finally:
         await harness.close_all()
 

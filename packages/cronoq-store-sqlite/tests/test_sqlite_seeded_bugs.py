@@ -6,6 +6,7 @@ SQLITE_BUSY is; the fatal-commit hook's refused write (SQLITE_AUTH) is not."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -124,5 +125,76 @@ async def test_the_foreign_path_check_fails_on_a_store_that_tightens_before_it_l
             return
         with pytest.raises(AssertionError, match=r"changed what the store does not own"):
             await check(StoreSuite(), harness, tmp_path)
+    finally:
+        await harness.close_all()
+
+
+# --- the kit's checks of the operator calls (issue 21) fail on SqliteStore with a bug seeded --
+
+OPERATION_BUGS = [
+    pytest.param(
+        "_RECOVER_PAUSED_POOLS",
+        "WHERE paused",
+        "WHERE NOT paused",
+        StoreSuite.test_a_paused_pool_is_recovered_by_a_new_instance,
+        "must return every pool a PoolPaused paused",
+        id="recovery-reads-resumed-pools",
+    ),
+    pytest.param(
+        "_SAVE_POOL",
+        "DO UPDATE SET paused = excluded.paused",
+        "DO NOTHING",
+        StoreSuite.test_a_resumed_pool_is_not_recovered_as_paused,
+        r"PoolPaused\(paused=False\) must replace",
+        id="a-resume-keeps-the-pause",
+    ),
+    pytest.param(
+        "_CHANGE_TASK",
+        "options = COALESCE(:options, options)",
+        "options = options",
+        StoreSuite.test_a_retried_task_is_live_again_with_its_new_spec,
+        "a TaskRetried must make the row live",
+        id="a-retry-keeps-the-options",
+    ),
+    pytest.param(
+        "_CHANGE_TASK",
+        "ELSE :cancel END",
+        "ELSE cancel_requested OR :cancel END",
+        StoreSuite.test_a_retried_task_is_live_again_with_its_new_spec,
+        "a TaskRetried must make the row live",
+        id="a-retry-keeps-the-cancellation-request",
+    ),
+    pytest.param(
+        "_CHANGE_TASK",
+        "ELSE :finished END",
+        "ELSE COALESCE(:finished, finished_ns) END",
+        StoreSuite.test_a_retried_task_is_not_pruned,
+        "pruning must not delete it",
+        id="a-retry-keeps-the-finish-time",
+    ),
+]
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+@pytest.mark.parametrize(("name", "old", "new", "check", "message"), OPERATION_BUGS)
+async def test_each_operation_check_fails_on_its_seeded_bug(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    seeded: bool,
+    name: str,
+    old: str,
+    new: str,
+    check: Callable[[StoreSuite, SqliteHarness], Awaitable[None]],
+    message: str,
+) -> None:
+    if seeded:
+        seed(monkeypatch, name, old, new)
+    harness = SqliteHarness(tmp_path / "cronoq.db")
+    try:
+        if not seeded:
+            await check(StoreSuite(), harness)
+            return
+        with pytest.raises(AssertionError, match=message):
+            await check(StoreSuite(), harness)
     finally:
         await harness.close_all()

@@ -66,7 +66,7 @@ from cronoq._model import (
     TaskSpec,
     TaskTemplate,
 )
-from cronoq.store import TimeBase
+from cronoq.store import RecoveredState, TimeBase
 
 DATA = Path(__file__).parent / "data" / "engine_golden.jsonl.xz"
 HISTORIES = 200
@@ -134,12 +134,15 @@ class Plain:
             histogram = fields.pop("start_delay")
             return {**{k: self(v) for k, v in fields.items()}, "start_delay": histogram.counts}
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            # A field at its default is left out: a new optional field changes no trace.
+            # A field at its default is left out: a new optional field changes no trace. (No
+            # pool paused is an empty frozenset equal to the default, not the same object.)
             shown = {
                 f.name: self(v)
                 for f in dataclasses.fields(value)
                 if (v := getattr(value, f.name)) is not f.default or f.default is MISSING
             }
+            if isinstance(value, RecoveredState) and not value.paused_pools:
+                shown.pop("paused_pools", None)
             return {"!": type(value).__name__, **shown}
         if isinstance(value, list | tuple):
             return [self(v) for v in value]

@@ -15,11 +15,13 @@ from grpc import aio
 from cronoq import (
     BytesCodec,
     Codec,
+    PoolInfo,
     ScheduleInfo,
     Status,
     TaskInfo,
     TaskRequest,
     TaskSummary,
+    WorkerInfo,
 )
 from cronoq.errors import (
     CronoqError,
@@ -417,6 +419,65 @@ class AsyncClient:
             lambda stub, timeout: stub.PreviewSchedule(message, timeout=timeout), idempotent=True
         )
         return wire.preview_response(reply)
+
+    # --- operator calls (issue 21) ----------------------------------------------------------
+
+    async def pause_pool(self, name: str) -> PoolInfo:
+        """Start no new attempt in this pool until it is resumed; running ones finish. Durable
+        (it survives a failover). Needs the ``admin`` permission."""
+        message = pb.PausePoolRequest(name=wire._text(name, "pool"))
+        reply = await self._call(
+            lambda stub, timeout: stub.PausePool(message, timeout=timeout), idempotent=True
+        )
+        return wire.pool_info_from_pb(reply)
+
+    async def resume_pool(self, name: str) -> PoolInfo:
+        """Let a paused pool start attempts again. Needs the ``admin`` permission."""
+        message = pb.ResumePoolRequest(name=wire._text(name, "pool"))
+        reply = await self._call(
+            lambda stub, timeout: stub.ResumePool(message, timeout=timeout), idempotent=True
+        )
+        return wire.pool_info_from_pb(reply)
+
+    async def list_pools(self) -> builtins.list[PoolInfo]:
+        """Every pool of the server: concurrency, pause, attempts running, live tasks by status."""
+        message = pb.ListPoolsRequest()
+        reply = await self._call(
+            lambda stub, timeout: stub.ListPools(message, timeout=timeout), idempotent=True
+        )
+        return [wire.pool_info_from_pb(p) for p in reply.pools]
+
+    async def retry(self, task_id: int, *, include_payload: bool = True) -> TaskInfo:
+        """Make a failed or cancelled task live again (``Scheduler.retry``); raises
+        ``NotRetryable`` for a live or succeeded task. Needs the ``admin`` permission. Not
+        repeated when its outcome is unknown (a repeat would be refused: the task is live)."""
+        message = pb.RetryRequest(
+            task_id=wire._int64(task_id, "task_id"),
+            include_payload=wire._flag(include_payload, "include_payload"),
+        )
+        reply = await self._call(
+            lambda stub, timeout: stub.Retry(message, timeout=timeout), idempotent=False
+        )
+        return await self._task(reply)
+
+    async def trigger_schedule(self, name: str) -> int | None:
+        """Run one occurrence of the schedule now, through its overlap policy: the task it
+        created, or None if the policy skipped it. Needs the ``admin`` permission. Not
+        repeated when its outcome is unknown (a repeat could run a second occurrence)."""
+        message = pb.TriggerScheduleRequest(name=_name(name))
+        reply = await self._call(
+            lambda stub, timeout: stub.TriggerSchedule(message, timeout=timeout),
+            idempotent=False,
+        )
+        return reply.task_id if reply.HasField("task_id") else None
+
+    async def list_workers(self) -> builtins.list[WorkerInfo]:
+        """The workers attached to the leader now, oldest first."""
+        message = pb.ListWorkersRequest()
+        reply = await self._call(
+            lambda stub, timeout: stub.ListWorkers(message, timeout=timeout), idempotent=True
+        )
+        return [wire.worker_info_from_pb(w) for w in reply.workers]
 
 
 def _as_asked(found: pb.ScheduleInfo, asked: pb.AddScheduleRequest) -> bool:

@@ -19,6 +19,7 @@ AdmissionRejected                           RESOURCE_EXHAUSTED    ADMISSION_REJE
 WaitTimedOut                                DEADLINE_EXCEEDED     WAIT_TIMED_OUT
 StaleAttempt                                FAILED_PRECONDITION   STALE_ATTEMPT (metadata ``why``:
                                                                   its ``reason``)
+NotRetryable                                FAILED_PRECONDITION   NOT_RETRYABLE
 Unauthenticated                             UNAUTHENTICATED       UNAUTHENTICATED
 PermissionDenied                            PERMISSION_DENIED     PERMISSION_DENIED (metadata
                                                                   ``permission``)
@@ -54,6 +55,7 @@ from cronoq.errors import (
     DuplicateSchedule,
     InvalidArgument,
     InvalidCron,
+    NotRetryable,
     PayloadError,
     PermissionDenied,
     ScheduleNotFound,
@@ -109,6 +111,7 @@ class Reason(StrEnum):
     ADMISSION_REJECTED = "ADMISSION_REJECTED"
     WAIT_TIMED_OUT = "WAIT_TIMED_OUT"
     STALE_ATTEMPT = "STALE_ATTEMPT"
+    NOT_RETRYABLE = "NOT_RETRYABLE"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     STANDBY = "STANDBY"
@@ -140,6 +143,7 @@ _BY_CLASS: dict[type[BaseException], tuple[grpc.StatusCode, Reason]] = {
     AdmissionRejected: (Code.RESOURCE_EXHAUSTED, Reason.ADMISSION_REJECTED),
     WaitTimedOut: (Code.DEADLINE_EXCEEDED, Reason.WAIT_TIMED_OUT),
     StaleAttempt: (Code.FAILED_PRECONDITION, Reason.STALE_ATTEMPT),
+    NotRetryable: (Code.FAILED_PRECONDITION, Reason.NOT_RETRYABLE),
     Unauthenticated: (Code.UNAUTHENTICATED, Reason.UNAUTHENTICATED),
     PermissionDenied: (Code.PERMISSION_DENIED, Reason.PERMISSION_DENIED),
 }
@@ -335,6 +339,7 @@ def _stopped(message: str, applied: bool | None) -> SchedulerError:
 
 _BY_REASON: dict[Reason, Callable[[str, Mapping[str, str]], CronoqError]] = {
     Reason.INVALID_ARGUMENT: lambda m, _: InvalidArgument(m),
+    Reason.NOT_RETRYABLE: lambda m, _: NotRetryable(m),
     Reason.UNKNOWN_POOL: lambda m, _: UnknownPool(m),
     Reason.INVALID_CRON: lambda m, _: InvalidCron(m),
     Reason.UNKNOWN_TIME_ZONE: lambda m, _: UnknownTimeZone(m),

@@ -45,12 +45,14 @@ from cronoq import (
     LeaseRenewed,
     MissPolicy,
     OverlapPolicy,
+    PoolInfo,
     RetryPolicy,
     ScheduleInfo,
     Status,
     TaskInfo,
     TaskRequest,
     TaskSummary,
+    WorkerInfo,
     decode_with,
     encode_with,
     unix_ns,
@@ -84,6 +86,8 @@ __all__ = [
     "list_request",
     "list_response",
     "parse",
+    "pool_info_from_pb",
+    "pool_info_to_pb",
     "preview_kwargs",
     "preview_request",
     "preview_response",
@@ -115,6 +119,8 @@ __all__ = [
     "worker_event_to_pb",
     "worker_events_from_pb",
     "worker_events_to_pb",
+    "worker_info_from_pb",
+    "worker_info_to_pb",
 ]
 
 NS_PER_S = 1_000_000_000
@@ -911,6 +917,58 @@ def schedule_info_from_pb(message: pb.ScheduleInfo) -> ScheduleInfo:
         last_task_id=message.last_task_id if message.HasField("last_task_id") else None,
         overlap=_enum_from_pb(message.overlap, _OVERLAP_BACK, "overlap"),
         catch_up=_enum_from_pb(message.catch_up, _CATCH_UP_BACK, "catch_up"),
+    )
+
+
+def pool_info_to_pb(info: PoolInfo) -> pb.PoolInfo:
+    return pb.PoolInfo(
+        name=info.name,
+        concurrency=info.concurrency,
+        paused=info.paused,
+        running=info.running,
+        depth={status.value: count for status, count in info.depth.items()},
+        remote=info.remote,
+    )
+
+
+def pool_info_from_pb(message: pb.PoolInfo) -> PoolInfo:
+    depth: dict[Status, int] = {}
+    for name, count in message.depth.items():
+        try:
+            depth[Status(name)] = count
+        except ValueError:
+            raise InvalidArgument(f"depth: {_shown(name)} is not a task status") from None
+    return PoolInfo(
+        message.name, message.concurrency, message.paused, message.running, depth, message.remote
+    )
+
+
+def worker_info_to_pb(info: WorkerInfo) -> pb.WorkerInfo:
+    message = pb.WorkerInfo(
+        worker_id=info.worker_id,
+        address=info.address,
+        pools=info.pools,
+        slots=info.slots,
+        in_flight=info.in_flight,
+        attached_at=_timestamp(info.attached_at, "attached_at"),
+    )
+    if info.last_heartbeat_at is not None:
+        message.last_heartbeat_at.CopyFrom(_timestamp(info.last_heartbeat_at, "last_heartbeat_at"))
+    return message
+
+
+def worker_info_from_pb(message: pb.WorkerInfo) -> WorkerInfo:
+    heard = None
+    if message.HasField("last_heartbeat_at"):
+        heard = _datetime(message.last_heartbeat_at, "last_heartbeat_at")
+    return WorkerInfo(
+        message.worker_id,
+        message.address,
+        tuple(message.pools),
+        message.slots,
+        message.in_flight,
+        _datetime(message.attached_at, "attached_at"),
+        heard,
     )
 
 

@@ -58,6 +58,8 @@ from cronoq_client._wire import (
     list_request,
     list_response,
     parse,
+    pool_info_from_pb,
+    pool_info_to_pb,
     preview_kwargs,
     preview_request,
     preview_response,
@@ -84,6 +86,8 @@ from cronoq_client._wire import (
     worker_event_to_pb,
     worker_events_from_pb,
     worker_events_to_pb,
+    worker_info_from_pb,
+    worker_info_to_pb,
 )
 
 SERVICE_NAMES = tuple(service.full_name for service in pb.DESCRIPTOR.services_by_name.values())
@@ -133,6 +137,8 @@ __all__ = [
     "parse",
     "pb",
     "pb_grpc",
+    "pool_info_from_pb",
+    "pool_info_to_pb",
     "preview_kwargs",
     "preview_request",
     "preview_response",
@@ -165,4 +171,6 @@ __all__ = [
     "worker_event_to_pb",
     "worker_events_from_pb",
     "worker_events_to_pb",
+    "worker_info_from_pb",
+    "worker_info_to_pb",
 ]

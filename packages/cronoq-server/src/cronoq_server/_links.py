@@ -1,4 +1,5 @@
-"""Bounds on the Attach streams a server holds: each is a worker link the scheduler offers its
+"""The worker links a server holds, to list them (``ListWorkers``), and bounds on its Attach
+streams: each is a worker link the scheduler offers its
 slots to at every step, and a stream's memory, so a client must not open them without end.
 
 - ``MAX_STREAMS_PER_CONNECTION``: Attach streams on one connection (gRPC's peer address is
@@ -17,7 +18,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from cronoq import Scheduler, WorkerLink
+from cronoq import Scheduler, WorkerInfo, WorkerLink
 from cronoq.errors import AdmissionRejected
 
 __all__ = ["MAX_LINKS_PER_POOL", "MAX_STREAMS_PER_CONNECTION", "Links"]
@@ -33,10 +34,13 @@ class Links:
         self._by_peer: Counter[str] = Counter()
         self._by_pool: Counter[str] = Counter()
         self._held: dict[int, tuple[str, frozenset[str]]] = {}
+        self._named: dict[int, tuple[WorkerLink, str]] = {}
 
-    def attach(self, sched: Scheduler, peer: str, options: Mapping[str, Any]) -> WorkerLink:
+    def attach(
+        self, sched: Scheduler, peer: str, options: Mapping[str, Any], worker_id: str = ""
+    ) -> WorkerLink:
         """``sched.attach(**options)`` if the bounds allow another link for ``peer``; it
-        counts until ``detach``."""
+        counts, and is listed under ``worker_id``, until ``detach``."""
         if self._by_peer[peer] >= MAX_STREAMS_PER_CONNECTION:
             raise AdmissionRejected(
                 f"this connection already holds {MAX_STREAMS_PER_CONNECTION} Attach streams, "
@@ -53,9 +57,26 @@ class Links:
         self._by_peer[peer] += 1
         self._by_pool.update(pools)
         self._held[id(link)] = (peer, pools)
+        self._named[id(link)] = (link, worker_id)
         return link
 
+    def workers(self) -> list[WorkerInfo]:
+        """The links attached now, oldest first."""
+        return [
+            WorkerInfo(
+                worker_id,
+                self._held[key][0],
+                tuple(sorted(link.pools)),
+                link.slots,
+                link.in_flight,
+                link.attached_at,
+                link.last_heard_at,
+            )
+            for key, (link, worker_id) in self._named.items()
+        ]
+
     def detach(self, link: WorkerLink) -> None:
+        del self._named[id(link)]
         peer, pools = self._held.pop(id(link))
         _release(self._by_peer, peer)
         for pool in pools:

@@ -37,6 +37,7 @@ from cronoq_server._credentials import CredentialFiles, CredentialsError
 from cronoq_server._exits import EXIT_CANNOT_LISTEN, EXIT_FAILED, EXIT_INVALID, EXIT_OK, forced_exit
 from cronoq_server._grpc_metrics import GrpcMetrics, MetricsInterceptor
 from cronoq_server._http import HttpServer, Readiness
+from cronoq_server._links import Links
 from cronoq_server._logging import configure_logging, lifecycle
 from cronoq_server._metrics import SchedulerCollector, metrics_registry
 from cronoq_server._ports import cannot_listen, check_alone, listen_error
@@ -127,6 +128,7 @@ class GrpcEndpoint:
             ]
         server = grpc.aio.server(options=options, interceptors=self._options.interceptors)
         arrivals = Arrivals()
+        links = Links()  # the server object's workers: WorkerService holds, ListWorkers lists
         add_services(
             server,
             SchedulerService(
@@ -134,12 +136,14 @@ class GrpcEndpoint:
                 self._options.max_message_bytes,
                 leader_server=leader,
                 arrivals=arrivals,
+                links=links,
             ),
             WorkerService(
                 self._replica,
                 self._options.max_message_bytes,
                 leader_server=leader,
                 arrivals=arrivals,
+                links=links,
             ),
         )
         self._arrivals[server] = arrivals

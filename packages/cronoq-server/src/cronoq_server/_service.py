@@ -163,11 +163,15 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         *,
         leader_server: bool = True,
         arrivals: Arrivals | None = None,
+        links: Links | None = None,
     ) -> None:
+        """``links``: the worker links of this server object, shared with its WorkerService
+        (ListWorkers lists them)."""
         self._replica = replica
         self._max_message_bytes = max_message_bytes
         self._leader_server = leader_server
         self.arrivals = Arrivals() if arrivals is None else arrivals
+        self._links = Links() if links is None else links
 
     def _leader(self) -> Scheduler:
         _refuse_on_standby_server(self._replica, self._leader_server)
@@ -319,6 +323,44 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         occurrences = await asyncio.to_thread(preview, **wire.preview_kwargs(request))
         return wire.preview_response_to_pb(occurrences)
 
+    # --- operator calls (issue 21) ----------------------------------------------------------
+
+    @_unary
+    async def PausePool(self, request: pb.PausePoolRequest, context: Any) -> pb.PoolInfo:
+        return wire.pool_info_to_pb(await self._leader().pause_pool(request.name))
+
+    @_unary
+    async def ResumePool(self, request: pb.ResumePoolRequest, context: Any) -> pb.PoolInfo:
+        return wire.pool_info_to_pb(await self._leader().resume_pool(request.name))
+
+    @_unary
+    async def ListPools(self, request: pb.ListPoolsRequest, context: Any) -> pb.ListPoolsResponse:
+        pools = await self._leader().list_pools()
+        return pb.ListPoolsResponse(pools=[wire.pool_info_to_pb(p) for p in pools])
+
+    @_unary
+    async def Retry(self, request: pb.RetryRequest, context: Any) -> pb.TaskInfo:
+        info = await self._leader().retry(request.task_id)
+        return wire.fitted_task_info(
+            info, payload=request.include_payload, output=False, limit=self._max_message_bytes
+        )
+
+    @_unary
+    async def TriggerSchedule(
+        self, request: pb.TriggerScheduleRequest, context: Any
+    ) -> pb.TriggerScheduleResponse:
+        task_id = await self._leader().trigger_schedule(request.name)
+        return pb.TriggerScheduleResponse(task_id=task_id)
+
+    @_unary
+    async def ListWorkers(
+        self, request: pb.ListWorkersRequest, context: Any
+    ) -> pb.ListWorkersResponse:
+        # The leader's links: a standby holds none (its workers attach to the leader).
+        self._leader()
+        workers = self._links.workers()
+        return pb.ListWorkersResponse(workers=[wire.worker_info_to_pb(w) for w in workers])
+
 
 _MAX_EVENTS_PER_MESSAGE = 512
 _EVENT_FRAMING_BYTES = 6
@@ -338,12 +380,13 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
         *,
         leader_server: bool = True,
         arrivals: Arrivals | None = None,
+        links: Links | None = None,
     ) -> None:
         self._replica = replica
         self._max_message_bytes = max_message_bytes
         self._leader_server = leader_server
         self.arrivals = Arrivals() if arrivals is None else arrivals
-        self._links = Links()
+        self._links = Links() if links is None else links
 
     def _leader(self, *, leasing: bool = False, reporting: bool = False) -> Scheduler:
         _refuse_on_standby_server(self._replica, self._leader_server)
@@ -368,7 +411,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                     f"the server's limit of {self._max_message_bytes}: an attempt could be too "
                     "large for it (raise the worker's max_message_bytes)"
                 )
-            link = self._links.attach(sched, context.peer(), options)
+            link = self._links.attach(sched, context.peer(), options, request.worker_id)
         except Exception as exc:
             await _abort(context, exc)
             return

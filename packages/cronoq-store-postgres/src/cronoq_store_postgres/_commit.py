@@ -1,7 +1,8 @@
 """The commit statement of a batch, and its arguments: ONE statement (one round trip).
 
 The batch is folded into the final state of each row it touches (``collapse_batch``); each
-part of the statement (new tasks, changed tasks, saved and removed schedules) writes its rows
+part of the statement (new tasks, changed tasks, saved and removed schedules, paused pools)
+writes its rows
 from ``unnest`` of one array per column, and is gated on the fence: an ``UPDATE ... WHERE
 epoch = $2 AND generation = $3`` of the leader row. That row lock makes a concurrent takeover
 (which bumps the row) wait until the commit is over; a stale epoch or generation writes nothing.
@@ -17,7 +18,7 @@ parts it has, which columns vary); each shape is built once, and their number is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from cronoq.store import (
@@ -41,10 +42,10 @@ Shape = tuple[tuple[bool, ...] | None, ...]
 
 MAX_SHAPES = 64
 """Shapes with scalar columns, per store; a batch of another shape sends every column as an
-array (15 statements at most, by the parts present). Each statement is prepared once on each
+array (31 statements at most, by the parts present). Each statement is prepared once on each
 pooled connection: with the ON CONFLICT variants and the store's other statements they stay
 within the pool's statement cache (``STATEMENT_CACHE_SIZE``), so no commit prepares again."""
-STATEMENT_CACHE_SIZE = 2 * (MAX_SHAPES + 16) + 32
+STATEMENT_CACHE_SIZE = 2 * (MAX_SHAPES + 32) + 32
 
 
 _NEW_TASK_TYPES = {
@@ -108,10 +109,14 @@ def _parts(s: str) -> tuple[_Part, ...]:
             ("cancel", "boolean"),
             ("lease_epoch", "bigint"),
             ("lease_hash", "bytea"),
+            ("options", "text"),
         ),
+        # A retry (options given) rewrites the options and replaces the cancellation flag
+        # instead of or-ing it.
         lambda u, rows, _: (
             f"""changed AS (
                 UPDATE {s}.cronoq_tasks AS t SET
+                    options = COALESCE({u("options")}, t.options),
                     status = COALESCE({u("status")}, t.status),
                     attempt = CASE WHEN {u("status")} IS NULL THEN t.attempt
                         ELSE {u("attempt")} END,
@@ -123,7 +128,8 @@ def _parts(s: str) -> tuple[_Part, ...]:
                         ELSE {u("finished")} END,
                     output = CASE WHEN {u("status")} IS NULL THEN t.output
                         ELSE {u("output")} END,
-                    cancel_requested = t.cancel_requested OR {u("cancel")},
+                    cancel_requested = CASE WHEN {u("options")} IS NULL
+                        THEN t.cancel_requested OR {u("cancel")} ELSE {u("cancel")} END,
                     lease_epoch = CASE WHEN {u("status")} IS NULL THEN t.lease_epoch
                         ELSE {u("lease_epoch")} END,
                     lease_hash = CASE WHEN {u("status")} IS NULL THEN t.lease_hash
@@ -162,7 +168,19 @@ def _parts(s: str) -> tuple[_Part, ...]:
             )"""
         ),
     )
-    return new_tasks, changed, saved, removed
+    pools = _Part(
+        (("name", "text"), ("paused", "boolean")),
+        lambda u, rows, _: (
+            f"""pools AS (
+                INSERT INTO {s}.cronoq_pools (name, paused)
+                SELECT {u("name")}, {u("paused")}
+                FROM {rows}
+                WHERE EXISTS (SELECT FROM fence)
+                ON CONFLICT (name) DO UPDATE SET paused = excluded.paused
+            )"""
+        ),
+    )
+    return new_tasks, changed, saved, removed, pools
 
 
 class CommitStatements:
@@ -277,6 +295,7 @@ class CommitStatements:
                 [c.output for c in changes],
                 [c.cancel_requested for c in changes],
                 *_lease_columns(changes),
+                _objects(c.options for c in changes),
             )
             if changes
             else None,
@@ -290,6 +309,7 @@ class CommitStatements:
             if saved
             else None,
             ([*rows.removed_schedules],) if rows.removed_schedules else None,
+            ([*rows.paused_pools], [*rows.paused_pools.values()]) if rows.paused_pools else None,
         )
 
 
@@ -303,3 +323,8 @@ def _lease_columns(changes: Sequence[TaskChange]) -> tuple[list[object], list[ob
         [None if lease is None else lease.epoch for lease in leases],
         [None if lease is None else lease.id_hash for lease in leases],
     )
+
+
+def _objects(values: Iterable[object]) -> list[object]:
+    """A column as the statement's arguments take it (a list of any values)."""
+    return list(values)

@@ -14,7 +14,7 @@ from cronoq.errors import StoreFatal
 # A plain connection or one borrowed from a pool: both run the statements alike.
 Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def quote_ident(name: str) -> str:
@@ -81,6 +81,14 @@ def _migrations(s: str) -> list[list[str]]:
             # version 2 read as having no lease.
             f"""ALTER TABLE {s}.cronoq_tasks ADD COLUMN lease_epoch bigint,
                 ADD COLUMN lease_hash bytea""",
+        ],
+        [
+            # Pools an operator paused (cronoq.store.PoolPaused), by name, so that a pause
+            # outlives the leader that took it. A new table: no existing row is touched.
+            f"""CREATE TABLE {s}.cronoq_pools (
+                name text PRIMARY KEY,
+                paused boolean NOT NULL
+            )""",
         ],
     ]
 

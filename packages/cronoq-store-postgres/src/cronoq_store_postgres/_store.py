@@ -102,6 +102,7 @@ class _Sql:
         self.schedules = (
             f"SELECT name, spec, next_ns, paused, last_task_id FROM {s}.cronoq_schedules"
         )
+        self.paused_pools = f"SELECT name FROM {s}.cronoq_pools WHERE paused"
         self.lookup = f"SELECT {TASK_COLUMNS} FROM {s}.cronoq_tasks WHERE "
         self.output = f"SELECT output FROM {s}.cronoq_tasks WHERE id = $1"
         self.prune = f"""
@@ -359,6 +360,7 @@ class PgStore:
         tasks: list[TaskRecord] = []
         quarantined: list[tuple[int, str]] = []
         schedules: list[ScheduleRecord] = []
+        paused_pools: frozenset[str] = frozenset()
         async with self._serial:
             self._check_open()
             try:
@@ -374,6 +376,7 @@ class PgStore:
                         max_task_id = int(row["max_task_id"])
                         task_rows = await conn.fetch(sql.recover, time.time_ns() - retention_ns)
                         schedule_rows = await conn.fetch(sql.schedules)
+                        paused_pools = frozenset(r[0] for r in await conn.fetch(sql.paused_pools))
                     # Decoding a million rows takes seconds: off the loop, so the lock
                     # session's keepalive keeps answering meanwhile.
                     tasks, quarantined = await asyncio.to_thread(_decode_rows, task_rows, to_engine)
@@ -406,7 +409,7 @@ class PgStore:
                 raise classify(exc, "recovering") from exc
         for task_id, reason in quarantined:
             log.error("task %d %s", task_id, quarantine_message(reason))
-        return RecoveredState(max_task_id, tasks, schedules, quarantined)
+        return RecoveredState(max_task_id, tasks, schedules, quarantined, paused_pools)
 
     # --- lookups --------------------------------------------------------------------------
 

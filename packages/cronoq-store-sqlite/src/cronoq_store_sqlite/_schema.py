@@ -13,7 +13,7 @@ from cronoq.errors import StoreFatal
 from cronoq_store_sqlite._errors import classify
 from cronoq_store_sqlite._ownership import refuse_unless_ours
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Each entry moves the schema from version i to i + 1.
 _MIGRATIONS = [
@@ -61,6 +61,14 @@ _MIGRATIONS = [
     """
     ALTER TABLE cronoq_tasks ADD COLUMN lease_epoch INTEGER;
     ALTER TABLE cronoq_tasks ADD COLUMN lease_hash BLOB;
+    """,
+    # Pools an operator paused (cronoq.store.PoolPaused), by name: a row per pool ever paused
+    # or resumed, so that a pause outlives the leader that took it.
+    """
+    CREATE TABLE cronoq_pools (
+        name TEXT PRIMARY KEY,
+        paused INTEGER NOT NULL
+    );
     """,
 ]
 assert len(_MIGRATIONS) == SCHEMA_VERSION

@@ -78,9 +78,11 @@ _RECOVER = f"""
     ORDER BY id
 """
 # A change with no status is a cancellation request alone: the status columns, and the
-# lease, stay. Any other change replaces the lease with its own (NULL: none).
+# lease, stay. Any other change replaces the lease with its own (NULL: none). A retry
+# (options given) rewrites the options and replaces the cancellation flag instead of or-ing it.
 _CHANGE_TASK = """
     UPDATE cronoq_tasks SET
+        options = COALESCE(:options, options),
         status = COALESCE(:status, status),
         attempt = CASE WHEN :status IS NULL THEN attempt ELSE :attempt END,
         message = :message,
@@ -88,7 +90,8 @@ _CHANGE_TASK = """
         due_ns = CASE WHEN :status IS NULL THEN due_ns ELSE :due END,
         finished_ns = CASE WHEN :status IS NULL THEN finished_ns ELSE :finished END,
         output = CASE WHEN :status IS NULL THEN output ELSE :output END,
-        cancel_requested = cancel_requested OR :cancel,
+        cancel_requested = CASE WHEN :options IS NULL THEN cancel_requested OR :cancel
+            ELSE :cancel END,
         lease_epoch = CASE WHEN :status IS NULL THEN lease_epoch ELSE :lease_epoch END,
         lease_hash = CASE WHEN :status IS NULL THEN lease_hash ELSE :lease_hash END
     WHERE id = :id
@@ -98,6 +101,12 @@ _SAVE_SCHEDULE = """
     VALUES (?, ?, ?, ?, ?)
     ON CONFLICT (name) DO UPDATE SET spec = excluded.spec, next_ns = excluded.next_ns,
         paused = excluded.paused, last_task_id = excluded.last_task_id
+"""
+
+_RECOVER_PAUSED_POOLS = "SELECT name FROM cronoq_pools WHERE paused"
+_SAVE_POOL = """
+    INSERT INTO cronoq_pools (name, paused) VALUES (?, ?)
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused
 """
 
 
@@ -403,6 +412,7 @@ class SqliteStore:
                 "finished": unix(c.finished_ns),
                 "output": c.output,
                 "cancel": c.cancel_requested,
+                "options": c.options,
                 "lease_epoch": None if c.lease is None else c.lease.epoch,
                 "lease_hash": None if c.lease is None else c.lease.id_hash,
             }
@@ -419,6 +429,7 @@ class SqliteStore:
             for r in rows.saved_schedules
         ]
         removed = [(name,) for name in rows.removed_schedules]
+        pools = list(rows.paused_pools.items())
 
         def write(db: sqlite3.Connection) -> None:
             self._fence(db, epoch, rows.max_task_id)
@@ -430,6 +441,8 @@ class SqliteStore:
                 db.executemany(_SAVE_SCHEDULE, schedules)
             if removed:
                 db.executemany("DELETE FROM cronoq_schedules WHERE name = ?", removed)
+            if pools:
+                db.executemany(_SAVE_POOL, pools)
 
         await self._transaction("committing a batch", write, epoch=epoch)
 
@@ -444,6 +457,7 @@ class SqliteStore:
         tasks: list[TaskRecord] = []
         quarantined: list[tuple[int, str]] = []
         schedules: list[ScheduleRecord] = []
+        paused_pools: set[str] = set()
 
         # A read transaction: one snapshot of the file, and no write lock, so that the lease
         # renewal (on its own connection) keeps the lease however long this takes. Nothing
@@ -474,6 +488,7 @@ class SqliteStore:
                     )
                 except ValueError:
                     log.exception("schedule %r cannot be decoded; it is skipped", name)
+            paused_pools.update(name for (name,) in db.execute(_RECOVER_PAUSED_POOLS))
             return int(row[2])
 
         max_task_id = await self._transaction("recovering", read, epoch=epoch, write=False)
@@ -495,7 +510,7 @@ class SqliteStore:
             await self._transaction("quarantining undecodable rows", quarantine, epoch=epoch)
         for task_id, reason in quarantined:
             log.error("task %d %s", task_id, quarantine_message(reason))
-        return RecoveredState(max_task_id, tasks, schedules, quarantined)
+        return RecoveredState(max_task_id, tasks, schedules, quarantined, frozenset(paused_pools))
 
     # --- lookups --------------------------------------------------------------------------
 

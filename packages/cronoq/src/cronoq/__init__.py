@@ -5,18 +5,26 @@ Store authors also use :mod:`cronoq.store`; every exception lives in :mod:`crono
 """
 
 from cronoq._codecs import BytesCodec, Codec, JsonCodec, decode_with, encode_with
-from cronoq._engine import LEASE_ID_BYTES, AttemptToken, TaskSummary
+from cronoq._engine import LEASE_ID_BYTES, AttemptToken, PoolInfo, TaskSummary
 from cronoq._executors import TaskContext
 from cronoq._memory import MemoryStore
 from cronoq._metrics import Histogram, SchedulerMetrics
 from cronoq._model import CatchUpPolicy, MissPolicy, OverlapPolicy, RetryPolicy, Status
-from cronoq._remote import CancelRequested, LeasedAttempt, LeaseRenewed, RemotePool, WorkerLink
+from cronoq._remote import (
+    CancelRequested,
+    LeasedAttempt,
+    LeaseRenewed,
+    RemotePool,
+    WorkerInfo,
+    WorkerLink,
+)
 from cronoq._scheduler import Pool, ScheduleInfo, Scheduler, TaskInfo, TaskRequest, preview
 from cronoq._validate import MAX_BATCH, unix_ns
 from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
     InvalidArgument,
+    NotRetryable,
     PayloadError,
     SchedulerError,
     SchedulerStopped,
@@ -44,9 +52,11 @@ __all__ = [
     "LeasedAttempt",
     "MemoryStore",
     "MissPolicy",
+    "NotRetryable",
     "OverlapPolicy",
     "PayloadError",
     "Pool",
+    "PoolInfo",
     "RemotePool",
     "RetryPolicy",
     "ScheduleInfo",
@@ -64,6 +74,7 @@ __all__ = [
     "UnknownPool",
     "WaitTimedOut",
     "WorkerDetached",
+    "WorkerInfo",
     "WorkerLink",
     "decode_with",
     "encode_with",

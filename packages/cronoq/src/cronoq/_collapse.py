@@ -14,13 +14,16 @@ from cronoq._mutations import (
     AttemptLease,
     CancelRequested,
     Mutation,
+    PoolPaused,
     ScheduleRecord,
     ScheduleRemoved,
     ScheduleSaved,
+    TaskRetried,
     TaskSubmitted,
     TaskUpdated,
     sanitize_message,
 )
+from cronoq._rows import encode_task_options
 
 __all__ = ["CollapsedBatch", "NewTask", "TaskChange", "collapse_batch"]
 
@@ -60,6 +63,9 @@ class TaskChange:
     cancel_requested: bool = False
     lease: AttemptLease | None = None
     """Meaningful only with ``status``: the row's lease is replaced by it (None clears it)."""
+    options: str | None = None
+    """Set when the task was retried (``TaskRetried``): the row's new options text, and its
+    cancellation request is replaced by ``cancel_requested`` instead of or-ed with it."""
 
 
 @dataclass(slots=True)
@@ -68,6 +74,8 @@ class CollapsedBatch:
     changes: list[TaskChange]
     saved_schedules: list[ScheduleRecord]
     removed_schedules: list[str]
+    paused_pools: dict[str, bool]
+    """Pool name -> paused, as the batch leaves it (``PoolPaused``)."""
     max_task_id: int
     """Highest id submitted in the batch, 0 if none."""
 
@@ -77,6 +85,7 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
     new: dict[int, NewTask] = {}
     changes: dict[int, TaskChange] = {}
     schedules: dict[str, ScheduleRecord | None] = {}
+    pools: dict[str, bool] = {}
     for mutation in batch:
         match mutation:
             # The two that make up most of a batch are matched without positional captures,
@@ -99,6 +108,20 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
                 row.finished_ns = at if status.is_terminal else None
                 row.output = mutation.output
                 row.lease = mutation.lease
+            case TaskRetried(task_id, spec, status, attempt, message, at):
+                retried: NewTask | TaskChange
+                if task_id in new:  # submitted, ended and retried in one batch
+                    retried = new[task_id]
+                    retried.spec = spec
+                else:
+                    retried = changes.setdefault(task_id, TaskChange(task_id, ""))
+                    retried.options = encode_task_options(spec)
+                retried.status = status
+                retried.attempt = attempt
+                retried.message = sanitize_message(message)
+                retried.updated_ns = at
+                retried.due_ns = retried.finished_ns = retried.output = retried.lease = None
+                retried.cancel_requested = False
             case CancelRequested(task_id, _, message):
                 row = new.get(task_id) or changes.setdefault(task_id, TaskChange(task_id, ""))
                 row.cancel_requested = True
@@ -107,10 +130,13 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
                 schedules[record.spec.name] = record
             case ScheduleRemoved(name):
                 schedules[name] = None
+            case PoolPaused(name, paused):
+                pools[name] = paused
     return CollapsedBatch(
         new_tasks=list(new.values()),
         changes=list(changes.values()),
         saved_schedules=[r for r in schedules.values() if r is not None],
         removed_schedules=[name for name, r in schedules.items() if r is None],
+        paused_pools=pools,
         max_task_id=max(new, default=0),
     )

@@ -33,6 +33,7 @@ from cronoq._engine import (
     Heartbeat,
     InFlight,
     Input,
+    ListPools,
     ListSchedules,
     ListTasks,
     OfferSlots,
@@ -64,7 +65,7 @@ _RETRY_MAX_S = 1.0
 _CLOSE_GRACE_S = 1.0
 """How far past its timeout ``close`` may go to commit the last reports and release."""
 
-_READS = (GetTask, GetTaskByKey, WaitTask, ListTasks, ListSchedules)
+_READS = (GetTask, GetTaskByKey, WaitTask, ListTasks, ListSchedules, ListPools)
 _REPORTS = (AttemptReport, Heartbeat)
 
 

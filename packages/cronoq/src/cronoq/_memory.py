@@ -26,11 +26,13 @@ from cronoq.store import (
     LeadershipLoss,
     Lease,
     Mutation,
+    PoolPaused,
     RecoveredState,
     ScheduleRecord,
     ScheduleRemoved,
     ScheduleSaved,
     TaskRecord,
+    TaskRetried,
     TaskSubmitted,
     TaskUpdated,
     TimeBase,
@@ -55,6 +57,7 @@ class MemoryCluster:
         self.finished: dict[int, int] = {}  # id -> finish time (unix ns), in finish order
         self.keys: dict[str, int] = {}
         self.schedules: dict[str, ScheduleRecord] = {}
+        self.paused_pools: set[str] = set()
         self.max_task_id = 0
         self.available = True
         self.fail_midway = False
@@ -116,6 +119,23 @@ class MemoryCluster:
                 if status.is_terminal:
                     undo.finished(task_id)
                     self.finished[task_id] = at
+            case TaskRetried(task_id, spec, status, attempt, message, at_ns):
+                undo.task(task_id)
+                undo.finished(task_id)
+                tasks[task_id] = dataclasses.replace(
+                    self._existing(task_id),
+                    spec=spec,
+                    status=status,
+                    attempt=attempt,
+                    message=sanitize_message(message),
+                    updated_ns=to_unix(at_ns),
+                    due_ns=None,
+                    cancel_requested=False,
+                    output=None,
+                    lease=None,
+                )
+                # Live again: not pruned, and its next finish is ordered by its new time.
+                self.finished.pop(task_id, None)
             case CancelRequested(task_id, _, message):
                 undo.task(task_id)
                 tasks[task_id] = dataclasses.replace(
@@ -131,6 +151,12 @@ class MemoryCluster:
             case ScheduleRemoved(name):
                 undo.schedule(name)
                 self.schedules.pop(name, None)
+            case PoolPaused(name, paused):
+                undo.pools()
+                if paused:
+                    self.paused_pools.add(name)
+                else:
+                    self.paused_pools.discard(name)
 
     def _existing(self, task_id: int) -> TaskRecord:
         record = self.tasks.get(task_id)
@@ -154,6 +180,7 @@ class MemoryCluster:
             max_task_id=self.max_task_id,
             tasks=[_shift(r, to_engine, keep_output=False) for r in wanted],
             schedules=[_shift_schedule(s, to_engine) for s in self.schedules.values()],
+            paused_pools=frozenset(self.paused_pools),
         )
 
     def prune(self, horizon_unix_ns: int) -> None:
@@ -179,6 +206,11 @@ class _Undo:
         self._keys: dict[str, int | None] = {}
         self._finished: dict[int, int | None] = {}
         self._schedules: dict[str, ScheduleRecord | None] = {}
+        self._paused_pools: set[str] | None = None
+
+    def pools(self) -> None:
+        if self._paused_pools is None:
+            self._paused_pools = set(self._cluster.paused_pools)
 
     def task(self, task_id: int) -> None:
         if task_id not in self._tasks:
@@ -203,6 +235,8 @@ class _Undo:
         _restore(cluster.keys, self._keys)
         _restore(cluster.finished, self._finished)
         _restore(cluster.schedules, self._schedules)
+        if self._paused_pools is not None:
+            cluster.paused_pools = self._paused_pools
 
 
 def _restore(target: dict[_K, _V], saved: dict[_K, _V | None]) -> None:

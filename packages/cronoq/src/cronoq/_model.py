@@ -27,6 +27,8 @@ __all__ = [
 
 NS_PER_S = 1_000_000_000
 _TEN_YEARS_NS = 10 * 366 * 24 * 3600 * NS_PER_S
+MAX_ATTEMPTS = 1000
+"""The most attempts a retry policy may allow (an operator's retry of a task goes no further)."""
 
 
 class Status(StrEnum):
@@ -103,8 +105,10 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         # bool is an int subclass: RetryPolicy(jitter=True) is a mistake, not a jitter of 1.
         _int_field(self.max_attempts, "max_attempts")
-        if not 1 <= self.max_attempts <= 1000:
-            raise InvalidArgument(f"max_attempts must be 1..1000, got {_shown(self.max_attempts)}")
+        if not 1 <= self.max_attempts <= MAX_ATTEMPTS:
+            raise InvalidArgument(
+                f"max_attempts must be 1..{MAX_ATTEMPTS}, got {_shown(self.max_attempts)}"
+            )
         _int_field(self.initial_ns, "initial_ns")
         _int_field(self.max_ns, "max_ns")
         if not 0 <= self.initial_ns <= self.max_ns <= _TEN_YEARS_NS:

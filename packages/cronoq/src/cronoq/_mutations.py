@@ -12,10 +12,12 @@ __all__ = [
     "AttemptLease",
     "CancelRequested",
     "Mutation",
+    "PoolPaused",
     "ScheduleRecord",
     "ScheduleRemoved",
     "ScheduleSaved",
     "TaskRecord",
+    "TaskRetried",
     "TaskSubmitted",
     "TaskUpdated",
     "quarantine_message",
@@ -90,6 +92,25 @@ class TaskUpdated:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskRetried:
+    """A finished task (failed or cancelled) made live again by an operator's retry.
+
+    ``spec`` is the row's spec as it now is: only its retry policy may differ (its
+    ``max_attempts`` raised so that one more attempt is allowed); stores rewrite what they keep
+    of it (the options). ``status`` is its new status (ready, scheduled or waiting);
+    ``attempt`` is unchanged (attempts keep counting); ``at_ns`` is the time of the retry.
+    The row's finish time, due time, output, lease and cancellation request are cleared.
+    """
+
+    task_id: int
+    spec: TaskSpec
+    status: Status
+    attempt: int
+    message: str
+    at_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class CancelRequested:
     """A running task was asked to stop; recovery ends it cancelled instead of retrying it.
 
@@ -124,7 +145,24 @@ class ScheduleRemoved:
     name: str
 
 
-Mutation = TaskSubmitted | TaskUpdated | CancelRequested | ScheduleSaved | ScheduleRemoved
+@dataclass(frozen=True, slots=True)
+class PoolPaused:
+    """An operator paused (``paused``) or resumed a pool: a paused pool starts no attempt.
+    Stores keep it by pool name, across restarts and failovers, until it is resumed."""
+
+    name: str
+    paused: bool
+
+
+Mutation = (
+    TaskSubmitted
+    | TaskUpdated
+    | TaskRetried
+    | CancelRequested
+    | ScheduleSaved
+    | ScheduleRemoved
+    | PoolPaused
+)
 
 
 @quick_init

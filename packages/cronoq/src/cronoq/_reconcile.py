@@ -12,8 +12,10 @@ from collections.abc import Sequence
 from cronoq._mutations import (
     CancelRequested,
     Mutation,
+    PoolPaused,
     ScheduleRemoved,
     ScheduleSaved,
+    TaskRetried,
     TaskSubmitted,
     TaskUpdated,
     sanitize_message,
@@ -29,19 +31,21 @@ def batch_landed(batch: Sequence[Mutation], state: RecoveredState) -> bool | Non
     tasks = {record.task_id: record for record in state.tasks}
     schedules = {record.spec.name: record for record in state.schedules}
     # A submission decides for sure (ids only grow, the mark survives pruning); a schedule
-    # saved unchanged matches either way, so schedules are asked last.
+    # saved unchanged, or a pool paused and resumed in one batch, matches either way, so
+    # schedules and pools are asked last.
     submitted = [m.task_id for m in batch if isinstance(m, TaskSubmitted)]
     if submitted:
         return state.max_task_id >= max(submitted)
-    ordered: list[Mutation] = [m for m in batch if isinstance(m, ScheduleSaved | ScheduleRemoved)]
-    ordered += [m for m in batch if not isinstance(m, ScheduleSaved | ScheduleRemoved)]
+    last = ScheduleSaved | ScheduleRemoved | PoolPaused
+    ordered: list[Mutation] = [m for m in batch if isinstance(m, last)]
+    ordered += [m for m in batch if not isinstance(m, last)]
     # From the end: the last mutation of a row is the row's state after the batch.
     for mutation in reversed(ordered):
         match mutation:
             case TaskSubmitted(task_id=task_id):
                 # Ids only grow and the high-water mark survives pruning.
                 return state.max_task_id >= task_id
-            case TaskUpdated(task_id=task_id):
+            case TaskUpdated(task_id=task_id) | TaskRetried(task_id=task_id):
                 row = tasks.get(task_id)
                 if row is not None:
                     return (row.status, row.attempt, row.updated_ns) == (
@@ -59,4 +63,6 @@ def batch_landed(batch: Sequence[Mutation], state: RecoveredState) -> bool | Non
                 return schedules.get(saved.spec.name) == saved
             case ScheduleRemoved(name=name):
                 return name not in schedules
+            case PoolPaused(name=name, paused=paused):
+                return (name in state.paused_pools) == paused
     return None

@@ -41,6 +41,7 @@ __all__ = [
     "LeasedAttempt",
     "RemoteExecutor",
     "RemotePool",
+    "WorkerInfo",
     "WorkerLink",
 ]
 
@@ -114,6 +115,23 @@ class LeasedAttempt:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A worker attached to a server now, as ``AsyncClient.list_workers`` shows it."""
+
+    worker_id: str
+    """The name the worker gave itself (host and pid by default): not an identity."""
+    address: str
+    """Its connection's peer address, as gRPC names it (``ipv4:10.0.0.7:51234``)."""
+    pools: tuple[str, ...]
+    slots: int
+    in_flight: int
+    """Attempts holding one of its slots (leased to it, or still running from before)."""
+    attached_at: datetime
+    last_heartbeat_at: datetime | None
+    """When it last heartbeat or reported one of its attempts; None if it has not yet."""
+
+
+@dataclass(frozen=True, slots=True)
 class CancelRequested:
     """Stop this attempt (a cancel, its timeout or deadline, the scheduler stopping); report
     it anyway, as a failure."""
@@ -162,6 +180,14 @@ class WorkerLink:
         self._arrived = asyncio.Event()
         self._stopped = stopped
         self._closed = False
+        self.attached_at = datetime.now(UTC)
+        # When one of its attempts was last heartbeaten or reported (None: not yet).
+        self.last_heard_at: datetime | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts holding one of its slots: leased to it, or named when it attached."""
+        return self.slots - self.free
 
     @property
     def closed(self) -> bool:
@@ -430,6 +456,8 @@ class RemoteExecutor:
             self._spoke(self._leased.get(token))
 
     def _spoke(self, link: WorkerLink | None) -> None:
+        if link is not None:
+            link.last_heard_at = datetime.now(UTC)
         if link is not None and link.wedged:
             link.wedged = False
             self._poke()

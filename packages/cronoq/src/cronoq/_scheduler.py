@@ -29,15 +29,20 @@ from cronoq._engine import (
     GetTask,
     GetTaskByKey,
     HeartbeatReply,
+    ListPools,
     ListSchedules,
     ListTasks,
+    PausePool,
     PauseSchedule,
     PoolConfig,
+    PoolInfo,
     RemoveSchedule,
     ResumeSchedule,
+    RetryTask,
     SubmitResult,
     SubmitTasks,
     TaskSummary,
+    TriggerSchedule,
 )
 from cronoq._executors import Executor, LocalExecutor, TaskFunction
 from cronoq._frozen import quick_init
@@ -666,6 +671,49 @@ class Scheduler:
             return (await self._stored(task_id)).status  # finished long ago: nothing to do
         return result
 
+    async def retry(self, task_id: int) -> TaskInfo:
+        """Make a failed (dead-lettered) or cancelled task live again, and return it.
+
+        It goes back to ready (scheduled if its fixed start is still ahead, waiting if a
+        dependency is live again). Its attempts keep counting: the next one is its last + 1,
+        and if it had used every attempt its retry policy allows, the policy allows exactly
+        that one more (one with attempts left keeps them). It takes its key back. Dependants
+        its failure already failed or cancelled stay so (retry each in turn; it then waits for
+        this one). Raises ``NotRetryable`` for a live or succeeded task, and when running it
+        could not work: its deadline passed, another live task holds its key now, one of its
+        dependencies failed or was cancelled, it used the most attempts a task may have (1000)
+        or its row was quarantined; ``TaskNotFound`` if it is unknown or pruned.
+        """
+        check.integer(task_id, "task_id", 1, 2**63 - 1)
+        # Memory keeps no spec of a finished task: the store's row gives it.
+        record = await self._store.get_task(task_id)
+        message = "retried by request"
+        retried: TaskRecord = await self._call(lambda f: RetryTask(task_id, record, message, f))
+        return self._decode(retried)
+
+    # --- pools ----------------------------------------------------------------------------
+
+    async def pause_pool(self, name: str) -> PoolInfo:
+        """Start no new attempt in this pool, local or remote, until it is resumed; attempts
+        running finish. Durable: the pause survives a restart and a failover. Pausing a paused
+        pool changes nothing."""
+        return await self._pool_call(name, paused=True)
+
+    async def resume_pool(self, name: str) -> PoolInfo:
+        """Let a paused pool start attempts again, in its queue's order."""
+        return await self._pool_call(name, paused=False)
+
+    async def _pool_call(self, name: str, *, paused: bool) -> PoolInfo:
+        pool = self._pool(name)
+        info: PoolInfo = await self._call(lambda f: PausePool(pool, paused, f))
+        return info
+
+    async def list_pools(self) -> builtins.list[PoolInfo]:
+        """Every configured pool: its concurrency, whether it is paused, its attempts running
+        and its live tasks by status."""
+        pools: builtins.list[PoolInfo] = await self._call(lambda f: ListPools(f))
+        return pools
+
     # --- remote workers -------------------------------------------------------------------
 
     def attach(
@@ -850,6 +898,14 @@ class Scheduler:
         check.text(name, "schedule name")
         record: ScheduleRecord = await self._call(lambda f: make(name, f))
         return _schedule_info(record)
+
+    async def trigger_schedule(self, name: str) -> int | None:
+        """Run one occurrence of the schedule now, through its overlap policy: the id of the
+        task it created, or None if its last task is still live and its overlap policy is
+        ``skip``. Its timetable does not move, and a paused schedule stays paused."""
+        check.text(name, "schedule name")
+        task_id: int | None = await self._call(lambda f: TriggerSchedule(name, f))
+        return task_id
 
     async def remove_schedule(self, name: str) -> None:
         """Remove a schedule; tasks it already created carry on."""

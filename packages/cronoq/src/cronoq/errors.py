@@ -15,6 +15,7 @@ __all__ = [
     "Fenced",
     "InvalidArgument",
     "InvalidCron",
+    "NotRetryable",
     "PayloadError",
     "PermissionDenied",
     "ScheduleNotFound",
@@ -73,6 +74,12 @@ class TaskNotFound(CronoqError, LookupError):
 
 class ScheduleNotFound(CronoqError, LookupError):
     """No schedule with this name is known."""
+
+
+class NotRetryable(CronoqError):
+    """``retry`` refused: the task is live or succeeded, or retrying it could not run it (its
+    deadline passed, another live task holds its key, a dependency failed, it used every
+    attempt a task may have, its row was quarantined). Nothing was applied."""
 
 
 class WaitTimedOut(CronoqError, TimeoutError):

@@ -11,6 +11,12 @@ Obligations of every store (each one is checked by the conformance kit):
   has landed by the time a later ``recover`` of the same instance returns, or never lands.
 - A ``TaskUpdated`` replaces the row's ``lease`` with its own (None clears it); a
   ``CancelRequested`` keeps it; ``recover`` and lookups return it in ``TaskRecord.lease``.
+- A ``TaskRetried`` makes a finished row live again: status, message and update time as
+  given, attempt kept, the spec's options rewritten (its retry policy may allow more attempts),
+  finish time, due time, output, lease and cancellation request cleared; it is no longer
+  finished, so it is not pruned.
+- A ``PoolPaused`` is kept by pool name (a pause replaces the pool's earlier one, a resume
+  clears it); ``recover`` returns the paused pools' names in ``RecoveredState.paused_pools``.
 - ``commit`` with an epoch other than the current leader's raises :class:`Fenced` and changes
   nothing. Transient failures raise :class:`Unavailable`; anything else :class:`StoreFatal`.
 - Times are engine nanoseconds; convert them with the :class:`TimeBase` given to ``recover``.
@@ -35,10 +41,12 @@ from cronoq._mutations import (
     AttemptLease,
     CancelRequested,
     Mutation,
+    PoolPaused,
     ScheduleRecord,
     ScheduleRemoved,
     ScheduleSaved,
     TaskRecord,
+    TaskRetried,
     TaskSubmitted,
     TaskUpdated,
     quarantine_message,
@@ -69,6 +77,7 @@ __all__ = [
     "Lease",
     "Mutation",
     "NewTask",
+    "PoolPaused",
     "RecoveredState",
     "RetryPolicy",
     "ScheduleRecord",
@@ -81,6 +90,7 @@ __all__ = [
     "StoreFatal",
     "TaskChange",
     "TaskRecord",
+    "TaskRetried",
     "TaskSpec",
     "TaskSubmitted",
     "TaskTemplate",
@@ -199,6 +209,9 @@ class RecoveredState:
     ``quarantine_message(reason)`` as their message. The reason says what went wrong
     (``undecodable_reason(exc)`` for a row ``decode_task_record`` refused), without the
     ``quarantined:`` prefix that the message adds."""
+    paused_pools: frozenset[str] = frozenset()
+    """The names of the pools an operator paused and did not resume (``PoolPaused``), whether
+    or not the scheduler still configures them."""
 
 
 @runtime_checkable

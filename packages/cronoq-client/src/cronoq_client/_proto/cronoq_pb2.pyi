@@ -550,6 +550,290 @@ class ScheduleInfo(_message.Message):
 Global___ScheduleInfo: _TypeAlias = ScheduleInfo  # noqa: Y015
 
 @_typing.final
+class PoolInfo(_message.Message):
+    """A pool (cronoq.PoolInfo)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class DepthEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NAME_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    DEPTH_FIELD_NUMBER: _builtins.int
+    REMOTE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    concurrency: _builtins.int
+    paused: _builtins.bool
+    running: _builtins.int
+    """Attempts holding a slot."""
+    remote: _builtins.bool
+    """Its attempts run on remote workers."""
+    @_builtins.property
+    def depth(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Live tasks by status name ("waiting", "scheduled", "ready", "running", "retrying"),
+        every live status present.
+        """
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        concurrency: _builtins.int = ...,
+        paused: _builtins.bool = ...,
+        running: _builtins.int = ...,
+        depth: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        remote: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["concurrency", b"concurrency", "depth", b"depth", "name", b"name", "paused", b"paused", "remote", b"remote", "running", b"running"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PoolInfo: _TypeAlias = PoolInfo  # noqa: Y015
+
+@_typing.final
+class PausePoolRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PausePoolRequest: _TypeAlias = PausePoolRequest  # noqa: Y015
+
+@_typing.final
+class ResumePoolRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ResumePoolRequest: _TypeAlias = ResumePoolRequest  # noqa: Y015
+
+@_typing.final
+class ListPoolsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPoolsRequest: _TypeAlias = ListPoolsRequest  # noqa: Y015
+
+@_typing.final
+class ListPoolsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOLS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def pools(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolInfo]: ...
+    def __init__(
+        self,
+        *,
+        pools: _abc.Iterable[Global___PoolInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pools", b"pools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPoolsResponse: _TypeAlias = ListPoolsResponse  # noqa: Y015
+
+@_typing.final
+class RetryRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_PAYLOAD_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.int
+    include_payload: _builtins.bool
+    """As in GetRequest: the returned task leaves its payload out unless asked."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.int = ...,
+        include_payload: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_payload", b"include_payload", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetryRequest: _TypeAlias = RetryRequest  # noqa: Y015
+
+@_typing.final
+class TriggerScheduleRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TriggerScheduleRequest: _TypeAlias = TriggerScheduleRequest  # noqa: Y015
+
+@_typing.final
+class TriggerScheduleResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.int
+    """The task the occurrence created; absent when the overlap policy skipped it (the
+    schedule's last task is still live).
+    """
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_task_id", b"_task_id", "task_id", b"task_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_task_id", b"_task_id", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__task_id: _TypeAlias = _typing.Literal["task_id"]  # noqa: Y015
+    _WhichOneofArgType__task_id: _TypeAlias = _typing.Literal["_task_id", b"_task_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__task_id) -> _WhichOneofReturnType__task_id | None: ...
+
+Global___TriggerScheduleResponse: _TypeAlias = TriggerScheduleResponse  # noqa: Y015
+
+@_typing.final
+class WorkerInfo(_message.Message):
+    """A worker attached to this server (cronoq.WorkerInfo)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    POOLS_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    ATTACHED_AT_FIELD_NUMBER: _builtins.int
+    LAST_HEARTBEAT_AT_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    """The name it gave itself in AttachRequest.worker_id (not an identity)."""
+    address: _builtins.str
+    """Its connection's peer address, as gRPC names it."""
+    slots: _builtins.int
+    in_flight: _builtins.int
+    """Attempts holding one of its slots."""
+    @_builtins.property
+    def pools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def attached_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def last_heartbeat_at(self) -> _timestamp_pb2.Timestamp:
+        """When it last heartbeat or reported an attempt; absent if it has not yet."""
+
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        address: _builtins.str = ...,
+        pools: _abc.Iterable[_builtins.str] | None = ...,
+        slots: _builtins.int = ...,
+        in_flight: _builtins.int = ...,
+        attached_at: _timestamp_pb2.Timestamp | None = ...,
+        last_heartbeat_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["attached_at", b"attached_at", "last_heartbeat_at", b"last_heartbeat_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "attached_at", b"attached_at", "in_flight", b"in_flight", "last_heartbeat_at", b"last_heartbeat_at", "pools", b"pools", "slots", b"slots", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkerInfo: _TypeAlias = WorkerInfo  # noqa: Y015
+
+@_typing.final
+class ListWorkersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkersRequest: _TypeAlias = ListWorkersRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def workers(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkerInfo]: ...
+    def __init__(
+        self,
+        *,
+        workers: _abc.Iterable[Global___WorkerInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["workers", b"workers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkersResponse: _TypeAlias = ListWorkersResponse  # noqa: Y015
+
+@_typing.final
 class SubmitRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

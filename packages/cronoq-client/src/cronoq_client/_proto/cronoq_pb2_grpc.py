@@ -105,6 +105,36 @@ class SchedulerServiceStub:
                 request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.PreviewScheduleRequest.SerializeToString,
                 response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.PreviewScheduleResponse.FromString,
                 _registered_method=True)
+        self.PausePool = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/PausePool',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.PausePoolRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.PoolInfo.FromString,
+                _registered_method=True)
+        self.ResumePool = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/ResumePool',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ResumePoolRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.PoolInfo.FromString,
+                _registered_method=True)
+        self.ListPools = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/ListPools',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListPoolsRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListPoolsResponse.FromString,
+                _registered_method=True)
+        self.Retry = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/Retry',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.RetryRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.TaskInfo.FromString,
+                _registered_method=True)
+        self.TriggerSchedule = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/TriggerSchedule',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.TriggerScheduleRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.TriggerScheduleResponse.FromString,
+                _registered_method=True)
+        self.ListWorkers = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/ListWorkers',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -209,6 +239,53 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PausePool(self, request, context):
+        """Start no new attempt in this pool (local or remote) until it is resumed; attempts running
+        finish. Durable: it survives a restart and a failover. Permission: admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumePool(self, request, context):
+        """Let a paused pool start attempts again. Permission: admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPools(self, request, context):
+        """Every configured pool: concurrency, pause, attempts running, live tasks by status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Retry(self, request, context):
+        """Make a failed or cancelled task live again with one more attempt allowed (attempts keep
+        counting); FAILED_PRECONDITION (NOT_RETRYABLE) for a live or succeeded task, or one that
+        could not run (deadline passed, key held by another live task, a dependency failed).
+        Permission: admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TriggerSchedule(self, request, context):
+        """One occurrence of a schedule now, through its overlap policy; the timetable stays.
+        Permission: admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkers(self, request, context):
+        """The workers attached to this server now.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -281,6 +358,36 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.PreviewSchedule,
                     request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.PreviewScheduleRequest.FromString,
                     response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.PreviewScheduleResponse.SerializeToString,
+            ),
+            'PausePool': grpc.unary_unary_rpc_method_handler(
+                    servicer.PausePool,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.PausePoolRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.PoolInfo.SerializeToString,
+            ),
+            'ResumePool': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumePool,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ResumePoolRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.PoolInfo.SerializeToString,
+            ),
+            'ListPools': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPools,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListPoolsRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListPoolsResponse.SerializeToString,
+            ),
+            'Retry': grpc.unary_unary_rpc_method_handler(
+                    servicer.Retry,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.RetryRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.TaskInfo.SerializeToString,
+            ),
+            'TriggerSchedule': grpc.unary_unary_rpc_method_handler(
+                    servicer.TriggerSchedule,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.TriggerScheduleRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.TriggerScheduleResponse.SerializeToString,
+            ),
+            'ListWorkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkers,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -662,6 +769,168 @@ class SchedulerService:
             '/cronoq.v1.SchedulerService/PreviewSchedule',
             cronoq__client_dot___proto_dot_cronoq__pb2.PreviewScheduleRequest.SerializeToString,
             cronoq__client_dot___proto_dot_cronoq__pb2.PreviewScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PausePool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/PausePool',
+            cronoq__client_dot___proto_dot_cronoq__pb2.PausePoolRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.PoolInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumePool(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/ResumePool',
+            cronoq__client_dot___proto_dot_cronoq__pb2.ResumePoolRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.PoolInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPools(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/ListPools',
+            cronoq__client_dot___proto_dot_cronoq__pb2.ListPoolsRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.ListPoolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Retry(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/Retry',
+            cronoq__client_dot___proto_dot_cronoq__pb2.RetryRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.TaskInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TriggerSchedule(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/TriggerSchedule',
+            cronoq__client_dot___proto_dot_cronoq__pb2.TriggerScheduleRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.TriggerScheduleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/ListWorkers',
+            cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -85,6 +85,26 @@ class SchedulerServiceStub:
     ListSchedules: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ListSchedulesRequest, _cronoq_pb2.ListSchedulesResponse]
     PreviewSchedule: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.PreviewScheduleRequest, _cronoq_pb2.PreviewScheduleResponse]
     """The next occurrences of a cron expression (cronoq.preview); needs no leader's state."""
+    PausePool: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.PausePoolRequest, _cronoq_pb2.PoolInfo]
+    """Start no new attempt in this pool (local or remote) until it is resumed; attempts running
+    finish. Durable: it survives a restart and a failover. Permission: admin.
+    """
+    ResumePool: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ResumePoolRequest, _cronoq_pb2.PoolInfo]
+    """Let a paused pool start attempts again. Permission: admin."""
+    ListPools: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ListPoolsRequest, _cronoq_pb2.ListPoolsResponse]
+    """Every configured pool: concurrency, pause, attempts running, live tasks by status."""
+    Retry: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.RetryRequest, _cronoq_pb2.TaskInfo]
+    """Make a failed or cancelled task live again with one more attempt allowed (attempts keep
+    counting); FAILED_PRECONDITION (NOT_RETRYABLE) for a live or succeeded task, or one that
+    could not run (deadline passed, key held by another live task, a dependency failed).
+    Permission: admin.
+    """
+    TriggerSchedule: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.TriggerScheduleRequest, _cronoq_pb2.TriggerScheduleResponse]
+    """One occurrence of a schedule now, through its overlap policy; the timetable stays.
+    Permission: admin.
+    """
+    ListWorkers: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ListWorkersRequest, _cronoq_pb2.ListWorkersResponse]
+    """The workers attached to this server now."""
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -121,6 +141,26 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     ListSchedules: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ListSchedulesRequest, _cronoq_pb2.ListSchedulesResponse]  # type: ignore[assignment]
     PreviewSchedule: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.PreviewScheduleRequest, _cronoq_pb2.PreviewScheduleResponse]  # type: ignore[assignment]
     """The next occurrences of a cron expression (cronoq.preview); needs no leader's state."""
+    PausePool: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.PausePoolRequest, _cronoq_pb2.PoolInfo]  # type: ignore[assignment]
+    """Start no new attempt in this pool (local or remote) until it is resumed; attempts running
+    finish. Durable: it survives a restart and a failover. Permission: admin.
+    """
+    ResumePool: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ResumePoolRequest, _cronoq_pb2.PoolInfo]  # type: ignore[assignment]
+    """Let a paused pool start attempts again. Permission: admin."""
+    ListPools: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ListPoolsRequest, _cronoq_pb2.ListPoolsResponse]  # type: ignore[assignment]
+    """Every configured pool: concurrency, pause, attempts running, live tasks by status."""
+    Retry: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.RetryRequest, _cronoq_pb2.TaskInfo]  # type: ignore[assignment]
+    """Make a failed or cancelled task live again with one more attempt allowed (attempts keep
+    counting); FAILED_PRECONDITION (NOT_RETRYABLE) for a live or succeeded task, or one that
+    could not run (deadline passed, key held by another live task, a dependency failed).
+    Permission: admin.
+    """
+    TriggerSchedule: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.TriggerScheduleRequest, _cronoq_pb2.TriggerScheduleResponse]  # type: ignore[assignment]
+    """One occurrence of a schedule now, through its overlap policy; the timetable stays.
+    Permission: admin.
+    """
+    ListWorkers: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ListWorkersRequest, _cronoq_pb2.ListWorkersResponse]  # type: ignore[assignment]
+    """The workers attached to this server now."""
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """The calls of cronoq.Scheduler, with the same arguments, semantics and errors."""
@@ -238,6 +278,62 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_cronoq_pb2.PreviewScheduleResponse, _abc.Awaitable[_cronoq_pb2.PreviewScheduleResponse]]:
         """The next occurrences of a cron expression (cronoq.preview); needs no leader's state."""
+
+    @_abc_1.abstractmethod
+    def PausePool(
+        self,
+        request: _cronoq_pb2.PausePoolRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.PoolInfo, _abc.Awaitable[_cronoq_pb2.PoolInfo]]:
+        """Start no new attempt in this pool (local or remote) until it is resumed; attempts running
+        finish. Durable: it survives a restart and a failover. Permission: admin.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumePool(
+        self,
+        request: _cronoq_pb2.ResumePoolRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.PoolInfo, _abc.Awaitable[_cronoq_pb2.PoolInfo]]:
+        """Let a paused pool start attempts again. Permission: admin."""
+
+    @_abc_1.abstractmethod
+    def ListPools(
+        self,
+        request: _cronoq_pb2.ListPoolsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.ListPoolsResponse, _abc.Awaitable[_cronoq_pb2.ListPoolsResponse]]:
+        """Every configured pool: concurrency, pause, attempts running, live tasks by status."""
+
+    @_abc_1.abstractmethod
+    def Retry(
+        self,
+        request: _cronoq_pb2.RetryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.TaskInfo, _abc.Awaitable[_cronoq_pb2.TaskInfo]]:
+        """Make a failed or cancelled task live again with one more attempt allowed (attempts keep
+        counting); FAILED_PRECONDITION (NOT_RETRYABLE) for a live or succeeded task, or one that
+        could not run (deadline passed, key held by another live task, a dependency failed).
+        Permission: admin.
+        """
+
+    @_abc_1.abstractmethod
+    def TriggerSchedule(
+        self,
+        request: _cronoq_pb2.TriggerScheduleRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.TriggerScheduleResponse, _abc.Awaitable[_cronoq_pb2.TriggerScheduleResponse]]:
+        """One occurrence of a schedule now, through its overlap policy; the timetable stays.
+        Permission: admin.
+        """
+
+    @_abc_1.abstractmethod
+    def ListWorkers(
+        self,
+        request: _cronoq_pb2.ListWorkersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.ListWorkersResponse, _abc.Awaitable[_cronoq_pb2.ListWorkersResponse]]:
+        """The workers attached to this server now."""
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

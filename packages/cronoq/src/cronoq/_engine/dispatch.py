@@ -1,18 +1,20 @@
 """Dispatch: starting ready tasks into their pools' free slots (and remote workers' offered
-slots), and taking back attempts that were dispatched but never released."""
+slots), taking back attempts that were dispatched but never released, and the operator's pool
+pauses (a paused pool starts nothing; what runs in it finishes)."""
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from cronoq._engine.attempts import Attempts
 from cronoq._engine.inputs import AttemptToken, OfferSlots, lease_hash
-from cronoq._engine.outputs import Dispatch
-from cronoq._engine.state import Shared
+from cronoq._engine.outputs import Dispatch, PoolInfo
+from cronoq._engine.state import Pool, Shared
 from cronoq._engine.tasks import Tasks
 from cronoq._model import NS_PER_S, Status
-from cronoq.store import AttemptLease, TaskUpdated
+from cronoq.errors import CronoqError, UnknownPool
+from cronoq.store import AttemptLease, PoolPaused, TaskUpdated
 
 __all__ = ["Dispatcher"]
 
@@ -46,6 +48,35 @@ class Dispatcher:
             if task is not None:
                 self.attempts.unstart(task, f"attempt {token.attempt} was not started: {reason}")
 
+    # --- pool pauses ----------------------------------------------------------------------
+
+    def pause(self, name: str, paused: bool) -> PoolInfo | CronoqError:
+        """Pause or resume a pool; persisted only when it changes (pausing a paused pool
+        writes nothing)."""
+        pool = self.shared.pools.get(name)
+        if pool is None:
+            return UnknownPool(f"unknown pool {name!r}; configured: {self.shared.pool_names()}")
+        if pool.paused != paused:
+            pool.paused = paused
+            self.shared.out.mutations.append(PoolPaused(name, paused))
+        return _info(pool, _depths(self.shared, [name])[name])
+
+    def restore_pauses(self, names: frozenset[str]) -> None:
+        """Pauses a store recovered; those of pools no longer configured stay in the store
+        (a pool configured again later is still paused) and do nothing here."""
+        for name in names:
+            pool = self.shared.pools.get(name)
+            if pool is not None:
+                pool.paused = True
+
+    def pools(self) -> list[PoolInfo]:
+        """Every configured pool, with its live tasks counted in one pass over them."""
+        pools = self.shared.pools
+        depths = _depths(self.shared, pools)
+        return [_info(pool, depths[name]) for name, pool in pools.items()]
+
+    # --- starting attempts ------------------------------------------------------------------
+
     def dispatch_ready(self) -> None:
         if not self.dispatching:
             return
@@ -53,6 +84,8 @@ class Dispatcher:
         out = shared.out
         stopping = self.attempts.stopping
         for pool in shared.pools.values():
+            if pool.paused:
+                continue  # its ready tasks wait in their queue, in order, until it resumes
             ready = pool.ready
             limit = pool.config.concurrency
             leased = pool.config.lease_ns is not None
@@ -102,3 +135,20 @@ class Dispatcher:
             if slot.free and pool in slot.pools:
                 return slot
         return None
+
+
+def _depths(shared: Shared, names: Iterable[str]) -> dict[str, dict[Status, int]]:
+    """Live tasks by status (every live status, zero included) of each named pool."""
+    live = [status for status in Status if not status.is_terminal]
+    depths = {name: dict.fromkeys(live, 0) for name in names}
+    for task in shared.tasks.values():
+        depth = depths.get(task.spec.pool)
+        if depth is not None:
+            depth[task.status] += 1
+    return depths
+
+
+def _info(pool: Pool, depth: dict[Status, int]) -> PoolInfo:
+    config = pool.config
+    remote = config.lease_ns is not None
+    return PoolInfo(config.name, config.concurrency, pool.paused, pool.running, depth, remote)

@@ -33,13 +33,17 @@ from cronoq._engine.inputs import (
     Heartbeat,
     InFlight,
     Input,
+    ListPools,
     ListSchedules,
     ListTasks,
     OfferSlots,
+    PausePool,
     PauseSchedule,
     RemoveSchedule,
     ResumeSchedule,
+    RetryTask,
     SubmitTasks,
+    TriggerSchedule,
     WaitTask,
     WithdrawAttempts,
 )
@@ -156,6 +160,7 @@ class Engine:
         Restorer(engine._shared, engine._tasks, engine._attempts, engine._schedules, inflight).run(
             state
         )
+        engine._dispatcher.restore_pauses(state.paused_pools)
         return engine, engine.step(now_ns)
 
     # --- input handling -------------------------------------------------------------------
@@ -191,6 +196,14 @@ class Engine:
                 reply(item.reply_to, schedules.remove(item.name))
             case ListSchedules():
                 reply(item.reply_to, schedules.records())
+            case TriggerSchedule():
+                reply(item.reply_to, schedules.trigger(item.name))
+            case PausePool():
+                reply(item.reply_to, self._dispatcher.pause(item.name, item.paused))
+            case ListPools():
+                reply(item.reply_to, self._dispatcher.pools())
+            case RetryTask():
+                reply(item.reply_to, tasks.retry(item.task_id, item.record, item.message))
             case OfferSlots():
                 self._dispatcher.offer(item)
             case WithdrawAttempts():

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cronoq._model import NS_PER_S, ScheduleSpec, Status, TaskSpec
+from cronoq._mutations import TaskRecord
 
 __all__ = [
     "LEASE_ID_BYTES",
@@ -24,14 +25,18 @@ __all__ = [
     "Heartbeat",
     "InFlight",
     "Input",
+    "ListPools",
     "ListSchedules",
     "ListTasks",
     "OfferSlots",
+    "PausePool",
     "PauseSchedule",
     "PoolConfig",
     "RemoveSchedule",
     "ResumeSchedule",
+    "RetryTask",
     "SubmitTasks",
+    "TriggerSchedule",
     "WaitTask",
     "WithdrawAttempts",
     "lease_hash",
@@ -176,6 +181,39 @@ class RemoveSchedule:
 
 
 @dataclass(frozen=True, slots=True)
+class TriggerSchedule:
+    """Run one occurrence of a schedule now, through its overlap policy; its timetable stays."""
+
+    name: str
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class PausePool:
+    """Pause (``paused``) or resume a pool: a paused pool starts no attempt."""
+
+    name: str
+    paused: bool
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class ListPools:
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class RetryTask:
+    """Make a failed or cancelled task live again. ``record`` is its row as the store had it
+    just before (the engine keeps no spec of a finished task), None if the store has none."""
+
+    task_id: int
+    record: TaskRecord | None
+    message: str
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
 class GetTask:
     task_id: int
     reply_to: object
@@ -238,6 +276,10 @@ Input = (
     | ListSchedules
     | WithdrawAttempts
     | OfferSlots
+    | TriggerSchedule
+    | PausePool
+    | ListPools
+    | RetryTask
 )
 
 

@@ -13,6 +13,7 @@ __all__ = [
     "CancelAttempt",
     "Dispatch",
     "HeartbeatReply",
+    "PoolInfo",
     "StepResult",
     "SubmitResult",
     "TaskSummary",
@@ -39,6 +40,22 @@ class TaskSummary:
     key: str | None
     tags: tuple[str, ...]
     finished_ns: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolInfo:
+    """A pool as ``list_pools`` shows it."""
+
+    name: str
+    concurrency: int
+    paused: bool
+    """An operator paused it: it starts no attempt (those running finish)."""
+    running: int
+    """Attempts holding a slot, stopped ones that have not returned included."""
+    depth: dict[Status, int]
+    """Live tasks by status (every live status, zero included)."""
+    remote: bool
+    """Its attempts run on remote workers (a ``RemotePool``)."""
 
 
 @dataclass(frozen=True, slots=True)

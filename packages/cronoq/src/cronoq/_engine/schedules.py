@@ -1,5 +1,5 @@
-"""Recurring schedules: add, replace, pause, resume and remove them, and fire their
-occurrences (overlap, catch-up after downtime, coalescing)."""
+"""Recurring schedules: add, replace, pause, resume and remove them, fire their occurrences
+(overlap, catch-up after downtime, coalescing), and trigger one now."""
 
 from __future__ import annotations
 
@@ -77,6 +77,52 @@ class Schedules:
             self._save(schedule)
         return schedule.record()
 
+    def trigger(self, name: str) -> int | CronoqError | None:
+        """One occurrence now, through the overlap policy: the id of the task it created, or
+        None if the schedule's last task is still live and its policy skips. The timetable
+        stays as it is, and a paused schedule stays paused (a trigger is an operator's one-off
+        run, as Temporal's ``schedule trigger``)."""
+        schedule = self.schedules.get(name)
+        if schedule is None:
+            return ScheduleNotFound(f"no schedule named {name!r}")
+        pool = schedule.spec.template.pool
+        if pool not in self.shared.pools:
+            return UnknownPool(
+                f"schedule {name!r} uses pool {pool!r}, which is not configured; "
+                f"configured: {self.shared.pool_names()}"
+            )
+        if not self.tasks.ids_left():
+            return self.tasks.ids_exhausted()
+        if self._overlapping(schedule):
+            return None
+        task_id = self._start(schedule)
+        self.shared.out.mutations.append(ScheduleSaved(schedule.record()))
+        return task_id
+
+    def _overlapping(self, schedule: _Schedule) -> bool:
+        return (
+            schedule.spec.overlap is OverlapPolicy.SKIP
+            and schedule.last_task_id in self.shared.tasks
+        )
+
+    def _start(self, schedule: _Schedule) -> int:
+        """Create the task of one occurrence; it becomes the schedule's last task."""
+        spec = schedule.spec
+        template = spec.template
+        task_spec = TaskSpec(
+            pool=template.pool,
+            kind=template.kind,
+            payload=template.payload,
+            tags=template.tags,
+            name=spec.name,
+            priority=template.priority,
+            retry=template.retry,
+            timeout_ns=template.timeout_ns,
+            schedule=spec.name,
+        )
+        schedule.last_task_id = task_id = self.tasks.create(task_spec).id
+        return task_id
+
     def remove(self, name: str) -> CronoqError | None:
         if self.schedules.pop(name, None) is None:
             return ScheduleNotFound(f"no schedule named {name!r}")
@@ -117,31 +163,16 @@ class Schedules:
             schedule = self.schedules[name]
             spec = schedule.spec
             missed = now - due > spec.grace_ns
-            overlapping = (
-                spec.overlap is OverlapPolicy.SKIP and schedule.last_task_id in shared.tasks
-            )
             # A recovered schedule may name a pool no longer configured: its occurrences are
             # skipped (the schedule stays listed) rather than breaking every step.
             # Without ids left (see _ids.py) an occurrence is skipped like one whose pool left.
             runnable = spec.template.pool in shared.pools and tasks.ids_left()
             if (
                 runnable
-                and not overlapping
+                and not self._overlapping(schedule)
                 and not (missed and spec.catch_up is CatchUpPolicy.SKIP)
             ):
-                template = spec.template
-                task_spec = TaskSpec(
-                    pool=template.pool,
-                    kind=template.kind,
-                    payload=template.payload,
-                    tags=template.tags,
-                    name=spec.name,
-                    priority=template.priority,
-                    retry=template.retry,
-                    timeout_ns=template.timeout_ns,
-                    schedule=spec.name,
-                )
-                schedule.last_task_id = tasks.create(task_spec).id
+                self._start(schedule)
             # Every occurrence up to now is covered by this firing (coalesced).
             schedule.next_ns = schedule.cron.next_after(now)
             self._save(schedule)

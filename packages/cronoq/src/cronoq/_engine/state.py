@@ -82,12 +82,13 @@ NO_TASK = Task(0, TaskSpec("", "", b""), 0)
 
 
 class Pool:
-    __slots__ = ("config", "live", "ready", "running")
+    __slots__ = ("config", "live", "paused", "ready", "running")
 
     def __init__(self, config: PoolConfig) -> None:
         self.config = config
         self.running = 0
         self.live = 0
+        self.paused = False  # by an operator (dispatch.py): it starts no attempt
         # (-priority, id): highest priority first, then submission order.
         self.ready: list[tuple[int, int]] = []
 

@@ -4,6 +4,7 @@ reads of tasks (get, wait, list)."""
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Iterable, Sequence
 
@@ -12,10 +13,11 @@ from cronoq._engine.outputs import CancelAttempt, SubmitResult, TaskSummary
 from cronoq._engine.state import NO_TASK, Shared, Task, earliest, seconds
 from cronoq._ids import first_id, last_id
 from cronoq._metrics import bump
-from cronoq._model import LEGAL_TRANSITIONS, MissPolicy, Status, TaskSpec
+from cronoq._model import LEGAL_TRANSITIONS, MAX_ATTEMPTS, MissPolicy, Status, TaskSpec
 from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
+    NotRetryable,
     SchedulerError,
     TaskNotFound,
     UnknownDependency,
@@ -24,6 +26,7 @@ from cronoq.errors import (
 from cronoq.store import (
     CancelRequested,
     TaskRecord,
+    TaskRetried,
     TaskSubmitted,
     TaskUpdated,
     quarantine_message,
@@ -86,21 +89,10 @@ class Tasks:
                     continue
                 batch_keys.add(spec.key)
             new_per_pool[spec.pool] = new_per_pool.get(spec.pool, 0) + 1
-        limit = shared.config.max_live_tasks
+        rejected = self._admit(new_per_pool)
+        if rejected is not None:
+            return rejected
         total_new = sum(new_per_pool.values())
-        if limit is not None and len(shared.tasks) + total_new > limit:
-            return AdmissionRejected(
-                f"{len(shared.tasks)} live tasks + {total_new} new would exceed "
-                f"max_live_tasks={limit}"
-            )
-        for name, count in new_per_pool.items():
-            pool = shared.pools[name]
-            cap = pool.config.max_live
-            if cap is not None and pool.live + count > cap:
-                return AdmissionRejected(
-                    f"pool {name!r} has {pool.live} live tasks; {count} more would exceed "
-                    f"its max_live={cap}"
-                )
         if self.next_id + total_new - 1 > self.last_id:
             return self.ids_exhausted()
         results: list[SubmitResult] = []
@@ -252,6 +244,114 @@ class Tasks:
                 else:
                     child_status, child_message = _parent_verdict(task.id, status)
                     pending.append((child, child_status, child_message, None))
+
+    # --- an operator's retry of a finished task ----------------------------------------------
+
+    def retry(self, task_id: int, row: TaskRecord | None, message: str) -> TaskRecord | CronoqError:
+        """Make a failed or cancelled task live again, with one more attempt allowed.
+
+        Its attempts keep counting (the next is its last + 1), and if it had used all its
+        policy allows, the policy's ``max_attempts`` becomes that next attempt: it keeps the
+        attempts it had left, or gets exactly one more. It takes its key back. Dependants that
+        its failure already ended stay ended (each may be retried in turn, and then waits for
+        it). Refused, changing nothing, when running it could not work: see ``_unretryable``.
+        """
+        shared = self.shared
+        found = self._unretryable(task_id, row)
+        if found is not None:
+            return found
+        assert row is not None  # _unretryable refuses a task whose row the store lacks
+        done = self.finished.pop(task_id, None)
+        attempt = row.attempt if done is None else done.attempt
+        spec = row.spec
+        if attempt >= spec.retry.max_attempts:
+            retry = dataclasses.replace(spec.retry, max_attempts=attempt + 1)
+            spec = dataclasses.replace(spec, retry=retry)
+        task = Task(task_id, spec, row.submitted_ns)
+        task.attempt = attempt
+        task.message = message
+        task.updated_ns = shared.now
+        shared.tasks[task_id] = task
+        shared.pools[spec.pool].live += 1
+        if spec.key is not None:
+            self.keys[spec.key] = task_id
+        self.link_parents(task)  # no parent failed (checked): it counts those still live
+        task.status = Status.WAITING if task.pending else self.initial_status(task)
+        shared.out.mutations.append(
+            TaskRetried(task_id, spec, task.status, attempt, message, shared.now)
+        )
+        if task.pending:
+            shared.set_wake(task, spec.deadline_ns)
+        else:
+            # An operator asked for it now: a fixed start missed long ago does not skip it.
+            self.arm(task, check_miss=False)
+        return task.record()
+
+    def _unretryable(self, task_id: int, row: TaskRecord | None) -> CronoqError | None:
+        """Why the task cannot be retried now, if it cannot."""
+        shared = self.shared
+        name = f"task {task_id}"
+        live = shared.tasks.get(task_id)
+        if live is not None:
+            return NotRetryable(
+                f"{name} is {live.status}: only a failed or cancelled task can be retried"
+            )
+        quarantined = row is not None and row.message.startswith(quarantine_message(""))
+        if task_id in self.quarantined or quarantined:
+            return NotRetryable(f"{name} was quarantined (its row could not be decoded)")
+        done = self.finished.get(task_id)
+        if row is None:
+            if done is None:
+                return TaskNotFound(f"no task {task_id}")
+            # Finished in a step whose commit had not landed when the row was read.
+            return SchedulerError(f"{name} finished a moment ago; try again", applied=False)
+        status = row.status if done is None else done.status
+        if status is Status.SUCCEEDED:
+            return NotRetryable(f"{name} succeeded: submit a new task to run it again")
+        if not status.is_terminal:  # live in the store, not here: it finished meanwhile
+            return SchedulerError(f"{name} is changing; try again", applied=False)
+        spec = row.spec
+        if spec.pool not in shared.pools:
+            return UnknownPool(
+                f"{name} is in pool {spec.pool!r}, which is not configured; "
+                f"configured: {shared.pool_names()}"
+            )
+        attempt = row.attempt if done is None else done.attempt
+        if attempt >= MAX_ATTEMPTS:
+            return NotRetryable(f"{name} has used {attempt} attempts, the most a task may have")
+        if spec.deadline_ns is not None and shared.now >= spec.deadline_ns:
+            return NotRetryable(f"{name}'s deadline has passed: submit a new task instead")
+        holder = None if spec.key is None else self.keys.get(spec.key)
+        if holder is not None and holder != task_id and holder in shared.tasks:
+            return NotRetryable(f"{name}'s key {spec.key!r} is held by live task {holder}")
+        for parent_id in spec.after:
+            parent = self.finished.get(parent_id)
+            if parent is not None and parent.status is not Status.SUCCEEDED:
+                return NotRetryable(
+                    f"{name} depends on task {parent_id}, which {parent.status}: "
+                    f"retry task {parent_id} first"
+                )
+        return self._admit({spec.pool: 1})
+
+    def _admit(self, new_per_pool: dict[str, int]) -> AdmissionRejected | None:
+        """Why this many new live tasks (by pool) would not fit the bounds, if they would not."""
+        shared = self.shared
+        limit = shared.config.max_live_tasks
+        total_new = sum(new_per_pool.values())
+        if limit is not None and len(shared.tasks) + total_new > limit:
+            return AdmissionRejected(
+                f"{len(shared.tasks)} live tasks + {total_new} new would exceed "
+                f"max_live_tasks={limit}"
+            )
+        for name, count in new_per_pool.items():
+            pool = shared.pools[name]
+            cap = pool.config.max_live
+            if cap is not None and pool.live + count > cap:
+                return AdmissionRejected(
+                    f"pool {name!r} has {pool.live} live tasks; {count} more would exceed "
+                    f"its max_live={cap}"
+                )
+        return None
 
     def end_for_parent(self, task: Task, parent_id: int, parent_status: Status) -> None:
         status, message = _parent_verdict(parent_id, parent_status)
