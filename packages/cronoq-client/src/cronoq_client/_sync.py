@@ -24,7 +24,16 @@ from typing import Any, ParamSpec, Self, TypeVar
 
 import grpc
 
-from cronoq import Codec, ScheduleInfo, Status, TaskInfo, TaskRequest, TaskSummary
+from cronoq import (
+    Codec,
+    PoolInfo,
+    ScheduleInfo,
+    Status,
+    TaskInfo,
+    TaskRequest,
+    TaskSummary,
+    WorkerInfo,
+)
 from cronoq.errors import SchedulerStopped
 from cronoq_client._client import DEFAULT_MAX_MESSAGE_BYTES, AsyncClient
 from cronoq_client._credentials import Tls
@@ -245,6 +254,30 @@ class Client:
         self, cron: str, timezone: str = "UTC", n: int = 10, *, after: datetime | None = None
     ) -> builtins.list[datetime]:
         return self._run(self._async.preview(cron, timezone, n, after=after))
+
+    @_mirrors(AsyncClient.pause_pool)
+    def pause_pool(self, name: str) -> PoolInfo:
+        return self._run(self._async.pause_pool(name))
+
+    @_mirrors(AsyncClient.resume_pool)
+    def resume_pool(self, name: str) -> PoolInfo:
+        return self._run(self._async.resume_pool(name))
+
+    @_mirrors(AsyncClient.list_pools)
+    def list_pools(self) -> builtins.list[PoolInfo]:
+        return self._run(self._async.list_pools())
+
+    @_mirrors(AsyncClient.retry)
+    def retry(self, task_id: int, *, include_payload: bool = True) -> TaskInfo:
+        return self._run(self._async.retry(task_id, include_payload=include_payload))
+
+    @_mirrors(AsyncClient.trigger_schedule)
+    def trigger_schedule(self, name: str) -> int | None:
+        return self._run(self._async.trigger_schedule(name))
+
+    @_mirrors(AsyncClient.list_workers)
+    def list_workers(self) -> builtins.list[WorkerInfo]:
+        return self._run(self._async.list_workers())
 
 
 def _serve(loop: asyncio.AbstractEventLoop) -> None:
