@@ -47,6 +47,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 Code = grpc.StatusCode
 LIMIT = 1 << 20
 """The server's max_message_bytes (and so the scheduler's payload limit)."""
+MANY = wire.MAX_SUBMIT_MANY_TASKS
+REFERENCES = wire.MAX_SUBMIT_MANY_REFERENCES
+PER_TASK = REFERENCES // MANY
+"""Dependencies and tags per task in a call of MANY tasks that names the most it may."""
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 CALL_TIMEOUT = 5.0
@@ -250,6 +254,35 @@ async def test_submit_many_takes_all_in_order(api: Api) -> None:
     await api.tasks.Cancel(pb.CancelRequest(task_id=second))  # no worker of "attach" gets it
     empty = await api.tasks.SubmitMany(pb.SubmitManyRequest())
     assert list(empty.task_ids) == []
+
+
+async def test_submit_many_takes_the_most_one_call_may_carry(api: Api) -> None:
+    """As many tasks, dependencies and tags as the server takes in one call (see the refusals
+    one past each in ``bad_others``)."""
+    kind = unique("most")
+    parent = await submitted(api, **LATER)
+    batch = [task(kind=kind, after=[parent] * PER_TASK, tags=["t"] * PER_TASK)] * MANY
+    reply = await api.tasks.SubmitMany(pb.SubmitManyRequest(tasks=batch))
+    assert len(reply.task_ids) == MANY
+    await api.tasks.Cancel(pb.CancelRequest(task_id=parent))  # and its dependants with it
+
+
+async def test_a_list_page_ends_at_the_servers_page_limit(api: Api) -> None:
+    """A page is made on the event loop: one longer than MAX_LIST_PAGE tasks, asked for or
+    not, ends there with a token for the next."""
+    kind = unique("page")
+    batch = pb.SubmitManyRequest(common=task(kind=kind, **LATER), payloads=[b""] * MANY)
+    ids = [*(await api.tasks.SubmitMany(batch)).task_ids, await submitted(api, kind=kind, **LATER)]
+    assert len(ids) > wire.MAX_LIST_PAGE
+    for asked in (None, len(ids)):  # the server's own page size, then more
+        first = await api.tasks.List(pb.ListRequest(kind=kind, page_size=asked))
+        assert [t.task_id for t in first.tasks] == ids[: wire.MAX_LIST_PAGE]
+        assert first.next_page_token == str(ids[wire.MAX_LIST_PAGE - 1])
+        token = first.next_page_token
+        rest = await api.tasks.List(pb.ListRequest(kind=kind, page_size=asked, page_token=token))
+        assert [t.task_id for t in rest.tasks] == ids[wire.MAX_LIST_PAGE :]
+    for task_id in ids:
+        await api.tasks.Cancel(pb.CancelRequest(task_id=task_id))
 
 
 async def test_list_filters_and_pages(api: Api) -> None:
@@ -849,8 +882,23 @@ def bad_others() -> Iterator[Bad]:
     yield from [
         bad("Submit-no-task", "Submit", pb.SubmitRequest(), "kind must not be empty"),
         bad("SubmitMany-too-many", "SubmitMany",
-            pb.SubmitManyRequest(tasks=[task(kind="j")] * 100_001),
-            "submit_many requests: more than 100000 items"),
+            pb.SubmitManyRequest(tasks=[task(kind="j")] * (MANY + 1)),
+            f"SubmitMany: {MANY + 1} tasks in one call; the server takes at most {MANY} per call"),
+        bad("SubmitMany-too-many-compact", "SubmitMany",
+            pb.SubmitManyRequest(common=task(kind="j"), payloads=[b"p"] * (MANY + 1)),
+            f"SubmitMany: {MANY + 1} tasks in one call"),
+        # Checked before any task is decoded: these dependencies were never issued.
+        bad("SubmitMany-too-many-dependencies", "SubmitMany",
+            pb.SubmitManyRequest(tasks=[task(after=[2**62] * (PER_TASK + 1))] * MANY),
+            f"its tasks name {(PER_TASK + 1) * MANY} dependencies in all; the server takes at "
+            f"most {REFERENCES} per call"),
+        bad("SubmitMany-too-many-dependencies-compact", "SubmitMany",
+            pb.SubmitManyRequest(common=task(after=[2**62] * (PER_TASK + 1)),
+                                 payloads=[b"p"] * MANY),
+            f"name {(PER_TASK + 1) * MANY} dependencies in all"),
+        bad("SubmitMany-too-many-tags", "SubmitMany",
+            pb.SubmitManyRequest(tasks=[task(tags=["t"] * (PER_TASK + 1))] * MANY),
+            f"name {(PER_TASK + 1) * MANY} tags in all"),
         bad("Get-zero", "Get", pb.GetRequest(task_id=0), "task_id must be between 1 and"),
         bad("Get-negative", "Get", pb.GetRequest(task_id=INT64_MIN), "task_id must be between"),
         bad("Get-unknown", "Get", pb.GetRequest(task_id=12345), "no task 12345", "TASK_NOT_FOUND",
