@@ -1290,6 +1290,38 @@ VALID: dict[str, Message] = {
 }
 """A valid request of each method with arguments, for the fuzzing to vary a field or two of."""
 
+READS = ("Get", "GetByKey", "Wait", "GetTaskData")
+"""The calls that send a task's payload and output, each only when asked."""
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def read_bases(fuzz_server: ServerProcess) -> dict[str, Message]:
+    """Valid requests of the READS naming a task of the fuzz server that succeeded with a
+    payload and an output too large to be sent together, the output as large as its report
+    could carry (too large to be sent with the rest of the task): every combination of the
+    fields that ask for them (and GetTaskData's choice) gets past the lookup to the omission
+    rules."""
+    key = unique("fuzz-read")
+    async with _api(fuzz_server) as api:
+        task_id = await submitted(api, pool="large", key=key, payload=b"p" * (LIMIT // 2))
+        worker = Worker(api, ["large"])
+        try:
+            assert (await worker.event()).WhichOneof("event") == "attached"
+            attempt = await worker.attempt()
+            # Less the report's other fields, and the two length prefixes' growth.
+            room = LIMIT - pb.ReportRequest(token=attempt.token, success=pb.Success()).ByteSize()
+            success = pb.Success(output=b"o" * (room - 8))
+            await api.workers.Report(pb.ReportRequest(token=attempt.token, success=success))
+        finally:
+            worker.close()
+    both = {"include_payload": True, "include_output": True}
+    return {
+        "Get": pb.GetRequest(task_id=task_id, **both),
+        "GetByKey": pb.GetByKeyRequest(key=key, **both),
+        "Wait": pb.WaitRequest(task_id=task_id, timeout=seconds(0), **both),
+        "GetTaskData": pb.GetTaskDataRequest(task_id=task_id, data=pb.TASK_DATA_OUTPUT),
+    }
+
 
 def _sync_call(channel: grpc.Channel, method: Any, data: bytes) -> grpc.StatusCode:
     """One call with these request bytes; its status (OK for an answer), never INTERNAL or
@@ -1375,8 +1407,10 @@ async def test_arbitrary_bytes_never_get_internal_or_unknown(fuzz_server: Server
 
 
 async def test_arbitrary_field_values_never_get_internal_or_unknown(
-    fuzz_server: ServerProcess,
+    fuzz_server: ServerProcess, read_bases: dict[str, Message]
 ) -> None:
+    bases = {**VALID, **read_bases}
+
     def fuzz() -> None:
         with grpc.insecure_channel(fuzz_server.target) as channel:
 
@@ -1385,9 +1419,34 @@ async def test_arbitrary_field_values_never_get_internal_or_unknown(
             def check(data: st.DataObject) -> None:
                 _, method = data.draw(st.sampled_from(METHODS))
                 anything = messages(method.input_type)
-                base = VALID.get(method.name)
+                base = bases.get(method.name)
                 request = data.draw(anything if base is None else anything | variations(base))
                 _sync_call(channel, method, request.SerializeToString())
+
+            check()
+            _serves(channel)
+
+    await asyncio.to_thread(fuzz)
+
+
+async def test_arbitrary_reads_of_a_large_task_never_get_internal_or_unknown(
+    fuzz_server: ServerProcess, read_bases: dict[str, Message]
+) -> None:
+    """The fields that ask for a payload and an output (Get, GetByKey, Wait) and GetTaskData's
+    choice, varied around a task whose payload and output do not fit in one message: each
+    answer fits the limit (a reply over it fails the call RESOURCE_EXHAUSTED)."""
+    methods = {m.name: m for _, m in METHODS if m.name in READS}
+
+    def fuzz() -> None:
+        with grpc.insecure_channel(fuzz_server.target) as channel:
+
+            @_FUZZ_SETTINGS
+            @given(st.data())
+            def check(data: st.DataObject) -> None:
+                name = data.draw(st.sampled_from(READS))
+                request = data.draw(variations(read_bases[name]))
+                code = _sync_call(channel, methods[name], request.SerializeToString())
+                assert code is not Code.RESOURCE_EXHAUSTED, request
 
             check()
             _serves(channel)
