@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from typing import Any, cast
 
@@ -36,12 +36,14 @@ from cronoq import (
     RemotePool,
     Scheduler,
     TaskContext,
+    TaskInfo,
     TaskRequest,
     preview,
 )
-from cronoq.errors import InvalidArgument, StaleAttempt, TaskNotFound
+from cronoq.errors import InvalidArgument, StaleAttempt, TaskNotFound, WaitTimedOut
 from cronoq_client import _wire as w
 from cronoq_client._proto import cronoq_pb2 as pb
+from cronoq_client._sizes import fitted_task_info, task_data_response
 from cronoq_client._status import error_from_report_result
 
 HOSTILE = settings(
@@ -207,6 +209,124 @@ def test_hostile_waits(harness: Harness, message: pb.WaitRequest) -> None:
     kwargs = _decoded(lambda: w.wait_kwargs(message))
     if kwargs is not None:
         harness.takes(lambda: harness.sched.wait(**kwargs), TaskNotFound)
+
+
+READ_LIMIT = 6_000
+"""A message limit the harness's largest payload (4,096 bytes) fits under alone, but not
+together with an output as large."""
+
+
+def _finished_with_payload_and_output(harness: Harness) -> TaskInfo:
+    """A task of the harness that succeeded with its payload echoed as its output, both too
+    large to be sent together under READ_LIMIT."""
+
+    async def run() -> TaskInfo:
+        request = TaskRequest("echo", b"x" * 4096, key=READ_KEY)
+        [task_id] = await harness.sched.submit_many([request])
+        return await harness.sched.wait(task_id, timeout=10)
+
+    return harness.runner.run(run())
+
+
+Read = pb.GetRequest | pb.GetByKeyRequest | pb.WaitRequest
+READ_KEY = "read-me"
+
+
+def _reads(task: TaskInfo) -> st.SearchStrategy[Read]:
+    """A Get, GetByKey or Wait, wholly arbitrary or naming ``task`` with arbitrary fields
+    that ask for its payload and output."""
+    arbitrary = messages(pb.GetRequest) | messages(pb.GetByKeyRequest) | messages(pb.WaitRequest)
+    flags = st.fixed_dictionaries(
+        {"include_payload": st.booleans(), "include_output": st.booleans()}
+    )
+    return arbitrary | flags.flatmap(
+        lambda f: st.sampled_from(
+            [
+                pb.GetRequest(task_id=task.task_id, **f),
+                pb.GetByKeyRequest(key=READ_KEY, **f),
+                pb.WaitRequest(task_id=task.task_id, timeout=Duration(), **f),
+            ]
+        )
+    )
+
+
+def _looked_up(
+    harness: Harness, lookup: Callable[[], Awaitable[TaskInfo | None]]
+) -> TaskInfo | None:
+    """The task ``lookup`` finds in the harness's Scheduler, or None where it refuses the
+    request (InvalidArgument, TaskNotFound, WaitTimedOut); the scheduler still runs."""
+
+    async def run() -> TaskInfo | None:
+        try:
+            return await lookup()
+        except (InvalidArgument, TaskNotFound, WaitTimedOut):
+            return None
+
+    found = harness.runner.run(run())
+    assert harness.sched.running, harness.sched.failure
+    return found
+
+
+def _sent_as_asked(asked: bool, value: bytes | None, sent: bytes | None, omitted: bool) -> None:
+    """A payload or output is in the reply, whole, or flagged as left out, exactly when it
+    was asked for and the task has one."""
+    assert sent is None or not omitted
+    assert (sent is not None or omitted) is (asked and value is not None)
+    assert sent is None or sent == value
+
+
+@HOSTILE
+@given(st.data())
+def test_hostile_task_reads_send_what_is_asked_within_the_limit(
+    harness: Harness, data: st.DataObject
+) -> None:
+    """As the server answers Get, GetByKey and Wait: the task read by the Scheduler, then the
+    payload and output each sent only if asked, one that does not fit left out and flagged
+    (the payload first); the reply fits the limit and the client decodes it."""
+    task = _finished_with_payload_and_output(harness)
+    message: Read = data.draw(_reads(task))
+    sched = harness.sched
+    match message:
+        case pb.GetRequest():
+            found = _looked_up(harness, lambda: sched.get(message.task_id))
+        case pb.GetByKeyRequest():
+            found = _looked_up(harness, lambda: sched.get_by_key(message.key))
+        case pb.WaitRequest():
+            kwargs = _decoded(lambda: w.wait_kwargs(message))
+            found = None if kwargs is None else _looked_up(harness, lambda: sched.wait(**kwargs))
+    if found is None:
+        return
+    payload, output = message.include_payload, message.include_output
+    reply = fitted_task_info(found, payload=payload, output=output, limit=READ_LIMIT)
+    assert reply.ByteSize() <= READ_LIMIT
+    sent_payload = reply.payload if reply.HasField("payload") else None
+    _sent_as_asked(payload, found.payload, sent_payload, reply.payload_omitted)
+    sent_output = reply.output if reply.HasField("output") else None
+    _sent_as_asked(output, found.output, sent_output, reply.output_omitted)
+    # The payload is left out first: the output only if the task does not fit without it.
+    assert not reply.output_omitted or reply.payload_omitted or not reply.HasField("payload")
+    w.task_info_from_pb(wire(reply), BytesCodec())
+
+
+@HOSTILE
+@given(st.data())
+def test_hostile_task_data_requests_send_the_value_alone(
+    harness: Harness, data: st.DataObject
+) -> None:
+    """As the server answers GetTaskData (which refuses a choice other than PAYLOAD or OUTPUT
+    itself, see test_server_calls): the value chosen is sent alone, whole, within the limit."""
+    task = _finished_with_payload_and_output(harness)
+    # Any task id a peer may send, or this task's.
+    task_ids = st.just(task.task_id) | messages(pb.GetTaskDataRequest).map(lambda m: m.task_id)
+    choice = data.draw(st.sampled_from([pb.TASK_DATA_PAYLOAD, pb.TASK_DATA_OUTPUT]))
+    message = wire(pb.GetTaskDataRequest(task_id=data.draw(task_ids), data=choice))
+    found = _looked_up(harness, lambda: harness.sched.get(message.task_id))
+    if found is None:
+        return
+    value = found.payload if message.data == pb.TASK_DATA_PAYLOAD else found.output
+    reply = task_data_response(value, found.task_id, READ_LIMIT)
+    assert reply.ByteSize() <= READ_LIMIT
+    assert (reply.data if reply.HasField("data") else None) == value
 
 
 @HOSTILE

@@ -47,6 +47,10 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 Code = grpc.StatusCode
 LIMIT = 1 << 20
 """The server's max_message_bytes (and so the scheduler's payload limit)."""
+MANY = wire.MAX_SUBMIT_MANY_TASKS
+REFERENCES = wire.MAX_SUBMIT_MANY_REFERENCES
+PER_TASK = REFERENCES // MANY
+"""Dependencies and tags per task in a call of MANY tasks that names the most it may."""
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
 CALL_TIMEOUT = 5.0
@@ -250,6 +254,35 @@ async def test_submit_many_takes_all_in_order(api: Api) -> None:
     await api.tasks.Cancel(pb.CancelRequest(task_id=second))  # no worker of "attach" gets it
     empty = await api.tasks.SubmitMany(pb.SubmitManyRequest())
     assert list(empty.task_ids) == []
+
+
+async def test_submit_many_takes_the_most_one_call_may_carry(api: Api) -> None:
+    """As many tasks, dependencies and tags as the server takes in one call (see the refusals
+    one past each in ``bad_others``)."""
+    kind = unique("most")
+    parent = await submitted(api, **LATER)
+    batch = [task(kind=kind, after=[parent] * PER_TASK, tags=["t"] * PER_TASK)] * MANY
+    reply = await api.tasks.SubmitMany(pb.SubmitManyRequest(tasks=batch))
+    assert len(reply.task_ids) == MANY
+    await api.tasks.Cancel(pb.CancelRequest(task_id=parent))  # and its dependants with it
+
+
+async def test_a_list_page_ends_at_the_servers_page_limit(api: Api) -> None:
+    """A page is made on the event loop: one longer than MAX_LIST_PAGE tasks, asked for or
+    not, ends there with a token for the next."""
+    kind = unique("page")
+    batch = pb.SubmitManyRequest(common=task(kind=kind, **LATER), payloads=[b""] * MANY)
+    ids = [*(await api.tasks.SubmitMany(batch)).task_ids, await submitted(api, kind=kind, **LATER)]
+    assert len(ids) > wire.MAX_LIST_PAGE
+    for asked in (None, len(ids)):  # the server's own page size, then more
+        first = await api.tasks.List(pb.ListRequest(kind=kind, page_size=asked))
+        assert [t.task_id for t in first.tasks] == ids[: wire.MAX_LIST_PAGE]
+        assert first.next_page_token == str(ids[wire.MAX_LIST_PAGE - 1])
+        token = first.next_page_token
+        rest = await api.tasks.List(pb.ListRequest(kind=kind, page_size=asked, page_token=token))
+        assert [t.task_id for t in rest.tasks] == ids[wire.MAX_LIST_PAGE :]
+    for task_id in ids:
+        await api.tasks.Cancel(pb.CancelRequest(task_id=task_id))
 
 
 async def test_list_filters_and_pages(api: Api) -> None:
@@ -849,8 +882,23 @@ def bad_others() -> Iterator[Bad]:
     yield from [
         bad("Submit-no-task", "Submit", pb.SubmitRequest(), "kind must not be empty"),
         bad("SubmitMany-too-many", "SubmitMany",
-            pb.SubmitManyRequest(tasks=[task(kind="j")] * 100_001),
-            "submit_many requests: more than 100000 items"),
+            pb.SubmitManyRequest(tasks=[task(kind="j")] * (MANY + 1)),
+            f"SubmitMany: {MANY + 1} tasks in one call; the server takes at most {MANY} per call"),
+        bad("SubmitMany-too-many-compact", "SubmitMany",
+            pb.SubmitManyRequest(common=task(kind="j"), payloads=[b"p"] * (MANY + 1)),
+            f"SubmitMany: {MANY + 1} tasks in one call"),
+        # Checked before any task is decoded: these dependencies were never issued.
+        bad("SubmitMany-too-many-dependencies", "SubmitMany",
+            pb.SubmitManyRequest(tasks=[task(after=[2**62] * (PER_TASK + 1))] * MANY),
+            f"its tasks name {(PER_TASK + 1) * MANY} dependencies in all; the server takes at "
+            f"most {REFERENCES} per call"),
+        bad("SubmitMany-too-many-dependencies-compact", "SubmitMany",
+            pb.SubmitManyRequest(common=task(after=[2**62] * (PER_TASK + 1)),
+                                 payloads=[b"p"] * MANY),
+            f"name {(PER_TASK + 1) * MANY} dependencies in all"),
+        bad("SubmitMany-too-many-tags", "SubmitMany",
+            pb.SubmitManyRequest(tasks=[task(tags=["t"] * (PER_TASK + 1))] * MANY),
+            f"name {(PER_TASK + 1) * MANY} tags in all"),
         bad("Get-zero", "Get", pb.GetRequest(task_id=0), "task_id must be between 1 and"),
         bad("Get-negative", "Get", pb.GetRequest(task_id=INT64_MIN), "task_id must be between"),
         bad("Get-unknown", "Get", pb.GetRequest(task_id=12345), "no task 12345", "TASK_NOT_FOUND",
@@ -1242,6 +1290,38 @@ VALID: dict[str, Message] = {
 }
 """A valid request of each method with arguments, for the fuzzing to vary a field or two of."""
 
+READS = ("Get", "GetByKey", "Wait", "GetTaskData")
+"""The calls that send a task's payload and output, each only when asked."""
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def read_bases(fuzz_server: ServerProcess) -> dict[str, Message]:
+    """Valid requests of the READS naming a task of the fuzz server that succeeded with a
+    payload and an output too large to be sent together, the output as large as its report
+    could carry (too large to be sent with the rest of the task): every combination of the
+    fields that ask for them (and GetTaskData's choice) gets past the lookup to the omission
+    rules."""
+    key = unique("fuzz-read")
+    async with _api(fuzz_server) as api:
+        task_id = await submitted(api, pool="large", key=key, payload=b"p" * (LIMIT // 2))
+        worker = Worker(api, ["large"])
+        try:
+            assert (await worker.event()).WhichOneof("event") == "attached"
+            attempt = await worker.attempt()
+            # Less the report's other fields, and the two length prefixes' growth.
+            room = LIMIT - pb.ReportRequest(token=attempt.token, success=pb.Success()).ByteSize()
+            success = pb.Success(output=b"o" * (room - 8))
+            await api.workers.Report(pb.ReportRequest(token=attempt.token, success=success))
+        finally:
+            worker.close()
+    both = {"include_payload": True, "include_output": True}
+    return {
+        "Get": pb.GetRequest(task_id=task_id, **both),
+        "GetByKey": pb.GetByKeyRequest(key=key, **both),
+        "Wait": pb.WaitRequest(task_id=task_id, timeout=seconds(0), **both),
+        "GetTaskData": pb.GetTaskDataRequest(task_id=task_id, data=pb.TASK_DATA_OUTPUT),
+    }
+
 
 def _sync_call(channel: grpc.Channel, method: Any, data: bytes) -> grpc.StatusCode:
     """One call with these request bytes; its status (OK for an answer), never INTERNAL or
@@ -1327,8 +1407,10 @@ async def test_arbitrary_bytes_never_get_internal_or_unknown(fuzz_server: Server
 
 
 async def test_arbitrary_field_values_never_get_internal_or_unknown(
-    fuzz_server: ServerProcess,
+    fuzz_server: ServerProcess, read_bases: dict[str, Message]
 ) -> None:
+    bases = {**VALID, **read_bases}
+
     def fuzz() -> None:
         with grpc.insecure_channel(fuzz_server.target) as channel:
 
@@ -1337,9 +1419,34 @@ async def test_arbitrary_field_values_never_get_internal_or_unknown(
             def check(data: st.DataObject) -> None:
                 _, method = data.draw(st.sampled_from(METHODS))
                 anything = messages(method.input_type)
-                base = VALID.get(method.name)
+                base = bases.get(method.name)
                 request = data.draw(anything if base is None else anything | variations(base))
                 _sync_call(channel, method, request.SerializeToString())
+
+            check()
+            _serves(channel)
+
+    await asyncio.to_thread(fuzz)
+
+
+async def test_arbitrary_reads_of_a_large_task_never_get_internal_or_unknown(
+    fuzz_server: ServerProcess, read_bases: dict[str, Message]
+) -> None:
+    """The fields that ask for a payload and an output (Get, GetByKey, Wait) and GetTaskData's
+    choice, varied around a task whose payload and output do not fit in one message: each
+    answer fits the limit (a reply over it fails the call RESOURCE_EXHAUSTED)."""
+    methods = {m.name: m for _, m in METHODS if m.name in READS}
+
+    def fuzz() -> None:
+        with grpc.insecure_channel(fuzz_server.target) as channel:
+
+            @_FUZZ_SETTINGS
+            @given(st.data())
+            def check(data: st.DataObject) -> None:
+                name = data.draw(st.sampled_from(READS))
+                request = data.draw(variations(read_bases[name]))
+                code = _sync_call(channel, methods[name], request.SerializeToString())
+                assert code is not Code.RESOURCE_EXHAUSTED, request
 
             check()
             _serves(channel)

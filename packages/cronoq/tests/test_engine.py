@@ -48,6 +48,7 @@ from cronoq._engine import (
     TaskSummary,
     WaitTask,
 )
+from cronoq._engine.state import Task
 from cronoq._memory import MemoryCluster
 from cronoq._model import (
     NS_PER_S,
@@ -499,6 +500,69 @@ def test_list_tasks_filters_live_and_finished_tasks() -> None:
     assert listed(kind="a") == [done, queued_a]
     assert listed(tag="x") == [done, other_b]
     assert len(listed(limit=2)) == 2
+
+
+def test_list_page_examines_tasks_from_after_not_every_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page's cost follows its size: it starts at ``after`` and stops when full, instead of
+    summarising every task in memory (0.5 s of a server's event loop at 100,000 tasks)."""
+    engine = make_engine(default=0)
+    ids = submit(engine, T0, *(spec(f"t{i}") for i in range(2_000)))
+    summarised: list[int] = []
+    summary = Task.summary
+
+    def counted(task: Task) -> TaskSummary:
+        summarised.append(task.id)
+        return summary(task)
+
+    monkeypatch.setattr(Task, "summary", counted)
+    page, _ = call(engine, T0 + 1, lambda to: ListTasks(to, limit=10, after=ids[999]))
+    assert isinstance(page, list)
+    assert [s.task_id for s in page] == ids[1000:1010]
+    assert summarised == ids[1000:1010]
+
+
+def test_list_after_a_recovery_pages_in_id_order_and_forgets_pruned_tasks() -> None:
+    """A recovery adds finished rows in the order they finished, then the quarantined, then
+    the live ones: pages still come in id order, and a pruned task is never listed."""
+    config = make_engine(default=0).config  # a retention of an hour
+    late = TaskRecord(EPOCH1 | 1, spec("a"), Status.SUCCEEDED, 1, "ok", T0, T0 + 40 * MINUTE)
+    early = TaskRecord(EPOCH1 | 4, spec("b"), Status.FAILED, 1, "boom", T0, T0 + MINUTE)
+    two, five = (TaskRecord(EPOCH1 | i, spec("c"), Status.READY, 0, "new", T0, T0) for i in (2, 5))
+    rows = [late, two, early, five]  # as a store returns them: in id order
+    state = RecoveredState(EPOCH1 | 6, rows, [], quarantined=[(EPOCH1 | 3, "x")])
+    now = T0 + 50 * MINUTE  # the quarantined row counts as finished now
+    engine, _ = recover(config, 2, now, state)
+
+    def listed(at: int, **query: Any) -> list[int]:
+        value, _ = call(engine, at, lambda to: ListTasks(to, **query))
+        assert isinstance(value, list)
+        return [s.task_id for s in value]
+
+    every = [EPOCH1 | i for i in range(1, 6)]
+    assert listed(now) == every
+    assert listed(now, limit=2, after=EPOCH1 | 1) == every[1:3]
+    assert listed(now, kind="c") == [EPOCH1 | 2, EPOCH1 | 5]
+    [new] = submit(engine, now, spec("d"))
+    assert listed(now + HOUR - 5 * MINUTE) == [EPOCH1 | 2, EPOCH1 | 3, EPOCH1 | 5, new]
+    assert listed(now + HOUR + 1) == [EPOCH1 | 2, EPOCH1 | 5, new]
+    assert listed(now + HOUR + 1, after=EPOCH1 | 2, limit=1) == [EPOCH1 | 5]
+
+
+def test_list_keeps_finished_tasks_in_the_retention_when_most_were_pruned() -> None:
+    """Pruning most of the tasks in memory compacts the ids ``list`` starts from: those still
+    in memory, live or finished, are all kept."""
+    engine = make_engine(default=0)  # a retention of an hour
+    ids = submit(engine, T0, *(spec(f"t{i}") for i in range(10)))
+    for task_id in ids[:6]:
+        cancel(engine, T0, task_id)
+    for task_id in ids[6:8]:
+        cancel(engine, T0 + 30 * MINUTE, task_id)
+    value, _ = call(engine, T0 + HOUR + 1, lambda to: ListTasks(to))
+    assert isinstance(value, list)
+    assert [s.task_id for s in value] == ids[6:]
+    assert [s.status for s in value] == [Status.CANCELLED] * 2 + [Status.READY] * 2
 
 
 # === pools =================================================================================

@@ -21,6 +21,7 @@ from cronoq._engine import (
     GetTaskByKey,
     Input,
     ListPools,
+    ListTasks,
     OfferSlots,
     PausePool,
     PauseSchedule,
@@ -360,3 +361,18 @@ def test_a_trigger_of_a_paused_schedule_runs_and_it_stays_paused() -> None:
     h.ask(lambda r: PauseSchedule("nightly", r))
     assert isinstance(h.ask(lambda r: TriggerSchedule("nightly", r)), int)
     assert h.cluster.schedules["nightly"].paused
+
+
+def test_a_retried_task_that_had_left_memory_is_listed_again() -> None:
+    # List pages through an index of the ids in memory: a task retried from its stored row
+    # (it finished before the retention window, so memory forgot it) must be in it again.
+    config = EngineConfig((PoolConfig("default", 1),), 10 * S, None, 0)
+    h = Harness(Engine(config, 1))
+    first = h.step(SubmitTasks([spec("a")], None)).dispatches[0]
+    task_id = first.token.task_id
+    h.step(AttemptReport(first.token, AttemptFailed("boom", retryable=False)))
+    h.step(at=T0 + 60 * S)  # past the retention: pruned from memory, kept in the store
+    assert h.ask(lambda r: ListTasks(r)) == []
+    retried = h.retry(task_id)
+    assert isinstance(retried, TaskRecord) and retried.status is Status.READY
+    assert [t.task_id for t in h.ask(lambda r: ListTasks(r))] == [task_id]  # type: ignore[attr-defined]

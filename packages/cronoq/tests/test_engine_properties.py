@@ -38,6 +38,7 @@ from cronoq._engine import (
     HeartbeatReply,
     InFlight,
     Input,
+    ListTasks,
     OfferSlots,
     PauseSchedule,
     PoolConfig,
@@ -671,6 +672,46 @@ class EngineMachine(RuleBasedStateMachine):
         else:
             assert isinstance(reply, StaleAttempt), reply
         assert result.mutations == [], "a heartbeat persists nothing"
+        self._persist(result)
+
+    @rule(
+        statuses=st.none() | st.frozensets(st.sampled_from(Status), min_size=1),
+        pool=st.sampled_from([None, "a", "b"]),
+        kind=st.sampled_from([None, "job", "other"]),
+        tag=st.sampled_from([None, "t"]),
+        limit=st.none() | st.integers(1, 4),
+        data=st.data(),
+    )
+    def list_tasks(
+        self,
+        statuses: frozenset[Status] | None,
+        pool: str | None,
+        kind: str | None,
+        tag: str | None,
+        limit: int | None,
+        data: st.DataObject,
+    ) -> None:
+        """A page is what filtering and sorting every task in memory would give: the index
+        ``list`` starts from (built on submission and recovery, pruned and compacted) neither
+        loses a task nor keeps one the engine no longer holds."""
+        after = data.draw(st.none() | st.sampled_from([0, *self.ids]), label="after")
+        query = ListTasks("list", statuses, pool, kind, tag, limit, after)
+        result = self.engine.step(self.now, [WORKERS, query])
+        every = [task.summary() for task in self._engine_live().values()]
+        every += self.engine._tasks.finished.values()  # white box: those in the retention
+        expected = sorted(
+            (
+                summary
+                for summary in every
+                if summary.task_id > (after or 0)
+                and (statuses is None or summary.status in statuses)
+                and (pool is None or summary.pool == pool)
+                and (kind is None or summary.kind == kind)
+                and (tag is None or tag in summary.tags)
+            ),
+            key=lambda summary: summary.task_id,
+        )[:limit]
+        assert _reply(result, "list") == expected
         self._persist(result)
 
     # --- rules: time ----------------------------------------------------------------------

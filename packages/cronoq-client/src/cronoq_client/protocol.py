@@ -33,6 +33,8 @@ from cronoq_client._status import (
 )
 from cronoq_client._wire import (
     MAX_REPORTS_PER_CALL,
+    MAX_SUBMIT_MANY_REFERENCES,
+    MAX_SUBMIT_MANY_TASKS,
     MAX_WORKER_ID_LENGTH,
     MAX_WORKER_POOLS,
     MAX_WORKER_SLOTS,
@@ -97,6 +99,8 @@ __all__ = [
     "DOMAIN",
     "MAX_LIST_PAGE",
     "MAX_REPORTS_PER_CALL",
+    "MAX_SUBMIT_MANY_REFERENCES",
+    "MAX_SUBMIT_MANY_TASKS",
     "MAX_WORKER_ID_LENGTH",
     "MAX_WORKER_POOLS",
     "MAX_WORKER_SLOTS",

@@ -5,8 +5,8 @@ reads of tasks (get, wait, list)."""
 from __future__ import annotations
 
 import dataclasses
-import heapq
-from collections.abc import Iterable, Sequence
+from bisect import bisect_right
+from collections.abc import Sequence
 
 from cronoq._engine.inputs import ListTasks
 from cronoq._engine.outputs import CancelAttempt, SubmitResult, TaskSummary
@@ -38,7 +38,12 @@ __all__ = ["Tasks"]
 class Tasks:
     """Live tasks are in ``shared.tasks``; this room keeps what outlives them: the finished
     ones inside the retention window (compact summaries), keys, dependants, waiters and the
-    quarantined rows of the last recovery."""
+    quarantined rows of the last recovery.
+
+    ``listed`` holds the id of every task in either (see ``index``) in ascending order, so that
+    ``list`` starts at its ``after`` by bisection and stops when its page is full: a page costs
+    the tasks it examines, not every task in memory. A pruned id stays in it (skipped) until
+    half of it is pruned ids, then the list is compacted."""
 
     def __init__(self, shared: Shared, high_water_mark: int) -> None:
         self.shared = shared
@@ -50,6 +55,9 @@ class Tasks:
         # Per task, the callers waiting for it to finish, by identity (removable in O(1)).
         self.waiters: dict[int, dict[int, object]] = {}
         self.quarantined: dict[int, TaskRecord] = {}
+        self.listed: list[int] = []
+        self.listed_sorted = True  # a recovery adds its rows out of id order: sorted on use
+        self.pruned_listed = 0  # ids in ``listed`` no longer in memory
 
     @property
     def high_water_mark(self) -> int:
@@ -118,6 +126,7 @@ class Tasks:
         task = Task(self.next_id, spec, shared.now)
         self.next_id += 1
         shared.tasks[task.id] = task
+        self.listed.append(task.id)  # above every id issued before it: the order holds
         shared.pools[spec.pool].live += 1
         bump(shared.counters.submitted, spec.pool)
         if spec.key is not None:
@@ -262,6 +271,8 @@ class Tasks:
             return found
         assert row is not None  # _unretryable refuses a task whose row the store lacks
         done = self.finished.pop(task_id, None)
+        if done is None:
+            self.index(task_id)  # finished before the retention window: out of ``listed``
         attempt = row.attempt if done is None else done.attempt
         spec = row.spec
         if attempt >= spec.retry.max_attempts:
@@ -382,13 +393,28 @@ class Tasks:
             if summary.finished_ns is not None and summary.finished_ns >= horizon:
                 break
             del finished[task_id]
+            self.pruned_listed += 1
             self.quarantined.pop(task_id, None)
             if summary.key is not None and self.keys.get(summary.key) == task_id:
                 del self.keys[summary.key]
+        if self.pruned_listed > len(self.listed) // 2:
+            # Amortised: at least as many prunes as ids kept paid for this pass.
+            tasks = self.shared.tasks
+            self.listed = [i for i in self.listed if i in tasks or i in finished]
+            self.pruned_listed = 0
 
     # --- rows of a recovery (see restore.py) -------------------------------------------------
 
+    def index(self, task_id: int) -> None:
+        """Add the id of a recovered row (or of a retried task that had left memory) to
+        ``listed``; a duplicate is harmless."""
+        listed = self.listed
+        if listed and task_id <= listed[-1]:
+            self.listed_sorted = False
+        listed.append(task_id)
+
     def add_finished(self, row: TaskRecord) -> None:
+        self.index(row.task_id)
         spec = row.spec
         self.finished[row.task_id] = TaskSummary(
             row.task_id,
@@ -405,6 +431,7 @@ class Tasks:
 
     def add_quarantined(self, task_id: int, reason: str) -> None:
         now = self.shared.now
+        self.index(task_id)
         self.finished[task_id] = TaskSummary(task_id, Status.FAILED, 0, "", "", None, (), now)
         # Lookups answer with what is known: failed, and why, not a decoding error.
         self.quarantined[task_id] = TaskRecord(
@@ -425,6 +452,7 @@ class Tasks:
         # either this leader's own (a rebuild in its epoch) or lost with its leader.
         task.attempt_epoch = shared.epoch if row.lease is None else row.lease.epoch
         shared.tasks[task.id] = task
+        self.index(task.id)
         if row.spec.key is not None:
             self.keys[row.spec.key] = task.id
         if row.spec.pool in shared.pools:
@@ -455,28 +483,48 @@ class Tasks:
             self.shared.reply(reply_to, self.get(task_id))
 
     def list(self, query: ListTasks) -> list[TaskSummary]:
-        after = query.after if query.after is not None else 0
+        """The matching tasks in ascending id (submission) order, so that ``after`` pages
+        through a stable order: from the first id above ``after``, filters applied to each in
+        turn until ``limit`` matched."""
+        listed = self.listed
+        if not self.listed_sorted:
+            listed.sort()  # a recovery's rows; a duplicate is skipped below
+            self.listed_sorted = True
+        tasks = self.shared.tasks
+        finished = self.finished
+        limit = query.limit
         found: list[TaskSummary] = []
-        sources: tuple[Iterable[Task | TaskSummary], ...] = (
-            self.shared.tasks.values(),
-            self.finished.values(),
-        )
-        for source in sources:
-            for item in source:
-                summary = item.summary() if isinstance(item, Task) else item
-                if (
-                    summary.task_id > after
-                    and (query.statuses is None or summary.status in query.statuses)
-                    and (query.pool is None or summary.pool == query.pool)
-                    and (query.kind is None or summary.kind == query.kind)
-                    and (query.tag is None or query.tag in summary.tags)
+        previous = query.after if query.after is not None else 0
+        for index in range(bisect_right(listed, previous), len(listed)):
+            task_id = listed[index]
+            if task_id == previous:
+                continue
+            previous = task_id
+            task = tasks.get(task_id)
+            if task is not None:
+                spec = task.spec
+                if not _matches(query, task.status, spec.pool, spec.kind, spec.tags):
+                    continue
+                found.append(task.summary())
+            else:
+                done = finished.get(task_id)
+                if done is None or not _matches(
+                    query, done.status, done.pool, done.kind, done.tags
                 ):
-                    found.append(summary)
-        # Ascending ids (submission order), so that ``after`` pages through a stable order.
-        if query.limit is not None and query.limit < len(found):
-            return heapq.nsmallest(query.limit, found, key=lambda summary: summary.task_id)
-        found.sort(key=lambda summary: summary.task_id)
+                    continue  # pruned, or not wanted
+                found.append(done)
+            if len(found) == limit:
+                break
         return found
+
+
+def _matches(query: ListTasks, status: Status, pool: str, kind: str, tags: tuple[str, ...]) -> bool:
+    return (
+        (query.statuses is None or status in query.statuses)
+        and (query.pool is None or pool == query.pool)
+        and (query.kind is None or kind == query.kind)
+        and (query.tag is None or query.tag in tags)
+    )
 
 
 def _parent_verdict(parent_id: int, parent_status: Status) -> tuple[Status, str]:
