@@ -196,7 +196,10 @@ class AsyncClient:
         return reply.task_id
 
     async def submit_many(self, requests: Iterable[TaskRequest]) -> builtins.list[int]:
-        """Submit several tasks in one step: all are accepted, or none is."""
+        """Submit several tasks in one step: all are accepted, or none is. A server takes at
+        most ``protocol.MAX_SUBMIT_MANY_TASKS`` (1,000) tasks per call (and 5,000 dependencies
+        and tags in all), so that no call holds its event loop long: a larger batch is refused
+        whole with ``InvalidArgument``; split it (with keys, each call is safe to retry)."""
         message = wire.submit_many_request(requests, self._codec)
         if not message.tasks and not message.payloads:
             return []
