@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import pytest
 from click.testing import CliRunner, Result
 from server_thread import ThreadedServer, threaded_server
 
-from cronoq import JsonCodec, TaskContext
+from cronoq import JsonCodec, RetryPolicy, Status, TaskContext, TaskError
 from cronoq_client import Client, Worker
 from cronoq_client._cli import cli
 from cronoq_client._cli._errors import ExitCode
@@ -242,6 +243,158 @@ def test_schedules_add_list_pause_resume_preview_remove(env: dict[str, str]) -> 
     run(env, "schedules", "remove", "cli-nightly")
 
 
+def test_schedules_trigger_runs_one_occurrence_through_the_overlap_policy(
+    env: dict[str, str],
+) -> None:
+    run(env, "schedules", "add", "cli-trigger", "0 3 1 1 *", "-k", "cli-trigger")
+    try:
+        triggered = as_json(run(env, "schedules", "trigger", "cli-trigger", "-o", "json"))
+        task_id = triggered["task_id"]
+        assert triggered == {"name": "cli-trigger", "task_id": task_id}
+        info = as_json(run(env, "tasks", "get", str(task_id), "-o", "json"))
+        assert (info["kind"], info["status"]) == ("cli-trigger", "ready")
+        # No worker takes it: it is live, and the policy (skip) runs no second occurrence.
+        assert run(env, "schedules", "trigger", "cli-trigger").stdout == (
+            "schedule cli-trigger: skipped by its overlap policy (its last task is live)\n"
+        )
+        assert as_json(run(env, "schedules", "trigger", "cli-trigger", "-o", "json")) == {
+            "name": "cli-trigger", "task_id": None,
+        }  # fmt: skip
+        assert [t["task_id"] for t in as_json(
+            run(env, "tasks", "list", "-k", "cli-trigger", "-o", "json")
+        )] == [task_id]  # fmt: skip
+        run(env, "tasks", "cancel", str(task_id))
+        again = int(run(env, "schedules", "trigger", "cli-trigger").stdout.split()[-1])
+        assert again > task_id
+        run(env, "tasks", "cancel", str(again))
+    finally:
+        run(env, "schedules", "remove", "cli-trigger")
+    run(env, "schedules", "trigger", "cli-trigger", code=ExitCode.NOT_FOUND)
+
+
+# --- tasks retry --------------------------------------------------------------------------
+
+
+def test_tasks_retry_runs_a_failed_task_again_and_refuses_a_live_one(
+    server: ThreadedServer, env: dict[str, str]
+) -> None:
+    async def broken(ctx: TaskContext, payload: Any) -> None:
+        raise TaskError("the source is missing", retryable=False)
+
+    with Client(server.target, codec=JsonCodec()) as client:
+        worker = Worker(server.target, {"other": broken}, codec=JsonCodec())
+        working = server.start(worker.run())
+        server.call(worker.attached())
+        try:
+            failed = client.submit(
+                "cli-retry", {"n": 1}, pool="other", key="cli-retry-1",
+                retry=RetryPolicy(max_attempts=1),
+            )  # fmt: skip
+            assert client.wait(failed, timeout=30).status is Status.FAILED
+        finally:
+            worker.stop()
+            server.call(asyncio.wait_for(asyncio.shield(working), 30))
+        retried = as_json(run(env, "tasks", "retry", str(failed), "-o", "json"))
+        # Back to ready, its one attempt counted, one more allowed, its key and payload kept.
+        assert (retried["task_id"], retried["status"], retried["attempt"]) == (failed, "ready", 1)
+        assert (retried["key"], retried["payload"]) == ("cli-retry-1", {"n": 1})
+        # Live now: refused, with its own exit code, and nothing applied.
+        refused = run(env, "tasks", "retry", str(failed), code=ExitCode.NOT_RETRYABLE)
+        assert "cronoq tasks get" in refused.stderr
+        assert client.get(failed).status is Status.READY
+
+        # A cancelled task: the table shows it ready again.
+        client.cancel(failed)
+        shown = run(env, "tasks", "retry", str(failed), "--no-payload").stdout
+        assert "ready" in shown and "cli-retry-1" in shown and '{"n": 1}' not in shown
+        client.cancel(failed)
+    run(env, "tasks", "retry", "987654321", code=ExitCode.NOT_FOUND)
+    run(env, "tasks", "retry", "0", code=ExitCode.USAGE)
+
+
+# --- pools and workers --------------------------------------------------------------------
+
+
+def test_pools_list_pause_resume(server: ThreadedServer, env: dict[str, str]) -> None:
+    queued = run(env, "submit", "cli-pool", "-p", "other").stdout.strip()
+    try:
+        listed = {p["name"]: p for p in as_json(run(env, "pools", "list", "-o", "json"))}
+        assert set(listed) == {"default", "other"}
+        other = listed["other"]
+        assert (other["paused"], other["remote"], other["running"]) == (False, True, 0)
+        assert other["concurrency"] >= 1
+        assert set(other["depth"]) == {"waiting", "scheduled", "ready", "running", "retrying"}
+        assert other["depth"]["ready"] >= 1
+        table = run(env, "pools", "list").stdout.splitlines()
+        assert table[0].split() == [
+            "NAME", "PAUSED", "REMOTE", "CONCURRENCY", "SLOTS", "USED",
+            "WAITING", "SCHEDULED", "READY", "RUNNING", "RETRYING",
+        ]  # fmt: skip
+        assert sorted(line.split()[0] for line in table[1:]) == ["default", "other"]
+
+        paused = as_json(run(env, "pools", "pause", "other", "-o", "json"))
+        assert (paused["name"], paused["paused"]) == ("other", True)
+        assert as_json(run(env, "pools", "pause", "other", "-o", "json"))["paused"] is True
+        shown = {p["name"]: p["paused"] for p in as_json(run(env, "pools", "list", "-o", "json"))}
+        assert shown == {"default": False, "other": True}
+        assert "yes" in run(env, "pools", "pause", "other").stdout
+
+        # Paused: an attached worker is given nothing; resumed, it runs the queued task.
+        async def done(ctx: TaskContext, payload: Any) -> str:
+            return "done"
+
+        worker = Worker(server.target, {"other": done}, codec=JsonCodec())
+        working = server.start(worker.run())
+        server.call(worker.attached())
+        try:
+            with Client(server.target, codec=JsonCodec()) as client:
+                # That a paused pool never starts one is the core's test; here the pause has
+                # reached the leader, which gave the attached worker nothing.
+                assert client.get(int(queued)).status is Status.READY
+                resumed = as_json(run(env, "pools", "resume", "other", "-o", "json"))
+                assert resumed["paused"] is False
+                assert client.wait(int(queued), timeout=30).status is Status.SUCCEEDED
+        finally:
+            worker.stop()
+            server.call(asyncio.wait_for(asyncio.shield(working), 30))
+    finally:
+        run(env, "pools", "resume", "other")
+        run(env, "tasks", "cancel", queued)
+    refused = run(env, "pools", "pause", "nowhere", code=ExitCode.INVALID)
+    assert "nowhere" in refused.stderr
+    run(env, "pools", "resume", "nowhere", code=ExitCode.INVALID)
+
+
+def test_workers_list_shows_the_attached_workers(
+    server: ThreadedServer, env: dict[str, str]
+) -> None:
+    assert as_json(run(env, "workers", "list", "-o", "json")) == []
+
+    async def idle(ctx: TaskContext, payload: Any) -> None:
+        return None
+
+    worker = Worker(server.target, {"other": idle}, codec=JsonCodec(), slots=3,
+                    worker_id="cli-worker-1")  # fmt: skip
+    working = server.start(worker.run())
+    server.call(worker.attached())
+    try:
+        (found,) = as_json(run(env, "workers", "list", "-o", "json"))
+        assert (found["worker_id"], found["pools"], found["slots"], found["in_flight"]) == (
+            "cli-worker-1", ["other"], 3, 0,
+        )  # fmt: skip
+        assert found["address"].startswith(("ipv4:127.0.0.1:", "ipv6:"))
+        attached = datetime.fromisoformat(found["attached_at"])
+        assert attached.tzinfo is not None
+        assert attached <= datetime.now(UTC)
+        table = run(env, "workers", "list").stdout.splitlines()
+        assert table[0].split()[:5] == ["WORKER", "ADDRESS", "POOLS", "SLOTS", "IN"]
+        assert table[1].split()[:5] == ["cli-worker-1", found["address"], "other", "3", "0"]
+    finally:
+        worker.stop()
+        server.call(asyncio.wait_for(asyncio.shield(working), 30))
+    assert as_json(run(env, "workers", "list", "-o", "json")) == []
+
+
 # --- where it connects, with what ---------------------------------------------------------
 
 
@@ -330,6 +483,13 @@ def test_a_context_with_a_token_file_reaches_an_authenticating_server(
         denied = run(base, "--context", "reader", "tasks", "cancel", task_id,
                      code=ExitCode.PERMISSION_DENIED)  # fmt: skip
         assert "'cancel' permission" in denied.stderr
+        run(base, "--context", "reader", "pools", "list")
+        run(base, "--context", "reader", "workers", "list")
+        for operator in (("pools", "pause", "default"), ("tasks", "retry", task_id),
+                         ("schedules", "trigger", "any")):  # fmt: skip
+            refused_op = run(base, "--context", "app", *operator,
+                             code=ExitCode.PERMISSION_DENIED)  # fmt: skip
+            assert "'admin' permission" in refused_op.stderr
         refused = run({**env, "CRONOQ_TARGET": secured.target, "CRONOQ_TOKEN": "wrong-token"},
                       "tasks", "list", code=ExitCode.UNAUTHENTICATED)  # fmt: skip
         assert "wrong-token" not in refused.stderr  # never a secret in a message
@@ -382,6 +542,29 @@ def test_watch_prints_each_refresh_until_interrupted(
                 assert process.wait(30) == 0
             finally:
                 process.kill()
+
+
+@pytest.mark.parametrize("group", ["pools", "workers"])
+def test_watch_of_pools_and_workers_refreshes_until_interrupted(
+    server: ThreadedServer, env: dict[str, str], group: str
+) -> None:
+    with subprocess.Popen(
+        [CRONOQ, group, "list", "--watch", "--interval", "0.1", "-o", "json"],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        try:
+            assert process.stdout is not None
+            first, second = (json.loads(process.stdout.readline()) for _ in range(2))
+            assert isinstance(first, list) and isinstance(second, list)
+            if group == "pools":
+                assert {p["name"] for p in second} == {"default", "other"}
+            process.send_signal(signal.SIGINT)
+            assert process.wait(30) == 0
+        finally:
+            process.kill()
 
 
 def test_completion_scripts_and_completions(env: dict[str, str]) -> None:

@@ -1,6 +1,8 @@
 """docs/operations.md holds true: every ``cronoq`` line of its blocks marked
 ``<!-- runbook: run -->`` runs, through bash as an operator would type it, against a real
-server holding what the runbook speaks of (a failed task, a schedule, a pool), and exits 0."""
+server holding what the runbook speaks of (a failed task, a schedule, a pool, an attached worker),
+and exits 0. Each command runs whatever ran before it: a retry, a pause, a trigger are each
+either repeatable or followed by what undoes them."""
 
 from __future__ import annotations
 
@@ -58,28 +60,30 @@ def test_every_section_of_the_runbook_has_commands_that_run() -> None:
 
 @pytest.fixture(scope="module")
 def scene(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """A server with what the runbook speaks of, and the environment of its commands."""
-    with threaded_server(tmp_path_factory.mktemp("runbook")) as server:
-        yield _stage(server)
+    """A server with what the runbook speaks of, a worker of its pool attached throughout
+    (``workers list`` has one to show), and the environment of its commands."""
 
-
-def _stage(server: ThreadedServer) -> dict[str, str]:
     async def broken(ctx: TaskContext, payload: Any) -> None:
         raise TaskError("the report's source table is missing", retryable=False)
 
-    worker = Worker(server.target, {"other": broken}, codec=JsonCodec())
-    working = server.start(worker.run())
-    server.call(worker.attached())
-    try:
-        with Client(server.target, codec=JsonCodec()) as client:
-            failed = client.submit(
-                "report", {"day": "2026-05-01"}, pool="other", retry=RetryPolicy(max_attempts=1)
-            )
-            assert client.wait(failed, timeout=30).status is Status.FAILED
-            client.add_schedule("nightly-report", "0 3 * * *", kind="report", pool="other")
-    finally:
-        worker.stop()
-        server.call(asyncio.wait_for(asyncio.shield(working), 30))
+    with threaded_server(tmp_path_factory.mktemp("runbook")) as server:
+        worker = Worker(server.target, {"other": broken}, codec=JsonCodec())
+        working = server.start(worker.run())
+        try:
+            server.call(worker.attached())
+            yield _stage(server)
+        finally:
+            worker.stop()
+            server.call(asyncio.wait_for(asyncio.shield(working), 30))
+
+
+def _stage(server: ThreadedServer) -> dict[str, str]:
+    with Client(server.target, codec=JsonCodec()) as client:
+        failed = client.submit(
+            "report", {"day": "2026-05-01"}, pool="other", retry=RetryPolicy(max_attempts=1)
+        )
+        assert client.wait(failed, timeout=30).status is Status.FAILED
+        client.add_schedule("nightly-report", "0 3 * * *", kind="report", pool="other")
     return {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",

@@ -15,6 +15,8 @@ code   meaning
 8      the outcome is unknown: it may have been applied (check before running it again)
 9      ``tasks wait`` timed out: the task is still live
 10     ``tasks wait``: the task ended failed or cancelled
+11     ``tasks retry`` refused (NotRetryable): the task is live or succeeded, or could not
+       run again; nothing was applied
 130    interrupted (Ctrl-C)
 =====  =================================================================================
 """
@@ -29,6 +31,7 @@ import click
 from cronoq.errors import (
     CronoqError,
     InvalidArgument,
+    NotRetryable,
     PermissionDenied,
     ScheduleNotFound,
     SchedulerError,
@@ -52,6 +55,7 @@ class ExitCode(IntEnum):
     UNKNOWN_OUTCOME = 8
     TIMED_OUT = 9
     TASK_FAILED = 10
+    NOT_RETRYABLE = 11
     INTERRUPTED = 130
 
 
@@ -84,6 +88,11 @@ def failure(error: CronoqError) -> CommandFailed:
         return CommandFailed(str(error), ExitCode.NOT_FOUND)
     if isinstance(error, InvalidArgument):
         return CommandFailed(str(error), ExitCode.INVALID)
+    if isinstance(error, NotRetryable):
+        # Not InvalidArgument: the id is right, the task's state refuses it.
+        return CommandFailed(
+            f"{error}; see its status and message (cronoq tasks get)", ExitCode.NOT_RETRYABLE
+        )
     if isinstance(error, Unauthenticated):
         return CommandFailed(
             f"{error}; check the token (--token-file, CRONOQ_TOKEN) or client certificate "

@@ -18,20 +18,22 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cronoq import ScheduleInfo, TaskInfo, TaskSummary
+from cronoq import PoolInfo, ScheduleInfo, TaskInfo, TaskSummary, WorkerInfo
 
 __all__ = [
     "Columns",
     "emit",
     "output_option",
+    "pool_record",
     "schedule_record",
     "summary_record",
     "task_record",
     "watch_options",
+    "worker_record",
 ]
 
 Columns = Sequence[tuple[str, str]]
-"""(record key, column title) of a table."""
+"""(record key, column title) of a table; ``a.b`` is key ``b`` of the dict at key ``a``."""
 
 output_option = click.option(
     "-o",
@@ -91,6 +93,17 @@ def schedule_record(info: ScheduleInfo) -> dict[str, Any]:
     return _records(info)
 
 
+def pool_record(info: PoolInfo) -> dict[str, Any]:
+    record = _records(info)
+    # Keyed by the status's name: JSON's keys are strings, and a table column names one.
+    record["depth"] = {status.value: count for status, count in info.depth.items()}
+    return record
+
+
+def worker_record(info: WorkerInfo) -> dict[str, Any]:
+    return _records(info)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""
@@ -107,7 +120,25 @@ def _cell(value: Any) -> str:
     return _json(value)
 
 
-_WHOLE = frozenset({"task_id", "status", "name", "last_task_id", "next_run_at", "at"})
+_WHOLE = frozenset(
+    {
+        "task_id",
+        "status",
+        "name",
+        "last_task_id",
+        "next_run_at",
+        "at",
+        "worker_id",
+        "address",
+        "attached_at",
+        "last_heartbeat_at",
+    }
+)
+
+
+def _value(record: dict[str, Any], key: str) -> Any:
+    outer, _, inner = key.partition(".")
+    return record[outer][inner] if inner else record[outer]
 
 
 def table(records: Sequence[dict[str, Any]], columns: Columns) -> Table:
@@ -116,7 +147,7 @@ def table(records: Sequence[dict[str, Any]], columns: Columns) -> Table:
         # An id or a name cut over two lines could not be copied; the rest may fold.
         grid.add_column(title, overflow="fold", no_wrap=key in _WHOLE)
     for record in records:
-        grid.add_row(*(_cell(record[key]) for key, _ in columns))
+        grid.add_row(*(_cell(_value(record, key)) for key, _ in columns))
     return grid
 
 

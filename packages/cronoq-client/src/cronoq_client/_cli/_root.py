@@ -117,11 +117,12 @@ def cli(
     timeout: float | None,
     codec: str | None,
 ) -> None:
-    """Run, inspect and drain a cronoq deployment: its tasks, schedules and workers.
+    """Run, inspect and drain a cronoq deployment: its tasks, schedules, pools and workers.
 
     Exit codes: 0 done, 1 unexpected error, 2 bad command line or config, 3 not found, 4 input
     refused, 5 unauthenticated, 6 permission denied, 7 unavailable (nothing applied), 8 outcome
-    unknown, 9 wait timed out, 10 the waited task failed or was cancelled, 130 interrupted.
+    unknown, 9 wait timed out, 10 the waited task failed or was cancelled, 11 the task cannot be
+    retried, 130 interrupted.
     """
     flags = Flags(
         config, context, target, token_file, tls, tls_ca, tls_cert, tls_key, timeout, codec

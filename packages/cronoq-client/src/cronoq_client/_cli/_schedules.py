@@ -1,5 +1,4 @@
-"""``cronoq schedules list|add|pause|resume|remove|preview``. A command that needs a call the
-client does not have yet (``schedules trigger``) is added here with that call."""
+"""``cronoq schedules list|add|pause|resume|remove|preview|trigger``."""
 
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ SCHEDULE_COLUMNS = (
 
 @click.group()
 def schedules() -> None:
-    """List, add, pause, resume, remove and preview recurring schedules."""
+    """List, add, pause, resume, remove, preview and trigger recurring schedules."""
 
 
 @schedules.command("list")
@@ -164,3 +163,21 @@ def preview(cron: str, timezone: str, count: int, output: str) -> None:
     zone = ZoneInfo(timezone)  # the server knew it, or preview would have raised
     shown = [t.astimezone(zone).isoformat() for t in times]  # with the zone's offset
     emit(output, shown, lambda: table([{"at": t} for t in shown], (("at", timezone),)))
+
+
+@schedules.command("trigger")
+@click.argument("name")
+@output_option
+def trigger_schedule(name: str, output: str) -> None:
+    """Run one occurrence of NAME now, through its overlap policy; print its task's id. A
+    skip of the policy (its last task is live) is an answer, not an error: it exits 0."""
+    task_id = session().client().trigger_schedule(name)
+    emit(
+        output,
+        {"name": name, "task_id": task_id},
+        lambda: (
+            f"schedule {name}: task {task_id}"
+            if task_id is not None
+            else f"schedule {name}: skipped by its overlap policy (its last task is live)"
+        ),
+    )

@@ -1,5 +1,4 @@
-"""``cronoq tasks list|get|wait|cancel``. A command that needs a call the client does not have
-yet (``tasks retry``) is added here with that call."""
+"""``cronoq tasks list|get|wait|cancel|retry``."""
 
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ TASK_COLUMNS = (
 
 @click.group()
 def tasks() -> None:
-    """List, show, wait for and cancel tasks."""
+    """List, show, wait for, cancel and retry tasks."""
 
 
 @tasks.command("list")
@@ -151,3 +150,15 @@ def cancel_task(task_id: int, reason: str, output: str) -> None:
         {"task_id": task_id, "status": status},
         lambda: f"task {task_id}: {status.value}",
     )
+
+
+@tasks.command("retry")
+@TASK_ID
+@click.option("--no-payload", is_flag=True, help="leave the payload out (a large one)")
+@output_option
+def retry_task(task_id: int, no_payload: bool, output: str) -> None:
+    """Run a failed or cancelled task again, with one more attempt if it used them all; print
+    it. Exits 11 if it is live or succeeded, or could not run again."""
+    info = session().client().retry(task_id, include_payload=not no_payload)
+    record = task_record(info)
+    emit(output, record, lambda: fields(record))
