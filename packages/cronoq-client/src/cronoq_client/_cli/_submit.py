@@ -24,6 +24,7 @@ from cronoq_client._cli._errors import CommandFailed, ExitCode, failure
 from cronoq_client._cli._payloads import parse_payload, payload_value
 from cronoq_client._cli._render import emit, output_option
 from cronoq_client._cli._root import session
+from cronoq_client.protocol import MAX_SUBMIT_MANY_TASKS
 
 __all__ = ["submit"]
 
@@ -164,10 +165,11 @@ def _submit_file(file: IO[str], batch_size: int, output: str) -> None:
 )
 @click.option(
     "--batch-size",
-    type=click.IntRange(1, 10_000),
+    type=click.IntRange(1, MAX_SUBMIT_MANY_TASKS),
     default=500,
     show_default=True,
-    help="tasks per call with --file (each batch all-or-nothing)",
+    help="tasks per call with --file (each batch all-or-nothing; a server takes at most "
+    f"{MAX_SUBMIT_MANY_TASKS} per call)",
 )
 @click.option("-p", "--pool", default="default", show_default=True)
 @click.option("--key", help="idempotency key: a live task holding it is returned instead")
