@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import re
 import textwrap
 from collections.abc import Iterator
 from typing import Any, Literal, get_args, get_origin, get_type_hints
@@ -46,7 +47,7 @@ def field_docs(cls: type[Any]) -> dict[str, str]:
             and isinstance(after.value, ast.Constant)
             and isinstance(after.value.value, str)
         ):
-            docs[statement.target.id] = inspect.cleandoc(after.value.value)
+            docs[statement.target.id] = markdown(inspect.cleandoc(after.value.value))
     return docs
 
 
@@ -74,9 +75,18 @@ def _field(cls: type[Any], name: str) -> tuple[str, str, str]:
     return kind, default, field_docs(cls).get(name, "")
 
 
+_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+
+
+def markdown(docstring: str) -> str:
+    """A docstring's Sphinx roles as code (``:class:`~a.B``` is `B`); double backquotes are
+    Markdown code already."""
+    return _ROLE.sub(lambda found: f"`{found[1].rsplit('.', 1)[-1]}`", docstring)
+
+
 def _class_doc(cls: type[Any]) -> str:
     """A class's docstring; "" for a dataclass without one (its generated signature)."""
-    doc = inspect.cleandoc(cls.__doc__ or "")
+    doc = markdown(inspect.cleandoc(cls.__doc__ or ""))
     return "" if doc.startswith(f"{cls.__name__}(") else doc
 
 
@@ -190,7 +200,7 @@ def render() -> str:
         "and the environment combine, and what each part is for, is in "
         "[cronoq-server](../server.md#configuration).",
         "",
-        inspect.cleandoc(schema.__doc__ or ""),
+        markdown(inspect.cleandoc(schema.__doc__ or "")),
         "",
         "## Top-level keys",
         "",
