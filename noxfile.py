@@ -34,6 +34,8 @@ class Member:
     import_name: str
     dependencies: frozenset[str]
     test_dependencies: frozenset[str]
+    test_extras: dict[str, str]
+    """Workspace packages the test group names with extras, and those extras (comma-joined)."""
 
 
 def _read_members() -> dict[str, Member]:
@@ -55,6 +57,11 @@ def _read_members() -> dict[str, Member]:
             test_dependencies=frozenset(
                 canonicalize_name(Requirement(dep).name) for dep in test_only
             ),
+            test_extras={
+                canonicalize_name(req.name): ",".join(sorted(req.extras))
+                for req in map(Requirement, test_only)
+                if req.extras
+            },
         )
     return members
 
@@ -108,7 +115,14 @@ def tests(session: nox.Session, package: str) -> None:
     # Editable, so the tests always see the current source (uv caches wheels built from a path).
     test_deps = MEMBERS[package].test_dependencies
     local = _with_local_dependencies(package, *(d for d in test_deps if d in MEMBERS))
-    editables = [arg for path in local for arg in ("-e", str(path))]
+    # A workspace package named with extras in the test group (``cronoq[crypto]``) is installed
+    # with them.
+    extras = {MEMBERS[name].path: chosen for name, chosen in MEMBERS[package].test_extras.items()}
+    editables = [
+        arg
+        for path in local
+        for arg in ("-e", f"{path}[{extras[path]}]" if path in extras else str(path))
+    ]
     third_party = sorted(d for d in test_deps if d not in MEMBERS)
     _install_locked(session, *editables, *third_party, "pytest", "pytest-asyncio", "hypothesis")
     tests_dir = MEMBERS[package].path / "tests"
