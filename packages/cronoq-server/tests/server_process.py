@@ -159,7 +159,10 @@ async def start_server(
     ``directory``; return once it listens (it may still be a standby)."""
     path = directory / f"server-{os.urandom(4).hex()}.toml"
     path.write_text(config)
-    environ = {**os.environ, **(env or {})}
+    # The test run's own CRONOQ_* switches (CRONOQ_REQUIRE_POSTGRES, ...) are not the server's
+    # settings, which it would note as unknown: only ``env`` passes settings.
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("CRONOQ_")}
+    environ = {**inherited, **(env or {})}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
