@@ -416,6 +416,30 @@ async def test_an_impostor_cannot_speak_for_an_adopted_attempt() -> None:
         await second.close(timeout=0)
 
 
+async def test_a_pending_cancel_goes_only_to_the_worker_that_proves_its_lease() -> None:
+    # Review finding: a re-attach naming a token with any lease id was sent the attempt's
+    # pending cancellation (its reason included).
+    first, second = await _failover(MemoryStore())
+    link = first.attach(["remote"], slots=1)
+    task_id = await first.submit("job", pool="remote", retry=FAST)
+    attempt = await _attempt(link)
+    await first.close(timeout=0)
+    await second.start()
+    try:
+        assert await second.cancel(task_id, "secret reason") is Status.RUNNING
+        impostor = second.attach(["remote"], slots=1, running=[(attempt.token, bytes(16))])
+        worker = second.attach(["remote"], slots=1, running=[(attempt.token, attempt.lease_id)])
+        await second.list()  # a step
+        assert impostor.queued == 0 and worker.queued == 0  # unproven yet: nothing sent
+        renewed = await second.heartbeat(attempt.token, lease_id=attempt.lease_id)
+        assert renewed.cancel_reason == "secret reason"
+        event = await asyncio.wait_for(worker.next(), 2)
+        assert isinstance(event, CancelRequested) and event.reason == "secret reason"
+        assert impostor.queued == 0
+    finally:
+        await second.close(timeout=0)
+
+
 async def test_a_new_leader_retries_a_remote_attempt_whose_worker_never_returns() -> None:
     first, second = await _failover(MemoryStore(), lease=0.3)
     link = first.attach(["remote"], slots=1)

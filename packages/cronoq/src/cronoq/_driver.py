@@ -352,9 +352,13 @@ class Driver:
         for token in result.expired:
             # Its worker is gone or will hear it is stale: no rebuild may hold it again.
             pool = self._forget(token)
-            executor = None if pool is None else self._executors.get(pool)
-            if executor is not None:
-                executor.expired(token)
+            if pool is not None:
+                self._executors[pool].expired(token)
+            else:
+                # Adopted from an earlier leader (never released here): the executors of leased
+                # pools may still hold it, from its worker's proving heartbeat.
+                for executor in self._offering:
+                    executor.expired(token)
         if result.dispatches and self._draining:
             # The close began while this step committed: these attempts never start here.
             tokens = [d.token for d in result.dispatches]

@@ -305,11 +305,11 @@ class RemoteExecutor:
                 if previous is not None and not previous.closed:
                     previous.free += 1  # the worker moved it off a link it still holds
                 self._leased[token] = link
+                self._resend_cancel(token, link)
             else:
+                # Unproven: a pending cancellation waits for its first accepted heartbeat
+                # (whose reply carries it anyway), so that a guess learns nothing.
                 link.claims[token] = lease_id
-            reason = self._cancels.get(token)
-            if reason is not None:
-                link._put(CancelRequested(token, reason))  # the one its old link never sent
         self._links.append(link)
         self._poke()
         return link
@@ -430,6 +430,7 @@ class RemoteExecutor:
             claimed = link.claims.get(token)
             if claimed is not None and hmac.compare_digest(claimed, lease_id):
                 del link.claims[token]
+                self._cancels.pop(token, None)
                 self._spoke(link)
                 link.free += 1
                 self._poke()
@@ -440,15 +441,23 @@ class RemoteExecutor:
         attempt becomes its link's, whose cancellations and slot it then follows."""
         if token not in self._leased:
             for link in self._links:
-                if link.claims.get(token) == lease_id:
+                claimed = link.claims.get(token)
+                if claimed is not None and hmac.compare_digest(claimed, lease_id):
                     del link.claims[token]
                     self._leased[token] = link
                     self._lease_ids[token] = lease_id
+                    self._resend_cancel(token, link)
                     break
             else:
                 return
         self._spoke(self._leased[token])
         self._lease_ends[token] = lease_ends_ns
+
+    def _resend_cancel(self, token: AttemptToken, link: WorkerLink) -> None:
+        """A cancellation its worker's old link never delivered goes on its new one."""
+        reason = self._cancels.get(token)
+        if reason is not None and not link.closed:
+            link._put(CancelRequested(token, reason))
 
     def heard(self, token: AttemptToken, lease_id: bytes) -> None:
         """The worker of ``token`` spoke (a heartbeat answered stale, say): it is not wedged."""

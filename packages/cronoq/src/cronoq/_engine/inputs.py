@@ -132,7 +132,7 @@ class AttemptReport:
     received_ns: int | None = None
     """When the driver received it: a lease is judged by that, not by a step a slow commit
     delayed."""
-    lease_id: bytes | None = None
+    lease_id: bytes | None = field(default=None, repr=False)
     """From a remote worker: the lease id it was given with the attempt."""
 
 
@@ -142,7 +142,7 @@ class Heartbeat:
     reply_to: object = None
     remote: bool = False
     received_ns: int | None = None
-    lease_id: bytes | None = None
+    lease_id: bytes | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +294,7 @@ class InFlight:
     """Ended; their reports are applied again after the rebuild."""
     abandoned: frozenset[AttemptToken] = frozenset()
     """Released, then left running without a report (a graceful close that timed out)."""
-    lease_ids: Mapping[AttemptToken, bytes] = field(default_factory=dict)
+    lease_ids: Mapping[AttemptToken, bytes] = field(default_factory=dict, repr=False)
     """The lease ids of the remote ones among ``executing``."""
 
     def released(self, token: AttemptToken) -> bool:

@@ -68,7 +68,7 @@ class Dispatch:
     """Leased pools: when the attempt is lost unless its worker heartbeats."""
     slot_pools: frozenset[str] | None = None
     """Leased pools: the offered slot group it took (the pools of the workers it may go to)."""
-    lease_id: bytes | None = None
+    lease_id: bytes | None = field(default=None, repr=False)
     """Leased pools: the attempt's capability, for its worker only (never stored or logged)."""
 
 
