@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import AsyncIterator
 
@@ -356,22 +357,29 @@ async def test_list_pages_through_ascending_ids(sched: Scheduler) -> None:
     assert pages == [ids[0:3], ids[3:6], ids[6:7]]
 
 
-async def _failover(store: MemoryStore, lease: float = 30.0) -> tuple[Scheduler, Scheduler]:
-    """A leader that stops without waiting for its remote attempt, and the one after it."""
+@contextlib.asynccontextmanager
+async def _failover(lease: float = 30.0) -> AsyncIterator[tuple[Scheduler, int, LeasedAttempt]]:
+    """A leader leases a task's attempt to a worker and stops without waiting for it; yields
+    the leader after it (started, on the same store), the task and the attempt its worker
+    still runs."""
+    store = MemoryStore()
     first = Scheduler([RemotePool("remote", lease=lease)], store=store)
     await first.start()
-    return first, Scheduler([RemotePool("remote", lease=lease)], store=store)
-
-
-async def test_a_new_leader_adopts_a_remote_attempt_whose_worker_proves_its_lease() -> None:
-    # Issue 19, item 1: a failover re-ran every in-flight remote attempt at once.
-    first, second = await _failover(MemoryStore())
     link = first.attach(["remote"], slots=1)
     task_id = await first.submit("job", pool="remote", retry=FAST)
     attempt = await _attempt(link)
     await first.close(timeout=0)
+    second = Scheduler([RemotePool("remote", lease=lease)], store=store)
     await second.start()
     try:
+        yield second, task_id, attempt
+    finally:
+        await second.close(timeout=0)
+
+
+async def test_a_new_leader_adopts_a_remote_attempt_whose_worker_proves_its_lease() -> None:
+    # Issue 19, item 1: a failover re-ran every in-flight remote attempt at once.
+    async with _failover() as (second, task_id, attempt):
         back = second.attach(["remote"], slots=1, running=[(attempt.token, attempt.lease_id)])
         await second.submit("other", pool="remote")
         renewed = await second.heartbeat(attempt.token, lease_id=attempt.lease_id)
@@ -382,19 +390,11 @@ async def test_a_new_leader_adopts_a_remote_attempt_whose_worker_proves_its_leas
         assert (record.status, record.attempt, record.output) == (Status.SUCCEEDED, 1, b"done")
         assert second.metrics().attempts_lost == {}
         assert (await _attempt(back)).kind == "other"  # its slot came back with the report
-    finally:
-        await second.close(timeout=0)
 
 
 async def test_an_impostor_cannot_speak_for_an_adopted_attempt() -> None:
     # Issue 19, item 2: a token is visible through List/Get; the lease id is not.
-    first, second = await _failover(MemoryStore())
-    link = first.attach(["remote"], slots=1)
-    task_id = await first.submit("job", pool="remote", retry=FAST)
-    attempt = await _attempt(link)
-    await first.close(timeout=0)
-    await second.start()
-    try:
+    async with _failover() as (second, task_id, attempt):
         impostor = second.attach(["remote"], slots=1, running=[(attempt.token, bytes(16))])
         for call in (
             second.heartbeat(attempt.token, lease_id=bytes(16)),
@@ -412,20 +412,12 @@ async def test_an_impostor_cannot_speak_for_an_adopted_attempt() -> None:
         assert impostor.queued == 0
         await second.report_failure(attempt.token, "cancelled", lease_id=attempt.lease_id)
         assert (await second.wait(task_id, timeout=2)).output is None
-    finally:
-        await second.close(timeout=0)
 
 
 async def test_a_pending_cancel_goes_only_to_the_worker_that_proves_its_lease() -> None:
     # Review finding: a re-attach naming a token with any lease id was sent the attempt's
     # pending cancellation (its reason included).
-    first, second = await _failover(MemoryStore())
-    link = first.attach(["remote"], slots=1)
-    task_id = await first.submit("job", pool="remote", retry=FAST)
-    attempt = await _attempt(link)
-    await first.close(timeout=0)
-    await second.start()
-    try:
+    async with _failover() as (second, task_id, attempt):
         assert await second.cancel(task_id, "secret reason") is Status.RUNNING
         impostor = second.attach(["remote"], slots=1, running=[(attempt.token, bytes(16))])
         worker = second.attach(["remote"], slots=1, running=[(attempt.token, attempt.lease_id)])
@@ -436,26 +428,16 @@ async def test_a_pending_cancel_goes_only_to_the_worker_that_proves_its_lease() 
         event = await asyncio.wait_for(worker.next(), 2)
         assert isinstance(event, CancelRequested) and event.reason == "secret reason"
         assert impostor.queued == 0
-    finally:
-        await second.close(timeout=0)
 
 
 async def test_a_new_leader_retries_a_remote_attempt_whose_worker_never_returns() -> None:
-    first, second = await _failover(MemoryStore(), lease=0.3)
-    link = first.attach(["remote"], slots=1)
-    task_id = await first.submit("job", pool="remote", retry=FAST)
-    attempt = await _attempt(link)
-    await first.close(timeout=0)
-    await second.start()
-    try:
+    async with _failover(lease=0.3) as (second, task_id, attempt):
         again = await _attempt(second.attach(["remote"], slots=1))  # after one lease
         assert again.token == AttemptToken(second.epoch or 0, task_id, 2)
         assert second.metrics().attempts_lost == {"remote": 1}
         with pytest.raises(StaleAttempt) as stale:
             await second.report_success(attempt.token, lease_id=attempt.lease_id)
         assert stale.value.reason == "attempt"
-    finally:
-        await second.close(timeout=0)
 
 
 # --- the engine's side: pure steps ------------------------------------------------------------
