@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -42,7 +43,8 @@ from cronoq_client._client import WAIT_MARGIN
 from cronoq_client.protocol import Reason, pb, pb_grpc, rich_status
 
 Code = grpc.StatusCode
-MARGIN = 0.25  # seconds a call may overrun its timeout (scheduling, the last try in flight)
+MARGIN = 0.75  # seconds a call may overrun its timeout (scheduling, the last try in flight, a
+# loaded CI machine); far below what retries without a bound would take
 
 # --- real cronoq-server processes -----------------------------------------------------------
 
@@ -494,6 +496,68 @@ async def test_the_overall_timeout_bounds_the_retries(scripted: Start, timeout: 
     assert caught.value.applied is False
     assert "standby" in str(caught.value)
     assert servicer.calls >= 2  # it did retry
+
+
+class _Stalling(pb_grpc.SchedulerServiceServicer):
+    """A server on a thread of its own whose event loop stalls in a ``stall`` Submit, then
+    stops the server: the calls that arrived meanwhile wait in gRPC core for the loop, which
+    takes up one of them before the stop kills the rest (as a loaded replica's standby object
+    does once the replica leads)."""
+
+    def __init__(self) -> None:
+        self.stalling = threading.Event()
+        self.stopped = threading.Event()
+        self.handled = 0
+        self.target = ""
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._serve(),), daemon=True)
+        self._thread.start()
+        self._started.wait()
+
+    async def _serve(self) -> None:
+        server = aio.server()
+        pb_grpc.add_SchedulerServiceServicer_to_server(self, server)
+        self.target = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+        self._server = server
+        await server.start()
+        self._started.set()
+        await server.wait_for_termination()
+        self.stopped.set()
+
+    async def Submit(self, request: Any, context: Any) -> pb.SubmitResponse:
+        if request.task.kind == "stall":
+            self.stalling.set()
+            time.sleep(0.5)  # noqa: ASYNC251  # the stall: calls sent now wait in gRPC core
+            self._stop = asyncio.get_running_loop().create_task(self._server.stop(5.0))
+        else:
+            self.handled += 1
+        return pb.SubmitResponse(task_id=1)
+
+
+async def test_a_submit_a_stopping_server_never_took_up_is_retried(scripted: Start) -> None:
+    stalling = _Stalling()
+    _, good = await scripted(None)
+    async with (
+        AsyncClient([stalling.target, good], timeout=10.0) as client,
+        aio.insecure_channel(stalling.target) as raw,
+    ):
+        await client.submit("warm", key="warm")  # the client's connection to the stalling one
+        stall = asyncio.ensure_future(
+            pb_grpc.SchedulerServiceStub(raw).Submit(
+                pb.SubmitRequest(task=pb.TaskRequest(kind="stall")), timeout=10.0
+            )
+        )
+        await asyncio.to_thread(stalling.stalling.wait, 5.0)
+        submitted = 4
+        # Without keys: an unknown outcome would raise; these were never applied.
+        ids = await asyncio.gather(*(client.submit("k") for _ in range(submitted)))
+        await stall
+    assert await asyncio.to_thread(stalling.stopped.wait, 5.0)
+    taken = stalling.handled - 1  # the warm-up call aside
+    # Core kept all but (about) one call waiting for the stalled loop; the stop killed those,
+    # and the client sent each again to the next replica (the scripted one answers 7).
+    assert taken < submitted
+    assert sorted(ids) == [1] * taken + [7] * (submitted - taken)
 
 
 async def test_a_refused_connection_is_retried_until_the_deadline() -> None:

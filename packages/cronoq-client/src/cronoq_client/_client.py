@@ -42,7 +42,7 @@ from cronoq_client._channel import (
 from cronoq_client._credentials import Tls, credentials
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
-from cronoq_client._retry import Backoff, Verdict, judge, never_sent
+from cronoq_client._retry import Backoff, Verdict, judge, never_handled, never_sent
 from cronoq_client._status import Outcome, error_from_rpc, outcome
 
 __all__ = ["WAIT_MARGIN", "AsyncClient"]
@@ -161,7 +161,9 @@ class AsyncClient:
                         left = None if deadline is None else max(0.0, deadline - loop.time())
                         return await settle(error, left)
                     raise _answer(error, unknown) from err
-                unknown = unknown or (outcome(err) is Outcome.UNKNOWN and not never_sent(err))
+                unknown = unknown or (
+                    outcome(err) is Outcome.UNKNOWN and not (never_sent(err) or never_handled(err))
+                )
                 failed = err
             except asyncio.CancelledError:
                 if not closed_under_call():
@@ -527,6 +529,8 @@ def _final(err: aio.AioRpcError | None, attempts: int, budget: float | None) -> 
         return SchedulerError(
             f"no connection could be made {tried}: {err.details()}", applied=False
         )
+    if never_handled(err):
+        return SchedulerError(f"the server stopped before it took the call {tried}", applied=False)
     found = error_from_rpc(err)
     if isinstance(found, SchedulerError):
         found.args = (f"{found} {tried}",)

@@ -11,6 +11,15 @@ balancing pick failed: no transport, hence no stream, existed for it. That is th
 refused or reset TCP connection, a peer that closes before the HTTP/2 handshake, and a name
 that does not resolve. A call that broke after it was sent says something else ("Socket
 closed", "Cancelling all calls", "max connection age", a GOAWAY, a deadline) and stays unknown.
+
+A call can also reach a server and never be taken up: gRPC core holds a call that arrived
+until the server's event loop asks for the next one, and a server object that stops kills the
+calls still held so (a replica's standby object, stopped once the replica leads; a loaded
+loop takes longer to ask). The client sees CANCELLED with the bare text "CANCELLED" and no
+metadata at all (``never_handled``). A cronoq server never cuts off a handler that took a call
+(the standby's refuse at once; the leader's object stops only once its scheduler answered
+every call, with seconds for the answers to leave), and a handler that took one answers with
+trailing metadata, so such a call applied nothing and is retried like a refused connection.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import grpc
 
 from cronoq_client._status import Outcome, error_info, outcome, tls_refused
 
-__all__ = ["Backoff", "Verdict", "judge", "never_sent"]
+__all__ = ["Backoff", "Verdict", "judge", "never_handled", "never_sent"]
 
 _NOT_SENT = (
     # pick_first / round_robin, every subchannel in TRANSIENT_FAILURE (refused, reset, closed
@@ -53,10 +62,25 @@ def never_sent(err: grpc.RpcError) -> bool:
     return details.startswith(_NOT_SENT)
 
 
+_KILLED_UNTAKEN = "CANCELLED"
+"""gRPC core's whole text for a call it killed without a status of the server's."""
+
+
+def never_handled(err: grpc.RpcError) -> bool:
+    """True if a server killed the call before any handler took it (see the module's text)."""
+    if not isinstance(err, grpc.aio.AioRpcError) or err.code() is not grpc.StatusCode.CANCELLED:
+        return False
+    return (
+        err.details() == _KILLED_UNTAKEN
+        and not err.initial_metadata()
+        and not err.trailing_metadata()
+    )
+
+
 def judge(err: grpc.RpcError, *, idempotent: bool) -> Verdict:
     if tls_refused(err):
         return Verdict.RAISE  # a credential, not a passing failure
-    if never_sent(err):
+    if never_sent(err) or never_handled(err):
         return Verdict.RETRY
     result = outcome(err)
     if result is Outcome.NOT_APPLIED or (result is Outcome.UNKNOWN and idempotent):
