@@ -13,7 +13,7 @@ import pytest
 
 from cronoq import MemoryStore
 from cronoq.store import AttemptLease, CancelRequested, Mutation, Store, TaskUpdated
-from cronoq_conformance import StoreHarness, StoreSuite
+from cronoq_conformance import Capability, StoreHarness, StoreSuite
 from cronoq_conformance._faults import DelegatingStore
 
 
@@ -23,6 +23,7 @@ class LeaseBug(enum.Enum):
     FIRST_KEPT = "a lease already on the row is kept when an update brings another"
     NOT_CLEARED = "an update without a lease leaves the row's lease (COALESCE(new, old))"
     CLEARED_BY_CANCEL = "a cancellation request clears the row's lease"
+    PRUNED_WITH_LEASE = "pruning deletes a finished row that keeps a lease"
 
 
 class LeaseBugStore(DelegatingStore):
@@ -85,6 +86,7 @@ class LeaseBugStore(DelegatingStore):
 
 class LeaseBugHarness(StoreHarness):
     leadership_timeout = 1.0
+    capabilities = frozenset({Capability.PRUNE})
 
     def __init__(self, bug: LeaseBug) -> None:
         self.bug = bug
@@ -99,6 +101,18 @@ class LeaseBugHarness(StoreHarness):
     async def crash(self, instance: Store) -> None:
         assert isinstance(instance, LeaseBugStore)
         instance.memory.simulate_crash()
+
+    async def prune(self, instance: Store, horizon_unix_ns: int) -> None:
+        assert isinstance(instance, LeaseBugStore)
+        cluster = instance.memory._cluster
+        if self.bug is LeaseBug.PRUNED_WITH_LEASE:
+            # The store's prune as it was before finished rows kept leases.
+            for task_id, finished_at in list(cluster.finished.items()):
+                if finished_at < horizon_unix_ns:
+                    del cluster.finished[task_id]
+                    del cluster.tasks[task_id]
+            return
+        cluster.prune(horizon_unix_ns)
 
 
 Check = Callable[[StoreSuite, StoreHarness], Awaitable[None]]
@@ -128,6 +142,11 @@ CASES: list[tuple[Check, LeaseBug, str]] = [
         StoreSuite.test_a_cancellation_request_keeps_the_lease,
         LeaseBug.CLEARED_BY_CANCEL,
         "a CancelRequested must keep the row's lease",
+    ),
+    (
+        StoreSuite.test_a_finished_row_keeps_its_lease_and_is_not_pruned_until_cleared,
+        LeaseBug.PRUNED_WITH_LEASE,
+        "pruning must leave a finished row that keeps a lease",
     ),
 ]
 

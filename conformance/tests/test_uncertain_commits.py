@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from cronoq import (
+    AttemptToken,
     CancelRequested,
     LeasedAttempt,
     MemoryStore,
@@ -747,6 +748,34 @@ async def test_a_remote_attempt_stopped_in_a_commit_that_landed_late_still_holds
             await sched.report_failure(first.token, "stopped", lease_id=first.lease_id)  # A ends it
         second = await asyncio.wait_for(b.next(), 5)
         assert isinstance(second, LeasedAttempt) and second.token.attempt == 2
+    finally:
+        await sched.close(timeout=0.1)
+
+
+@pytest.mark.parametrize("fault", LANDING)
+async def test_a_forged_report_does_not_make_a_rebuild_take_an_unsent_attempt_for_one_that_ran(
+    fault: CommitFault,
+) -> None:
+    # Issue 19 review: a rebuild took the token of every report queued as an attempt that had
+    # run, lease id or not: a guessed report for an attempt whose start was never sent (its
+    # commit uncertain) made the rebuild keep it running, and the task sat until the lease.
+    store = FaultyStore(MemoryStore())
+    sched = Scheduler([RemotePool("remote", lease=30)], store=store, commit_timeout=COMMIT_TIMEOUT)
+    await sched.start()
+    try:
+        task_id = await sched.submit("job", pool="remote")  # ready: no worker yet
+        store.arm(fault)  # the next commit is the one that starts its attempt
+        link = sched.attach(["remote"], slots=1)
+        # Epoch, task id and attempt number are no secret (Get and List show them).
+        guessed = AttemptToken(sched.epoch or 0, task_id, 1)
+        forged = asyncio.ensure_future(sched.report_success(guessed, lease_id=bytes(16)))
+        attempt = await asyncio.wait_for(link.next(), 5)
+        assert isinstance(attempt, LeasedAttempt) and attempt.token == guessed
+        with pytest.raises(StaleAttempt):
+            await forged
+        await sched.report_success(attempt.token, b"ran", lease_id=attempt.lease_id)
+        info = await sched.wait(task_id, timeout=5)
+        assert (info.status, info.attempt, info.output) == (Status.SUCCEEDED, 1, b"ran")
     finally:
         await sched.close(timeout=0.1)
 

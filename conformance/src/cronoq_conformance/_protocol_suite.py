@@ -738,6 +738,45 @@ class StoreSuite:
             (held, True), (held, True)
         ], f"{kept} (recovered)"  # fmt: skip
 
+    async def test_a_finished_row_keeps_its_lease_and_is_not_pruned_until_cleared(
+        self, cluster: StoreHarness
+    ) -> None:
+        """An attempt the engine stopped (cancelled, past its deadline, out of attempts) may
+        still run: the finished row keeps its lease until the attempt ends, so that a new
+        leader (and an operator's retry there) waits for it, and pruning leaves the row."""
+        self.require(cluster, Capability.PRUNE)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        held = lease(epoch, "stopped, still running")
+        await store.commit(epoch, [submitted(i, at + i) for i in (1, 2)])
+        await store.commit(epoch, [started(i, 1, at + 10 + i, held) for i in (1, 2)])
+        await store.commit(
+            epoch,
+            [
+                TaskUpdated(1, Status.CANCELLED, 1, "cancelled", at + 20, lease=held),
+                TaskUpdated(2, Status.FAILED, 1, "dead-lettered", at + 21),
+            ],
+        )
+        kept = "a terminal TaskUpdated with a lease must keep it on the finished row"
+        assert await leases_looked_up(store, [1, 2]) == [held, None], kept
+        await cluster.crash(store)
+        store = await cluster.open()
+        epoch, state = await self.lead(store)
+        row = by_id(state)[1]
+        assert (row.status, row.lease) == (Status.CANCELLED, held), f"{kept} (recovered)"
+        await cluster.prune(store, now_ns() + 10**9)
+        assert await store.get_task(2) is None, "the harness's prune must delete old rows"
+        record = await store.get_task(1)
+        assert record is not None and record.lease == held, (
+            "pruning must leave a finished row that keeps a lease (its attempt may still run)"
+        )
+        await store.commit(epoch, [TaskUpdated(1, Status.CANCELLED, 1, "cancelled", at + 20)])
+        await cluster.prune(store, now_ns() + 10**9)
+        assert await store.get_task(1) is None, (
+            "once an update clears its lease, a finished row is pruned like any other"
+        )
+
     async def test_outputs_are_kept_and_loaded_on_demand(self, cluster: StoreHarness) -> None:
         store = await cluster.open()
         epoch, _ = await self.lead(store)

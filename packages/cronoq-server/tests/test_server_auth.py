@@ -305,6 +305,19 @@ async def test_a_worker_of_pool_a_never_gets_an_attempt_of_pool_b(
             pb.ReportManyRequest(reports=[report]), metadata=as_worker
         )
         assert [r.reason for r in many.results] == ["PERMISSION_DENIED"]
+        # Without the lease id, pool B's attempt gets the answer of an attempt that does not
+        # exist, word for word but the id: a refusal naming the pool would tell it is there.
+        answers = []
+        for task_id in (theirs.token.task_id, 2**40):
+            guessed = AttemptToken(theirs.token.epoch, task_id, 1)
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await worker_stub.Heartbeat(
+                    wire.heartbeat_request(guessed, bytes(16)), metadata=as_worker
+                )
+            details = (raised.value.details() or "").replace(str(task_id), "ID")
+            answers.append((raised.value.code(), details))
+        assert answers[0] == answers[1], answers
+        assert answers[0][0] is Code.FAILED_PRECONDITION
         # Nothing was applied: the attempt is still pool B's worker's to report.
         heartbeat = wire.heartbeat_request(mine.token, mine.lease_id)
         await worker_stub.Heartbeat(heartbeat, metadata=as_worker)

@@ -63,9 +63,11 @@ from cronoq._model import (
 )
 from cronoq.errors import (
     AdmissionRejected,
+    CronoqError,
     DuplicateSchedule,
     InvalidCron,
     ScheduleNotFound,
+    SchedulerError,
     StoreFatal,
     TaskNotFound,
     UnknownDependency,
@@ -1328,16 +1330,18 @@ def test_cancelling_an_unknown_task_replies_task_not_found() -> None:
 # === attempt fencing =======================================================================
 
 
-def _assert_stale(engine: Engine, now: int, token: AttemptToken) -> None:
+def _assert_stale(
+    engine: Engine, now: int, token: AttemptToken, refusal: type[CronoqError] = StaleAttempt
+) -> None:
     before = get(engine, now, token.task_id)
     for outcome in (AttemptSucceeded(b"x"), AttemptFailed("x", retryable=False)):
         value, result = report(engine, now, token, outcome)
-        assert isinstance(value, StaleAttempt)
+        assert isinstance(value, refusal)
         assert result.mutations == []
         assert result.dispatches == []
         assert result.cancels == []
     value = heartbeat(engine, now, token)
-    assert isinstance(value, StaleAttempt)
+    assert isinstance(value, refusal)
     after = get(engine, now, token.task_id)
     assert repr(after) == repr(before)  # exceptions (TaskNotFound) do not compare equal
 
@@ -1346,7 +1350,8 @@ def test_report_with_a_wrong_epoch_is_rejected() -> None:
     engine = make_engine(epoch=3)
     task_id, dispatch = start_one(engine, T0, spec())
     _assert_stale(engine, T0 + 1, AttemptToken(2, task_id, 1))
-    _assert_stale(engine, T0 + 1, AttemptToken(4, task_id, 1))
+    # A later epoch's: this leader was deposed, and says so rather than judge the attempt.
+    _assert_stale(engine, T0 + 1, AttemptToken(4, task_id, 1), SchedulerError)
     assert status(engine, T0 + 1, task_id) is Status.RUNNING
     report_ok(engine, T0 + 2, dispatch)
 
@@ -2080,7 +2085,7 @@ def test_heartbeats_do_not_extend_the_attempt_timeout() -> None:
 def test_stale_heartbeat_does_not_extend_the_lease() -> None:
     engine = make_engine(remote=PoolConfig("remote", 1, lease_ns=30 * S))
     task_id, _ = start_one(engine, T0, spec(pool="remote"))
-    assert isinstance(heartbeat(engine, T0 + 20 * S, AttemptToken(2, task_id, 1)), StaleAttempt)
+    assert isinstance(heartbeat(engine, T0 + 20 * S, AttemptToken(0, task_id, 1)), StaleAttempt)
     assert [u.status for u in updates(run_to(engine, T0 + 30 * S))] == [Status.RETRYING]
 
 
@@ -2099,12 +2104,51 @@ def test_stale_words_say_precisely_why() -> None:
     assert value.reason == "lease"
     never = heartbeat(engine, T0 + 30 * S + 3, AttemptToken(1, task_id, 7))
     assert isinstance(never, StaleAttempt)
-    assert (never.reason, "was never started" in str(never)) == ("unknown", True)
+    assert never.reason == "unknown"
     second = only_dispatch(run_to(engine, T0 + 31 * S))
     older = heartbeat(engine, T0 + 32 * S, first)
     assert isinstance(older, StaleAttempt)
     assert (older.reason, "a newer attempt exists" in str(older)) == ("attempt", True)
     assert heartbeat(engine, T0 + 33 * S, second) == HeartbeatReply(T0 + 63 * S, None)
+
+
+def test_a_caller_without_the_lease_id_learns_nothing_of_the_attempt() -> None:
+    """Issue 19 review: a token is visible through List/Get, its lease id only to its worker.
+    Without that id, a running, an ended, a finished and a nonexistent attempt get one answer,
+    word for word but the token, and nothing changes."""
+    engine = make_engine(remote=PoolConfig("remote", 2, lease_ns=30 * S))
+    running_id, running = start_one(engine, T0, spec(pool="remote"))
+    done_id, done = start_one(engine, T0, spec(pool="remote"))
+    forged = bytes(16)
+
+    def remote_report(now: int, token: AttemptToken, lease_id: bytes | None) -> object:
+        outcome = AttemptSucceeded(b"forged")
+        make = lambda to: AttemptReport(token, outcome, to, remote=True, lease_id=lease_id)  # noqa: E731
+        return call(engine, now, make)[0]
+
+    assert remote_report(T0 + 1, done.token, done.lease_id) is None
+    answers = []
+    for token in (
+        running.token,
+        done.token,
+        AttemptToken(1, running_id, 2),
+        AttemptToken(1, done_id + 1000, 1),
+    ):
+        before = get(engine, T0 + 2, token.task_id)
+        beat = call(engine, T0 + 2, lambda to: Heartbeat(token, to, True, None, forged))[0]  # noqa: B023
+        for value in (beat, remote_report(T0 + 2, token, forged)):
+            assert isinstance(value, StaleAttempt)
+            answers.append((value.reason, str(value).replace(repr_token(token), "T")))
+        assert repr(get(engine, T0 + 2, token.task_id)) == repr(before)
+    assert len(set(answers)) == 1, answers
+    assert answers[0][0] == "unknown"
+    # Its worker, with the id, is told precisely: the task is over.
+    value = remote_report(T0 + 3, done.token, done.lease_id)
+    assert isinstance(value, StaleAttempt) and value.reason == "finished"
+
+
+def repr_token(token: AttemptToken) -> str:
+    return f"attempt {token.attempt} of task {token.task_id} (epoch {token.epoch})"
 
 
 def test_adopted_attempt_gets_a_fresh_lease_on_rebuild() -> None:

@@ -314,7 +314,7 @@ async def test_a_worker_cannot_end_a_local_attempt() -> None:
         task_id = await sched.submit("job", pool="local")
         await asyncio.wait_for(started.wait(), 5)
         forged = AttemptToken(sched.epoch or 0, task_id, 1)
-        with pytest.raises(StaleAttempt, match="not leased"):
+        with pytest.raises(StaleAttempt, match="unknown with this lease id"):
             await sched.report_success(forged, b"forged", lease_id=bytes(16))
         release.set()
         assert (await sched.wait(task_id, timeout=5)).status is Status.SUCCEEDED
@@ -438,6 +438,37 @@ async def test_a_new_leader_retries_a_remote_attempt_whose_worker_never_returns(
         with pytest.raises(StaleAttempt) as stale:
             await second.report_success(attempt.token, lease_id=attempt.lease_id)
         assert stale.value.reason == "attempt"
+
+
+async def test_a_retry_after_a_failover_waits_for_the_stopped_attempt_of_a_finished_task() -> None:
+    # Issue 19 review: the engine stopped an attempt at its timeout and its task failed (no
+    # attempts left) while its worker still ran it; the next leader, asked to retry the task,
+    # must not lease a second attempt until the first one ends.
+    store = MemoryStore()
+    first = Scheduler([RemotePool("remote", lease=30.0)], store=store)
+    await first.start()
+    task_id = await first.submit("job", pool="remote", timeout=0.1, retry=RetryPolicy(1))
+    attempt = await _attempt(first.attach(["remote"], slots=1))
+    assert (await first.wait(task_id, timeout=5)).status is Status.FAILED
+    await first.close(timeout=0)
+    second = Scheduler([RemotePool("remote", lease=30.0)], store=store)
+    await second.start()
+    try:
+        other = second.attach(["remote"], slots=1)
+        assert (await second.retry(task_id)).status is Status.READY
+        await second.get(task_id)  # a step after the retry's: its dispatches are out
+        assert other.queued == 0, "a second attempt was leased beside the stopped one"
+        renewed = await second.heartbeat(attempt.token, lease_id=attempt.lease_id)
+        assert renewed.stopped, "the stopped attempt is known to the new leader"
+        with pytest.raises(StaleAttempt):
+            await second.report_failure(attempt.token, "ended", lease_id=attempt.lease_id)
+        again = await _attempt(other)  # its end lets the retry run
+        assert again.token == AttemptToken(second.epoch or 0, task_id, 2)
+        record = await store.get_task(task_id)
+        assert record is not None and record.lease is not None  # attempt 2's own
+        assert record.lease.epoch == second.epoch
+    finally:
+        await second.close(timeout=0)
 
 
 # --- the engine's side: pure steps ------------------------------------------------------------

@@ -7,6 +7,7 @@ gRPC statuses (both directions). Applications use :class:`cronoq_client.AsyncCli
 
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
+from cronoq_client._retry import never_handled, never_sent
 from cronoq_client._sizes import (
     MAX_LIST_PAGE,
     TOKEN_RESERVE_BYTES,
@@ -137,6 +138,8 @@ __all__ = [
     "list_response",
     "list_response_to_pb",
     "max_data_bytes",
+    "never_handled",
+    "never_sent",
     "outcome",
     "parse",
     "pb",

@@ -31,7 +31,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from cronoq import AttemptToken, Scheduler
-from cronoq.errors import PermissionDenied, TaskNotFound, Unauthenticated
+from cronoq.errors import PermissionDenied, Unauthenticated
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb
 from cronoq_server._config import AuthSettings, IdentitySettings
@@ -173,20 +173,19 @@ def authorize_pool(permission: str, pool: str, kind: str | None = None) -> None:
         raise
 
 
-async def authorize_attempt(sched: Scheduler, token: AttemptToken) -> None:
+def authorize_attempt(sched: Scheduler, token: AttemptToken, lease_id: bytes) -> None:
     """A heartbeat or report of an attempt of a pool the identity works on. The token names
-    no pool: the task's (which never changes) is looked up, unless the identity is an admin.
-    An unknown task is left to the scheduler, which answers StaleAttempt."""
+    no pool: the attempt's, as the scheduler leased it with that lease id, unless the identity
+    is an admin. Any other caller is left to the scheduler, which answers StaleAttempt
+    "unknown" and changes nothing, whatever the task is: a permission refusal would tell a
+    guessed token's pool. (An attempt adopted from an earlier leader, which this one did not
+    lease, is checked by its lease id alone: only the worker it was sent to knows that id.)"""
     caller = _caller.get()
     if caller is None or "admin" in caller.grant.permissions:
         return
-    pool = sched.remote_attempt_pool(token)  # the attempts it leased: no step needed
-    if pool is None:
-        try:
-            pool = (await sched.get(token.task_id)).pool
-        except TaskNotFound:
-            return
-    authorize_pool("work", pool)
+    pool = sched.remote_attempt_pool(token, lease_id=lease_id)
+    if pool is not None:
+        authorize_pool("work", pool)
 
 
 # --- tokens ---------------------------------------------------------------------------------

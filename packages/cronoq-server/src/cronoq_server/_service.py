@@ -460,7 +460,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         token, lease_id = wire.heartbeat_token(request)
         sched = self._leader(reporting=True)
-        await authorize_attempt(sched, token)
+        authorize_attempt(sched, token, lease_id)
         renewed = await sched.heartbeat(token, lease_id=lease_id)
         return wire.lease_renewed_to_pb(renewed)
 
@@ -495,7 +495,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
 
 async def _report(sched: Scheduler, request: pb.ReportRequest) -> None:
     token, lease_id, outcome = wire.report_from_pb(request)
-    await authorize_attempt(sched, token)
+    authorize_attempt(sched, token, lease_id)
     if isinstance(outcome, wire.ReportSuccess):
         await sched.report_success(token, outcome.output, lease_id=lease_id)
     else:

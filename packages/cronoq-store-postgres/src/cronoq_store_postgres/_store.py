@@ -108,7 +108,8 @@ class _Sql:
         self.prune = f"""
             WITH {fence}, pruned AS (
                 DELETE FROM {s}.cronoq_tasks WHERE id IN (
-                    SELECT id FROM {s}.cronoq_tasks WHERE finished_ns < $3 LIMIT $4)
+                    SELECT id FROM {s}.cronoq_tasks
+                    WHERE finished_ns < $3 AND lease_hash IS NULL LIMIT $4)
                     AND EXISTS (SELECT FROM fence)
                 RETURNING 1
             )

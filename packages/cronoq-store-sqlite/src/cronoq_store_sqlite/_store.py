@@ -549,7 +549,7 @@ class SqliteStore:
             self._fence(db, epoch)
             return db.execute(
                 "DELETE FROM cronoq_tasks WHERE id IN (SELECT id FROM cronoq_tasks "
-                "WHERE finished_ns < ? LIMIT ?)",
+                "WHERE finished_ns < ? AND lease_hash IS NULL LIMIT ?)",
                 (horizon_unix_ns, self._config.prune_batch),
             ).rowcount
 

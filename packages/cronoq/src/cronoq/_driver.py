@@ -399,13 +399,33 @@ class Driver:
 
     # --- faults ---------------------------------------------------------------------------
 
+    def _speaks_for(self, report: AttemptReport) -> bool:
+        """Whether a report comes from the executor of an attempt this process released and
+        that has not reported (a remote one proves it with its lease id): only those count as
+        reported in a rebuild, which applies them again. A forged report must not make the
+        rebuild take an attempt that never began for one that ran."""
+        if report.token not in self._executing:
+            return False
+        lease_id = self._lease_ids.get(report.token)
+        if lease_id is None:
+            return not report.remote
+        return (
+            report.remote
+            and report.lease_id is not None
+            and hmac.compare_digest(lease_id, report.lease_id)
+        )
+
     async def _reconcile(self, inputs: list[Input], result: StepResult) -> None:
         """The store did not confirm the step, which may or may not have landed: rebuild from
         what the store holds, then settle the step's inputs by what it shows."""
         engine = self._engine
         assert engine is not None
         self._moving_waiters = engine.take_waiters()
-        reported = [i.token for i in (*inputs, *self._inbox) if isinstance(i, AttemptReport)]
+        reported = [
+            i.token
+            for i in (*inputs, *self._inbox)
+            if isinstance(i, AttemptReport) and self._speaks_for(i)
+        ]
         inflight = InFlight(
             executing=dict(self._executing),
             reported=frozenset(reported),

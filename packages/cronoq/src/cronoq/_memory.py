@@ -184,13 +184,16 @@ class MemoryCluster:
         )
 
     def prune(self, horizon_unix_ns: int) -> None:
-        """Forget tasks finished before the horizon; the id high-water mark stays."""
-        while self.finished:
-            task_id, finished_at = next(iter(self.finished.items()))
+        """Forget tasks finished before the horizon, but a row that keeps the lease of an
+        attempt that may still run (see ``cronoq.store``); the id high-water mark stays."""
+        for task_id, finished_at in list(self.finished.items()):
             if finished_at >= horizon_unix_ns:
                 break
+            record = self.tasks[task_id]
+            if record.lease is not None:
+                continue
             del self.finished[task_id]
-            record = self.tasks.pop(task_id)
+            del self.tasks[task_id]
             key = record.spec.key
             if key is not None and self.keys.get(key) == task_id:
                 del self.keys[key]

@@ -415,9 +415,10 @@ class RemoteExecutor:
     def leased(self, token: AttemptToken) -> bool:
         return token in self._leased
 
-    def pool_of(self, token: AttemptToken) -> str | None:
-        """The pool of an attempt this process leased and that is not reported yet."""
-        return self._pools.get(token)
+    def pool_of(self, token: AttemptToken, lease_id: bytes) -> str | None:
+        """The pool of an attempt this process leased with ``lease_id`` and that is not
+        reported yet."""
+        return self._pools.get(token) if self._owns(token, lease_id) else None
 
     def reported(self, token: AttemptToken, lease_id: bytes) -> None:
         """The attempt's report was answered (applied or stale): its worker's slot is free.

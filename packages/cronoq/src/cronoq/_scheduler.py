@@ -753,11 +753,12 @@ class Scheduler:
             raise InvalidArgument(f"pool {pool!r} runs in this process: it has no remote workers")
         return pool
 
-    def remote_attempt_pool(self, token: AttemptToken) -> str | None:
-        """The pool of a remote attempt this scheduler leased and that is not reported yet,
-        without a step (a server checks a worker's permission with it); None otherwise (then
-        ``get`` says)."""
-        return self._remote.pool_of(_token(token))
+    def remote_attempt_pool(self, token: AttemptToken, *, lease_id: bytes) -> str | None:
+        """The pool of a remote attempt this scheduler leased with ``lease_id`` and that is
+        not reported yet, without a step (a server checks a worker's permission with it).
+        None for any other caller or attempt, whatever it is: a guessed token learns nothing,
+        and the scheduler's own answer to that caller is "unknown"."""
+        return self._remote.pool_of(_token(token), _lease_id(lease_id))
 
     async def heartbeat(self, token: AttemptToken, *, lease_id: bytes) -> LeaseRenewed:
         """Extend the lease of a remote attempt; learn whether it should stop.

@@ -20,7 +20,7 @@ from cronoq._engine.state import Shared, Task, earliest, seconds
 from cronoq._engine.tasks import Tasks
 from cronoq._metrics import bump
 from cronoq._model import Status
-from cronoq.errors import StaleAttempt
+from cronoq.errors import SchedulerError, StaleAttempt
 from cronoq.store import AttemptLease, TaskUpdated
 
 __all__ = ["Attempts", "Zombie"]
@@ -68,18 +68,24 @@ class Attempts:
         remote: bool,
         received_ns: int | None = None,
         lease_id: bytes | None = None,
-    ) -> StaleAttempt | None:
+    ) -> StaleAttempt | SchedulerError | None:
         """Why a heartbeat or report of ``token`` must change nothing, if it must. A remote
-        one must carry the attempt's lease id; without it the attempt is "unknown" to the
-        caller, whatever it is, so that a guessed token learns nothing and changes nothing."""
+        one must carry a lease id this attempt was leased with; without it the attempt is
+        "unknown" to the caller, whatever it is, so that a guessed token learns nothing and
+        changes nothing. A token of a later epoch than this leader's is not stale: this leader
+        was deposed (it may not know yet), and the worker must ask the current one, so the
+        answer is "not applied" (the client retries elsewhere), never a verdict."""
         shared = self.shared
         name = f"attempt {token.attempt} of task {token.task_id} (epoch {token.epoch})"
-        task = shared.tasks.get(token.task_id)
-        if remote and task is not None and shared.pools[task.spec.pool].config.lease_ns is None:
-            # A worker may not end an attempt that runs in this process.
-            return StaleAttempt(f"{name} was not leased to a worker", "unknown")
         if token.epoch > shared.epoch:
-            return StaleAttempt(f"{name} was never issued (epoch now {shared.epoch})", "unknown")
+            return SchedulerError(
+                f"{name} is of a later leader than this one (epoch {shared.epoch}): ask the "
+                "current leader",
+                applied=False,
+            )
+        if remote and not self._proves(token, lease_id):
+            return StaleAttempt(f"{name} is unknown with this lease id", "unknown")
+        task = shared.tasks.get(token.task_id)
         if task is None:
             done = self.tasks.finished.get(token.task_id)
             if done is None:
@@ -92,8 +98,6 @@ class Attempts:
                     f"(epoch now {shared.epoch})"
                 )
                 return StaleAttempt(message, "epoch")
-            if remote and not lease_matches(lease_id, shared.lease_hashes.get(task.id, b"")):
-                return StaleAttempt(f"{name}: the lease id does not match", "unknown")
             lease_end = shared.leases.get(task.id)
             if lease_end is not None and lease_end <= (received_ns or shared.now):
                 return StaleAttempt(f"{name}: its lease expired", "lease")
@@ -110,6 +114,22 @@ class Attempts:
             message = f"{name} belongs to an earlier leader (epoch now {shared.epoch}; {now})"
             return StaleAttempt(message, "epoch")
         return StaleAttempt(f"{name} has already ended ({now})", "attempt")
+
+    def _proves(self, token: AttemptToken, lease_id: bytes | None) -> bool:
+        """Whether ``lease_id`` is the one ``token``'s attempt was leased with: its running
+        lease, the lease a stopped attempt holds, or one that ended lately (so that its worker
+        still learns precisely why it is stale)."""
+        shared = self.shared
+        task = shared.tasks.get(token.task_id)
+        if task is not None and task.token() == token and task.status is Status.RUNNING:
+            running = shared.lease_hashes.get(token.task_id)
+            if running is not None:
+                return lease_matches(lease_id, running)
+        zombie = self.zombies.get(token.task_id)
+        if zombie is not None and zombie.token == token and zombie.lease is not None:
+            return lease_matches(lease_id, zombie.lease.id_hash)
+        ended = shared.ended_leases.get(token.task_id)
+        return ended is not None and ended[0] == token and lease_matches(lease_id, ended[1])
 
     def held(self, token: AttemptToken, remote: bool, lease_id: bytes | None) -> Zombie | None:
         """The stopped attempt ``token`` names, if it still holds its slot and the caller may
@@ -189,7 +209,8 @@ class Attempts:
     ) -> None:
         """The running attempt of ``task`` ended without success (its slot is already freed):
         retry after the backoff, or dead-letter it. ``lease``: the attempt was stopped and may
-        still run; the retrying row keeps its lease, so that a new leader waits for it too."""
+        still run; the task's row keeps its lease (retrying or finished), so that a new leader
+        waits for it too."""
         shared = self.shared
         counters = shared.counters
         spec = task.spec
@@ -197,12 +218,12 @@ class Attempts:
         if not retryable:
             bump(counters.dead_lettered, spec.pool)
             message = f"attempt {attempt} failed (not retryable): {reason}"
-            self.tasks.finish(task, Status.FAILED, message)
+            self.tasks.finish(task, Status.FAILED, message, lease=lease)
             return
         if attempt >= spec.retry.max_attempts:
             message = f"attempt {attempt} failed: {reason}; no attempts left"
             bump(counters.dead_lettered, spec.pool)
-            self.tasks.finish(task, Status.FAILED, message)
+            self.tasks.finish(task, Status.FAILED, message, lease=lease)
             return
         delay = retry_after_ns
         if delay is None:
@@ -211,7 +232,7 @@ class Attempts:
         if spec.deadline_ns is not None and due >= spec.deadline_ns:
             message = f"attempt {attempt} failed: {reason}; the next would start after the deadline"
             bump(counters.dead_lettered, spec.pool)
-            self.tasks.finish(task, Status.FAILED, message)
+            self.tasks.finish(task, Status.FAILED, message, lease=lease)
             return
         bump(counters.retries, spec.pool)
         message = f"attempt {attempt} failed: {reason}; retrying in {seconds(delay)}"
@@ -269,10 +290,14 @@ class Attempts:
         pool = shared.pools.get(zombie.pool)
         if pool is not None:
             pool.running -= 1
+        cleared = self.tasks.leased_finishes.pop(token.task_id, None)
         task = shared.tasks.get(token.task_id)
         if task is None:
+            if cleared is not None and zombie.lease is not None:
+                shared.out.mutations.append(cleared)
             return
-        if zombie.lease is not None and task.status in (Status.RETRYING, Status.READY):
+        if zombie.lease is not None and task.status is not Status.RUNNING:
+            # Its task waited for it (retrying, or retried by hand): the row lets go too.
             due = task.wake_ns if task.status is Status.RETRYING else None
             shared.out.mutations.append(
                 TaskUpdated(task.id, task.status, task.attempt, task.message, shared.now, due)
@@ -280,6 +305,22 @@ class Attempts:
         if token.task_id in shared.deferred:
             shared.deferred.discard(token.task_id)
             shared.enqueue(task)
+
+    def retried(self, task_id: int) -> None:
+        """An operator's retry made a finished task live again, which cleared its row's lease:
+        if the attempt the engine had stopped still runs, the row takes its lease back, so that
+        a leader that takes over waits for it too (here, dispatch waits: ``stopping``)."""
+        shared = self.shared
+        self.tasks.leased_finishes.pop(task_id, None)
+        zombie = self.zombies.get(task_id)
+        task = shared.tasks.get(task_id)
+        if zombie is None or zombie.lease is None or task is None:
+            return
+        shared.out.mutations.append(
+            TaskUpdated(
+                task.id, task.status, task.attempt, task.message, shared.now, lease=zombie.lease
+            )
+        )
 
     def expire_zombies(self) -> None:
         """Let go of stopped leased attempts whose lease ended without a report."""

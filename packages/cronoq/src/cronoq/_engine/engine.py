@@ -54,7 +54,7 @@ from cronoq._engine.state import Shared
 from cronoq._engine.tasks import Tasks
 from cronoq._engine.timers import Timers
 from cronoq._metrics import Counters, bump
-from cronoq.store import RecoveredState
+from cronoq.store import RecoveredState, TaskRecord
 
 __all__ = ["Engine"]
 
@@ -203,7 +203,10 @@ class Engine:
             case ListPools():
                 reply(item.reply_to, self._dispatcher.pools())
             case RetryTask():
-                reply(item.reply_to, tasks.retry(item.task_id, item.record, item.message))
+                retried = tasks.retry(item.task_id, item.record, item.message)
+                if isinstance(retried, TaskRecord):
+                    self._attempts.retried(item.task_id)
+                reply(item.reply_to, retried)
             case OfferSlots():
                 self._dispatcher.offer(item)
             case WithdrawAttempts():

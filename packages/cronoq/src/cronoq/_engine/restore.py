@@ -42,6 +42,8 @@ class Restorer:
         )
         for row in finished_rows:
             tasks.add_finished(row)
+            if row.lease is not None:
+                self._stopped_row(row, self._earlier(row))
         for task_id, reason in state.quarantined:
             tasks.add_quarantined(task_id, reason)
         live_rows = [r for r in state.tasks if not r.status.is_terminal]
@@ -112,9 +114,7 @@ class Restorer:
             tasks.finish(task, Status.FAILED, f"pool {spec.pool!r} is no longer configured")
             return
         pool = shared.pools[spec.pool]
-        # A remote attempt of an earlier leader that may still run: its worker's lease holds.
-        earlier = row.lease is not None and (inflight is None or row.lease.epoch != shared.epoch)
-        waits_for_worker = earlier and pool.config.lease_ns is not None
+        waits_for_worker = self._earlier(row) and pool.config.lease_ns is not None
         if task.status is Status.RUNNING:
             pool.running += 1
             token = task.token()
@@ -143,7 +143,7 @@ class Restorer:
                 attempts.failed(task, reason, retryable=True, retry_after_ns=None)
             return
         if row.lease is not None:
-            self._stopped_row(task, row, waits_for_worker)
+            self._stopped_row(row, waits_for_worker)
         if task.status is Status.RETRYING:
             due = row.due_ns if row.due_ns is not None else shared.now
             shared.set_wake(task, earliest(due, spec.deadline_ns))
@@ -162,6 +162,12 @@ class Restorer:
                 task.status = tasks.initial_status(task)
                 tasks.arm(task, check_miss=not became_ready)
 
+    def _earlier(self, row: TaskRecord) -> bool:
+        """Whether the row holds the lease of an earlier leader's remote attempt, which may
+        still run: its worker's lease holds."""
+        lease = row.lease
+        return lease is not None and (self.inflight is None or lease.epoch != self.shared.epoch)
+
     def _keep(self, task: Task, lease: AttemptLease | None) -> None:
         """A running attempt goes on: this process's own, or a remote one adopted from an
         earlier leader, whose lease runs a whole one from now (its worker may be alive)."""
@@ -169,25 +175,27 @@ class Restorer:
             self.shared.lease_hashes[task.id] = lease.id_hash
         self.shared.set_wake(task, self.attempts.running_wake(task))
 
-    def _stopped_row(self, task: Task, row: TaskRecord, waits_for_worker: bool) -> None:
-        """A row that kept the lease of an attempt the engine had stopped. An earlier leader's:
-        its worker may still run it, so it holds its slot and its task for one lease from now
-        (or until it reports). This leader's own: ``InFlight`` says whether it still runs (then
-        ``_stopped_attempt`` holds it), and the row is cleared if not (the write that cleared
-        it was the uncertain one)."""
+    def _stopped_row(self, row: TaskRecord, waits_for_worker: bool) -> None:
+        """A row, live or finished, that kept the lease of an attempt the engine had stopped.
+        An earlier leader's: its worker may still run it, so it holds its slot and its task
+        (a retry of a finished one included) for one lease from now, or until it reports.
+        This leader's own: ``InFlight`` says whether it still runs (then ``_stopped_attempt``
+        holds it), and the row is cleared if not (the write that cleared it was the uncertain
+        one)."""
         shared = self.shared
         assert row.lease is not None
-        token = AttemptToken(row.lease.epoch, task.id, task.attempt)
-        pool = shared.pools[task.spec.pool]
-        if waits_for_worker:
-            lease_ns = pool.config.lease_ns
-            assert lease_ns is not None
+        token = AttemptToken(row.lease.epoch, row.task_id, row.attempt)
+        cleared = TaskUpdated(
+            row.task_id, row.status, row.attempt, row.message, row.updated_ns, row.due_ns
+        )
+        if row.status.is_terminal:
+            self.tasks.leased_finishes[row.task_id] = cleared
+        pool = shared.pools.get(row.spec.pool)
+        lease_ns = None if pool is None else pool.config.lease_ns
+        if waits_for_worker and pool is not None and lease_ns is not None:
             pool.running += 1
-            zombie = Zombie(token, pool.config.name, task.message, row.lease)
+            zombie = Zombie(token, pool.config.name, row.message, row.lease)
             self.attempts.hold(zombie, shared.now + lease_ns)
         elif self.inflight is None or token not in self.inflight.executing:
-            shared.out.mutations.append(
-                TaskUpdated(
-                    task.id, task.status, task.attempt, task.message, shared.now, row.due_ns
-                )
-            )
+            self.tasks.leased_finishes.pop(row.task_id, None)
+            shared.out.mutations.append(cleared)

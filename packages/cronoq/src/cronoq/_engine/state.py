@@ -93,19 +93,27 @@ class Pool:
         self.ready: list[tuple[int, int]] = []
 
 
+ENDED_LEASES_KEPT = 65_536
+"""How many ended leases the engine remembers (about 100 bytes each): a worker whose attempt
+ended longer ago than that many others is told its attempt is unknown rather than why."""
+
+
 class Shared:
     """The state several rooms touch. ``tasks`` holds the live tasks only; a finished one
     leaves it (see the tasks room). ``leases``: when each leased attempt's lease ends, by task
     id (a report after it is stale); ``lease_hashes``: the SHA-256 of its lease id, which its
-    worker must present. ``lapsed``: tasks whose latest attempt was counted lost
-    because its lease ran out (a later word of that attempt is answered "lease", not "not
-    current"). ``deferred``: ready tasks held back from dispatch while their previous attempt
-    still runs."""
+    worker must present; ``ended_leases``: the token and lease id hash of the last attempt of
+    each task whose lease ended lately (at most ``ENDED_LEASES_KEPT``), by which its worker
+    still proves itself, to learn why its word is stale. ``lapsed``: tasks whose latest
+    attempt was counted lost because its lease ran out (a later word of that attempt is
+    answered "lease", not "not current"). ``deferred``: ready tasks held back from dispatch
+    while their previous attempt still runs."""
 
     __slots__ = (
         "config",
         "counters",
         "deferred",
+        "ended_leases",
         "epoch",
         "lapsed",
         "lease_hashes",
@@ -128,6 +136,7 @@ class Shared:
         self.timers: list[tuple[int, int]] = []
         self.leases: dict[int, int] = {}
         self.lease_hashes: dict[int, bytes] = {}
+        self.ended_leases: dict[int, tuple[AttemptToken, bytes]] = {}
         self.lapsed: set[int] = set()
         self.deferred: set[int] = set()
 
@@ -136,7 +145,14 @@ class Shared:
         lease itself (None for an attempt of this process)."""
         end = self.leases.pop(task.id, None)
         id_hash = self.lease_hashes.pop(task.id, None)
-        return end, None if id_hash is None else AttemptLease(task.attempt_epoch, id_hash)
+        if id_hash is None:
+            return end, None
+        ended = self.ended_leases
+        ended.pop(task.id, None)  # re-inserted last: the oldest entries go first
+        ended[task.id] = (task.token(), id_hash)
+        if len(ended) > ENDED_LEASES_KEPT:
+            del ended[next(iter(ended))]
+        return end, AttemptLease(task.attempt_epoch, id_hash)
 
     def reply(self, reply_to: object, value: object) -> None:
         if reply_to is not None:

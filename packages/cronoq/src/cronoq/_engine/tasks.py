@@ -24,6 +24,7 @@ from cronoq.errors import (
     UnknownPool,
 )
 from cronoq.store import (
+    AttemptLease,
     CancelRequested,
     TaskRecord,
     TaskRetried,
@@ -55,6 +56,9 @@ class Tasks:
         # Per task, the callers waiting for it to finish, by identity (removable in O(1)).
         self.waiters: dict[int, dict[int, object]] = {}
         self.quarantined: dict[int, TaskRecord] = {}
+        # Finished tasks whose row keeps the lease of a stopped attempt: the update, without
+        # the lease, that clears it once the attempt ends (see ``finish``).
+        self.leased_finishes: dict[int, TaskUpdated] = {}
         self.listed: list[int] = []
         self.listed_sorted = True  # a recovery adds its rows out of id order: sorted on use
         self.pruned_listed = 0  # ids in ``listed`` no longer in memory
@@ -212,8 +216,20 @@ class Tasks:
             shared.out.cancels.append(CancelAttempt(task.token(), task.spec.pool, message))
         return Status.RUNNING
 
-    def finish(self, task: Task, status: Status, message: str, output: bytes | None = None) -> None:
-        """Make ``task`` terminal, persist it, answer its waiters and settle its dependents."""
+    def finish(
+        self,
+        task: Task,
+        status: Status,
+        message: str,
+        output: bytes | None = None,
+        lease: AttemptLease | None = None,
+    ) -> None:
+        """Make ``task`` terminal, persist it, answer its waiters and settle its dependents.
+
+        ``lease``: the engine stopped the task's attempt, which may still run on its worker.
+        The finished row keeps that lease until the attempt ends (``leased_finishes`` holds
+        the update that clears it), so that a leader that takes over, and an operator's
+        retry there, waits for the attempt too instead of starting another beside it."""
         shared = self.shared
         out = shared.out
         pending = [(task, status, message, output)]
@@ -223,9 +239,12 @@ class Tasks:
                 continue  # a child reached twice: it names the same parent twice in ``after``
             self.transition(task, status, message)
             task.wake_ns = None
-            out.mutations.append(
-                TaskUpdated(task.id, status, task.attempt, message, shared.now, output=output)
-            )
+            update = TaskUpdated(task.id, status, task.attempt, message, shared.now, output=output)
+            if lease is not None:
+                self.leased_finishes[task.id] = update
+                update = dataclasses.replace(update, lease=lease)
+                lease = None  # the task's own row; its dependants have no attempt
+            out.mutations.append(update)
             del shared.tasks[task.id]
             shared.drop_lease(task)
             shared.lapsed.discard(task.id)

@@ -48,12 +48,12 @@ class Timers:
         if status is Status.RUNNING:
             if deadline_passed:
                 message = f"deadline passed during attempt {task.attempt}"
-                attempts.stop(task, message)
-                tasks.finish(task, Status.FAILED, message)
+                lease = attempts.stop(task, message)
+                tasks.finish(task, Status.FAILED, message, lease=lease)
                 return
             if task.cancel_requested:
-                attempts.stop(task, task.message)
-                tasks.finish(task, Status.CANCELLED, task.message)
+                lease = attempts.stop(task, task.message)
+                tasks.finish(task, Status.CANCELLED, task.message, lease=lease)
                 return
             timeout = spec.timeout_ns
             if timeout is not None and now >= task.updated_ns + timeout:
