@@ -570,7 +570,7 @@ def test_the_histories_reach_every_corner() -> None:
         "was never started",
         "a newer attempt exists",
         '"stopped":true',
-        "the lease id does not match",
+        "is unknown with this lease id",
         "was not adopted",
     ):
         assert needle in text, needle
