@@ -64,7 +64,7 @@ from cronoq._model import (
     TaskSpec,
     TaskTemplate,
 )
-from cronoq.errors import DuplicateSchedule, ScheduleNotFound, TaskNotFound
+from cronoq.errors import DuplicateSchedule, ScheduleNotFound, SchedulerError, TaskNotFound
 from cronoq.store import (
     CancelRequested,
     Mutation,
@@ -160,6 +160,8 @@ class TaskModel:
     started_ns: int | None = None
     """Start of the last persisted attempt."""
     finished_ns: int | None = None
+    leased_finish: bool = False
+    """Finished with the lease of an attempt that may still run: one update clears it."""
     cancel_requested: bool = False
 
     @property
@@ -417,6 +419,17 @@ class EngineMachine(RuleBasedStateMachine):
         model = self.tasks[update.task_id]
         before, after = model.status, update.status
         where = f"task {update.task_id}: {[str(s) for s in model.statuses]} then {after}"
+        if before.is_terminal and model.leased_finish:
+            # The one update a finished row gets: the lease of its stopped attempt, cleared
+            # once that attempt ended, the rest of the row as it was.
+            assert (after, update.attempt, update.at_ns, update.lease) == (
+                before,
+                model.attempt,
+                model.finished_ns,
+                None,
+            ), f"a finished row's lease clearing changed it: {where}"
+            model.leased_finish = False
+            return
         assert not before.is_terminal, f"terminal task changed: {where}"
         assert _legal_persisted(before, after), f"illegal transition: {where}"
         assert update.at_ns == self.now, where
@@ -447,6 +460,7 @@ class EngineMachine(RuleBasedStateMachine):
             model.started_ns = update.at_ns
         if after.is_terminal:
             model.finished_ns = update.at_ns
+            model.leased_finish = update.lease is not None
 
     def _check_dispatch(
         self, token: AttemptToken, engine: Engine, reported: Set[AttemptToken]
@@ -648,7 +662,9 @@ class EngineMachine(RuleBasedStateMachine):
         # Every rule leaves the engine stepped at self.now, so a step at the same time with only
         # a rejected report in it must change nothing at all.
         result = self.engine.step(self.now, [WORKERS, AttemptReport(token, outcome, "stale")])
-        assert isinstance(_reply(result, "stale"), StaleAttempt)
+        # A later epoch's token is not judged: a leader that sees one was replaced.
+        refusal = SchedulerError if token.epoch > self.epoch else StaleAttempt
+        assert isinstance(_reply(result, "stale"), refusal)
         assert result.mutations == [], result.mutations
         assert result.dispatches == [] and result.cancels == [], result
         self._persist(result)

@@ -99,6 +99,9 @@ class Driver:
         # running: what a rebuild in this epoch must know (see InFlight).
         self._executing: dict[AttemptToken, str] = {}
         self._lease_ids: dict[AttemptToken, bytes] = {}  # of the remote ones among them
+        # Attempts whose executor reported them (a remote one with its lease id), until the
+        # step that applies the report commits: a rebuild counts only these as reported.
+        self._verified_reports: set[AttemptToken] = set()
         self._abandoned: set[AttemptToken] = set()
         # Waiters taken from an engine being rebuilt, until the new one takes them over.
         self._moving_waiters: list[tuple[int, object]] = []
@@ -227,8 +230,9 @@ class Driver:
                 _resolve(reply_to, self.failure_error())
             return
         known = self._lease_ids.get(token)
-        if known is None or (lease_id is not None and hmac.compare_digest(known, lease_id)):
-            self._forget(token)
+        proven = known is None or (lease_id is not None and hmac.compare_digest(known, lease_id))
+        if proven and self._forget(token) is not None:
+            self._verified_reports.add(token)
         received = self._clock() if remote else None
         self._inbox.append(AttemptReport(token, outcome, reply_to, remote, received, lease_id))
         self._wake()
@@ -316,6 +320,9 @@ class Driver:
                 self._committing = None
                 return
             self._committing = None
+        for item in inputs:
+            if isinstance(item, AttemptReport):
+                self._verified_reports.discard(item.token)
         self._release(result, inputs)
 
     async def _commit(self, batch: list[Mutation]) -> bool:
@@ -399,32 +406,19 @@ class Driver:
 
     # --- faults ---------------------------------------------------------------------------
 
-    def _speaks_for(self, report: AttemptReport) -> bool:
-        """Whether a report comes from the executor of an attempt this process released and
-        that has not reported (a remote one proves it with its lease id): only those count as
-        reported in a rebuild, which applies them again. A forged report must not make the
-        rebuild take an attempt that never began for one that ran."""
-        if report.token not in self._executing:
-            return False
-        lease_id = self._lease_ids.get(report.token)
-        if lease_id is None:
-            return not report.remote
-        return (
-            report.remote
-            and report.lease_id is not None
-            and hmac.compare_digest(lease_id, report.lease_id)
-        )
-
     async def _reconcile(self, inputs: list[Input], result: StepResult) -> None:
         """The store did not confirm the step, which may or may not have landed: rebuild from
         what the store holds, then settle the step's inputs by what it shows."""
         engine = self._engine
         assert engine is not None
         self._moving_waiters = engine.take_waiters()
+        # Only reports of attempts released here, from their executor (a remote one proved
+        # its lease id): a forged one must not make the rebuild take an attempt that never
+        # began for one that ran.
         reported = [
             i.token
             for i in (*inputs, *self._inbox)
-            if isinstance(i, AttemptReport) and self._speaks_for(i)
+            if isinstance(i, AttemptReport) and i.token in self._verified_reports
         ]
         inflight = InFlight(
             executing=dict(self._executing),

@@ -185,10 +185,11 @@ class Restorer:
         shared = self.shared
         assert row.lease is not None
         token = AttemptToken(row.lease.epoch, row.task_id, row.attempt)
-        cleared = TaskUpdated(
-            row.task_id, row.status, row.attempt, row.message, row.updated_ns, row.due_ns
-        )
-        if row.status.is_terminal:
+        # A finished row keeps its finish time; a live one is updated now.
+        finished = row.status.is_terminal
+        at_ns = row.updated_ns if finished else shared.now
+        cleared = TaskUpdated(row.task_id, row.status, row.attempt, row.message, at_ns, row.due_ns)
+        if finished:
             self.tasks.leased_finishes[row.task_id] = cleared
         pool = shared.pools.get(row.spec.pool)
         lease_ns = None if pool is None else pool.config.lease_ns
