@@ -1301,7 +1301,7 @@ def _attempt_from_pb(message: pb.Attempt) -> LeasedAttempt:
 
 
 def with_trace_context(
-    tasks: list[TaskRequest], metadata: Sequence[tuple[str, str | bytes]] | None
+    tasks: list[TaskRequest], metadata: Iterable[tuple[str, str | bytes]] | None
 ) -> list[TaskRequest]:
     """The tasks of a Submit or SubmitMany with the W3C trace context its client sent as
     ``traceparent`` and ``tracestate`` metadata, which the server stores with them. Leniently,

@@ -15,7 +15,7 @@ attempt, local or on a remote worker, after any failover, joins the submitter's 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -216,7 +216,7 @@ class Tracing:
 
     @contextmanager
     def server_call(
-        self, full_method: str, metadata: Sequence[tuple[str, str | bytes]] | None
+        self, full_method: str, metadata: Iterable[tuple[str, str | bytes]] | None
     ) -> Iterator[Span]:
         """A gRPC call a server serves (a server span, child of the caller's context)."""
         with self._tracer.start_as_current_span(
@@ -224,6 +224,9 @@ class Tracing:
             context=self._parent(TraceContext.from_metadata(metadata)),
             kind=SpanKind.SERVER,
             attributes=rpc_attributes(full_method),
+            # An aborted call raises, with the status it was given: the interceptor judges it.
+            record_exception=False,
+            set_status_on_exception=False,
         ) as span:
             yield span
 
