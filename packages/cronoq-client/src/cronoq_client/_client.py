@@ -233,7 +233,7 @@ class AsyncClient:
         message = wire.submit_request(request, self._codec)
         reply = await self._submit_call(
             _SUBMIT,
-            [message.task.pool],
+            [_pool(message.task)],
             lambda stub, timeout, metadata: stub.Submit(
                 message, timeout=timeout, metadata=metadata
             ),
@@ -251,7 +251,8 @@ class AsyncClient:
             return []
         reply = await self._submit_call(
             _SUBMIT_MANY,
-            [task.pool for task in message.tasks] or [message.common.pool] * len(message.payloads),
+            [_pool(task) for task in message.tasks]
+            or [_pool(message.common)] * len(message.payloads),
             lambda stub, timeout, metadata: stub.SubmitMany(
                 message, timeout=timeout, metadata=metadata
             ),
@@ -531,6 +532,14 @@ class AsyncClient:
             lambda stub, timeout: stub.ListWorkers(message, timeout=timeout), idempotent=True
         )
         return [wire.worker_info_from_pb(w) for w in reply.workers]
+
+
+_DEFAULT_POOL = TaskRequest("").pool
+
+
+def _pool(task: pb.TaskRequest) -> str:
+    """The pool a wire task names (left out at its default)."""
+    return task.pool or _DEFAULT_POOL
 
 
 def _as_asked(found: pb.ScheduleInfo, asked: pb.AddScheduleRequest) -> bool:
