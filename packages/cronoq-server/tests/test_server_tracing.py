@@ -61,7 +61,8 @@ async def test_each_call_is_a_server_span_in_the_callers_trace(
     channel, exporter = served
     submit = channel.unary_unary(f"/{SERVICE}/Submit")
     assert await submit(b"ok", metadata=(("traceparent", PARENT),)) == b"ok"
-    for request, code in ((b"bad", grpc.StatusCode.INVALID_ARGUMENT), (b"down", grpc.StatusCode.UNAVAILABLE)):  # fmt: skip
+    refusals = ((b"bad", grpc.StatusCode.INVALID_ARGUMENT), (b"down", grpc.StatusCode.UNAVAILABLE))
+    for request, code in refusals:
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await submit(request)
         assert raised.value.code() is code
