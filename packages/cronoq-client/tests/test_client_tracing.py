@@ -16,9 +16,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from server_process import config_toml, running_server
+from server_thread import threaded_server
 
 from cronoq import Status, TaskContext, TaskError
-from cronoq_client import AsyncClient, Worker
+from cronoq_client import AsyncClient, Client, Worker
 
 WAIT_S = 30.0
 
@@ -126,3 +127,19 @@ async def test_a_failed_remote_attempt_is_an_error_span_and_untraced_clients_sen
     assert run.attributes is not None
     assert run.attributes["cronoq.attempt.outcome"] == "failed"
     assert run.attributes["cronoq.attempt.retryable"] is False
+
+
+def test_the_sync_client_submits_in_its_callers_span(
+    tmp_path: Path, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    provider, exporter = spans
+    tracer = provider.get_tracer("test")
+    with (
+        threaded_server(tmp_path) as server,
+        Client(server.target, tracing=provider) as client,
+        tracer.start_as_current_span("request") as request,
+    ):
+        client.submit("greet")
+    [submit] = _named(exporter, "submit default")
+    assert submit.parent is not None
+    assert submit.parent.span_id == request.get_span_context().span_id
