@@ -40,7 +40,7 @@ async def served() -> AsyncIterator[tuple[grpc.aio.Channel, InMemorySpanExporter
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     server = grpc.aio.server(interceptors=[TracingInterceptor(Tracing(provider))])
-    handlers = {
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
         "Submit": grpc.unary_unary_rpc_method_handler(_echo),
         "Watch": grpc.unary_stream_rpc_method_handler(_stream),
     }
@@ -59,14 +59,18 @@ async def test_each_call_is_a_server_span_in_the_callers_trace(
     served: tuple[grpc.aio.Channel, InMemorySpanExporter],
 ) -> None:
     channel, exporter = served
-    submit = channel.unary_unary(f"/{SERVICE}/Submit")
+    submit: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+        f"/{SERVICE}/Submit"
+    )
     assert await submit(b"ok", metadata=(("traceparent", PARENT),)) == b"ok"
     refusals = ((b"bad", grpc.StatusCode.INVALID_ARGUMENT), (b"down", grpc.StatusCode.UNAVAILABLE))
     for request, code in refusals:
         with pytest.raises(grpc.aio.AioRpcError) as raised:
             await submit(request)
         assert raised.value.code() is code
-    watch = channel.unary_stream(f"/{SERVICE}/Watch")
+    watch: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(
+        f"/{SERVICE}/Watch"
+    )
     assert [reply async for reply in watch(b"w")] == [b"w"]
     ok, bad, down, stream = exporter.get_finished_spans()
     assert ok.name == f"{SERVICE}/Submit" and ok.kind is SpanKind.SERVER
