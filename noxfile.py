@@ -173,12 +173,12 @@ def docs(session: nox.Session) -> None:
     """The documentation site (mkdocs.yml) built with --strict into a temporary directory: a
     broken link or anchor, a page outside the nav or a public name the API reference misses
     fails it. Preview it with `uv run mkdocs serve`."""
-    # Every package (cronoq with its crypto extra), since the reference pages import them and
-    # read their docstrings; ruff lays out the signatures.
+    # Every package (cronoq with its crypto and otel extras), since the reference pages import
+    # them and read their docstrings; ruff lays out the signatures.
     editables = [
         arg
         for name, member in MEMBERS.items()
-        for arg in ("-e", f"{member.path}[crypto]" if name == "cronoq" else str(member.path))
+        for arg in ("-e", f"{member.path}[crypto,otel]" if name == "cronoq" else str(member.path))
     ]
     _install_locked(session, *editables, "mkdocs", "mkdocs-material", "mkdocstrings-python", "ruff")
     with tempfile.TemporaryDirectory() as site_dir:

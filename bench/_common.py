@@ -19,12 +19,13 @@ async def _noop(ctx: TaskContext, payload: Any) -> None:
 
 
 async def end_to_end(
-    open_store: StoreFactory, n: int, *, batch: bool, submitters: int = 100
+    open_store: StoreFactory, n: int, *, batch: bool, submitters: int = 100, tracing: Any = False
 ) -> float:
-    """Tasks per second from the first submission to the last committed completion."""
+    """Tasks per second from the first submission to the last committed completion
+    (``tracing``: the Scheduler's argument)."""
     pool = Pool("default", _noop, concurrency=1000)
     store = await open_store()
-    async with Scheduler([pool], store=store, seed=1) as sched:
+    async with Scheduler([pool], store=store, seed=1, tracing=tracing) as sched:
         start = time.perf_counter()
         if batch:
             ids: list[int] = []

@@ -1,5 +1,6 @@
-"""The kit's checks of the operator calls' mutations (issue 21: PoolPaused, TaskRetried) fail on
-a store seeded with the matching bug, and pass on MemoryStore itself: a check that cannot fail
+"""The kit's checks of the operator calls' mutations (issue 21: PoolPaused, TaskRetried) and of
+the trace context a task stores (issue 22) fail on a store seeded with the matching bug, and
+pass on MemoryStore itself: a check that cannot fail
 proves nothing. Each seeded store wraps a MemoryStore and rewrites the batches it commits, as a
 store with that bug would persist them. (The SQL stores' tests seed the same bugs in SQL:
 test_sqlite_seeded_bugs, test_pg_seeded_bugs.)"""
@@ -8,11 +9,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 import pytest
 
 from cronoq import MemoryStore
-from cronoq.store import Mutation, PoolPaused, Store, TaskRetried, TaskUpdated
+from cronoq.store import Mutation, PoolPaused, Store, TaskRetried, TaskSubmitted, TaskUpdated
 from cronoq_conformance import Capability, StoreHarness, StoreSuite
 from cronoq_conformance._faults import DelegatingStore
 
@@ -23,6 +25,8 @@ class Bug(enum.Enum):
     RESUME_IGNORED = "a resume does not clear the pool's pause (only pauses are written)"
     RETRY_AS_UPDATE = "a TaskRetried is written as a status update: spec, cancellation request "
     "and finish time stay"
+    TRACE_DROPPED = "a task's trace context is not written (a store that keeps only the "
+    "options it knows)"
 
 
 class BugStore(DelegatingStore):
@@ -45,6 +49,8 @@ class BugStore(DelegatingStore):
                 bug is Bug.RETRY_AS_UPDATE
             ):
                 return TaskUpdated(task_id, status, attempt, message, at_ns)
+            case TaskSubmitted(spec=spec) if bug is Bug.TRACE_DROPPED:
+                return replace(mutation, spec=replace(spec, trace_context=None))
         return mutation
 
 
@@ -93,6 +99,11 @@ CASES: list[tuple[Check, Bug, str]] = [
         StoreSuite.test_a_retried_task_is_not_pruned,
         Bug.RETRY_AS_UPDATE,
         "pruning must not delete it",
+    ),
+    (
+        StoreSuite.test_a_trace_context_round_trips_through_recovery_and_lookups,
+        Bug.TRACE_DROPPED,
+        "get_task must return the trace context a task was submitted with",
     ),
 ]
 

@@ -155,6 +155,7 @@ _SECTION_CLASSES: dict[str, type[Any]] = {
     "auth": schema.AuthSettings,
     "logging": schema.LoggingSettings,
     "runtime": schema.RuntimeSettings,
+    "tracing": schema.TracingSettings,
 }
 
 

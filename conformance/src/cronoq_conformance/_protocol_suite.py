@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from cronoq import MemoryStore
+from cronoq import MemoryStore, TraceContext
 from cronoq._model import (
     CatchUpPolicy,
     MissPolicy,
@@ -596,6 +596,41 @@ class StoreSuite:
     # attempt's worker instead of starting another attempt, and can verify that worker when it
     # re-attaches. Every TaskUpdated replaces the row's lease with its own (None clears it); a
     # CancelRequested keeps it.
+
+    async def test_a_trace_context_round_trips_through_recovery_and_lookups(
+        self, cluster: StoreHarness
+    ) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        traced = TraceContext(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "vendor=opaque,b=2"
+        )
+        bare = TraceContext("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00")
+        # One row alone, then a batch that mixes traced and untraced rows (bulk inserts).
+        await store.commit(epoch, [submitted(1, at, key="one", trace_context=traced)])
+        await store.commit(
+            epoch,
+            [submitted(2, at + 1), submitted(3, at + 2, trace_context=bare), finished(2, at + 3)],
+        )
+        expected = {1: traced, 2: None, 3: bare}
+        records = [await store.get_task(i) for i in expected]
+        looked_up = {r.task_id: r.spec.trace_context for r in records if r is not None}
+        assert looked_up == expected, (
+            "get_task must return the trace context a task was submitted with"
+        )
+        by_key = await store.get_task_by_key("one")
+        assert by_key is not None and by_key.spec.trace_context == traced, (
+            "get_task_by_key must return the trace context too"
+        )
+        # What lets an attempt join its submitter's trace after a failover: the new leader's
+        # recovery gives each task the context it was submitted with.
+        _, state = await self.lead_after_crash(cluster, store)
+        recovered = {i: r.spec.trace_context for i, r in by_id(state).items()}
+        assert recovered == expected, (
+            "recover() must return the trace context (traceparent and tracestate) each task "
+            "was submitted with"
+        )
 
     async def test_a_lease_round_trips_through_commit_and_lookups(
         self, cluster: StoreHarness

@@ -398,7 +398,7 @@ def test_mask_dsn(dsn: str, masked: str) -> None:
             "CRONOQ_SERVER__PORT", "1",
             "server.port = '1' (from env CRONOQ_SERVER__PORT): unknown key; the top-level keys "
             "are: commit_timeout_s, drain_timeout_s, keep_finished_s, pools, retention_s; the "
-            "sections: auth, limits, listen, logging, runtime, store, tls",
+            "sections: auth, limits, listen, logging, runtime, store, tls, tracing",
         ),
         (
             "CRONOQ_POOLS__0__NAME", "a",
@@ -578,7 +578,7 @@ def test_unknown_keys_in_the_file(tmp_path: Path) -> None:
     assert problems(path) == [
         f"keep_finished = 1 (from {path}): unknown key; the top-level keys are: "
         "commit_timeout_s, drain_timeout_s, keep_finished_s, pools, retention_s; the sections: "
-        "auth, limits, listen, logging, runtime, store, tls",
+        "auth, limits, listen, logging, runtime, store, tls, tracing",
         f"store.lock_poll = 0.5 (from {path}): unknown key; the keys of [store] are: "
         "busy_timeout_s, command_timeout_s, dsn, full_sync, journal_size_limit, keepalive_s, "
         "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, migrate, path, pool_size, "
@@ -682,5 +682,6 @@ def test_the_default_configuration_rendered() -> None:
         "auth": {"insecure": False, "open_metrics": False, "reload_interval_s": 10.0},
         "logging": {"format": "keyvalue", "level": "info"},
         "runtime": {"event_loop": "auto", "store_fatal_attempts": 5},
+        "tracing": {"enabled": False},
         "pools": [{"name": "default", "concurrency": 1000, "lease_s": 30.0}],
     }

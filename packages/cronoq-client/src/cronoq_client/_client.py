@@ -57,6 +57,13 @@ _R = TypeVar("_R")
 if TYPE_CHECKING:
     # Only in the generated stubs (.pyi): the type of a stub made on an aio channel.
     Stub = pb_grpc.SchedulerServiceAsyncStub
+    from opentelemetry.trace import TracerProvider
+
+    from cronoq.tracing import Tracing
+
+Metadata = list[tuple[str, str]]
+_SUBMIT = "/cronoq.v1.SchedulerService/Submit"
+_SUBMIT_MANY = "/cronoq.v1.SchedulerService/SubmitMany"
 
 
 class AsyncClient:
@@ -80,6 +87,11 @@ class AsyncClient:
     ``applied=None`` at once. After any unknown outcome the next call goes on a new connection
     (to the next target; behind a balancer, a new pick), so that a client does not stay on a
     frozen replica; calls in flight on the old one may still finish there.
+
+    ``tracing``: OpenTelemetry spans of submissions, whose trace context goes to the server
+    with each Submit and SubmitMany, so that the tasks' attempts join their traces
+    (``docs/tracing.md``; needs ``cronoq[otel]``): True for the global tracer provider's, or a
+    ``TracerProvider``. Off by default.
     """
 
     def __init__(
@@ -91,6 +103,7 @@ class AsyncClient:
         token: str | None = None,
         timeout: float = 30.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -100,6 +113,11 @@ class AsyncClient:
         self._timeout = float(timeout)
         self._backoff = Backoff()
         self._channels = Channels(targets_of(target), secrets, max_message_bytes, timeout)
+        self._tracing: Tracing | None = None
+        if tracing is not False:  # cronoq.tracing (and OpenTelemetry) imported only if asked
+            from cronoq.tracing import Tracing
+
+            self._tracing = Tracing.of(tracing)
 
     @property
     def codec(self) -> Codec:
@@ -182,6 +200,30 @@ class AsyncClient:
                 raise _answer(_final(failed, attempt, budget), unknown) from failed
             await asyncio.sleep(pause)
 
+    async def _submit_call(
+        self,
+        rpc: str,
+        pools: builtins.list[str],
+        send: Callable[[Stub, float | None, Metadata | None], Awaitable[_R]],
+        *,
+        idempotent: bool,
+    ) -> _R:
+        """A Submit or SubmitMany call, in a span whose context the server stores with the
+        tasks when tracing is on."""
+        if self._tracing is None:
+            return await self._call(
+                lambda stub, timeout: send(stub, timeout, None), idempotent=idempotent
+            )
+        with self._tracing.submit(pools, len(pools), rpc) as span:
+            metadata: Metadata = []
+            self._tracing.inject(span, metadata)
+            reply = await self._call(
+                lambda stub, timeout: send(stub, timeout, metadata), idempotent=idempotent
+            )
+            if isinstance(reply, pb.SubmitResponse):
+                self._tracing.submitted(span, [reply.task_id])
+            return reply
+
     # --- tasks ------------------------------------------------------------------------------
 
     async def submit(self, kind: str, payload: Any = None, **options: Any) -> int:
@@ -191,8 +233,12 @@ class AsyncClient:
         except TypeError as exc:
             raise InvalidArgument(str(exc)) from None
         message = wire.submit_request(request, self._codec)
-        reply = await self._call(
-            lambda stub, timeout: stub.Submit(message, timeout=timeout),
+        reply = await self._submit_call(
+            _SUBMIT,
+            [_pool(message.task)],
+            lambda stub, timeout, metadata: stub.Submit(
+                message, timeout=timeout, metadata=metadata
+            ),
             idempotent=message.task.HasField("key"),
         )
         return reply.task_id
@@ -205,8 +251,13 @@ class AsyncClient:
         message = wire.submit_many_request(requests, self._codec)
         if not message.tasks and not message.payloads:
             return []
-        reply = await self._call(
-            lambda stub, timeout: stub.SubmitMany(message, timeout=timeout),
+        reply = await self._submit_call(
+            _SUBMIT_MANY,
+            [_pool(task) for task in message.tasks]
+            or [_pool(message.common)] * len(message.payloads),
+            lambda stub, timeout, metadata: stub.SubmitMany(
+                message, timeout=timeout, metadata=metadata
+            ),
             # The compact form carries no key: its tasks are never all keyed.
             idempotent=bool(message.tasks) and all(task.HasField("key") for task in message.tasks),
         )
@@ -483,6 +534,14 @@ class AsyncClient:
             lambda stub, timeout: stub.ListWorkers(message, timeout=timeout), idempotent=True
         )
         return [wire.worker_info_from_pb(w) for w in reply.workers]
+
+
+_DEFAULT_POOL = TaskRequest("").pool
+
+
+def _pool(task: pb.TaskRequest) -> str:
+    """The pool a wire task names (left out at its default)."""
+    return task.pool or _DEFAULT_POOL
 
 
 def _as_asked(found: pb.ScheduleInfo, asked: pb.AddScheduleRequest) -> bool:

@@ -102,6 +102,10 @@ def attempt_bytes(request: TaskRequest) -> int:
         attempt.timeout.CopyFrom(_LONGEST)
     if request.payload:
         attempt.payload = request.payload
+    if request.trace_context is not None:
+        attempt.traceparent = request.trace_context.traceparent
+        if request.trace_context.tracestate:
+            attempt.tracestate = request.trace_context.tracestate
     return _attempt_message(attempt) + TOKEN_RESERVE_BYTES
 
 

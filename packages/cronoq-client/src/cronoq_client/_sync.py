@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from datetime import datetime
 from types import TracebackType
-from typing import Any, ParamSpec, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar
 
 import grpc
 
@@ -37,6 +37,9 @@ from cronoq import (
 from cronoq.errors import SchedulerStopped
 from cronoq_client._client import DEFAULT_MAX_MESSAGE_BYTES, AsyncClient
 from cronoq_client._credentials import Tls
+
+if TYPE_CHECKING:  # the otel extra's
+    from opentelemetry.trace import TracerProvider
 
 __all__ = ["Client"]
 
@@ -76,6 +79,7 @@ class Client:
         token: str | None = None,
         timeout: float = 30.0,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         # Made here, so that a bad argument raises in the caller's thread before any thread
         # starts; its channel opens on the first call, on the loop.
@@ -86,6 +90,9 @@ class Client:
             token=token,
             timeout=timeout,
             max_message_bytes=max_message_bytes,
+            # A call runs on the loop in a copy of its caller's context (run_coroutine_threadsafe
+            # copies it), so a span current in the caller's thread is its submission's parent.
+            tracing=tracing,
         )
         self._pid = os.getpid()
         self._loop = asyncio.new_event_loop()

@@ -24,6 +24,7 @@ Timestamp's sub-microsecond part is dropped, as a datetime cannot hold it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -51,6 +52,7 @@ from cronoq import (
     TaskInfo,
     TaskRequest,
     TaskSummary,
+    TraceContext,
     WorkerInfo,
     decode_with,
     encode_with,
@@ -116,6 +118,7 @@ __all__ = [
     "token_to_pb",
     "wait_kwargs",
     "wait_request",
+    "with_trace_context",
     "worker_event_from_pb",
     "worker_event_to_pb",
     "worker_events_from_pb",
@@ -1266,6 +1269,10 @@ def _attempt_to_pb(attempt: LeasedAttempt) -> pb.Attempt:
         message.timeout.CopyFrom(_duration(attempt.timeout, "timeout"))
     if attempt.payload:
         message.payload = attempt.payload
+    if attempt.trace_context is not None:
+        message.traceparent = attempt.trace_context.traceparent
+        if attempt.trace_context.tracestate:
+            message.tracestate = attempt.trace_context.tracestate
     return message
 
 
@@ -1284,7 +1291,25 @@ def _attempt_from_pb(message: pb.Attempt) -> LeasedAttempt:
         payload=message.payload,  # absent is b"": no payload, as stored
         lease_expires_at=_datetime(message.lease_expires_at, "lease_expires_at"),
         lease_id=message.token.lease_id,
+        # Leniently, as W3C Trace Context asks: a malformed context is dropped, the attempt
+        # still runs.
+        trace_context=TraceContext.from_headers(
+            message.traceparent if message.HasField("traceparent") else None,
+            message.tracestate if message.HasField("tracestate") else None,
+        ),
     )
+
+
+def with_trace_context(
+    tasks: list[TaskRequest], metadata: Iterable[tuple[str, str | bytes]] | None
+) -> list[TaskRequest]:
+    """The tasks of a Submit or SubmitMany with the W3C trace context its client sent as
+    ``traceparent`` and ``tracestate`` metadata, which the server stores with them. Leniently,
+    as W3C Trace Context asks: malformed headers are ignored, the call goes on without them."""
+    trace_context = TraceContext.from_metadata(metadata)
+    if trace_context is None:
+        return tasks
+    return [dataclasses.replace(task, trace_context=trace_context) for task in tasks]
 
 
 def worker_event_to_pb(event: WorkerEvent) -> pb.WorkerEvent:

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -78,6 +78,11 @@ from cronoq_client._wire import (
     worker_events_from_pb,
 )
 
+if TYPE_CHECKING:  # the otel extra, imported only when tracing is on
+    from opentelemetry.trace import TracerProvider
+
+    from cronoq.tracing import Tracing
+
 __all__ = ["Worker"]
 
 log = logging.getLogger("cronoq_client.worker")
@@ -90,6 +95,7 @@ _BACKOFF = Backoff()
 _CHANNEL_CLOSE_GRACE_S = 1.0
 """An old connection's calls get this long to finish once a new connection replaced it."""
 _STOPPING = "the worker is stopping"
+_REPORT_MANY = "/cronoq.v1.WorkerService/ReportMany"
 
 
 def _truncate(message: str) -> str:
@@ -137,6 +143,10 @@ class Worker:
     ``await run()`` works until :meth:`stop` (or SIGTERM, when run in the main thread): the first
     stop drains (no new attempt; the running ones finish and report), a second one cancels the
     running attempts, which are then lost and retried after their lease.
+
+    ``tracing``: an OpenTelemetry span for each attempt, a child of its task's submission when
+    that was traced, and one for each report (``docs/tracing.md``; needs ``cronoq[otel]``):
+    True for the global tracer provider's, or a ``TracerProvider``. Off by default.
     """
 
     def __init__(
@@ -150,6 +160,7 @@ class Worker:
         token: str | None = None,
         worker_id: str | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        tracing: bool | TracerProvider = False,
     ) -> None:
         targets = targets_of(target)
         self._max_message_bytes = message_limit(max_message_bytes)
@@ -181,6 +192,11 @@ class Worker:
         self._threads: ThreadPoolExecutor | None = None
         self._attached = asyncio.Event()
         self._refusals: set[asyncio.Task[None]] = set()
+        self._tracing: Tracing | None = None
+        if tracing is not False:  # cronoq.tracing (and OpenTelemetry) imported only if asked
+            from cronoq.tracing import Tracing
+
+            self._tracing = Tracing.of(tracing)
 
     # --- control ----------------------------------------------------------------------------
 
@@ -390,6 +406,16 @@ class Worker:
             attempt.task.cancel(reason)
 
     async def _run(self, attempt: _Attempt) -> None:
+        if self._tracing is None:
+            await self._run_attempt(attempt)
+            return
+        leased = attempt.leased
+        with self._tracing.attempt(
+            leased.trace_context, leased.pool, leased.token.task_id, leased.token.attempt
+        ):
+            await self._run_attempt(attempt)
+
+    async def _run_attempt(self, attempt: _Attempt) -> None:
         token = attempt.leased.token
         try:
             try:
@@ -409,7 +435,7 @@ class Worker:
                 # It returned after being asked to stop: as a local Pool's attempt does, it
                 # ends cancelled (a thread cannot be interrupted).
                 result = ReportFailure(attempt.ctx.cancel_reason)
-            await self._report(attempt, result)
+            await self._settle(attempt, result)
         finally:
             if attempt.heartbeat is not None:
                 attempt.heartbeat.cancel()
@@ -433,6 +459,8 @@ class Worker:
                 result = await fn(attempt.ctx, value)
             else:
                 loop = asyncio.get_running_loop()
+                if self._tracing is not None:  # a thread does not inherit the attempt's span
+                    fn = self._tracing.in_context(fn)
                 result = await loop.run_in_executor(self._threads, fn, attempt.ctx, value)
         except TaskError as exc:
             return ReportFailure(_truncate(exc.message), exc.retryable, exc.retry_after)
@@ -504,6 +532,20 @@ class Worker:
                 # A stopped attempt goes on heartbeating: the server holds its slot and its
                 # task (no retry starts) until the function returns and it is reported.
                 self._interrupt(attempt, renewed.cancel_reason)
+
+    async def _settle(self, attempt: _Attempt, result: ReportSuccess | ReportFailure) -> None:
+        """Report the outcome, recorded on the attempt's span and in a span of the report's
+        own when tracing."""
+        if self._tracing is None:
+            await self._report(attempt, result)
+            return
+        if isinstance(result, ReportFailure):
+            self._tracing.outcome(result.message, result.retryable)
+        else:
+            self._tracing.outcome(None)
+        token = attempt.leased.token
+        with self._tracing.settle(attempt.leased.pool, token.task_id, token.attempt, _REPORT_MANY):
+            await self._report(attempt, result)
 
     async def _report(self, attempt: _Attempt, result: ReportSuccess | ReportFailure) -> None:
         """Report until a server answers it, until the worker stops (a report is idempotent:

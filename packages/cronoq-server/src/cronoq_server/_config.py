@@ -19,6 +19,7 @@ of :class:`~cronoq_store_sqlite.SqliteStoreConfig` and :class:`~cronoq_store_pos
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 import json
 import math
@@ -221,6 +222,15 @@ class RuntimeSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class TracingSettings:
+    enabled: bool = False
+    """OpenTelemetry spans of the server's calls and of its scheduler's submissions, commits
+    and dispatches, made with the global tracer provider (``opentelemetry-instrument`` sets it
+    up from the ``OTEL_*`` variables); needs ``cronoq-server[otel]``. See docs/tracing.md. The
+    trace context clients send is stored with their tasks whether or not this is on."""
+
+
+@dataclass(frozen=True, slots=True)
 class ServerConfig:
     """Everything ``cronoq-server`` is configured with; :func:`load_config` builds it."""
 
@@ -240,6 +250,7 @@ class ServerConfig:
     auth: AuthSettings = AuthSettings()
     logging: LoggingSettings = LoggingSettings()
     runtime: RuntimeSettings = RuntimeSettings()
+    tracing: TracingSettings = TracingSettings()
     origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """Where each setting came from, by dotted key: a file path, ``env NAME`` or ``default``."""
     ignored_env: tuple[str, ...] = field(default=(), compare=False, repr=False)
@@ -449,6 +460,7 @@ _SECTIONS: dict[str, frozenset[str]] = {
     ),
     "logging": frozenset({"format", "level"}),
     "runtime": frozenset({"event_loop", "store_fatal_attempts"}),
+    "tracing": frozenset({"enabled"}),
 }
 _POOL_KEYS: dict[str, _Parser[Any]] = {
     "name": _text,
@@ -619,6 +631,7 @@ class _Loader:
                     defaults.runtime.store_fatal_attempts,
                 ),
             ),
+            tracing=self.tracing(),
             origins=dict(self.origins),
             ignored_env=tuple(self.ignored),
             **top,
@@ -626,6 +639,15 @@ class _Loader:
         if self.issues:
             raise ConfigError(self.issues)
         return config
+
+    def tracing(self) -> TracingSettings:
+        enabled = self.get("tracing.enabled", _boolean, TracingSettings().enabled)
+        if enabled and importlib.util.find_spec("opentelemetry") is None:
+            self.issue(
+                "tracing.enabled", self.origins["tracing.enabled"], enabled,
+                "needs OpenTelemetry's API, which is not installed: install cronoq-server[otel]",
+            )  # fmt: skip
+        return TracingSettings(enabled)
 
     def store(self, keep_finished: float) -> StoreSettings:
         kind = self.get("store.kind", _choice(*_STORE_KEYS), "sqlite")
@@ -1051,6 +1073,8 @@ def render_config(config: ServerConfig) -> str:
         config.runtime.store_fatal_attempts,
         "runtime.store_fatal_attempts",
     )
+    lines += ["", "[tracing]"]
+    put("enabled", config.tracing.enabled, "tracing.enabled")
     for pool in config.pools:
         lines += ["", f"[[pools]]  # {origins.get('pools', 'default')}"]
         for f in dataclasses.fields(pool):

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from cronoq_client.protocol import pb
 
-__all__ = ["GrpcMetrics", "MetricsInterceptor"]
+__all__ = ["GrpcMetrics", "MetricsInterceptor", "code_of", "rewrapped"]
 
 UNKNOWN_METHOD = "unknown"
 _Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic for the type checker only
@@ -71,7 +71,7 @@ class GrpcMetrics:
         self.seconds.labels(method).observe(seconds)
 
 
-def _code(
+def code_of(
     context: grpc.aio.ServicerContext[Any, Any], error: BaseException | None
 ) -> grpc.StatusCode:
     if isinstance(error, asyncio.CancelledError):
@@ -80,6 +80,34 @@ def _code(
     if isinstance(code, grpc.StatusCode):
         return code
     return grpc.StatusCode.OK if error is None else grpc.StatusCode.UNKNOWN
+
+
+_Wrap: TypeAlias = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def rewrapped(handler: _Handler, unary: _Wrap, streaming: _Wrap) -> _Handler:
+    """The handler with its behaviour wrapped: by ``unary`` for a single response, by
+    ``streaming`` for a response stream (see ``MetricsInterceptor._streaming``)."""
+    if handler.unary_unary is not None:
+        return grpc.unary_unary_rpc_method_handler(
+            unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
+        )
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            streaming(handler.unary_stream),
+            handler.request_deserializer,
+            handler.response_serializer,
+        )
+    if handler.stream_unary is not None:
+        return grpc.stream_unary_rpc_method_handler(
+            unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+        )
+    assert handler.stream_stream is not None  # the fourth kind of handler
+    return grpc.stream_stream_rpc_method_handler(
+        streaming(handler.stream_stream),
+        handler.request_deserializer,
+        handler.response_serializer,
+    )
 
 
 class MetricsInterceptor(grpc.aio.ServerInterceptor):
@@ -97,29 +125,10 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             # gRPC answers UNIMPLEMENTED for a method without a handler.
             self._metrics.calls.labels(UNKNOWN_METHOD, "UNIMPLEMENTED").inc()
             return handler
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(method, handler.unary_unary),
-                handler.request_deserializer,
-                handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._streaming(method, handler.unary_stream),
-                handler.request_deserializer,
-                handler.response_serializer,
-            )
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                self._unary(method, handler.stream_unary),
-                handler.request_deserializer,
-                handler.response_serializer,
-            )
-        assert handler.stream_stream is not None  # the fourth kind of handler
-        return grpc.stream_stream_rpc_method_handler(
-            self._streaming(method, handler.stream_stream),
-            handler.request_deserializer,
-            handler.response_serializer,
+        return rewrapped(
+            handler,
+            lambda behaviour: self._unary(method, behaviour),
+            lambda behaviour: self._streaming(method, behaviour),
         )
 
     def _unary(self, method: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
@@ -132,7 +141,9 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
                 error = exc
                 raise
             finally:
-                self._metrics.observe(method, _code(context, error), time.perf_counter() - started)
+                self._metrics.observe(
+                    method, code_of(context, error), time.perf_counter() - started
+                )
 
         return observed
 
@@ -154,6 +165,8 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
                 error = exc
                 raise
             finally:
-                self._metrics.observe(method, _code(context, error), time.perf_counter() - started)
+                self._metrics.observe(
+                    method, code_of(context, error), time.perf_counter() - started
+                )
 
         return observed

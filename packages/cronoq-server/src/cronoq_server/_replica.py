@@ -69,6 +69,7 @@ class Replica:
         drain_timeout: float,
         max_payload_bytes: int,
         fatal_attempts: int,
+        tracing: bool = False,
     ) -> None:
         self._open_store = open_store
         self._pools = pools
@@ -77,6 +78,7 @@ class Replica:
         self._drain_timeout = drain_timeout
         self._max_payload = max_payload_bytes
         self._fatal_attempts = fatal_attempts
+        self._tracing = tracing
         self._fatal_count = 0
         self.store_problem: str | None = None
         """The last permanent store error, until the replica leads again."""
@@ -137,6 +139,7 @@ class Replica:
                 commit_timeout=self._commit_timeout,
                 retention=self._retention,
                 max_payload_bytes=self._max_payload,
+                tracing=self._tracing,
             )
             try:
                 pause = await self._lead(sched)

@@ -274,7 +274,18 @@ def make_replica(config: ServerConfig) -> Replica:
         drain_timeout=config.drain_timeout_s,
         max_payload_bytes=config.limits.max_message_bytes,
         fatal_attempts=config.runtime.store_fatal_attempts,
+        tracing=config.tracing.enabled,
     )
+
+
+def _tracing_interceptor() -> grpc.aio.ServerInterceptor:
+    # Imported only when enabled: OpenTelemetry is the otel extra's.
+    from cronoq.tracing import Tracing
+    from cronoq_server._grpc_tracing import TracingInterceptor
+
+    tracing = Tracing.of(True, "tracing.enabled")
+    assert tracing is not None
+    return TracingInterceptor(tracing)
 
 
 def _readiness(replica: Replica, endpoint: GrpcEndpoint) -> Readiness:
@@ -304,7 +315,12 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
     registry = metrics_registry(collector)
     registry.register(security.collector)
     # Every call is counted, those that authentication refuses too.
-    interceptors = (MetricsInterceptor(GrpcMetrics(registry)), *security.interceptors)
+    interceptors: tuple[grpc.aio.ServerInterceptor, ...] = (
+        MetricsInterceptor(GrpcMetrics(registry)),
+        *security.interceptors,
+    )
+    if config.tracing.enabled:  # first, so that its span covers the calls refused too
+        interceptors = (_tracing_interceptor(), *interceptors)
     limit = config.limits.max_message_bytes
     options = _Options(
         config.listen.grpc.host, limit, security.files.server_credentials, interceptors

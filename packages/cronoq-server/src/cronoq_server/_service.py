@@ -181,6 +181,8 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
     async def Submit(self, request: pb.SubmitRequest, context: Any) -> pb.SubmitResponse:
         task = wire.task_request_from_pb(request.task)
         authorize_pool("submit", task.pool, task.kind)
+        # The client's trace context goes with the task (and counts in its attempt's size).
+        [task] = wire.with_trace_context([task], context.invocation_metadata())
         wire.check_attempts_fit(request, [task], self._max_message_bytes)
         [task_id] = await self._leader().submit_many([task])
         return pb.SubmitResponse(task_id=task_id)
@@ -192,6 +194,7 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         tasks = wire.submit_many_requests(request)
         for task in tasks:
             authorize_pool("submit", task.pool, task.kind)
+        tasks = wire.with_trace_context(tasks, context.invocation_metadata())
         wire.check_attempts_fit(request, tasks, self._max_message_bytes)
         return pb.SubmitManyResponse(task_ids=await self._leader().submit_many(tasks))
 

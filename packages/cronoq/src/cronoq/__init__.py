@@ -9,7 +9,14 @@ from cronoq._engine import LEASE_ID_BYTES, AttemptToken, PoolInfo, TaskSummary
 from cronoq._executors import TaskContext
 from cronoq._memory import MemoryStore
 from cronoq._metrics import Histogram, SchedulerMetrics
-from cronoq._model import CatchUpPolicy, MissPolicy, OverlapPolicy, RetryPolicy, Status
+from cronoq._model import (
+    CatchUpPolicy,
+    MissPolicy,
+    OverlapPolicy,
+    RetryPolicy,
+    Status,
+    TraceContext,
+)
 from cronoq._remote import (
     CancelRequested,
     LeasedAttempt,
@@ -71,6 +78,7 @@ __all__ = [
     "TaskInfo",
     "TaskRequest",
     "TaskSummary",
+    "TraceContext",
     "UnknownPool",
     "WaitTimedOut",
     "WorkerDetached",

@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from cronoq._engine import (
     AttemptFailed,
@@ -56,6 +57,9 @@ from cronoq.errors import (
 )
 from cronoq.store import Mutation, RecoveredState, Store, TaskRecord, TimeBase
 
+if TYPE_CHECKING:  # the otel extra, imported only when tracing is on
+    from cronoq.tracing import Tracing
+
 __all__ = ["Driver"]
 
 log = logging.getLogger("cronoq")
@@ -81,8 +85,10 @@ class Driver:
         executors: Mapping[str, Executor],
         commit_timeout: float,
         clock: Callable[[], int] = time.time_ns,
+        tracing: Tracing | None = None,
     ) -> None:
         self._config = config
+        self._tracing = tracing
         self._store = store
         self._executors = executors
         # Executors of leased pools (one may serve several): they offer their workers' slots.
@@ -335,7 +341,11 @@ class Driver:
             remaining = give_up - began
             try:
                 async with asyncio.timeout(max(remaining, 0.001)):
-                    await self._store.commit(self._epoch, batch)
+                    if self._tracing is None:
+                        await self._store.commit(self._epoch, batch)
+                    else:
+                        with self._tracing.commit(len(batch), self._epoch):
+                            await self._store.commit(self._epoch, batch)
             except (Unavailable, TimeoutError) as exc:
                 if time.monotonic() + pause >= give_up:
                     self._last_unavailable = str(exc) or "the commit timed out"
@@ -376,6 +386,12 @@ class Driver:
                 self._executing[dispatch.token] = dispatch.spec.pool
                 if dispatch.lease_id is not None:
                     self._lease_ids[dispatch.token] = dispatch.lease_id
+                if self._tracing is not None:
+                    spec, token = dispatch.spec, dispatch.token
+                    self._tracing.dispatched(
+                        spec.trace_context, spec.pool, token.task_id, token.attempt,
+                        remote=dispatch.lease_id is not None,
+                    )  # fmt: skip
                 self._executors[dispatch.spec.pool].start(dispatch, self)
         for item in inputs:
             if isinstance(item, WaitTask) and item.timeout_s is not None:

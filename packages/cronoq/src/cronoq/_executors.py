@@ -15,12 +15,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cronoq._codecs import Codec, encode_with
 from cronoq._engine import AttemptFailed, AttemptSucceeded, AttemptToken, Dispatch
 from cronoq._model import NS_PER_S
 from cronoq.errors import PayloadError, TaskError
+
+if TYPE_CHECKING:  # the otel extra, imported only when tracing is on
+    from cronoq.tracing import Tracing
 
 __all__ = ["Executor", "LocalExecutor", "Reporter", "TaskContext", "TaskFunction"]
 
@@ -90,8 +93,16 @@ class LocalExecutor:
     queued work never waits for another pool's threads, nor for the scheduler's.
     """
 
-    def __init__(self, fn: TaskFunction, codec: Codec, concurrency: int, name: str) -> None:
+    def __init__(
+        self,
+        fn: TaskFunction,
+        codec: Codec,
+        concurrency: int,
+        name: str,
+        tracing: Tracing | None = None,
+    ) -> None:
         self._fn = fn
+        self._tracing = tracing
         # A callable object with ``async def __call__`` is async too.
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
             type(fn).__call__
@@ -152,6 +163,14 @@ class LocalExecutor:
         return left
 
     async def _run(self, dispatch: Dispatch, ctx: TaskContext, reporter: Reporter) -> None:
+        if self._tracing is None:
+            await self._run_attempt(dispatch, ctx, reporter)
+            return
+        spec, token = dispatch.spec, dispatch.token
+        with self._tracing.attempt(spec.trace_context, spec.pool, token.task_id, token.attempt):
+            await self._run_attempt(dispatch, ctx, reporter)
+
+    async def _run_attempt(self, dispatch: Dispatch, ctx: TaskContext, reporter: Reporter) -> None:
         token = dispatch.token
         try:
             outcome = await self._attempt(dispatch.spec.payload, ctx)
@@ -163,6 +182,11 @@ class LocalExecutor:
             # It returned after being asked to stop: as an async function interrupted by its
             # cancellation would, the attempt ends cancelled (a thread cannot be interrupted).
             outcome = AttemptFailed(ctx.cancel_reason)
+        if self._tracing is not None:
+            if isinstance(outcome, AttemptFailed):
+                self._tracing.outcome(outcome.message, outcome.retryable)
+            else:
+                self._tracing.outcome(None)
         reporter.report(token, outcome)
 
     async def _attempt(self, payload: bytes, ctx: TaskContext) -> AttemptSucceeded | AttemptFailed:
@@ -175,7 +199,9 @@ class LocalExecutor:
                 result = await self._fn(ctx, value)
             else:
                 loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._threads, self._fn, ctx, value)
+                # A thread does not inherit the attempt's span unless handed its context.
+                fn = self._fn if self._tracing is None else self._tracing.in_context(self._fn)
+                result = await loop.run_in_executor(self._threads, fn, ctx, value)
         except TaskError as exc:
             retry_after = exc.retry_after_ns  # bounded when the TaskError was made
             return AttemptFailed(exc.message, exc.retryable, retry_after)

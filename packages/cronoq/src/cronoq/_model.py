@@ -6,6 +6,8 @@ Every time is Unix nanoseconds (``int``); every duration is nanoseconds too.
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -23,6 +25,7 @@ __all__ = [
     "Status",
     "TaskSpec",
     "TaskTemplate",
+    "TraceContext",
 ]
 
 NS_PER_S = 1_000_000_000
@@ -188,6 +191,63 @@ def _seconds_to_ns(value: object, what: str) -> int:
 
 DEFAULT_RETRY = RetryPolicy()
 
+# W3C Trace Context, version 00: version-trace_id-parent_id-flags, lowercase hex.
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+MAX_TRACESTATE_LENGTH = 512
+"""W3C Trace Context asks every hop to carry at least 512 characters of ``tracestate``."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceContext:
+    """The W3C trace context (``traceparent``, ``tracestate``) of the code that submitted a
+    task, stored with it so that its attempts join that trace (``docs/tracing.md``)."""
+
+    traceparent: str
+    tracestate: str = ""
+
+    def __post_init__(self) -> None:
+        parent = self.traceparent
+        match = _TRACEPARENT.fullmatch(parent) if isinstance(parent, str) else None
+        # An all-zero trace or span id is invalid (W3C Trace Context, 3.2.2.3 and 3.2.2.4).
+        if match is None or not int(match[1], 16) or not int(match[2], 16):
+            shown = f"{parent!r:.80}" if isinstance(parent, str) else type(parent).__name__
+            raise InvalidArgument(f"traceparent must be a W3C version-00 traceparent, got {shown}")
+        state = self.tracestate
+        if not isinstance(state, str):
+            raise InvalidArgument(f"tracestate must be text, got {type(state).__name__}")
+        if len(state) > MAX_TRACESTATE_LENGTH or not all(" " <= c <= "~" for c in state):
+            raise InvalidArgument(
+                f"tracestate must be at most {MAX_TRACESTATE_LENGTH} printable ASCII "
+                f"characters, got {len(state)} characters"
+            )
+
+    @classmethod
+    def from_headers(cls, traceparent: str | None, tracestate: str | None) -> TraceContext | None:
+        """The context of received headers, or None if there is none or it is malformed: a
+        receiver ignores an invalid ``traceparent`` (W3C Trace Context), and drops an invalid
+        ``tracestate`` while keeping the parent."""
+        if traceparent is None:
+            return None
+        try:
+            return cls(traceparent, tracestate or "")
+        except InvalidArgument:
+            pass
+        try:
+            return cls(traceparent)
+        except InvalidArgument:
+            return None
+
+    @classmethod
+    def from_metadata(
+        cls, metadata: Iterable[tuple[str, str | bytes]] | None
+    ) -> TraceContext | None:
+        """The context of received gRPC metadata (or any header pairs), as ``from_headers``."""
+        headers: dict[str, str] = {}
+        for key, value in metadata or ():
+            if key in ("traceparent", "tracestate") and isinstance(value, str):
+                headers[key] = value
+        return cls.from_headers(headers.get("traceparent"), headers.get("tracestate"))
+
 
 @quick_init
 @dataclass(frozen=True, slots=True)
@@ -210,6 +270,8 @@ class TaskSpec:
     after: tuple[int, ...] = ()
     schedule: str | None = None
     """Name of the schedule that created the task, if any."""
+    trace_context: TraceContext | None = None
+    """The trace of the code that submitted it, when that code traced (``docs/tracing.md``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from cronoq import _validate as check
 from cronoq._engine import AttemptToken, Dispatch
 from cronoq._executors import Reporter
-from cronoq._model import NS_PER_S
+from cronoq._model import NS_PER_S, TraceContext
 from cronoq.errors import SchedulerStopped, WorkerDetached
 
 __all__ = [
@@ -93,6 +93,8 @@ class LeasedAttempt:
     lease_id: bytes = field(repr=False)
     """The attempt's capability: heartbeat, report and re-attach with it. Keep it secret (it
     is never logged, stored or shown by any read)."""
+    trace_context: TraceContext | None = None
+    """The trace of the task's submission, which the worker's span of the attempt joins."""
 
     @classmethod
     def of(cls, dispatch: Dispatch) -> LeasedAttempt:
@@ -111,6 +113,7 @@ class LeasedAttempt:
             payload=spec.payload,
             lease_expires_at=_utc(dispatch.lease_expires_ns),
             lease_id=dispatch.lease_id,
+            trace_context=spec.trace_context,
         )
 
 

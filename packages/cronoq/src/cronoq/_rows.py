@@ -22,6 +22,7 @@ from cronoq._model import (
     Status,
     TaskSpec,
     TaskTemplate,
+    TraceContext,
 )
 from cronoq._mutations import AttemptLease, TaskRecord, quarantine_message
 
@@ -89,6 +90,10 @@ def encode_task_options(spec: TaskSpec) -> str:
         options["after"] = list(spec.after)
     if spec.schedule is not None:
         options["schedule"] = spec.schedule
+    if spec.trace_context is not None:
+        options["traceparent"] = spec.trace_context.traceparent
+        if spec.trace_context.tracestate:
+            options["tracestate"] = spec.trace_context.tracestate
     return json.dumps(options, separators=(",", ":"), ensure_ascii=False) if options else "{}"
 
 
@@ -140,7 +145,16 @@ def _task_spec(pool: str, kind: str, key: str | None, payload: bytes, options: A
         timeout_ns=_typed(options, "timeout_ns", int, None),
         after=tuple(after),
         schedule=_typed(options, "schedule", str, None),
+        trace_context=_trace_context(options),
     )
+
+
+def _trace_context(options: dict[str, Any]) -> TraceContext | None:
+    traceparent = _typed(options, "traceparent", str, None)
+    if traceparent is None:
+        return None
+    # Checked as at submission (InvalidArgument is a ValueError): a malformed one is damage.
+    return TraceContext(traceparent, _typed(options, "tracestate", str, ""))
 
 
 def encode_schedule_spec(spec: ScheduleSpec) -> str:

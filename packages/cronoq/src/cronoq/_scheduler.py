@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cronoq import _validate as check
 from cronoq._codecs import BytesCodec, Codec, decode_payload, decode_with
@@ -58,6 +59,7 @@ from cronoq._model import (
     Status,
     TaskSpec,
     TaskTemplate,
+    TraceContext,
 )
 from cronoq._remote import LeaseRenewed, RemoteExecutor, RemotePool, WorkerLink
 from cronoq.errors import (
@@ -69,6 +71,11 @@ from cronoq.errors import (
     UnknownPool,
 )
 from cronoq.store import ScheduleRecord, Store, TaskRecord
+
+if TYPE_CHECKING:  # the otel extra: imported only when a Scheduler is given tracing
+    from opentelemetry.trace import TracerProvider
+
+    from cronoq.tracing import Tracing
 
 __all__ = ["Pool", "ScheduleInfo", "Scheduler", "TaskInfo", "TaskRequest"]
 
@@ -182,6 +189,9 @@ class TaskRequest:
     timeout: float | Any = None
     """Per-attempt timeout, seconds or timedelta."""
     after: Iterable[int] = ()
+    trace_context: TraceContext | None = None
+    """The trace the task's attempts join (``docs/tracing.md``); a tracing Scheduler sets its
+    submission's own when None. cronoq-server sets the one its client sent."""
 
     @property
     def only_kind_payload_pool(self) -> bool:
@@ -200,6 +210,7 @@ class TaskRequest:
             and self.deadline is None
             and self.timeout is None
             and (type(self.after) is tuple and not self.after)
+            and self.trace_context is None
         )
 
 
@@ -280,7 +291,11 @@ class Scheduler:
         max_live_tasks: int | None = None,
         max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
         seed: int | None = None,
+        tracing: bool | TracerProvider = False,
     ) -> None:
+        """``tracing``: OpenTelemetry spans of submissions, commits, dispatches and attempts
+        (``docs/tracing.md``; needs ``cronoq[otel]``): True for the global tracer provider's,
+        or a ``TracerProvider``. Off by default, at no cost."""
         if isinstance(pools, Pool | RemotePool):
             pools = [pools]
         if isinstance(pools, str) or not isinstance(pools, Sequence):
@@ -313,6 +328,11 @@ class Scheduler:
             )
         if seed is not None:
             check.integer(seed, "seed", -(2**64), 2**64)
+        self._tracing: Tracing | None = None
+        if tracing is not False:  # cronoq.tracing (and OpenTelemetry) imported only if asked
+            from cronoq.tracing import Tracing
+
+            self._tracing = Tracing.of(tracing)
         self._codec: Codec = codec if codec is not None else BytesCodec()
         self._store: Store = store if store is not None else MemoryStore()
         self._max_payload = check.integer(max_payload_bytes, "max_payload_bytes", 1, 1 << 31)
@@ -335,7 +355,7 @@ class Scheduler:
         self._remote = RemoteExecutor(frozenset(p.name for p in pools if isinstance(p, RemotePool)))
         executors: dict[str, Executor] = {
             p.name: (
-                LocalExecutor(p.executor, self._codec, p.concurrency, p.name)
+                LocalExecutor(p.executor, self._codec, p.concurrency, p.name, self._tracing)
                 if isinstance(p, Pool)
                 else self._remote
             )
@@ -347,6 +367,7 @@ class Scheduler:
             self._store,
             executors,
             check.duration_ns(commit_timeout, "commit_timeout", allow_zero=False) / NS_PER_S,
+            tracing=self._tracing,
         )
         self._remote.bind(self._driver, self._driver.nudge, self._driver.stopped)
         self._started = False
@@ -494,6 +515,8 @@ class Scheduler:
             deadline,
             check.optional_duration_ns(request.timeout, "timeout", allow_zero=False),
             check.dependencies(request.after),
+            None,
+            check.trace_context(request.trace_context),
         )
 
     async def submit(self, kind: str, payload: Any = None, **options: Any) -> int:
@@ -534,7 +557,27 @@ class Scheduler:
         return [r.task_id for r in await self._submit_specs(specs)]
 
     async def _submit_specs(self, specs: list[TaskSpec]) -> list[SubmitResult]:
+        if self._tracing is not None:
+            return await self._traced_submit(self._tracing, specs)
         result: list[SubmitResult] = await self._call(lambda f: SubmitTasks(specs, f))
+        return result
+
+    async def _traced_submit(self, tracing: Tracing, specs: list[TaskSpec]) -> list[SubmitResult]:
+        if all(spec.trace_context is not None for spec in specs):
+            # A server's, carrying its client's submission span: the call's span covers it.
+            result: list[SubmitResult] = await self._call(lambda f: SubmitTasks(specs, f))
+            return result
+        with tracing.submit([spec.pool for spec in specs], len(specs)) as span:
+            context = tracing.context_of(span)  # None when the span is not sampled
+            if context is not None:
+                specs = [
+                    spec
+                    if spec.trace_context is not None
+                    else dataclasses.replace(spec, trace_context=context)
+                    for spec in specs
+                ]
+            result = await self._call(lambda f: SubmitTasks(specs, f))
+            tracing.submitted(span, [r.task_id for r in result])
         return result
 
     async def get(self, task_id: int) -> TaskInfo:

@@ -26,6 +26,7 @@ from cronoq._model import (
     MissPolicy,
     OverlapPolicy,
     RetryPolicy,
+    TraceContext,
 )
 from cronoq.errors import InvalidArgument, PayloadError
 
@@ -270,6 +271,12 @@ def dependencies(value: object) -> tuple[int, ...]:
         return ()  # the default, on the path of every submission
     ids = bounded(value, "after", "a list of task ids", MAX_DEPENDENCIES, _dependency)
     return tuple(dict.fromkeys(ids))
+
+
+def trace_context(value: object) -> TraceContext | None:
+    if value is None or isinstance(value, TraceContext):
+        return value  # a TraceContext checked its fields when it was made
+    raise InvalidArgument(f"trace_context must be a TraceContext, got {type(value).__name__}")
 
 
 def flag(value: object, what: str) -> bool:

@@ -1691,12 +1691,21 @@ class Attempt(_message.Message):
     TIMEOUT_FIELD_NUMBER: _builtins.int
     PAYLOAD_FIELD_NUMBER: _builtins.int
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    TRACESTATE_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     kind: _builtins.str
     key: _builtins.str
     name: _builtins.str
     payload: _builtins.bytes
     """The stored payload, for the worker's codec. Absent or empty: no payload."""
+    traceparent: _builtins.str
+    """The W3C trace context of the task's submission, when its submitter traced (a client sends
+    it as `traceparent` and `tracestate` metadata of Submit and SubmitMany): a worker that
+    traces makes its span of the attempt a child of it. Absent: none.
+    """
+    tracestate: _builtins.str
+    """Its `tracestate` (at most 512 printable ASCII characters). Absent: none."""
     @_builtins.property
     def token(self) -> Global___AttemptToken: ...
     @_builtins.property
@@ -1726,10 +1735,12 @@ class Attempt(_message.Message):
         timeout: _duration_pb2.Duration | None = ...,
         payload: _builtins.bytes | None = ...,
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
+        traceparent: _builtins.str | None = ...,
+        tracestate: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_payload", b"_payload", "deadline", b"deadline", "key", b"key", "lease_expires_at", b"lease_expires_at", "name", b"name", "payload", b"payload", "timeout", b"timeout", "token", b"token"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_payload", b"_payload", "_traceparent", b"_traceparent", "_tracestate", b"_tracestate", "deadline", b"deadline", "key", b"key", "lease_expires_at", b"lease_expires_at", "name", b"name", "payload", b"payload", "timeout", b"timeout", "token", b"token", "traceparent", b"traceparent", "tracestate", b"tracestate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_payload", b"_payload", "deadline", b"deadline", "key", b"key", "kind", b"kind", "lease_expires_at", b"lease_expires_at", "name", b"name", "payload", b"payload", "pool", b"pool", "tags", b"tags", "timeout", b"timeout", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_payload", b"_payload", "_traceparent", b"_traceparent", "_tracestate", b"_tracestate", "deadline", b"deadline", "key", b"key", "kind", b"kind", "lease_expires_at", b"lease_expires_at", "name", b"name", "payload", b"payload", "pool", b"pool", "tags", b"tags", "timeout", b"timeout", "token", b"token", "traceparent", b"traceparent", "tracestate", b"tracestate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__key: _TypeAlias = _typing.Literal["key"]  # noqa: Y015
     _WhichOneofArgType__key: _TypeAlias = _typing.Literal["_key", b"_key"]  # noqa: Y015
@@ -1737,12 +1748,20 @@ class Attempt(_message.Message):
     _WhichOneofArgType__name: _TypeAlias = _typing.Literal["_name", b"_name"]  # noqa: Y015
     _WhichOneofReturnType__payload: _TypeAlias = _typing.Literal["payload"]  # noqa: Y015
     _WhichOneofArgType__payload: _TypeAlias = _typing.Literal["_payload", b"_payload"]  # noqa: Y015
+    _WhichOneofReturnType__traceparent: _TypeAlias = _typing.Literal["traceparent"]  # noqa: Y015
+    _WhichOneofArgType__traceparent: _TypeAlias = _typing.Literal["_traceparent", b"_traceparent"]  # noqa: Y015
+    _WhichOneofReturnType__tracestate: _TypeAlias = _typing.Literal["tracestate"]  # noqa: Y015
+    _WhichOneofArgType__tracestate: _TypeAlias = _typing.Literal["_tracestate", b"_tracestate"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__key) -> _WhichOneofReturnType__key | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__name) -> _WhichOneofReturnType__name | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__payload) -> _WhichOneofReturnType__payload | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__traceparent) -> _WhichOneofReturnType__traceparent | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__tracestate) -> _WhichOneofReturnType__tracestate | None: ...
 
 Global___Attempt: _TypeAlias = Attempt  # noqa: Y015
 
