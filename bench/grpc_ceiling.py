@@ -204,9 +204,7 @@ async def _one_round(ceiling: Ceiling, sizes: Sizes) -> dict[str, Figure]:
             for request in batches:
                 await ceiling.submit_many(request)
 
-        figures[f"SubmitMany of {size:,}, one call at a time"] = await ceiling.measure(
-            calls, many
-        )
+        figures[f"SubmitMany of {size:,}, one call at a time"] = await ceiling.measure(calls, many)
 
     async def stream() -> None:
         received = 0
