@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import re
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
@@ -865,6 +866,21 @@ async def test_every_request_field_reaches_its_spec_field(sched: Scheduler) -> N
         after=(parent,),
         schedule=None,
     )
+
+
+async def test_payload_specs_keep_every_field_of_the_template_but_the_payload(
+    sched: Scheduler,
+) -> None:
+    """The compact SubmitMany's path: the common fields checked once, each payload alone."""
+    now = 1_700_000_000 * NS_PER_S
+    template = sched.task_spec(
+        now, "the-kind", b"first", "slow", None, ("the-tag",), "the-name", 7,
+        RetryPolicy(max_attempts=5), timedelta(seconds=10), "skip", 5, timedelta(seconds=20), 3,
+    )  # fmt: skip
+    specs = sched.payload_specs(template, [b"second", None])
+    assert specs == [replace(template, payload=b"second"), replace(template, payload=b"")]
+    with pytest.raises(PayloadError, match="BytesCodec encodes bytes, got str"):
+        sched.payload_specs(template, [b"ok", "text"])
 
 
 @pytest.mark.parametrize("bad_at", [0, 1, 2])

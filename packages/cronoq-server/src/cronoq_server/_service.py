@@ -179,21 +179,24 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
 
     @_unary
     async def Submit(self, request: pb.SubmitRequest, context: Any) -> pb.SubmitResponse:
-        task = wire.task_request_from_pb(request.task)
-        authorize_pool("submit", task.pool, task.kind)
-        wire.check_attempts_fit(request, [task], self._max_message_bytes)
-        [task_id] = await self._leader().submit_many([task])
+        # Authorized before any field is checked: an UnknownPool would name the pools.
+        authorize_pool("submit", *wire.pool_and_kind(request.task))
+        sched = self._leader()
+        spec = wire.task_spec_from_pb(request.task, sched, time.time_ns())
+        wire.check_attempts_fit(request, [spec], self._max_message_bytes)
+        [task_id] = await sched.submit_specs([spec])
         return pb.SubmitResponse(task_id=task_id)
 
     @_unary
     async def SubmitMany(
         self, request: pb.SubmitManyRequest, context: Any
     ) -> pb.SubmitManyResponse:
-        tasks = wire.submit_many_requests(request)
-        for task in tasks:
-            authorize_pool("submit", task.pool, task.kind)
-        wire.check_attempts_fit(request, tasks, self._max_message_bytes)
-        return pb.SubmitManyResponse(task_ids=await self._leader().submit_many(tasks))
+        for pool, kind in dict.fromkeys(map(wire.pool_and_kind, wire.submit_many_tasks(request))):
+            authorize_pool("submit", pool, kind)
+        sched = self._leader()
+        specs = wire.submit_many_specs(request, sched, time.time_ns())
+        wire.check_attempts_fit(request, specs, self._max_message_bytes)
+        return pb.SubmitManyResponse(task_ids=await sched.submit_specs(specs))
 
     def _task(
         self, info: TaskInfo, request: pb.GetRequest | pb.GetByKeyRequest | pb.WaitRequest
