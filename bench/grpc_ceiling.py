@@ -138,7 +138,7 @@ class Figure:
 
 class Ceiling:
     def __init__(self, channel: grpc.aio.Channel) -> None:
-        self._usage = channel.unary_unary(_CONTROL)
+        self._usage: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(_CONTROL)
         self.submit = channel.unary_unary(
             f"/{_SCHEDULER}/Submit",
             request_serializer=pb.SubmitRequest.SerializeToString,
@@ -149,8 +149,8 @@ class Ceiling:
             request_serializer=pb.SubmitManyRequest.SerializeToString,
             response_deserializer=pb.SubmitManyResponse.FromString,
         )
-        self.stream = channel.unary_stream(
-            _STREAM, response_deserializer=pb.AttachResponse.FromString
+        self.stream: grpc.aio.UnaryStreamMultiCallable[bytes, pb.AttachResponse] = (
+            channel.unary_stream(_STREAM, response_deserializer=pb.AttachResponse.FromString)
         )
 
     async def server_cpu(self) -> float:
