@@ -3,7 +3,8 @@
 Both ends use them. The client encodes its call arguments (payloads through its codec) and
 decodes replies (payloads and outputs through its codec). The server decodes requests into the
 arguments of a ``Scheduler`` that uses ``BytesCodec`` (a payload is the raw bytes the client's
-codec made, or None) and encodes its replies.
+codec made, or None) and encodes its replies; a submitted task's fields go straight into
+``Scheduler.task_spec``, which checks them once into the engine's input.
 
 Encoding (Python to message) raises :class:`~cronoq.errors.InvalidArgument` for a value that has
 no wire form: a wrong type, a str with a lone surrogate, an int beyond int64, a naive datetime,
