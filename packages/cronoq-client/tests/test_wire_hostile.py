@@ -31,6 +31,7 @@ from wire_strategies import decoded_request, wire
 
 from cronoq import (
     BytesCodec,
+    CheckedTask,
     JsonCodec,
     MemoryStore,
     Pool,
@@ -42,7 +43,6 @@ from cronoq import (
     preview,
 )
 from cronoq.errors import InvalidArgument, StaleAttempt, TaskNotFound, WaitTimedOut
-from cronoq.store import TaskSpec
 from cronoq_client import _wire as w
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._sizes import fitted_task_info, task_data_response
@@ -196,7 +196,7 @@ def test_hostile_submissions(harness: Harness, message: pb.SubmitManyRequest) ->
         harness.takes(lambda: harness.sched.submit_specs(specs))
 
 
-def _specs(message: pb.SubmitManyRequest, sched: Scheduler) -> list[TaskSpec]:
+def _specs(message: pb.SubmitManyRequest, sched: Scheduler) -> list[CheckedTask]:
     """As the server makes them: decoded and checked by ``sched`` in one pass."""
     w.submit_many_tasks(message)
     return w.submit_many_specs(message, sched, time.time_ns())

@@ -40,6 +40,7 @@ from cronoq import (
     AttemptToken,
     CancelRequested,
     CatchUpPolicy,
+    CheckedTask,
     Codec,
     LeasedAttempt,
     LeaseRenewed,
@@ -59,7 +60,6 @@ from cronoq import (
     unix_ns,
 )
 from cronoq.errors import InvalidArgument, PayloadError
-from cronoq.store import TaskSpec
 from cronoq_client._proto import cronoq_pb2 as pb
 
 __all__ = [
@@ -506,7 +506,7 @@ def pool_and_kind(message: pb.TaskRequest) -> tuple[str, str]:
     return message.pool if message.HasField("pool") else _ABSENT.pool, message.kind
 
 
-def task_spec_from_pb(message: pb.TaskRequest, sched: Scheduler, now_ns: int) -> TaskSpec:
+def task_spec_from_pb(message: pb.TaskRequest, sched: Scheduler, now_ns: int) -> CheckedTask:
     """The task as ``sched`` submits it (``Scheduler.submit_specs``): the message's fields
     decoded and handed to ``Scheduler.task_spec``, which checks them, in one pass with nothing
     in between. The payload is the client's bytes (its codec's), or None: ``sched`` uses
@@ -522,7 +522,7 @@ def task_spec_from_pb(message: pb.TaskRequest, sched: Scheduler, now_ns: int) ->
 
 def _task_spec(
     message: pb.TaskRequest, sched: Scheduler, now_ns: int, payload: bytes | None
-) -> TaskSpec:
+) -> CheckedTask:
     # Positional, in field order, without a dict of keywords: this runs for every task of
     # every submission.
     has = message.HasField
@@ -666,7 +666,7 @@ def submit_many_tasks(message: pb.SubmitManyRequest) -> Sequence[pb.TaskRequest]
 
 def submit_many_specs(
     message: pb.SubmitManyRequest, sched: Scheduler, now_ns: int
-) -> list[TaskSpec]:
+) -> list[CheckedTask]:
     """The tasks of a message ``submit_many_tasks`` accepted, as ``task_spec_from_pb`` makes
     each, in order: the first bad task is the one reported. In the compact form the common
     request is decoded and checked once, with the first payload (so the first task's error is

@@ -182,9 +182,9 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         # Authorized before any field is checked: an UnknownPool would name the pools.
         authorize_pool("submit", *wire.pool_and_kind(request.task))
         sched = self._leader()
-        spec = wire.task_spec_from_pb(request.task, sched, time.time_ns())
-        wire.check_attempts_fit(request, [spec], self._max_message_bytes)
-        [task_id] = await sched.submit_specs([spec])
+        task = wire.task_spec_from_pb(request.task, sched, time.time_ns())
+        wire.check_attempts_fit(request, [task.spec], self._max_message_bytes)
+        [task_id] = await sched.submit_specs([task])
         return pb.SubmitResponse(task_id=task_id)
 
     @_unary
@@ -194,9 +194,9 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         for pool, kind in dict.fromkeys(map(wire.pool_and_kind, wire.submit_many_tasks(request))):
             authorize_pool("submit", pool, kind)
         sched = self._leader()
-        specs = wire.submit_many_specs(request, sched, time.time_ns())
-        wire.check_attempts_fit(request, specs, self._max_message_bytes)
-        return pb.SubmitManyResponse(task_ids=await sched.submit_specs(specs))
+        tasks = wire.submit_many_specs(request, sched, time.time_ns())
+        wire.check_attempts_fit(request, [t.spec for t in tasks], self._max_message_bytes)
+        return pb.SubmitManyResponse(task_ids=await sched.submit_specs(tasks))
 
     def _task(
         self, info: TaskInfo, request: pb.GetRequest | pb.GetByKeyRequest | pb.WaitRequest
