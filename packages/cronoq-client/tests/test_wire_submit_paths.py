@@ -389,7 +389,7 @@ def _reference_specs(message: pb.SubmitManyRequest) -> list[TaskSpec]:
 
 def _specs(message: pb.SubmitManyRequest) -> list[TaskSpec]:
     w.submit_many_tasks(message)
-    return w.submit_many_specs(message, _SERVER, _NOW_NS)
+    return [task.spec for task in w.submit_many_specs(message, _SERVER, _NOW_NS)]
 
 
 @DIFFERENTIAL
@@ -397,7 +397,7 @@ def _specs(message: pb.SubmitManyRequest) -> list[TaskSpec]:
 def test_a_task_is_checked_once_as_the_embedded_scheduler_checks_it(
     message: pb.TaskRequest,
 ) -> None:
-    ours = _outcome(lambda: w.task_spec_from_pb(message, _SERVER, _NOW_NS))
+    ours = _outcome(lambda: w.task_spec_from_pb(message, _SERVER, _NOW_NS).spec)
     assert ours == _outcome(lambda: _SERVER._spec(_reference_from_pb(message), _NOW_NS))
 
 
