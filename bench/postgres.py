@@ -2,6 +2,7 @@
 
 Run:  uv run python bench/postgres.py            (full sizes; medians of 3 rounds)
       uv run python bench/postgres.py --quick    (smaller sizes, one round)
+      uv run python bench/postgres.py --ceiling  (the raw loops alone: the store's ceiling)
 
 Measures end-to-end throughput (submit_many, and single submits from 100 submitters, pool
 concurrency 1,000), submit-to-start latency at a steady 200 tasks/s, failover time (SIGKILL of
@@ -173,8 +174,10 @@ def _percentile(values: list[float], pct: float) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--ceiling", action="store_true", help="the raw commit loops alone")
+    parser.add_argument("--rounds", type=int, default=None)
     args = parser.parse_args()
-    rounds = 1 if args.quick else 3
+    rounds = args.rounds or (1 if args.quick else 3)
     n = 10_000 if args.quick else 100_000
     sizes = [10_000] if args.quick else [100_000, 1_000_000]
 
@@ -184,6 +187,8 @@ def main() -> int:
     row("raw asyncpg, 1-row commits", one_row, "rows/s", values)
     median, values = median_of(rounds, lambda: asyncio.run(raw_commits(1000, 200_000)))
     row("raw asyncpg, 1,000-row commits", median, "rows/s", values)
+    if args.ceiling:
+        return 0
     median, values = median_of(rounds, lambda: asyncio.run(in_schema("batch", n)))
     row(f"end to end, submit_many, {n:,} tasks", median, "tasks/s", values)
     median, values = median_of(rounds, lambda: asyncio.run(in_schema("single", n)))

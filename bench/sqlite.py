@@ -4,6 +4,7 @@ store runs them) with the same sync setting.
 
 Run:  uv run python bench/sqlite.py             (100,000 tasks, 3 rounds; medians)
       uv run python bench/sqlite.py --quick     (10,000 tasks, smoke run)
+      uv run python bench/sqlite.py --ceiling   (the raw loops alone: the store's ceiling)
 
 Files go to a temporary directory on the same filesystem as /tmp (override with --dir).
 """
@@ -66,6 +67,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--ceiling", action="store_true", help="the raw commit loops alone")
     args = parser.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)
     n = 10_000 if args.quick else 100_000
@@ -93,6 +95,8 @@ def main() -> int:
             row(f"raw sqlite3, 1-row commits, {tag}", one_row, "rows/s", values)
             median, values = median_of(rounds, lambda: raw(1000, 200_000))
             row(f"raw sqlite3, 1,000-row commits, {tag}", median, "rows/s", values)
+            if args.ceiling:
+                continue
             median, values = median_of(
                 rounds, lambda: asyncio.run(end_to_end(open_store, n, batch=True))
             )

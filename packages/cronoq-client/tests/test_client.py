@@ -535,7 +535,7 @@ class _Stalling(pb_grpc.SchedulerServiceServicer):
 
 
 async def test_a_submit_a_stopping_server_never_took_up_is_retried(scripted: Start) -> None:
-    stalling = _Stalling()
+    stalling = _Stalling()  # type: ignore[abstract]
     _, good = await scripted(None)
     async with (
         AsyncClient([stalling.target, good], timeout=10.0) as client,

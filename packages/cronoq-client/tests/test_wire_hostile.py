@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 from typing import Any, cast
@@ -26,10 +27,11 @@ from google.protobuf.message import Message
 from google.protobuf.timestamp_pb2 import Timestamp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from wire_strategies import wire
+from wire_strategies import decoded_request, wire
 
 from cronoq import (
     BytesCodec,
+    CheckedTask,
     JsonCodec,
     MemoryStore,
     Pool,
@@ -189,9 +191,15 @@ def _decoded(decode: Callable[[], Any]) -> Any:
 @HOSTILE
 @given(messages(pb.SubmitManyRequest))
 def test_hostile_submissions(harness: Harness, message: pb.SubmitManyRequest) -> None:
-    requests = _decoded(lambda: w.submit_many_requests(message))
-    if requests is not None:
-        harness.takes(lambda: harness.sched.submit_many(requests))
+    specs = _decoded(lambda: _specs(message, harness.sched))
+    if specs is not None:
+        harness.takes(lambda: harness.sched.submit_specs(specs))
+
+
+def _specs(message: pb.SubmitManyRequest, sched: Scheduler) -> list[CheckedTask]:
+    """As the server makes them: decoded and checked by ``sched`` in one pass."""
+    w.submit_many_tasks(message)
+    return w.submit_many_specs(message, sched, time.time_ns())
 
 
 @HOSTILE
@@ -478,14 +486,14 @@ def test_undecodable_values_say_what_is_wrong(message: Message, match: str) -> N
 def test_a_huge_delay_is_refused_while_decoding() -> None:
     message = pb.TaskRequest(kind="k", start_delay=Duration(seconds=2**62))
     with pytest.raises(InvalidArgument, match="start_at: a delay of 4611686018427387904 seconds"):
-        w.task_request_from_pb(wire(message))
+        decoded_request(wire(message))
 
 
 def test_values_the_scheduler_refuses_reach_it_as_they_are() -> None:
     message = pb.TaskRequest(
         kind="a\x00b", pool="", priority=2**40, grace=Duration(seconds=-5), after=[-1]
     )
-    request = w.task_request_from_pb(wire(message))
+    request = decoded_request(wire(message))
     assert (request.kind, request.pool, request.priority, request.after) == (
         "a\x00b", "", 2**40, (-1,)
     )  # fmt: skip

@@ -8,6 +8,7 @@ apply).
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,6 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from wire_strategies import (
     TEN_YEARS_NS,
+    decoded_request,
+    decoded_requests,
     duration_ns,
     durations,
     enum_values,
@@ -86,7 +89,7 @@ def canonical_request(request: TaskRequest) -> tuple[Any, ...]:
 @ROUND_TRIPS
 @given(task_requests)
 def test_task_request_reaches_the_server_as_given(request: TaskRequest) -> None:
-    decoded = w.task_request_from_pb(wire(w.task_request_to_pb(request, BytesCodec())))
+    decoded = decoded_request(wire(w.task_request_to_pb(request, BytesCodec())))
     assert canonical_request(decoded) == canonical_request(request)
     for when in (decoded.start_at, decoded.deadline):
         assert when is None or isinstance(when, timedelta) or when.tzinfo is UTC
@@ -96,16 +99,16 @@ def test_task_request_reaches_the_server_as_given(request: TaskRequest) -> None:
 @given(st.lists(task_requests, max_size=4))
 def test_submit_many_keeps_the_order(requests: list[TaskRequest]) -> None:
     message = wire(w.submit_many_request(iter(requests), BytesCodec()))
-    decoded = w.submit_many_requests(message)
+    decoded = decoded_requests(message)
     assert [canonical_request(r) for r in decoded] == [canonical_request(r) for r in requests]
     one = wire(w.submit_request(requests[0], BytesCodec())) if requests else None
-    assert one is None or canonical_request(w.task_request_from_pb(one.task)) == (
+    assert one is None or canonical_request(decoded_request(one.task)) == (
         canonical_request(requests[0])
     )
 
 
 def test_absent_request_fields_leave_the_scheduler_defaults() -> None:
-    decoded = w.task_request_from_pb(wire(pb.TaskRequest(kind="k")))
+    decoded = decoded_request(wire(pb.TaskRequest(kind="k")))
     assert decoded == TaskRequest("k")
 
 
@@ -497,7 +500,8 @@ async def test_a_remote_submission_is_the_embedded_one() -> None:
     ):
         local = [await embedded.get(i) for i in await embedded.submit_many([request, no_payload])]
         message = wire(w.submit_many_request([request, no_payload], JsonCodec()))
-        ids = await server.submit_many(w.submit_many_requests(message))
+        w.submit_many_tasks(message)
+        ids = await server.submit_specs(w.submit_many_specs(message, server, time.time_ns()))
         remote = [
             w.task_info_from_pb(wire(w.task_info_to_pb(await server.get(i))), JsonCodec())
             for i in ids

@@ -14,15 +14,23 @@ from typing import Any
 
 import pytest
 from google.protobuf import duration_pb2
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_wire_hostile import BAD_VALUES, FIELDS, messages
-from wire_strategies import near_default_requests, task_requests
+from wire_strategies import (
+    decoded_request,
+    decoded_requests,
+    near_default_requests,
+    task_requests,
+    wire,
+)
 
-from cronoq import BytesCodec, MissPolicy, TaskRequest, encode_with
-from cronoq.errors import InvalidArgument
+from cronoq import BytesCodec, MissPolicy, Pool, Scheduler, TaskContext, TaskRequest, encode_with
+from cronoq.errors import InvalidArgument, UnknownPool
+from cronoq.store import TaskSpec
 from cronoq_client import _wire as w
 from cronoq_client._proto import cronoq_pb2 as pb
+from cronoq_client._wire import NS_PER_S
 
 DIFFERENTIAL = settings(max_examples=400, deadline=None)
 
@@ -192,7 +200,7 @@ def test_a_request_at_its_defaults_is_its_kind_and_payload_alone() -> None:
 @DIFFERENTIAL
 @given(messages(pb.TaskRequest))
 def test_any_message_decodes_as_the_reference_does(message: pb.TaskRequest) -> None:
-    ours = _outcome(lambda: _typed(w.task_request_from_pb(message)))
+    ours = _outcome(lambda: _typed(decoded_request(message)))
     assert ours == _outcome(lambda: _typed(_reference_from_pb(message)))
 
 
@@ -202,14 +210,14 @@ def test_client_requests_decode_as_the_reference_does(request: TaskRequest) -> N
     message = pb.TaskRequest.FromString(
         w.task_request_to_pb(request, BytesCodec()).SerializeToString()
     )
-    assert _typed(w.task_request_from_pb(message)) == _typed(_reference_from_pb(message))
+    assert _typed(decoded_request(message)) == _typed(_reference_from_pb(message))
 
 
 def test_instants_decode_to_their_python_forms() -> None:
     message = pb.TaskRequest(kind="k")
     message.start_delay.seconds = 5
     message.deadline_time.seconds = 86_400
-    decoded = w.task_request_from_pb(message)
+    decoded = decoded_request(message)
     assert decoded.start_at == timedelta(seconds=5)
     assert isinstance(decoded.deadline, datetime) and decoded.deadline.timestamp() == 86_400
 
@@ -220,7 +228,7 @@ def test_instants_decode_to_their_python_forms() -> None:
 def _task_by_task(requests: list[object]) -> list[tuple[Any, ...]]:
     """What the server reads from the task-by-task form of these requests (the reference)."""
     messages = [w.task_request_to_pb(r, BytesCodec()) for r in requests]
-    return [_typed(w.task_request_from_pb(wire_message)) for wire_message in messages]
+    return [_typed(decoded_request(wire_message)) for wire_message in messages]
 
 
 # Few kinds, pools and payloads, so that lists often share all but their payloads.
@@ -238,7 +246,7 @@ def test_submit_many_reads_as_the_task_by_task_form(requests: list[TaskRequest])
     message = pb.SubmitManyRequest.FromString(
         w.submit_many_request(requests, BytesCodec()).SerializeToString()
     )
-    ours = _outcome(lambda: [_typed(r) for r in w.submit_many_requests(message)])
+    ours = _outcome(lambda: [_typed(r) for r in decoded_requests(message)])
     assert ours == _outcome(lambda: _task_by_task(list(requests)))
     compact = (
         len(requests) > 1
@@ -280,8 +288,8 @@ def test_a_compact_message_of_any_common_request_reads_as_its_tasks(
 ) -> None:
     common_pb = w.task_request_to_pb(replace(common, payload=None), BytesCodec())
     message = pb.SubmitManyRequest(common=common_pb, payloads=payloads)
-    expected = [_typed(replace(w.task_request_from_pb(common_pb), payload=p)) for p in payloads]
-    assert [_typed(r) for r in w.submit_many_requests(message)] == expected
+    expected = [_typed(replace(decoded_request(common_pb), payload=p)) for p in payloads]
+    assert [_typed(r) for r in decoded_requests(message)] == expected
 
 
 @pytest.mark.parametrize(
@@ -298,8 +306,8 @@ def test_a_bad_item_of_an_endless_iterable_is_reported_when_read(head: list[Task
 def test_a_message_beyond_the_batch_limit_is_refused_before_decoding() -> None:
     too_many = pb.SubmitManyRequest(common=pb.TaskRequest(kind="k"), payloads=[b""] * 100_001)
     with pytest.raises(InvalidArgument, match="100001 tasks in one call; the server takes at most"):
-        w.submit_many_requests(too_many)
-    assert len(w.submit_many_requests(pb.SubmitManyRequest(tasks=[pb.TaskRequest(kind="k")]))) == 1
+        decoded_requests(too_many)
+    assert len(decoded_requests(pb.SubmitManyRequest(tasks=[pb.TaskRequest(kind="k")]))) == 1
 
 
 @pytest.mark.parametrize(
@@ -318,4 +326,105 @@ def test_a_message_beyond_the_batch_limit_is_refused_before_decoding() -> None:
 )
 def test_a_message_mixing_the_forms_is_refused(message: pb.SubmitManyRequest, match: str) -> None:
     with pytest.raises(InvalidArgument, match=match):
-        w.submit_many_requests(message)
+        decoded_requests(message)
+
+
+# --- one pass from the message to the engine's input ----------------------------------------
+# The server decodes each task into the arguments of Scheduler.task_spec, which checks them
+# once, with no TaskRequest in between. The reference is the path it replaced: the plain
+# decoding into a TaskRequest, then every check of the embedded Scheduler's submit_many
+# (Scheduler._spec). Same spec, or the same exception with the same text, for any message.
+
+
+async def _noop(ctx: TaskContext, payload: Any) -> None:
+    pass
+
+
+_NOW_NS = 1_700_000_000 * NS_PER_S
+_SERVER = Scheduler(
+    [Pool("default", _noop), Pool("slow", _noop)], codec=BytesCodec(), max_payload_bytes=8
+)
+"""As the server's Scheduler (BytesCodec), with a payload limit the generated payloads pass
+and exceed."""
+
+
+def _toward_the_checks(draw: st.DrawFn, message: pb.TaskRequest) -> pb.TaskRequest:
+    """A hostile request, often with a known pool and a plain kind: most random pools are
+    unknown, which is refused before any other field is checked."""
+    pool = draw(st.sampled_from(["absent", "default", "slow", "as drawn"]))
+    if pool == "absent":
+        message.ClearField("pool")
+    elif pool != "as drawn":
+        message.pool = pool
+    if draw(st.booleans()):
+        message.kind = "k"
+    return message
+
+
+@st.composite
+def _server_requests(draw: st.DrawFn) -> pb.TaskRequest:
+    return _toward_the_checks(draw, draw(messages(pb.TaskRequest)))
+
+
+@st.composite
+def _server_batches(draw: st.DrawFn) -> pb.SubmitManyRequest:
+    message: pb.SubmitManyRequest = draw(messages(pb.SubmitManyRequest))
+    for task in message.tasks:
+        _toward_the_checks(draw, task)
+    if message.HasField("common"):
+        _toward_the_checks(draw, message.common)
+    return message
+
+
+def _reference_specs(message: pb.SubmitManyRequest) -> list[TaskSpec]:
+    """Each task decoded and checked in turn: the first bad task is the one reported (the path
+    replaced decoded them all first, so a later task's decoding error came before an earlier
+    task's check; the call was refused either way)."""
+    w.submit_many_tasks(message)  # the form and the bounds: unchanged
+    if message.HasField("common"):
+        common = _reference_from_pb(message.common)
+        return [_SERVER._spec(replace(common, payload=p), _NOW_NS) for p in message.payloads]
+    return [_SERVER._spec(_reference_from_pb(task), _NOW_NS) for task in message.tasks]
+
+
+def _specs(message: pb.SubmitManyRequest) -> list[TaskSpec]:
+    w.submit_many_tasks(message)
+    return [task.spec for task in w.submit_many_specs(message, _SERVER, _NOW_NS)]
+
+
+@DIFFERENTIAL
+@given(_server_requests())
+def test_a_task_is_checked_once_as_the_embedded_scheduler_checks_it(
+    message: pb.TaskRequest,
+) -> None:
+    ours = _outcome(lambda: w.task_spec_from_pb(message, _SERVER, _NOW_NS).spec)
+    assert ours == _outcome(lambda: _SERVER._spec(_reference_from_pb(message), _NOW_NS))
+
+
+@DIFFERENTIAL
+@given(_server_batches())
+def test_a_submit_many_is_checked_once_as_the_embedded_scheduler_checks_it(
+    message: pb.SubmitManyRequest,
+) -> None:
+    # A compact message without payloads submits nothing; its common request is checked
+    # even so (the reference, which checked each task's request, checked none).
+    assume(message.payloads or not message.HasField("common"))
+    assert _outcome(lambda: _specs(message)) == _outcome(lambda: _reference_specs(message))
+
+
+@DIFFERENTIAL
+@given(task_requests, st.lists(st.binary(max_size=12), max_size=3))
+def test_a_compact_message_is_checked_once_as_its_tasks_are(
+    common: TaskRequest, payloads: list[bytes]
+) -> None:
+    common_pb = w.task_request_to_pb(replace(common, payload=None, pool="default"), BytesCodec())
+    message = wire(pb.SubmitManyRequest(common=common_pb, payloads=payloads))
+    assume(payloads)
+    assert _outcome(lambda: _specs(message)) == _outcome(lambda: _reference_specs(message))
+
+
+def test_a_compact_message_without_payloads_still_has_its_common_request_checked() -> None:
+    message = pb.SubmitManyRequest(common=pb.TaskRequest(kind="", pool="nope"))
+    with pytest.raises(UnknownPool, match="unknown pool 'nope'"):
+        _specs(message)
+    assert _specs(pb.SubmitManyRequest(common=pb.TaskRequest(kind="k"))) == []

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from enum import StrEnum
 from fractions import Fraction
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from google.protobuf.message import Message
 from hypothesis import strategies as st
@@ -18,11 +20,14 @@ from cronoq import (
     OverlapPolicy,
     RetryPolicy,
     ScheduleInfo,
+    Scheduler,
     Status,
     TaskInfo,
     TaskRequest,
     TaskSummary,
 )
+from cronoq_client import _wire as w
+from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._wire import INT64_MAX, INT64_MIN, NS_PER_S
 
 M = TypeVar("M", bound=Message)
@@ -143,6 +148,32 @@ schedule_infos = st.builds(
 def wire(message: M) -> M:
     """The message as the other end has it: serialized and parsed again."""
     return type(message).FromString(message.SerializeToString())
+
+
+class _FieldsOf:
+    """Stands in for the Scheduler that the server's decoding hands each task's fields to
+    (``task_spec_from_pb``, ``submit_many_specs``): it gives them back unchecked, as the
+    TaskRequest they make, so that the decoding is tested apart from the checks."""
+
+    def task_spec(self, now_ns: int, *fields: Any) -> TaskRequest:
+        return TaskRequest(*fields)
+
+    def payload_specs(self, template: TaskRequest, payloads: Iterable[bytes]) -> list[TaskRequest]:
+        return [replace(template, payload=payload) for payload in payloads]
+
+
+_FIELDS_OF = cast(Scheduler, _FieldsOf())
+
+
+def decoded_request(message: pb.TaskRequest) -> TaskRequest:
+    """The fields the server decodes from ``message``, as a TaskRequest."""
+    return cast(TaskRequest, w.task_spec_from_pb(message, _FIELDS_OF, 0))
+
+
+def decoded_requests(message: pb.SubmitManyRequest) -> list[TaskRequest]:
+    """The fields the server decodes from each task of ``message``, as TaskRequests."""
+    w.submit_many_tasks(message)
+    return cast(list[TaskRequest], w.submit_many_specs(message, _FIELDS_OF, 0))
 
 
 def duration_ns(value: timedelta | float) -> int:

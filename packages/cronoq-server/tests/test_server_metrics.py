@@ -321,7 +321,10 @@ async def test_grpc_calls_are_counted_by_method_and_code(tmp_path: Path) -> None
     async with running_server(tmp_path, config_toml("")) as server:
         await server.leading()
         async with AsyncClient(server.target) as client:
+            # Each method twice: its observed handler is made once, then reused.
+            await client.submit("k", b"x")
             task_id = await client.submit("k", b"x")
+            await client.get(task_id)
             with pytest.raises(TaskNotFound):
                 await client.get(task_id + 1)
         async with grpc.aio.insecure_channel(server.target) as channel:
@@ -341,13 +344,14 @@ async def test_grpc_calls_are_counted_by_method_and_code(tmp_path: Path) -> None
         for sample in family.samples:
             samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
     calls = by(samples["cronoq_grpc_calls_total"], "method", "code")
-    assert calls[(submit, "OK")] == 1
+    assert calls[(submit, "OK")] == 2
+    assert calls[(get, "OK")] == 1
     assert calls[(get, "NOT_FOUND")] == 1
     assert calls[("unknown", "UNIMPLEMENTED")] == 1
     # Every method and code is a series from the start, at 0 until it happens.
-    assert calls[(get, "OK")] == 0
+    assert calls[(get, "INTERNAL")] == 0
     assert calls[("cronoq.v1.WorkerService/Attach", "RESOURCE_EXHAUSTED")] == 0
     assert len({method for method, _ in calls}) > 10
     assert not any(method.startswith("cronoq.v1.NoSuchService") for method, _ in calls)
     counts = by(samples["cronoq_grpc_call_seconds_count"], "method")
-    assert counts[(submit,)] == 1 and counts[(get,)] == 1
+    assert counts[(submit,)] == 2 and counts[(get,)] == 2

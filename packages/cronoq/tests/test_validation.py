@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import re
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
@@ -865,6 +866,40 @@ async def test_every_request_field_reaches_its_spec_field(sched: Scheduler) -> N
         after=(parent,),
         schedule=None,
     )
+
+
+async def test_payload_specs_keep_every_field_of_the_template_but_the_payload(
+    sched: Scheduler,
+) -> None:
+    """The compact SubmitMany's path: the common fields checked once, each payload alone."""
+    now = 1_700_000_000 * NS_PER_S
+    template = sched.task_spec(
+        now, "the-kind", b"first", "slow", None, ("the-tag",), "the-name", 7,
+        RetryPolicy(max_attempts=5), timedelta(seconds=10), "skip", 5, timedelta(seconds=20), 3,
+    )  # fmt: skip
+    specs = [task.spec for task in sched.payload_specs(template, [b"second", None])]
+    first = template.spec
+    assert specs == [replace(first, payload=b"second"), replace(first, payload=b"")]
+    with pytest.raises(PayloadError, match="BytesCodec encodes bytes, got str"):
+        sched.payload_specs(template, [b"ok", "text"])
+
+
+async def test_only_tasks_this_scheduler_checked_pass_submit_specs(sched: Scheduler) -> None:
+    """submit_specs skips the checks of a submission: it takes nothing but what this
+    scheduler's task_spec and payload_specs made, and applies nothing otherwise."""
+    now = 1_700_000_000 * NS_PER_S
+    checked = sched.task_spec(now, "job", b"ok")
+    other = Scheduler([Pool("default", noop)])
+    foreign = other.task_spec(now, "job", b"ok")
+    unchecked = replace(checked.spec, kind="\x00", pool="nowhere")
+    for given in ([unchecked], [checked, foreign], (checked,), [checked] * (MAX_BATCH + 1)):
+        with pytest.raises(InvalidArgument):
+            await sched.submit_specs(given)  # type: ignore[arg-type]
+    for bad in (unchecked, foreign):
+        with pytest.raises(InvalidArgument):
+            sched.payload_specs(bad, [b"x"])  # type: ignore[arg-type]
+    await assert_nothing_applied(sched)
+    assert len(await sched.submit_specs([checked])) == 1
 
 
 @pytest.mark.parametrize("bad_at", [0, 1, 2])

@@ -19,6 +19,7 @@ from google.protobuf.message import Message
 
 from cronoq import LEASE_ID_BYTES, TaskInfo, TaskRequest, TaskSummary
 from cronoq.errors import PayloadError
+from cronoq.store import TaskSpec
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._wire import task_info_to_pb, task_summary_to_pb
 
@@ -81,10 +82,17 @@ def _varint_bytes(value: int) -> int:
     return max(1, (value.bit_length() + 6) // 7)
 
 
-def attempt_bytes(request: TaskRequest) -> int:
+def attempt_bytes(request: TaskSpec | TaskRequest) -> int:
     """The most bytes the Attach stream message that carries this task's attempt alone can
     take: its fields as they are, its token's numbers and instants at their largest, and
-    TOKEN_RESERVE_BYTES. ``request`` is as decoded from the wire (str fields, bytes payload)."""
+    TOKEN_RESERVE_BYTES. ``request``: a submitted task, or a schedule's template as decoded
+    from the wire (str fields, bytes payload)."""
+    deadline: object
+    timeout: object
+    if isinstance(request, TaskSpec):
+        deadline, timeout = request.deadline_ns, request.timeout_ns
+    else:
+        deadline, timeout = request.deadline, request.timeout
     attempt = pb.Attempt(
         token=_LARGEST_TOKEN,
         pool=request.pool,
@@ -96,9 +104,9 @@ def attempt_bytes(request: TaskRequest) -> int:
         attempt.key = request.key
     if request.name is not None:
         attempt.name = request.name
-    if request.deadline is not None:
+    if deadline is not None:
         attempt.deadline.CopyFrom(_LATEST)
-    if request.timeout is not None:
+    if timeout is not None:
         attempt.timeout.CopyFrom(_LONGEST)
     if request.payload:
         attempt.payload = request.payload
@@ -109,7 +117,9 @@ def attempt_bytes(request: TaskRequest) -> int:
     return _attempt_message(attempt) + TOKEN_RESERVE_BYTES
 
 
-def check_attempts_fit(message: Message, requests: Sequence[TaskRequest], limit: int) -> None:
+def check_attempts_fit(
+    message: Message, requests: Sequence[TaskSpec | TaskRequest], limit: int
+) -> None:
     """``PayloadError`` naming the first task whose attempt would not fit in a stream message
     of ``limit`` bytes; ``message`` is the request that carried the tasks.
 

@@ -3,7 +3,8 @@
 Both ends use them. The client encodes its call arguments (payloads through its codec) and
 decodes replies (payloads and outputs through its codec). The server decodes requests into the
 arguments of a ``Scheduler`` that uses ``BytesCodec`` (a payload is the raw bytes the client's
-codec made, or None) and encodes its replies.
+codec made, or None) and encodes its replies; a submitted task's fields go straight into
+``Scheduler.task_spec``, which checks them once into the engine's input.
 
 Encoding (Python to message) raises :class:`~cronoq.errors.InvalidArgument` for a value that has
 no wire form: a wrong type, a str with a lone surrogate, an int beyond int64, a naive datetime,
@@ -24,7 +25,6 @@ Timestamp's sub-microsecond part is dropped, as a datetime cannot hold it.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -40,6 +40,7 @@ from cronoq import (
     AttemptToken,
     CancelRequested,
     CatchUpPolicy,
+    CheckedTask,
     Codec,
     LeasedAttempt,
     LeaseRenewed,
@@ -48,6 +49,7 @@ from cronoq import (
     PoolInfo,
     RetryPolicy,
     ScheduleInfo,
+    Scheduler,
     Status,
     TaskInfo,
     TaskRequest,
@@ -89,6 +91,7 @@ __all__ = [
     "list_request",
     "list_response",
     "parse",
+    "pool_and_kind",
     "pool_info_from_pb",
     "pool_info_to_pb",
     "preview_kwargs",
@@ -105,20 +108,20 @@ __all__ = [
     "status_from_pb",
     "status_to_pb",
     "submit_many_request",
-    "submit_many_requests",
+    "submit_many_specs",
+    "submit_many_tasks",
     "submit_request",
     "task_data_request",
     "task_info_from_pb",
     "task_info_to_pb",
-    "task_request_from_pb",
     "task_request_to_pb",
+    "task_spec_from_pb",
     "task_summary_from_pb",
     "task_summary_to_pb",
     "token_from_pb",
     "token_to_pb",
     "wait_kwargs",
     "wait_request",
-    "with_trace_context",
     "worker_event_from_pb",
     "worker_event_to_pb",
     "worker_events_from_pb",
@@ -498,38 +501,65 @@ def _set_instant(message: pb.TaskRequest, at: str, delay: str, value: object, wh
         )
 
 
-def task_request_from_pb(message: pb.TaskRequest) -> TaskRequest:
-    """The request for a Scheduler with BytesCodec: the payload is the client's bytes, or None.
+def pool_and_kind(message: pb.TaskRequest) -> tuple[str, str]:
+    """The pool (an absent one is the default) and the kind a request submits to, unchecked:
+    what the server authorizes before it looks at any other field."""
+    return message.pool if message.HasField("pool") else _ABSENT.pool, message.kind
 
-    A delay (``start_delay``, ``deadline_delay``) becomes a timedelta, which the Scheduler
-    counts from when it takes the call, as it does for an embedded caller.
+
+def task_spec_from_pb(
+    message: pb.TaskRequest,
+    sched: Scheduler,
+    now_ns: int,
+    trace_context: TraceContext | None = None,
+) -> CheckedTask:
+    """The task as ``sched`` submits it (``Scheduler.submit_specs``): the message's fields
+    decoded and handed to ``Scheduler.task_spec``, which checks them, in one pass with nothing
+    in between. The payload is the client's bytes (its codec's), or None: ``sched`` uses
+    ``BytesCodec``. A delay (``start_delay``, ``deadline_delay``) counts from ``now_ns``, when
+    the server took the call, as an embedded caller's counts from its call. Every field is
+    decoded before any is checked, so a decoding error comes first (InvalidArgument); then the
+    Scheduler's checks, in the order of an embedded ``submit``.
     """
-    # Built positionally, in field order, without a dict of keywords: this runs for every task
-    # of every submission. Fields are decoded in that order, so the first bad one is reported.
+    payload = message.payload if message.HasField("payload") else None
+    return _task_spec(message, sched, now_ns, payload, trace_context)
+
+
+def _task_spec(
+    message: pb.TaskRequest,
+    sched: Scheduler,
+    now_ns: int,
+    payload: bytes | None,
+    trace_context: TraceContext | None = None,
+) -> CheckedTask:
+    # Positional, in field order, without a dict of keywords: this runs for every task of
+    # every submission.
     has = message.HasField
     tags = message.tags
     after = message.after
     start = message.WhichOneof("start_at")
     deadline = message.WhichOneof("deadline")
-    return TaskRequest(
+    return sched.task_spec(
+        now_ns,
         message.kind,
-        message.payload if has("payload") else _ABSENT.payload,
+        payload,
         message.pool if has("pool") else _ABSENT.pool,
-        message.key if has("key") else _ABSENT.key,
+        message.key if has("key") else None,
         tuple(tags) if tags else (),
-        message.name if has("name") else _ABSENT.name,
+        message.name if has("name") else None,
         message.priority,
-        retry_from_pb(message.retry) if has("retry") else _ABSENT.retry,
-        _ABSENT.start_at if start is None else _instant_from_pb(message, start, "start_at"),
+        retry_from_pb(message.retry) if has("retry") else None,
+        None if start is None else _instant_from_pb(message, start, "start_at"),
         (
             _enum_from_pb(message.miss_policy, _MISS_BACK, "miss_policy")
             if message.miss_policy != pb.MISS_POLICY_UNSPECIFIED
             else _ABSENT.miss_policy
         ),
         _seconds(message.grace, "grace") if has("grace") else _ABSENT.grace,
-        _ABSENT.deadline if deadline is None else _instant_from_pb(message, deadline, "deadline"),
-        _seconds(message.timeout, "timeout") if has("timeout") else _ABSENT.timeout,
+        None if deadline is None else _instant_from_pb(message, deadline, "deadline"),
+        _seconds(message.timeout, "timeout") if has("timeout") else None,
         tuple(after) if after else (),
+        trace_context,
     )
 
 
@@ -610,10 +640,11 @@ MAX_SUBMIT_MANY_REFERENCES = 5_000
 limit and hold the event loop for 0.6 s. Five per task on average."""
 
 
-def submit_many_requests(message: pb.SubmitManyRequest) -> list[TaskRequest]:
-    """The requests of either form (``submit_many_request``); a message of both is refused, and
-    so is one past the server's bounds of a call (``MAX_SUBMIT_MANY_TASKS``,
-    ``MAX_SUBMIT_MANY_REFERENCES``), before any is decoded."""
+def submit_many_tasks(message: pb.SubmitManyRequest) -> Sequence[pb.TaskRequest]:
+    """The requests of either form (``submit_many_request``) to authorize: the common one of
+    the compact form, else each. A message of both forms is refused, and so is one past the
+    server's bounds of a call (``MAX_SUBMIT_MANY_TASKS``, ``MAX_SUBMIT_MANY_REFERENCES``),
+    before anything is decoded."""
     tasks, payloads = message.tasks, message.payloads
     count = len(tasks) + len(payloads)
     if count > MAX_SUBMIT_MANY_TASKS:
@@ -633,25 +664,36 @@ def submit_many_requests(message: pb.SubmitManyRequest) -> list[TaskRequest]:
                 f"{MAX_SUBMIT_MANY_REFERENCES} per call: split the batch"
             )
     if not message.HasField("common"):
-        if message.payloads:
+        if payloads:
             raise InvalidArgument("payloads given without common: set common, or use tasks")
-        return [task_request_from_pb(task) for task in message.tasks]
-    if message.tasks:
+        return tasks
+    if tasks:
         raise InvalidArgument("tasks and common are both set: use one of the two forms")
-    if message.common.HasField("payload"):
+    if common.HasField("payload"):
         raise InvalidArgument("common.payload is set: the compact form's payloads are payloads")
-    c = task_request_from_pb(message.common)
-    if c.only_kind_payload_pool:
-        kind, pool = c.kind, c.pool
-        return [TaskRequest(kind, payload, pool) for payload in message.payloads]
-    # Built positionally, in field order, as task_request_from_pb does.
-    return [
-        TaskRequest(
-            c.kind, payload, c.pool, c.key, c.tags, c.name, c.priority, c.retry, c.start_at,
-            c.miss_policy, c.grace, c.deadline, c.timeout, c.after,
-        )
-        for payload in message.payloads
-    ]  # fmt: skip
+    return [common]
+
+
+def submit_many_specs(
+    message: pb.SubmitManyRequest,
+    sched: Scheduler,
+    now_ns: int,
+    trace_context: TraceContext | None = None,
+) -> list[CheckedTask]:
+    """The tasks of a message ``submit_many_tasks`` accepted, as ``task_spec_from_pb`` makes
+    each, in order: the first bad task is the one reported. In the compact form the common
+    request is decoded and checked once, with the first payload (so the first task's error is
+    the one an embedded ``submit_many`` of the tasks reports), and each other payload only as
+    a payload (``Scheduler.payload_specs``). A compact message without payloads submits
+    nothing, but its common request is checked even so."""
+    if not message.HasField("common"):
+        return [task_spec_from_pb(task, sched, now_ns, trace_context) for task in message.tasks]
+    payloads = message.payloads
+    if not payloads:
+        _task_spec(message.common, sched, now_ns, None)
+        return []
+    first = _task_spec(message.common, sched, now_ns, payloads[0], trace_context)
+    return [first, *sched.payload_specs(first, payloads[1:])]
 
 
 # --- TaskInfo and TaskSummary ---------------------------------------------------------------
@@ -1298,18 +1340,6 @@ def _attempt_from_pb(message: pb.Attempt) -> LeasedAttempt:
             message.tracestate if message.HasField("tracestate") else None,
         ),
     )
-
-
-def with_trace_context(
-    tasks: list[TaskRequest], metadata: Iterable[tuple[str, str | bytes]] | None
-) -> list[TaskRequest]:
-    """The tasks of a Submit or SubmitMany with the W3C trace context its client sent as
-    ``traceparent`` and ``tracestate`` metadata, which the server stores with them. Leniently,
-    as W3C Trace Context asks: malformed headers are ignored, the call goes on without them."""
-    trace_context = TraceContext.from_metadata(metadata)
-    if trace_context is None:
-        return tasks
-    return [dataclasses.replace(task, trace_context=trace_context) for task in tasks]
 
 
 def worker_event_to_pb(event: WorkerEvent) -> pb.WorkerEvent:

@@ -60,15 +60,22 @@ class GrpcMetrics:
             buckets=_BUCKETS,
             registry=registry,
         )
-        for method in sorted(self.methods):
-            self.seconds.labels(method)
-            for code in grpc.StatusCode:
-                self.calls.labels(method, code.name)
+        # Each method's series, looked up once: ``labels()`` takes a lock and checks its
+        # arguments, a few µs on every call otherwise.
+        self._series: dict[str, tuple[dict[grpc.StatusCode, Counter], Histogram]] = {
+            method: (
+                {code: self.calls.labels(method, code.name) for code in grpc.StatusCode},
+                self.seconds.labels(method),
+            )
+            for method in sorted(self.methods)
+        }
         self.calls.labels(UNKNOWN_METHOD, grpc.StatusCode.UNIMPLEMENTED.name)
 
     def observe(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
-        self.calls.labels(method, code.name).inc()
-        self.seconds.labels(method).observe(seconds)
+        """One call of ``method``, one of ``methods``."""
+        calls, histogram = self._series[method]
+        calls[code].inc()
+        histogram.observe(seconds)
 
 
 def code_of(
@@ -113,6 +120,9 @@ def rewrapped(handler: _Handler, unary: _Wrap, streaming: _Wrap) -> _Handler:
 class MetricsInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, metrics: GrpcMetrics) -> None:
         self._metrics = metrics
+        # The observed form of each method's handler, made once: gRPC asks for the handler on
+        # every call, and gets the same one back while the method's registration stands.
+        self._observed: dict[str, tuple[_Handler, _Handler]] = {}
 
     async def intercept_service(
         self,
@@ -125,11 +135,16 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             # gRPC answers UNIMPLEMENTED for a method without a handler.
             self._metrics.calls.labels(UNKNOWN_METHOD, "UNIMPLEMENTED").inc()
             return handler
-        return rewrapped(
-            handler,
-            lambda behaviour: self._unary(method, behaviour),
-            lambda behaviour: self._streaming(method, behaviour),
-        )
+        made = self._observed.get(method)  # at most one entry per method of ``methods``
+        if made is None or made[0] is not handler:
+            wrapped = rewrapped(
+                handler,
+                lambda behaviour: self._unary(method, behaviour),
+                lambda behaviour: self._streaming(method, behaviour),
+            )
+            made = handler, wrapped
+            self._observed[method] = made
+        return made[1]
 
     def _unary(self, method: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
         async def observed(request: Any, context: _Context) -> Any:

@@ -19,7 +19,15 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from cronoq import CancelRequested, LeasedAttempt, Scheduler, TaskInfo, TaskRequest, preview
+from cronoq import (
+    CancelRequested,
+    LeasedAttempt,
+    Scheduler,
+    TaskInfo,
+    TaskRequest,
+    TraceContext,
+    preview,
+)
 from cronoq.errors import CronoqError, InvalidArgument, WaitTimedOut
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
@@ -179,24 +187,27 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
 
     @_unary
     async def Submit(self, request: pb.SubmitRequest, context: Any) -> pb.SubmitResponse:
-        task = wire.task_request_from_pb(request.task)
-        authorize_pool("submit", task.pool, task.kind)
+        # Authorized before any field is checked: an UnknownPool would name the pools.
+        authorize_pool("submit", *wire.pool_and_kind(request.task))
+        sched = self._leader()
         # The client's trace context goes with the task (and counts in its attempt's size).
-        [task] = wire.with_trace_context([task], context.invocation_metadata())
-        wire.check_attempts_fit(request, [task], self._max_message_bytes)
-        [task_id] = await self._leader().submit_many([task])
+        trace = TraceContext.from_metadata(context.invocation_metadata())
+        task = wire.task_spec_from_pb(request.task, sched, time.time_ns(), trace)
+        wire.check_attempts_fit(request, [task.spec], self._max_message_bytes)
+        [task_id] = await sched.submit_specs([task])
         return pb.SubmitResponse(task_id=task_id)
 
     @_unary
     async def SubmitMany(
         self, request: pb.SubmitManyRequest, context: Any
     ) -> pb.SubmitManyResponse:
-        tasks = wire.submit_many_requests(request)
-        for task in tasks:
-            authorize_pool("submit", task.pool, task.kind)
-        tasks = wire.with_trace_context(tasks, context.invocation_metadata())
-        wire.check_attempts_fit(request, tasks, self._max_message_bytes)
-        return pb.SubmitManyResponse(task_ids=await self._leader().submit_many(tasks))
+        for pool, kind in dict.fromkeys(map(wire.pool_and_kind, wire.submit_many_tasks(request))):
+            authorize_pool("submit", pool, kind)
+        sched = self._leader()
+        trace = TraceContext.from_metadata(context.invocation_metadata())
+        tasks = wire.submit_many_specs(request, sched, time.time_ns(), trace)
+        wire.check_attempts_fit(request, [t.spec for t in tasks], self._max_message_bytes)
+        return pb.SubmitManyResponse(task_ids=await sched.submit_specs(tasks))
 
     def _task(
         self, info: TaskInfo, request: pb.GetRequest | pb.GetByKeyRequest | pb.WaitRequest

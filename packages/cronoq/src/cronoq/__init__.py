@@ -25,7 +25,15 @@ from cronoq._remote import (
     WorkerInfo,
     WorkerLink,
 )
-from cronoq._scheduler import Pool, ScheduleInfo, Scheduler, TaskInfo, TaskRequest, preview
+from cronoq._scheduler import (
+    CheckedTask,
+    Pool,
+    ScheduleInfo,
+    Scheduler,
+    TaskInfo,
+    TaskRequest,
+    preview,
+)
 from cronoq._validate import MAX_BATCH, unix_ns
 from cronoq.errors import (
     AdmissionRejected,
@@ -50,6 +58,7 @@ __all__ = [
     "BytesCodec",
     "CancelRequested",
     "CatchUpPolicy",
+    "CheckedTask",
     "Codec",
     "CronoqError",
     "Histogram",

@@ -11,7 +11,7 @@ import builtins
 import dataclasses
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -273,6 +273,15 @@ def _schedule_info(record: ScheduleRecord) -> ScheduleInfo:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class CheckedTask:
+    """A task :meth:`Scheduler.task_spec` checked, for that scheduler's
+    :meth:`Scheduler.submit_specs`: the only way past the checks of a submission."""
+
+    spec: TaskSpec
+    issuer: object = field(repr=False, compare=False)
+
+
 class Scheduler:
     """A durable task scheduler. Use as ``async with Scheduler(...) as sched:``.
 
@@ -336,6 +345,7 @@ class Scheduler:
         self._codec: Codec = codec if codec is not None else BytesCodec()
         self._store: Store = store if store is not None else MemoryStore()
         self._max_payload = check.integer(max_payload_bytes, "max_payload_bytes", 1, 1 << 31)
+        self._issuer = object()  # what the tasks of its task_spec carry (CheckedTask)
         if max_live_tasks is not None:
             check.integer(max_live_tasks, "max_live_tasks", 1, 1 << 40)
         config = EngineConfig(
@@ -490,34 +500,121 @@ class Scheduler:
         return self._checked_spec(request, now_ns)
 
     def _checked_spec(self, request: TaskRequest, now_ns: int) -> TaskSpec:
-        pool = self._pool(request.pool)
-        start_at = check.optional_instant_ns(request.start_at, "start_at", now_ns)
-        deadline = check.optional_instant_ns(request.deadline, "deadline", now_ns)
-        if deadline is not None and start_at is not None and deadline <= start_at:
+        return self._task_spec(
+            now_ns, request.kind, request.payload, request.pool, request.key, request.tags,
+            request.name, request.priority, request.retry, request.start_at,
+            request.miss_policy, request.grace, request.deadline, request.timeout, request.after,
+            request.trace_context,
+        )  # fmt: skip
+
+    def task_spec(
+        self,
+        now_ns: int,
+        kind: object,
+        payload: Any = None,
+        pool: object = "default",
+        key: object = None,
+        tags: object = (),
+        name: object = None,
+        priority: object = 0,
+        retry: object = None,
+        start_at: object = None,
+        miss_policy: object = MissPolicy.RUN_LATE,
+        grace: object = _DEFAULT_GRACE,
+        deadline: object = None,
+        timeout: object = None,
+        after: object = (),
+        trace_context: object = None,
+    ) -> CheckedTask:
+        """One task as :meth:`submit_specs` takes it, from the fields of a :class:`TaskRequest`
+        (as its constructor takes them), with every check :meth:`submit_many` makes and the
+        same errors; delays (a ``timedelta`` ``start_at`` or ``deadline``) count from
+        ``now_ns`` (Unix ns).
+
+        For a caller that holds the fields apart, as a server decoding its wire messages does:
+        the fields go from the message to the engine's input in one pass, with no
+        ``TaskRequest`` in between and no second round of checks.
+        """
+        spec = self._task_spec(
+            now_ns, kind, payload, pool, key, tags, name, priority, retry, start_at,
+            miss_policy, grace, deadline, timeout, after, trace_context,
+        )  # fmt: skip
+        return CheckedTask(spec, self._issuer)
+
+    def _task_spec(
+        self,
+        now_ns: int,
+        kind: object,
+        payload: Any = None,
+        pool: object = "default",
+        key: object = None,
+        tags: object = (),
+        name: object = None,
+        priority: object = 0,
+        retry: object = None,
+        start_at: object = None,
+        miss_policy: object = MissPolicy.RUN_LATE,
+        grace: object = _DEFAULT_GRACE,
+        deadline: object = None,
+        timeout: object = None,
+        after: object = (),
+        trace_context: object = None,
+    ) -> TaskSpec:
+        pool = self._pool(pool)
+        start_at_ns = check.optional_instant_ns(start_at, "start_at", now_ns)
+        deadline_ns = check.optional_instant_ns(deadline, "deadline", now_ns)
+        if deadline_ns is not None and start_at_ns is not None and deadline_ns <= start_at_ns:
             raise InvalidArgument("deadline must be after start_at")
         # Positional, in TaskSpec's field order (a quarter faster than keywords: this runs for
         # every task); test_every_request_field_reaches_its_spec_field keeps the order honest.
         return TaskSpec(
             pool,
-            check.text(request.kind, "kind"),
-            check.payload(self._codec, request.payload, self._max_payload),
-            check.optional_text(request.key, "key", max_length=check.MAX_KEY_LENGTH),
-            check.tags(request.tags),
-            check.optional_text(request.name, "name"),
-            check.integer(request.priority, "priority", -check.MAX_PRIORITY, check.MAX_PRIORITY),
-            check.retry(request.retry),
-            start_at,
-            check.enum_value(request.miss_policy, MissPolicy, "miss_policy"),
+            check.text(kind, "kind"),
+            check.payload(self._codec, payload, self._max_payload),
+            check.optional_text(key, "key", max_length=check.MAX_KEY_LENGTH),
+            check.tags(tags),
+            check.optional_text(name, "name"),
+            check.integer(priority, "priority", -check.MAX_PRIORITY, check.MAX_PRIORITY),
+            check.retry(retry),
+            start_at_ns,
+            check.enum_value(miss_policy, MissPolicy, "miss_policy"),
             # The default grace (one float object) is on the path of nearly every task.
-            _DEFAULT_GRACE_NS
-            if request.grace is _DEFAULT_GRACE
-            else check.duration_ns(request.grace, "grace"),
-            deadline,
-            check.optional_duration_ns(request.timeout, "timeout", allow_zero=False),
-            check.dependencies(request.after),
+            _DEFAULT_GRACE_NS if grace is _DEFAULT_GRACE else check.duration_ns(grace, "grace"),
+            deadline_ns,
+            check.optional_duration_ns(timeout, "timeout", allow_zero=False),
+            check.dependencies(after),
             None,
-            check.trace_context(request.trace_context),
+            check.trace_context(trace_context),
         )
+
+    def payload_specs(self, template: CheckedTask, payloads: Iterable[Any]) -> list[CheckedTask]:
+        """One task per payload, each ``template`` (made by :meth:`task_spec`) with that
+        payload, checked as :meth:`task_spec` checks a payload: the tasks of a bulk submission,
+        whose other fields are checked once for all of them (at most ``MAX_BATCH``)."""
+        t = self._issued(template).spec
+        codec, limit, issuer = self._codec, self._max_payload, self._issuer
+        return check.bounded(
+            payloads,
+            "payload_specs payloads",
+            "an iterable of payloads",
+            check.MAX_BATCH,
+            lambda p: CheckedTask(
+                TaskSpec(
+                    t.pool, t.kind, check.payload(codec, p, limit), t.key, t.tags, t.name,
+                    t.priority, t.retry, t.start_at_ns, t.miss_policy, t.grace_ns,
+                    t.deadline_ns, t.timeout_ns, t.after, t.schedule, t.trace_context,
+                ),
+                issuer,
+            ),
+        )  # fmt: skip
+
+    def _issued(self, task: object) -> CheckedTask:
+        if type(task) is not CheckedTask or task.issuer is not self._issuer:
+            raise InvalidArgument(
+                "expected a task made by this scheduler's task_spec or payload_specs, "
+                f"got {type(task).__name__}"
+            )
+        return task
 
     async def submit(self, kind: str, payload: Any = None, **options: Any) -> int:
         """Submit one task; return its id (the existing task's id if its key is held).
@@ -552,14 +649,27 @@ class Scheduler:
                 check.MAX_BATCH,
                 lambda request: self._spec(request, now),
             )
+        return await self._submit_all(specs)
+
+    async def submit_specs(self, tasks: builtins.list[CheckedTask]) -> builtins.list[int]:
+        """Submit tasks made by this scheduler's :meth:`task_spec` or :meth:`payload_specs`
+        in one step, as :meth:`submit_many` does (all or none; at most ``MAX_BATCH``), without
+        checking their fields again; anything else is refused with ``InvalidArgument``."""
+        if type(tasks) is not list:
+            raise InvalidArgument(f"expected a list of tasks, got {type(tasks).__name__}")
+        if len(tasks) > check.MAX_BATCH:
+            raise InvalidArgument(f"at most {check.MAX_BATCH} tasks per call, got {len(tasks)}")
+        return await self._submit_all([self._issued(task).spec for task in tasks])
+
+    async def _submit_all(self, specs: builtins.list[TaskSpec]) -> builtins.list[int]:
         if not specs:
             return []
         return [r.task_id for r in await self._submit_specs(specs)]
 
-    async def _submit_specs(self, specs: list[TaskSpec]) -> list[SubmitResult]:
+    async def _submit_specs(self, specs: builtins.list[TaskSpec]) -> builtins.list[SubmitResult]:
         if self._tracing is not None:
             return await self._traced_submit(self._tracing, specs)
-        result: list[SubmitResult] = await self._call(lambda f: SubmitTasks(specs, f))
+        result: builtins.list[SubmitResult] = await self._call(lambda f: SubmitTasks(specs, f))
         return result
 
     async def _traced_submit(self, tracing: Tracing, specs: list[TaskSpec]) -> list[SubmitResult]:

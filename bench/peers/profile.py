@@ -1,0 +1,206 @@
+"""cronoq-server's CPU per task and its profile, on the paths of bench/peers' rows.
+
+Run from the repository root:
+
+    uv run --group bench python -m bench.peers.profile single --rounds 5
+    uv run --group bench python -m bench.peers.profile batch --profile /tmp/batch.txt
+
+A fresh server (``python -m cronoq_server serve``, as ``bench.peers`` starts it: its own
+process, uvloop, a fresh PostgreSQL database or SQLite file) and this process as its client
+(``AsyncClient``, one channel), for one of three loads:
+
+- ``single``: ``Submit`` from 100 concurrent submitters (bench/peers' row 1);
+- ``batch``: ``SubmitMany`` of 1,000 tasks, one call at a time (row 2);
+- ``end_to_end``: ``SubmitMany`` of 1,000 at a time, run by one remote worker process of 50
+  slots (row 3).
+
+Each round prints tasks per second and the server process's CPU (user + system, every thread,
+from /proc) per task over the load. With ``--profile PATH``, ``py-spy record`` samples the
+server at 100 Hz during the load of every round (collapsed stacks of every thread, idle
+excluded, into PATH.<n>.part), and PATH gets their summary: the frames with the most samples
+at the top of the stack (self), the frames of cronoq and its libraries with the most samples
+anywhere in it (cumulative, each frame once per sample), in % of all samples, and self time by
+source file. Python frames only (``--native`` slowed the server twentyfold): native work counts
+for the innermost Python frame above it, so ``Runner.run`` is the event loop's own native work
+(uvloop, grpcio's Cython core under it) and ``Thread.run`` that of grpcio's poller thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import importlib
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from cronoq_client import AsyncClient
+
+from ._harness import Sizes
+from ._peer import Worker, submit_batches, submit_singly, worker_timeout
+from ._server import _MODULE, ServerProcess, ServerSystem, _ClientEnqueuer, _until_finished
+
+LOADS = ("single", "batch", "end_to_end")
+
+
+async def _round(
+    kind: str, system: ServerSystem, sizes: Sizes, profile: Path | None
+) -> tuple[float, float]:
+    """Tasks per second and the server's CPU µs per task of one round."""
+    with tempfile.TemporaryDirectory(prefix="cronoq-profile-") as tmp:
+        async with system.store() as section, ServerProcess(section, Path(tmp)) as server:
+            enqueuer = _ClientEnqueuer(AsyncClient(server.target))
+            try:
+                if kind == "single":
+                    # Warmed up as bench.peers' rows are not: the profile is of the steady state.
+                    await submit_singly(enqueuer, 1_000, sizes.submitters)
+
+                    async def single() -> int:
+                        return await submit_singly(enqueuer, sizes.single, sizes.submitters)
+
+                    return await _measured(single, server, profile)
+                if kind == "batch":
+                    await submit_batches(enqueuer, 2_000, sizes.batch_size)
+
+                    async def batch() -> int:
+                        await submit_batches(enqueuer, sizes.batch, sizes.batch_size)
+                        return sizes.batch
+
+                    return await _measured(batch, server, profile)
+                n = sizes.end_to_end
+                async with Worker(_MODULE, server.target, sizes.concurrency, target=n) as worker:
+                    await enqueuer.many(list(range(-sizes.warmup, 0)))
+                    await _until_finished(
+                        enqueuer.client, interval=0.02, timeout=120, check=worker.check
+                    )
+
+                    async def end_to_end() -> int:
+                        await submit_batches(enqueuer, n, sizes.batch_size)
+                        await worker.done(timeout=worker_timeout(n))
+                        await _until_finished(
+                            enqueuer.client, interval=0.002, timeout=60, check=worker.check
+                        )
+                        return n
+
+                    return await _measured(end_to_end, server, profile)
+            finally:
+                await enqueuer.close()
+
+
+async def _measured(
+    run: Callable[[], Awaitable[int]], server: ServerProcess, profile: Path | None
+) -> tuple[float, float]:
+    spy = None
+    if profile is not None:
+        spy = await asyncio.create_subprocess_exec(
+            "py-spy", "record", "--pid", str(server.pid), "--rate", "100", "--nolineno",
+            "--format", "raw", "--output", f"{profile}.{time.monotonic_ns()}.part",
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        await asyncio.sleep(0.5)  # py-spy attaches before the load starts
+    before = server.usage()
+    start = time.perf_counter()
+    n = await run()
+    elapsed = time.perf_counter() - start
+    after = server.usage()
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its output when interrupted
+        await spy.wait()
+    return n / elapsed, (after.cpu_s - before.cpu_s) / n * 1e6
+
+
+def summarise(raw_files: list[Path], top: int = 25) -> str:
+    """The summary of py-spy's collapsed stacks (``frame;frame;... count`` lines)."""
+    self_time: collections.Counter[str] = collections.Counter()
+    cumulative: collections.Counter[str] = collections.Counter()
+    by_file: collections.Counter[str] = collections.Counter()
+    total = 0
+    for raw in raw_files:
+        for line in raw.read_text().splitlines():
+            stack, _, count_text = line.rpartition(" ")
+            if not stack:
+                continue
+            count = int(count_text)
+            frames = stack.split(";")
+            total += count
+            self_time[frames[-1]] += count
+            by_file[_file_of(frames[-1])] += count
+            for frame in set(frames):
+                if _file_of(frame).startswith(_OURS_AND_LIBRARIES):
+                    cumulative[frame] += count
+    lines = [f"{total} samples"]
+    for title, counter in (
+        ("self (top of the stack)", self_time),
+        ("cumulative (anywhere in the stack; cronoq's and its libraries' frames)", cumulative),
+        ("self by file", by_file),
+    ):
+        lines.append(f"\n{title}:")
+        lines += [
+            f"{count / total * 100:6.1f}%  {frame}" for frame, count in counter.most_common(top)
+        ]
+    return "\n".join(lines) + "\n"
+
+
+_OURS_AND_LIBRARIES = ("cronoq", "asyncpg", "grpc", "google", "prometheus_client")
+"""The frames the cumulative list shows: not the entry points (runpy, asyncio's runner,
+threading), which every sample of their thread has."""
+
+
+def _file_of(frame: str) -> str:
+    """``Submit (cronoq_server/_service.py)`` -> ``cronoq_server/_service.py``, with the path
+    shortened to its package."""
+    _, _, where = frame.rpartition(" (")
+    where = where.rstrip(")")
+    for marker in ("site-packages/", "/src/", "/lib/python3.11/"):
+        if marker in where:
+            return where.rsplit(marker, 1)[1]
+    return where
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("load", choices=LOADS)
+    parser.add_argument("--store", choices=("pg", "sqlite"), default="pg")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=None, help="tasks per round")
+    parser.add_argument("--profile", type=Path, default=None, help="summary file (py-spy)")
+    args = parser.parse_args()
+    n = args.tasks
+    sizes = Sizes(
+        single=n or 20_000,
+        batch=n or 100_000,
+        end_to_end=n or 20_000,
+        seconds=10.0,
+    )
+    module = "cronoq_server_pg" if args.store == "pg" else "cronoq_server_sqlite"
+    system: ServerSystem = importlib.import_module(f"bench.peers.{module}").SYSTEM
+    rates, cpus = [], []
+    for index in range(args.rounds):
+        rate, cpu = asyncio.run(_round(args.load, system, sizes, args.profile))
+        rates.append(rate)
+        cpus.append(cpu)
+        print(
+            f"round {index + 1}: {rate:,.0f} tasks/s, server CPU {cpu:,.1f} µs per task",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(
+        f"{system.name} {args.load}: {statistics.median(rates):,.0f} tasks/s "
+        f"[{', '.join(f'{r:,.0f}' for r in rates)}], server CPU {statistics.median(cpus):,.1f} "
+        f"µs per task [{', '.join(f'{c:,.1f}' for c in cpus)}]",
+        flush=True,
+    )
+    if args.profile is not None:
+        parts = sorted(args.profile.parent.glob(f"{args.profile.name}.*.part"))
+        args.profile.write_text(summarise(parts))
+        print(f"profile summary in {args.profile} ({len(parts)} recordings)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
