@@ -96,6 +96,11 @@ _CHANGE_TASK = """
         lease_hash = CASE WHEN :status IS NULL THEN lease_hash ELSE :lease_hash END
     WHERE id = :id
 """
+# A finished row that keeps a lease (an attempt that may still run) stays until it is cleared.
+_PRUNE = """
+    DELETE FROM cronoq_tasks WHERE id IN (
+        SELECT id FROM cronoq_tasks WHERE finished_ns < ? AND lease_hash IS NULL LIMIT ?)
+"""
 _SAVE_SCHEDULE = """
     INSERT INTO cronoq_schedules (name, spec, next_ns, paused, last_task_id)
     VALUES (?, ?, ?, ?, ?)
@@ -547,11 +552,7 @@ class SqliteStore:
     async def _prune_batch(self, epoch: int, horizon_unix_ns: int) -> int:
         def prune(db: sqlite3.Connection) -> int:
             self._fence(db, epoch)
-            return db.execute(
-                "DELETE FROM cronoq_tasks WHERE id IN (SELECT id FROM cronoq_tasks "
-                "WHERE finished_ns < ? AND lease_hash IS NULL LIMIT ?)",
-                (horizon_unix_ns, self._config.prune_batch),
-            ).rowcount
+            return db.execute(_PRUNE, (horizon_unix_ns, self._config.prune_batch)).rowcount
 
         return await self._transaction("pruning", prune, epoch=epoch)
 
