@@ -430,6 +430,19 @@ async def test_a_pending_cancel_goes_only_to_the_worker_that_proves_its_lease() 
         assert impostor.queued == 0
 
 
+async def test_an_attempt_claimed_on_two_links_holds_one_slot_once_proven() -> None:
+    # A worker that re-attaches before its old link closed names its attempt on both: once
+    # its heartbeat proves the attempt, the other link gets its slot back (it leaked before).
+    async with _failover() as (second, _task_id, attempt):
+        running = [(attempt.token, attempt.lease_id)]
+        old = second.attach(["remote"], slots=1, running=running)
+        new = second.attach(["remote"], slots=1, running=running)
+        await second.heartbeat(attempt.token, lease_id=attempt.lease_id)
+        await second.submit("other", pool="remote")
+        assert (await _attempt(new)).kind == "other"
+        assert old.queued == 0
+
+
 async def test_a_new_leader_retries_a_remote_attempt_whose_worker_never_returns() -> None:
     async with _failover(lease=0.3) as (second, task_id, attempt):
         again = await _attempt(second.attach(["remote"], slots=1))  # after one lease

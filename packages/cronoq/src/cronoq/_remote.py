@@ -437,6 +437,7 @@ class RemoteExecutor:
                 self._cancels.pop(token, None)
                 self._spoke(link)
                 link.free += 1
+                self._drop_claims(token)
                 self._poke()
                 return
 
@@ -451,11 +452,20 @@ class RemoteExecutor:
                     self._leased[token] = link
                     self._lease_ids[token] = lease_id
                     self._resend_cancel(token, link)
+                    self._drop_claims(token)
                     break
             else:
                 return
         self._spoke(self._leased[token])
         self._lease_ends[token] = lease_ends_ns
+
+    def _drop_claims(self, token: AttemptToken) -> None:
+        """The attempt's claim was proven on one link (or it ended): another link that named
+        it too (its worker re-attached before the old link closed) gets that slot back."""
+        for link in self._links:
+            if link.claims.pop(token, None) is not None:
+                link.free += 1
+                self._poke()
 
     def _resend_cancel(self, token: AttemptToken, link: WorkerLink) -> None:
         """A cancellation its worker's old link never delivered goes on its new one."""
