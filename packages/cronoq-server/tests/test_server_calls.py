@@ -556,7 +556,6 @@ async def test_stale_tokens_are_failed_precondition_and_change_nothing(
     assert (before.status, before.attempt) == (pb.STATUS_RUNNING, 2)
     stale = [
         ("attempt", first.token),
-        ("unknown", token(epoch + 1, task_id, 2, second.token.lease_id)),  # never issued
         ("unknown", token(epoch, task_id + 10**6, 1)),
         # The current attempt's token, read by anyone from Get, without its lease id.
         ("unknown", token(epoch, task_id, 2)),
@@ -571,6 +570,16 @@ async def test_stale_tokens_are_failed_precondition_and_change_nothing(
             err = await rejected(call)
             assert_status(err, Code.FAILED_PRECONDITION, "STALE_ATTEMPT", why=why)
             assert wire.outcome(err) is wire.Outcome.ANSWERED
+    # A token of a later epoch than the leader's: it was replaced (it may not know yet), so
+    # the worker is told to ask again elsewhere, not that its attempt is stale.
+    later = token(epoch + 1, task_id, 2, second.token.lease_id)
+    for call in (
+        api.workers.Report(pb.ReportRequest(token=later, success=pb.Success(output=b"old"))),
+        api.workers.Heartbeat(pb.HeartbeatRequest(token=later)),
+    ):
+        err = await rejected(call)
+        assert_status(err, Code.UNAVAILABLE, "NOT_APPLIED", "later leader")
+        assert wire.outcome(err) is wire.Outcome.NOT_APPLIED
     after = await api.tasks.Get(pb.GetRequest(task_id=task_id))
     assert (after.status, after.attempt, after.updated_at) == (
         pb.STATUS_RUNNING, 2, before.updated_at,
@@ -704,7 +713,7 @@ async def test_report_many_judges_each_report_alone(api: Api, attach: Attacher) 
         pb.ReportManyRequest(
             reports=[
                 pb.ReportRequest(token=current, success=pb.Success(output=b"out")),
-                pb.ReportRequest(token=token(epoch + 1, refused, 1), success=pb.Success()),
+                pb.ReportRequest(token=token(epoch, refused, 1), success=pb.Success()),
                 pb.ReportRequest(token=other),  # no outcome
                 pb.ReportRequest(token=current, success=pb.Success(output=b"again")),
             ]
@@ -712,7 +721,7 @@ async def test_report_many_judges_each_report_alone(api: Api, attach: Attacher) 
     )
     accepted, stale_epoch, bad, repeated = reply.results
     assert accepted == pb.ReportResult()
-    # An epoch that has not begun: no such attempt was ever issued.
+    # The other attempt's token without its lease id: unknown to that caller.
     assert (stale_epoch.reason, stale_epoch.metadata["why"]) == ("STALE_ATTEMPT", "unknown")
     assert (bad.reason, bad.message) == (
         "INVALID_ARGUMENT", "a report needs an outcome: success or failure",
@@ -1084,7 +1093,7 @@ def bad_others() -> Iterator[Bad]:
             "reports: 1001 given; the limit is 1000"),
         bad("Report-unknown-task", "Report",
             pb.ReportRequest(token=token(1, 10**15, 1), success=pb.Success()),
-            "no such task", "STALE_ATTEMPT", Code.FAILED_PRECONDITION),
+            "unknown with this lease id", "STALE_ATTEMPT", Code.FAILED_PRECONDITION),
     ]  # fmt: skip
 
 

@@ -125,6 +125,25 @@ async def test_the_finished_lease_check_fails_on_a_store_that_prunes_leased_rows
         await harness.close_all()
 
 
+@pytest.mark.parametrize("seeded", [False, True])
+async def test_the_finished_lease_check_fails_on_a_store_that_recovers_only_recent_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeded: bool
+) -> None:
+    """Recovery by finish time alone misses a leased row older than the retention."""
+    if seeded:
+        seed(monkeypatch, "_RECOVER", " OR lease_hash IS NOT NULL", "")
+    harness = SqliteHarness(tmp_path / "cronoq.db")
+    check = StoreSuite.test_a_finished_row_keeps_its_lease_and_is_not_pruned_until_cleared
+    try:
+        if not seeded:
+            await check(StoreSuite(), harness)
+            return
+        with pytest.raises(AssertionError, match="must return a finished row that keeps a lease"):
+            await check(StoreSuite(), harness)
+    finally:
+        await harness.close_all()
+
+
 # --- the kit's foreign-path check (issue 24) fails on SqliteStore opening before it looks ----
 
 

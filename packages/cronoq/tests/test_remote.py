@@ -432,15 +432,19 @@ async def test_a_pending_cancel_goes_only_to_the_worker_that_proves_its_lease() 
 
 async def test_an_attempt_claimed_on_two_links_holds_one_slot_once_proven() -> None:
     # A worker that re-attaches before its old link closed names its attempt on both: once
-    # its heartbeat proves the attempt, the other link gets its slot back (it leaked before).
+    # its heartbeat proves the attempt, the new link holds it (the old one is about to close)
+    # and the old one's claim lets go (its slot leaked before).
     async with _failover() as (second, _task_id, attempt):
         running = [(attempt.token, attempt.lease_id)]
         old = second.attach(["remote"], slots=1, running=running)
         new = second.attach(["remote"], slots=1, running=running)
         await second.heartbeat(attempt.token, lease_id=attempt.lease_id)
+        old.close()
         await second.submit("other", pool="remote")
+        await second.list()  # a step: "other" would be leased to a free slot
+        assert new.queued == 0, "the new link's one slot is its running attempt's"
+        await second.report_success(attempt.token, lease_id=attempt.lease_id)
         assert (await _attempt(new)).kind == "other"
-        assert old.queued == 0
 
 
 async def test_a_new_leader_retries_a_remote_attempt_whose_worker_never_returns() -> None:
@@ -453,16 +457,27 @@ async def test_a_new_leader_retries_a_remote_attempt_whose_worker_never_returns(
         assert stale.value.reason == "attempt"
 
 
-async def test_a_retry_after_a_failover_waits_for_the_stopped_attempt_of_a_finished_task() -> None:
-    # Issue 19 review: the engine stopped an attempt at its timeout and its task failed (no
-    # attempts left) while its worker still ran it; the next leader, asked to retry the task,
-    # must not lease a second attempt until the first one ends.
+@pytest.mark.parametrize("ending", ["out of attempts", "cancelled while it waits"])
+async def test_a_retry_after_a_failover_waits_for_the_stopped_attempt_of_a_finished_task(
+    ending: str,
+) -> None:
+    # Issue 19 review: the engine stopped an attempt at its timeout while its worker still ran
+    # it, and the task ended (no attempts left; or cancelled while its retry waited for that
+    # attempt); the next leader, asked to retry the task, must not lease a second attempt
+    # until the first one ends.
     store = MemoryStore()
     first = Scheduler([RemotePool("remote", lease=30.0)], store=store)
     await first.start()
-    task_id = await first.submit("job", pool="remote", timeout=0.1, retry=RetryPolicy(1))
-    attempt = await _attempt(first.attach(["remote"], slots=1))
-    assert (await first.wait(task_id, timeout=5)).status is Status.FAILED
+    attempts = 1 if ending == "out of attempts" else 2
+    task_id = await first.submit("job", pool="remote", timeout=0.1, retry=RetryPolicy(attempts))
+    link = first.attach(["remote"], slots=1)
+    attempt = await _attempt(link)
+    cancel = await asyncio.wait_for(link.next(), 5)  # timed out: told to stop
+    assert isinstance(cancel, CancelRequested)
+    if ending != "out of attempts":
+        await first.cancel(task_id)
+    expected = Status.FAILED if ending == "out of attempts" else Status.CANCELLED
+    assert (await first.wait(task_id, timeout=5)).status is expected
     await first.close(timeout=0)
     second = Scheduler([RemotePool("remote", lease=30.0)], store=store)
     await second.start()

@@ -87,7 +87,7 @@ class _Sql:
         self.commit = CommitStatements(s)
         self.recover = f"""
             SELECT {RECOVERY_COLUMNS} FROM {s}.cronoq_tasks
-            WHERE finished_ns IS NULL OR finished_ns >= $1 OR id IN (
+            WHERE finished_ns IS NULL OR finished_ns >= $1 OR lease_hash IS NOT NULL OR id IN (
                 SELECT unnest(after_ids) FROM {s}.cronoq_tasks WHERE finished_ns IS NULL)
             ORDER BY id"""
         self.quarantine = f"""

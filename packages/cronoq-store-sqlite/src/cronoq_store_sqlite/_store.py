@@ -69,7 +69,7 @@ NS = 1_000_000_000
 # A row whose options are not valid JSON must not break the whole recovery query.
 _RECOVER = f"""
     SELECT {RECOVERY_COLUMNS} FROM cronoq_tasks
-    WHERE finished_ns IS NULL OR finished_ns >= :horizon OR id IN (
+    WHERE finished_ns IS NULL OR finished_ns >= :horizon OR lease_hash IS NOT NULL OR id IN (
         SELECT j.value FROM cronoq_tasks AS c,
             json_each(CASE WHEN json_valid(c.options) THEN c.options ELSE '{{}}' END, '$.after')
             AS j

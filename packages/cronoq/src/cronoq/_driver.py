@@ -524,6 +524,8 @@ class Driver:
             for item in inputs:
                 if isinstance(item, _REPORTS):
                     _resolve(item.reply_to, replies.get(id(item.reply_to)))
+                if isinstance(item, AttemptReport):
+                    self._verified_reports.discard(item.token)  # applied: not sent again
         again.extend(WaitTask(task_id, w) for task_id, w in self._moving_waiters)
         self._moving_waiters = []
         self._inbox.extendleft(reversed(again))

@@ -165,14 +165,17 @@ class MemoryCluster:
         return record
 
     def recover(self, time_base: TimeBase, horizon_unix_ns: int) -> RecoveredState:
-        """What a new leader loads: live tasks, those finished after the horizon, finished
-        parents of live tasks, every schedule, and the id high-water mark."""
+        """What a new leader loads: live tasks, those finished after the horizon or keeping a
+        lease, finished parents of live tasks, every schedule, and the id high-water mark."""
         live = [r for r in self.tasks.values() if not r.status.is_terminal]
         parents = {p for r in live for p in r.spec.after}
         wanted = [
             r
             for r in self.tasks.values()
-            if not r.status.is_terminal or r.updated_ns >= horizon_unix_ns or r.task_id in parents
+            if not r.status.is_terminal
+            or r.updated_ns >= horizon_unix_ns
+            or r.lease is not None
+            or r.task_id in parents
         ]
         wanted.sort(key=lambda r: r.task_id)
         to_engine = time_base.to_engine
@@ -186,15 +189,15 @@ class MemoryCluster:
     def prune(self, horizon_unix_ns: int) -> None:
         """Forget tasks finished before the horizon, but a row that keeps the lease of an
         attempt that may still run (see ``cronoq.store``); the id high-water mark stays."""
-        for task_id, finished_at in list(self.finished.items()):
+        gone: list[int] = []
+        for task_id, finished_at in self.finished.items():
             if finished_at >= horizon_unix_ns:
                 break
-            record = self.tasks[task_id]
-            if record.lease is not None:
-                continue
+            if self.tasks[task_id].lease is None:
+                gone.append(task_id)
+        for task_id in gone:
             del self.finished[task_id]
-            del self.tasks[task_id]
-            key = record.spec.key
+            key = self.tasks.pop(task_id).spec.key
             if key is not None and self.keys.get(key) == task_id:
                 del self.keys[key]
 

@@ -430,7 +430,7 @@ class RemoteExecutor:
             self._spoke(self._leased.get(token))
             self._finished(token)
             return
-        for link in self._links:
+        for link in reversed(self._links):  # the newest: its worker's live connection
             claimed = link.claims.get(token)
             if claimed is not None and hmac.compare_digest(claimed, lease_id):
                 del link.claims[token]
@@ -445,7 +445,9 @@ class RemoteExecutor:
         """A heartbeat the engine accepted (so ``lease_id`` is the attempt's): a claimed
         attempt becomes its link's, whose cancellations and slot it then follows."""
         if token not in self._leased:
-            for link in self._links:
+            # The newest link that names it: a worker that re-attached before its old
+            # connection closed runs it on the new one (as ``attach`` moves an owned one).
+            for link in reversed(self._links):
                 claimed = link.claims.get(token)
                 if claimed is not None and hmac.compare_digest(claimed, lease_id):
                     del link.claims[token]

@@ -26,8 +26,9 @@ Obligations of every store (each one is checked by the conformance kit):
   even if its row was pruned since. A row it cannot decode is quarantined: marked failed in the
   store and reported in ``RecoveredState.quarantined``; it never makes ``recover`` fail.
 - A finished row that keeps a lease (an attempt the engine stopped, which may still run on its
-  worker) is not pruned until an update clears the lease: the engine writes that update when
-  the attempt ends, and a new leader must see the lease to wait for the attempt.
+  worker) is returned by ``recover`` however long ago it finished, and not pruned, until an
+  update clears the lease: the engine writes that update when the attempt ends, and a new
+  leader must see the lease to wait for the attempt.
 """
 
 from __future__ import annotations

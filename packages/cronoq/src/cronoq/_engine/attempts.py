@@ -205,12 +205,11 @@ class Attempts:
         reason: str,
         retryable: bool,
         retry_after_ns: int | None,
-        lease: AttemptLease | None = None,
     ) -> None:
         """The running attempt of ``task`` ended without success (its slot is already freed):
-        retry after the backoff, or dead-letter it. ``lease``: the attempt was stopped and may
-        still run; the task's row keeps its lease (retrying or finished), so that a new leader
-        waits for it too."""
+        retry after the backoff, or dead-letter it. An attempt the engine stopped may still
+        run: the task's row keeps its lease (``shared.held_leases``), retrying or finished, so
+        that a new leader waits for it too."""
         shared = self.shared
         counters = shared.counters
         spec = task.spec
@@ -218,12 +217,12 @@ class Attempts:
         if not retryable:
             bump(counters.dead_lettered, spec.pool)
             message = f"attempt {attempt} failed (not retryable): {reason}"
-            self.tasks.finish(task, Status.FAILED, message, lease=lease)
+            self.tasks.finish(task, Status.FAILED, message)
             return
         if attempt >= spec.retry.max_attempts:
             message = f"attempt {attempt} failed: {reason}; no attempts left"
             bump(counters.dead_lettered, spec.pool)
-            self.tasks.finish(task, Status.FAILED, message, lease=lease)
+            self.tasks.finish(task, Status.FAILED, message)
             return
         delay = retry_after_ns
         if delay is None:
@@ -232,14 +231,20 @@ class Attempts:
         if spec.deadline_ns is not None and due >= spec.deadline_ns:
             message = f"attempt {attempt} failed: {reason}; the next would start after the deadline"
             bump(counters.dead_lettered, spec.pool)
-            self.tasks.finish(task, Status.FAILED, message, lease=lease)
+            self.tasks.finish(task, Status.FAILED, message)
             return
         bump(counters.retries, spec.pool)
         message = f"attempt {attempt} failed: {reason}; retrying in {seconds(delay)}"
         self.tasks.transition(task, Status.RETRYING, message)
         shared.out.mutations.append(
             TaskUpdated(
-                task.id, Status.RETRYING, attempt, message, shared.now, due_ns=due, lease=lease
+                task.id,
+                Status.RETRYING,
+                attempt,
+                message,
+                shared.now,
+                due_ns=due,
+                lease=shared.held_leases.get(task.id),
             )
         )
         task.wake_ns = None
@@ -247,15 +252,15 @@ class Attempts:
 
     # --- attempts the engine stopped, and attempts that never began ------------------------
 
-    def stop(self, task: Task, reason: str) -> AttemptLease | None:
+    def stop(self, task: Task, reason: str) -> None:
         """Cancel the running attempt of ``task``, which the engine is ending on its own.
 
         The attempt keeps its slot until it reports (Python cannot kill a thread, an async
         function may ignore its cancellation, a worker may finish first): the pool's limit and
         "one attempt of a task at a time" hold for attempts that outlive their timeout. A leased
         (remote) attempt lets go when its lease ends, since its worker may be gone; its worker
-        renews that lease by heartbeating while the function runs. Returns that lease while it
-        holds, for the task's row to keep.
+        renews that lease by heartbeating while the function runs; the task's row keeps that
+        lease while it holds (``shared.held_leases``).
         """
         shared = self.shared
         token = task.token()
@@ -264,7 +269,6 @@ class Attempts:
         if end is not None and end <= shared.now:
             lease = None  # it lapsed: nothing waits for it any more (a crash would not either)
         self.hold(Zombie(token, task.spec.pool, reason, lease), end)
-        return lease
 
     def stopping(self, task_id: int) -> bool:
         """Whether a stopped attempt of this task still holds its slot."""
@@ -274,6 +278,8 @@ class Attempts:
         """A stopped attempt keeps its slot (already counted in its pool) until it reports,
         or until ``lease_end`` if its worker may be gone."""
         self.zombies[zombie.token.task_id] = zombie
+        if zombie.lease is not None:
+            self.shared.held_leases[zombie.token.task_id] = zombie.lease
         if lease_end is not None:
             self.zombie_leases[zombie.token.task_id] = lease_end
 
@@ -287,6 +293,7 @@ class Attempts:
             return
         del self.zombies[token.task_id]
         self.zombie_leases.pop(token.task_id, None)
+        shared.held_leases.pop(token.task_id, None)
         pool = shared.pools.get(zombie.pool)
         if pool is not None:
             pool.running -= 1

@@ -104,7 +104,9 @@ class Shared:
     id (a report after it is stale); ``lease_hashes``: the SHA-256 of its lease id, which its
     worker must present; ``ended_leases``: the token and lease id hash of the last attempt of
     each task whose lease ended lately (at most ``ENDED_LEASES_KEPT``), by which its worker
-    still proves itself, to learn why its word is stale. ``lapsed``: tasks whose latest
+    still proves itself, to learn why its word is stale; ``held_leases``: the lease of each
+    task's stopped remote attempt that may still run, which the task's row keeps whatever
+    becomes of the task. ``lapsed``: tasks whose latest
     attempt was counted lost because its lease ran out (a later word of that attempt is
     answered "lease", not "not current"). ``deferred``: ready tasks held back from dispatch
     while their previous attempt still runs."""
@@ -115,6 +117,7 @@ class Shared:
         "deferred",
         "ended_leases",
         "epoch",
+        "held_leases",
         "lapsed",
         "lease_hashes",
         "leases",
@@ -137,6 +140,7 @@ class Shared:
         self.leases: dict[int, int] = {}
         self.lease_hashes: dict[int, bytes] = {}
         self.ended_leases: dict[int, tuple[AttemptToken, bytes]] = {}
+        self.held_leases: dict[int, AttemptLease] = {}
         self.lapsed: set[int] = set()
         self.deferred: set[int] = set()
 

@@ -24,7 +24,6 @@ from cronoq.errors import (
     UnknownPool,
 )
 from cronoq.store import (
-    AttemptLease,
     CancelRequested,
     TaskRecord,
     TaskRetried,
@@ -216,20 +215,14 @@ class Tasks:
             shared.out.cancels.append(CancelAttempt(task.token(), task.spec.pool, message))
         return Status.RUNNING
 
-    def finish(
-        self,
-        task: Task,
-        status: Status,
-        message: str,
-        output: bytes | None = None,
-        lease: AttemptLease | None = None,
-    ) -> None:
+    def finish(self, task: Task, status: Status, message: str, output: bytes | None = None) -> None:
         """Make ``task`` terminal, persist it, answer its waiters and settle its dependents.
 
-        ``lease``: the engine stopped the task's attempt, which may still run on its worker.
-        The finished row keeps that lease until the attempt ends (``leased_finishes`` holds
-        the update that clears it), so that a leader that takes over, and an operator's
-        retry there, waits for the attempt too instead of starting another beside it."""
+        A task whose stopped remote attempt may still run (``shared.held_leases``), however it
+        ends (cancelled, past its deadline, out of attempts, its parent failed), keeps that
+        attempt's lease on its finished row until the attempt ends (``leased_finishes`` holds
+        the update that clears it), so that a leader that takes over, and an operator's retry
+        there, waits for the attempt too instead of starting another beside it."""
         shared = self.shared
         out = shared.out
         pending = [(task, status, message, output)]
@@ -240,10 +233,10 @@ class Tasks:
             self.transition(task, status, message)
             task.wake_ns = None
             update = TaskUpdated(task.id, status, task.attempt, message, shared.now, output=output)
+            lease = shared.held_leases.get(task.id)
             if lease is not None:
                 self.leased_finishes[task.id] = update
                 update = dataclasses.replace(update, lease=lease)
-                lease = None  # the task's own row; its dependants have no attempt
             out.mutations.append(update)
             del shared.tasks[task.id]
             shared.drop_lease(task)
@@ -392,8 +385,10 @@ class Tasks:
         ready on time and does not apply its miss policy to it."""
         if task.status.is_terminal:
             return  # arm finished it, and persisted that
-        self.shared.out.mutations.append(
-            TaskUpdated(task.id, task.status, task.attempt, task.message, self.shared.now)
+        shared = self.shared
+        lease = shared.held_leases.get(task.id)  # a retried task's stopped attempt still runs
+        shared.out.mutations.append(
+            TaskUpdated(task.id, task.status, task.attempt, task.message, shared.now, lease=lease)
         )
 
     def transition(self, task: Task, status: Status, message: str) -> None:

@@ -48,12 +48,12 @@ class Timers:
         if status is Status.RUNNING:
             if deadline_passed:
                 message = f"deadline passed during attempt {task.attempt}"
-                lease = attempts.stop(task, message)
-                tasks.finish(task, Status.FAILED, message, lease=lease)
+                attempts.stop(task, message)
+                tasks.finish(task, Status.FAILED, message)
                 return
             if task.cancel_requested:
-                lease = attempts.stop(task, task.message)
-                tasks.finish(task, Status.CANCELLED, task.message, lease=lease)
+                attempts.stop(task, task.message)
+                tasks.finish(task, Status.CANCELLED, task.message)
                 return
             timeout = spec.timeout_ns
             if timeout is not None and now >= task.updated_ns + timeout:
@@ -62,8 +62,8 @@ class Timers:
                 reason = "lost: its worker stopped heartbeating"
                 bump(shared.counters.attempts_lost, spec.pool)
                 shared.lapsed.add(task.id)
-            lease = attempts.stop(task, reason)
-            attempts.failed(task, reason, retryable=True, retry_after_ns=None, lease=lease)
+            attempts.stop(task, reason)
+            attempts.failed(task, reason, retryable=True, retry_after_ns=None)
         elif deadline_passed:
             tasks.finish(task, Status.FAILED, "deadline passed before the task could start")
         elif status is Status.SCHEDULED:
