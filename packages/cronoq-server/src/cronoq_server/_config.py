@@ -55,6 +55,7 @@ __all__ = [
     "StoreSettings",
     "TlsSettings",
     "load_config",
+    "loopback",
     "mask_dsn",
     "open_store",
     "remote_pools",
@@ -893,7 +894,7 @@ class _Loader:
         if auth.insecure or "listen.grpc" in self.failed:
             return
         grpc = self.get("listen.grpc", _address, ListenSettings().grpc)
-        if _loopback(grpc.host):
+        if loopback(grpc.host):
             return
         if not auth.enabled:
             problem = (
@@ -920,7 +921,7 @@ def _names(value: object) -> list[str] | None:
     return value
 
 
-def _loopback(host: str) -> bool:
+def loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:
