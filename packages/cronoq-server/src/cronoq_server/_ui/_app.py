@@ -31,6 +31,8 @@ from urllib.parse import quote, urlsplit
 
 import jinja2
 from aiohttp import web
+from aiohttp.web_request import FileField
+from multidict import MultiDictProxy
 
 from cronoq import Scheduler, Status, TaskInfo, TaskSummary, WorkerInfo, preview
 from cronoq.errors import (
@@ -71,6 +73,7 @@ _DEPENDANT_SCAN = 100
 after it (the scheduler indexes dependencies one way only: a task names its parents)."""
 _MAX_PARENTS_SHOWN = 100
 _LIVE = [s for s in Status if s not in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)]
+_Handler = Callable[[web.Request], Awaitable[web.Response]]
 _ANONYMOUS = Grant("anonymous", frozenset({"admin"}))
 _SCHEDULER_SERVICE = pb.DESCRIPTOR.services_by_name["SchedulerService"].full_name
 
@@ -258,6 +261,25 @@ def _back(value: str | None, default: str) -> str:
 # --- the dashboard ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class _Visit:
+    """One request as a page handler sees it: who made it, and an action's checked form."""
+
+    request: web.Request
+    session: Session | None
+    form: MultiDictProxy[str | bytes | bytearray | FileField] | None = None
+
+    def grant(self, permission: str) -> Grant:
+        """The caller's grant if it has ``permission``, else a 403 saying which it lacks."""
+        grant = _ANONYMOUS if self.session is None else self.session.grant
+        if not grant.allows(permission):
+            raise _Refused(403, f"identity {grant.name!r} lacks the permission {permission!r}")
+        return grant
+
+
+_Page = Callable[[_Visit], Awaitable[web.Response]]
+
+
 class Dashboard:
     """``Dashboard(...).install(app)`` adds ``/ui`` to the HTTP server's application."""
 
@@ -287,16 +309,16 @@ class Dashboard:
     def install(self, app: web.Application) -> None:
         ui = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024)
         ui.router.add_get("", _to_overview)  # /ui itself
-        ui.router.add_get("/", self._overview)
-        ui.router.add_get("/tasks", self._tasks)
-        ui.router.add_get("/tasks/{task_id}", self._task)
-        ui.router.add_get("/schedules", self._schedules)
-        ui.router.add_get("/workers", self._workers_page)
-        ui.router.add_get("/pools", self._pools)
-        ui.router.add_post("/act/{action}", self._act)
-        ui.router.add_get("/signin", self._signin_page)
-        ui.router.add_post("/signin", self._signin)
-        ui.router.add_post("/signout", self._signout)
+        ui.router.add_get("/", self._page(self._overview))
+        ui.router.add_get("/tasks", self._page(self._tasks))
+        ui.router.add_get("/tasks/{task_id}", self._page(self._task))
+        ui.router.add_get("/schedules", self._page(self._schedules))
+        ui.router.add_get("/workers", self._page(self._workers_page))
+        ui.router.add_get("/pools", self._page(self._pools))
+        ui.router.add_post("/act/{action}", self._page(self._act))
+        ui.router.add_get("/signin", self._page(self._signin_page, signing_in=True))
+        ui.router.add_post("/signin", self._page(self._signin, signing_in=True))
+        ui.router.add_post("/signout", self._page(self._signout))
         ui.router.add_get("/static/{name}", self._asset)
         ui.on_cleanup.append(self._stop_sampling)
         app.add_subapp(PREFIX, ui)
@@ -308,53 +330,51 @@ class Dashboard:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         try:
-            response = await self._guarded(request, handler)
-        except _Refused as exc:
-            response = self._error(request, exc.status, str(exc))
+            response = await handler(request)
         except web.HTTPException as exc:  # aiohttp's 404 and 405 of a path under /ui
             if exc.status < 400:
                 raise
-            response = self._error(request, exc.status, (exc.reason or "error").lower())
-        except NotServing:
-            response = self._standby(request)
-        except CronoqError as exc:
-            response = self._error(request, _status_of(exc), str(exc))
+            response = self._error(_Visit(request, None), exc.status, exc.reason.lower())
         response.headers.update(_SECURITY_HEADERS)
         return response
 
-    async def _guarded(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        if request.path.startswith(f"{PREFIX}/static/"):
-            return await handler(request)
-        if self._closed is not None:
-            raise _Refused(403, self._closed)
-        if request.method == "POST":
-            _check_origin(request)
-        self._viewed()
-        session, opened = self._session(request)
-        signing_in = request.path == f"{PREFIX}/signin"
-        if session is None:
-            if signing_in:
-                return await handler(request)
-            if request.method == "GET":
-                return _redirect(f"{PREFIX}/signin?next={quote(request.path_qs, safe='')}")
-            raise _Refused(401, "sign in first: the session ended")
-        if signing_in:
-            return _redirect(f"{PREFIX}/")
-        request["session"] = session
-        if request.method == "POST":
-            form = await request.post()
-            csrf = form.get("csrf")
-            if not isinstance(csrf, str) or not hmac.compare_digest(
-                csrf.encode(), session.csrf.encode()
-            ):
-                raise _Refused(403, "the form's CSRF token is missing or stale: reload the page")
-            request["form"] = form
-        response = await handler(request)
-        if opened is not None:
-            _set_cookie(request, response, opened)
-        return response
+    def _page(self, page: _Page, *, signing_in: bool = False) -> _Handler:
+        """The aiohttp handler of a page: the session checked (and its CSRF token for a POST),
+        the page's refusals rendered."""
+
+        async def handler(request: web.Request) -> web.Response:
+            visit = _Visit(request, None)
+            try:
+                if self._closed is not None:
+                    raise _Refused(403, self._closed)
+                if request.method == "POST":
+                    _check_origin(request)
+                self._viewed()
+                session, opened = self._session(request)
+                if session is None:
+                    if signing_in:
+                        return await page(visit)
+                    if request.method == "GET":
+                        target = quote(request.path_qs, safe="")
+                        return _redirect(f"{PREFIX}/signin?next={target}")
+                    raise _Refused(401, "sign in first: the session ended")
+                if signing_in:
+                    return _redirect(f"{PREFIX}/")
+                visit = _Visit(request, session)
+                if request.method == "POST":
+                    visit = _Visit(request, session, await _checked_form(request, session))
+                response = await page(visit)
+                if opened is not None:
+                    _set_cookie(request, response, opened)
+                return response
+            except _Refused as exc:
+                return self._error(visit, exc.status, str(exc))
+            except NotServing:
+                return self._render(visit, "standby.html", 503, title="Standby")
+            except CronoqError as exc:
+                return self._error(visit, _status_of(exc), str(exc))
+
+        return handler
 
     def _session(self, request: web.Request) -> tuple[Session | None, str | None]:
         """The request's session, and the id of one opened for it (authentication off)."""
@@ -376,13 +396,13 @@ class Dashboard:
     # --- rendering ----------------------------------------------------------------------------
 
     def _render(
-        self, request: web.Request, template: str, status: int = 200, **context: Any
+        self, visit: _Visit, template: str, status: int = 200, **context: Any
     ) -> web.Response:
-        session: Session | None = request.get("session")
+        session = visit.session
         grant = None if session is None else session.grant
         sched = self._replica.scheduler
         body = self._templates.get_template(template).render(
-            request=request,
+            request=visit.request,
             session=session,
             identity=None if grant is None or self._guard is None else grant.name,
             can={name: grant is not None and grant.allows(a.permission) for name, a in _ACTIONS},
@@ -399,40 +419,29 @@ class Dashboard:
             headers={"Cache-Control": "no-store"},
         )
 
-    def _error(self, request: web.Request, status: int, message: str) -> web.Response:
-        return self._render(request, "error.html", status, title=f"Error {status}", message=message)
+    def _error(self, visit: _Visit, status: int, message: str) -> web.Response:
+        return self._render(visit, "error.html", status, title=f"Error {status}", message=message)
 
-    def _standby(self, request: web.Request) -> web.Response:
-        return self._render(request, "standby.html", 503, title="Standby")
-
-    def _grant(self, request: web.Request, permission: str) -> Grant:
-        session: Session = request["session"]
-        if not session.grant.allows(permission):
-            raise _Refused(
-                403, f"identity {session.grant.name!r} lacks the permission {permission!r}"
-            )
-        return session.grant
-
-    def _leader(self, request: web.Request, permission: str = _READ) -> Scheduler:
-        self._grant(request, permission)
+    def _leader(self, visit: _Visit, permission: str = _READ) -> Scheduler:
+        visit.grant(permission)
         return self._replica.leader()
 
     # --- pages --------------------------------------------------------------------------------
 
-    async def _overview(self, request: web.Request) -> web.Response:
-        self._grant(request, _READ)
+    async def _overview(self, visit: _Visit) -> web.Response:
+        visit.grant(_READ)
         readiness = self._readiness()
         try:
             sched = self._replica.leader()
         except NotServing:
-            return self._render(request, "overview.html", title="Overview", readiness=readiness,
+            return self._render(visit, "overview.html", title="Overview", readiness=readiness,
                                 pools=None, charts={}, workers=0)  # fmt: skip
         pools = await sched.list_pools()
         now = time.time()
         samples = list(self._samples)
         charts = {pool.name: chart(rates(samples, pool.name), now) for pool in pools}
         return self._render(
-            request,
+            visit,
             "overview.html",
             title="Overview",
             readiness=readiness,
@@ -441,9 +450,9 @@ class Dashboard:
             workers=len(self._workers()),
         )
 
-    async def _tasks(self, request: web.Request) -> web.Response:
-        sched = self._leader(request)
-        query = TaskQuery.parse(request.query)
+    async def _tasks(self, visit: _Visit) -> web.Response:
+        sched = self._leader(visit)
+        query = TaskQuery.parse(visit.request.query)
         if query.key is not None:
             found = await sched.get_by_key(query.key)
             rows = [] if found is None else [_summary(found)]
@@ -459,7 +468,7 @@ class Dashboard:
             )
             next_after = rows[-1].task_id if len(rows) == query.limit else None
         return self._render(
-            request,
+            visit,
             "tasks.html",
             title="Tasks",
             query=query,
@@ -468,9 +477,9 @@ class Dashboard:
             first_page=query.page(None) if query.after is not None else None,
         )
 
-    async def _task(self, request: web.Request) -> web.Response:
-        sched = self._leader(request)
-        task_id = parse_id(request.match_info["task_id"], "task id")
+    async def _task(self, visit: _Visit) -> web.Response:
+        sched = self._leader(visit)
+        task_id = parse_id(visit.request.match_info["task_id"], "task id")
         info = await sched.get(task_id)
         scanned = await sched.list(status=_LIVE, after=task_id, limit=_DEPENDANT_SCAN)
         later = await asyncio.gather(
@@ -482,7 +491,7 @@ class Dashboard:
             if isinstance(other, TaskInfo) and task_id in other.after
         ]
         return self._render(
-            request,
+            visit,
             "task.html",
             title=f"Task {task_id}",
             task=info,
@@ -494,8 +503,8 @@ class Dashboard:
             output=data_preview(info.output),
         )
 
-    async def _schedules(self, request: web.Request) -> web.Response:
-        sched = self._leader(request)
+    async def _schedules(self, visit: _Visit) -> web.Response:
+        sched = self._leader(visit)
         schedules = await sched.list_schedules()
         shown = schedules[:_MAX_SCHEDULES]
 
@@ -504,57 +513,55 @@ class Dashboard:
             return [preview(s.cron, s.timezone, _NEXT_OCCURRENCES) for s in shown]
 
         return self._render(
-            request,
+            visit,
             "schedules.html",
             title="Schedules",
             schedules=list(zip(shown, await asyncio.to_thread(occurrences), strict=True)),
             hidden=len(schedules) - len(shown),
         )
 
-    async def _workers_page(self, request: web.Request) -> web.Response:
-        self._leader(request)
-        return self._render(request, "workers.html", title="Workers", workers=self._workers())
+    async def _workers_page(self, visit: _Visit) -> web.Response:
+        self._leader(visit)
+        return self._render(visit, "workers.html", title="Workers", workers=self._workers())
 
-    async def _pools(self, request: web.Request) -> web.Response:
-        sched = self._leader(request)
-        return self._render(request, "pools.html", title="Pools", pools=await sched.list_pools())
+    async def _pools(self, visit: _Visit) -> web.Response:
+        sched = self._leader(visit)
+        return self._render(visit, "pools.html", title="Pools", pools=await sched.list_pools())
 
     # --- actions ------------------------------------------------------------------------------
 
-    async def _act(self, request: web.Request) -> web.Response:
-        action = ACTIONS.get(request.match_info["action"])
+    async def _act(self, visit: _Visit) -> web.Response:
+        name = visit.request.match_info["action"]
+        action = ACTIONS.get(name)
         if action is None:
             raise _Refused(404, "no such action")
-        grant = self._grant(request, action.permission)
-        form = request["form"]
-        raw = form.get(action.target)
+        grant = visit.grant(action.permission)
+        assert visit.form is not None and visit.session is not None
+        raw = visit.form.get(action.target)
         if not isinstance(raw, str) or not raw or len(raw) > 255:
             raise _Refused(400, f"the form needs a {action.target} (at most 255 characters)")
         target: int | str = parse_id(raw, "task id") if action.target == "task" else raw
-        back_field = form.get("back")
+        back_field = visit.form.get("back")
         back = _back(back_field if isinstance(back_field, str) else None, _BACK[action.target])
         sched = self._replica.leader()
-        session: Session = request["session"]
         try:
-            session.notice = ("ok", await action.run(sched, target, grant))
+            visit.session.notice = ("ok", await action.run(sched, target, grant))
         except (NotServing, PermissionDenied):
             raise
         except CronoqError as exc:  # refused by the scheduler (not retryable, unknown, ...)
-            session.notice = ("error", str(exc))
-        log.info(
-            "dashboard action",
-            extra={"identity": grant.name, "action": request.match_info["action"]},
-        )
+            visit.session.notice = ("error", str(exc))
+        log.info("dashboard action", extra={"identity": grant.name, "action": name})
         return _redirect(back)
 
     # --- signing in ---------------------------------------------------------------------------
 
-    async def _signin_page(self, request: web.Request) -> web.Response:
-        next_page = request.query.get("next", "")
-        return self._render(request, "signin.html", title="Sign in", next=next_page, failed=False)
+    async def _signin_page(self, visit: _Visit) -> web.Response:
+        next_page = visit.request.query.get("next", "")
+        return self._render(visit, "signin.html", title="Sign in", next=next_page, failed=False)
 
-    async def _signin(self, request: web.Request) -> web.Response:
+    async def _signin(self, visit: _Visit) -> web.Response:
         assert self._guard is not None  # with authentication off, every browser has a session
+        request = visit.request
         form = await request.post()
         token, target = form.get("token"), form.get("next")
         next_page = _back(target if isinstance(target, str) else None, f"{PREFIX}/")
@@ -564,7 +571,7 @@ class Dashboard:
             grant, token_digest = self._guard.sign_in(token, request.remote or "")
         except Unauthenticated:
             return self._render(
-                request, "signin.html", 401, title="Sign in", next=next_page, failed=True
+                visit, "signin.html", 401, title="Sign in", next=next_page, failed=True
             )
         session_id, _ = self._sessions.open(grant, token_digest)
         response = _redirect(next_page)
@@ -572,8 +579,8 @@ class Dashboard:
         log.info("dashboard sign-in", extra={"identity": grant.name})
         return response
 
-    async def _signout(self, request: web.Request) -> web.Response:
-        self._sessions.close(request.cookies.get(COOKIE, ""))
+    async def _signout(self, visit: _Visit) -> web.Response:
+        self._sessions.close(visit.request.cookies.get(COOKIE, ""))
         response = _redirect(f"{PREFIX}/signin" if self._guard is not None else f"{PREFIX}/")
         response.del_cookie(COOKIE, path=PREFIX)
         return response
@@ -581,7 +588,7 @@ class Dashboard:
     async def _asset(self, request: web.Request) -> web.Response:
         found = self._assets.get(request.match_info["name"])
         if found is None:
-            raise _Refused(404, "no such file")
+            raise web.HTTPNotFound()
         body, content_type = found
         return web.Response(
             body=body, content_type=content_type, headers={"Cache-Control": "max-age=3600"}
@@ -634,6 +641,17 @@ def _check_origin(request: web.Request) -> None:
         raise _Refused(403, "a form of another site cannot act here")
     if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
         raise _Refused(403, "a form of another site cannot act here")
+
+
+async def _checked_form(
+    request: web.Request, session: Session
+) -> MultiDictProxy[str | bytes | bytearray | FileField]:
+    """The form of a POST, which must carry the session's CSRF token."""
+    form = await request.post()
+    csrf = form.get("csrf")
+    if not isinstance(csrf, str) or not hmac.compare_digest(csrf.encode(), session.csrf.encode()):
+        raise _Refused(403, "the form's CSRF token is missing or stale: reload the page")
+    return form
 
 
 def _set_cookie(request: web.Request, response: web.StreamResponse, session_id: str) -> None:

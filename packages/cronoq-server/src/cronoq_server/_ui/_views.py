@@ -35,7 +35,7 @@ _MAX_ID = 2**63 - 1
 
 def parse_id(text: str, what: str, minimum: int = 1) -> int:
     if not text.isascii() or not text.isdigit() or len(text) > 19:
-        raise InvalidArgument(f"{what} must be a task id (digits), got {text[:40]!r}")
+        raise InvalidArgument(f"{what} must be a whole number, got {text[:40]!r}")
     value = int(text)
     if not minimum <= value <= _MAX_ID:
         raise InvalidArgument(f"{what} must be between {minimum} and {_MAX_ID}")
