@@ -358,7 +358,8 @@ def test_rates_skip_a_change_of_leader_and_chart_scales_to_the_peak() -> None:
     assert [(r.at, r.finished, r.failed) for r in found] == [(105.0, 3.0, 1.0), (115.0, 2.0, 0.0)]
     drawn = chart(found, now=115.0, width=100, height=10)
     assert drawn.peak == 3.0 and drawn.failure_ratio == 0.0
-    assert drawn.finished.split(" ")[0].endswith(",1.0")  # the peak at the top
+    assert drawn.finished.split(" ") == ["0.0,1.0", "100.0,3.7"]  # the peak at the top
+    assert drawn.span_s == 10.0  # the ring holds 10 s so far: the axis spans them
 
 
 def test_a_task_query_keeps_its_filters_across_pages() -> None:

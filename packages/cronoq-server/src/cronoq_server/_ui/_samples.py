@@ -67,6 +67,8 @@ class Chart:
     failed: str
     peak: float
     latest: Rate | None
+    span_s: float
+    """How far back the x axis goes: the window, or less while the ring fills."""
 
     @property
     def failure_ratio(self) -> float | None:
@@ -79,16 +81,17 @@ class Chart:
 def chart(found: Sequence[Rate], now: float, width: int = 300, height: int = 60) -> Chart:
     peak = max((r.finished for r in found), default=0.0)
     scale = peak if peak > 0 else 1.0
-    start = now - WINDOW_S
+    # While the ring fills (the dashboard was just opened), the axis spans what it holds.
+    start = max(now - WINDOW_S, found[0].at) if found else now - WINDOW_S
+    span = max(now - start, SAMPLE_INTERVAL_S)
 
     def points(value: str) -> str:
         coordinates = []
         for rate in found:
-            x = max(0.0, (rate.at - start) / WINDOW_S) * width
+            x = max(0.0, (rate.at - start) / span) * width
             y = height - getattr(rate, value) / scale * (height - 2) - 1
             coordinates.append(f"{x:.1f},{y:.1f}")
         return " ".join(coordinates)
 
-    return Chart(
-        width, height, points("finished"), points("failed"), peak, found[-1] if found else None
-    )
+    latest = found[-1] if found else None
+    return Chart(width, height, points("finished"), points("failed"), peak, latest, span)
