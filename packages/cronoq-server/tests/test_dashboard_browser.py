@@ -280,7 +280,7 @@ async def test_a_reader_is_offered_no_action_and_is_refused_one_it_forces(
     base = cluster.server.http
     await _sign_in(browser, base, TOKENS["reader"])
     target = cluster.queued[1]
-    for path in ("/ui/", "/ui/tasks", f"/ui/tasks/{target}", "/ui/schedules", "/ui/pools"):
+    for path in ("/ui/", "/ui/tasks", "/ui/schedules", "/ui/pools", f"/ui/tasks/{target}"):
         await _page(browser, f"{base}{path}")
         assert browser.find_elements(By.ID, "live"), path
         assert _actions(browser) == [], path
