@@ -261,6 +261,8 @@ async def test_sign_in_gives_a_session_cookie_and_a_reader_is_offered_and_allowe
         async with h.http.get("/ui/tasks", allow_redirects=False) as answer:
             assert answer.status == 303
             assert answer.headers["Location"] == "/ui/signin?next=%2Fui%2Ftasks"
+        async with h.http.post("/ui/act/cancel", data={"task": str(task_id)}) as answer:
+            assert answer.status == 401  # no session: no action, whatever the form says
         wrong = secrets.token_urlsafe(32)
         async with h.http.post("/ui/signin", data={"token": wrong}) as answer:
             assert answer.status == 401

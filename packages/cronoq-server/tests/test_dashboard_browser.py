@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -131,8 +132,10 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clu
 
 
 async def _until(browser: WebDriver, condition: Callable[[WebDriver], object]) -> None:
-    """Wait for the browser in a thread: the event loop runs the worker meanwhile."""
-    await asyncio.to_thread(WebDriverWait(browser, WAIT_S).until, condition)
+    """Wait for the browser in a thread: the event loop runs the worker meanwhile. A poll may
+    swap the page's live part between two reads of it: such a read is tried again."""
+    wait = WebDriverWait(browser, WAIT_S, ignored_exceptions=[StaleElementReferenceException])
+    await asyncio.to_thread(wait.until, condition)
 
 
 async def _page(browser: WebDriver, url: str) -> None:
@@ -254,15 +257,22 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
     _shot(browser, screenshots, "overview-phone", PHONE)
 
 
+_READY_COUNT = """
+for (const card of document.querySelectorAll(".card")) {
+  if (card.querySelector("h3 a").textContent.trim() !== arguments[0]) continue;
+  const headers = [...card.querySelectorAll("table.depth th")].map(th => th.textContent.trim());
+  const counts = [...card.querySelectorAll("table.depth td")].map(td => td.textContent.trim());
+  return Number(counts[headers.indexOf("ready")]);
+}
+return -1;
+"""
+
+
 def _ready_count(browser: WebDriver, pool: str) -> int:
-    """The ready count in the overview's card of ``pool`` (-1 if not shown)."""
-    for card in browser.find_elements(By.CSS_SELECTOR, ".card"):
-        if card.find_element(By.TAG_NAME, "h3").text.split()[0] != pool:
-            continue
-        headers = [th.text for th in card.find_elements(By.CSS_SELECTOR, "table.depth th")]
-        counts = [td.text for td in card.find_elements(By.CSS_SELECTOR, "table.depth td")]
-        return int(counts[headers.index("ready")])
-    return -1
+    """The ready count in the overview's card of ``pool`` (-1 if not shown), read in one
+    script: a snapshot of the page, which a poll cannot swap halfway."""
+    count: int = browser.execute_script(_READY_COUNT, pool)
+    return count
 
 
 _FORCE = """

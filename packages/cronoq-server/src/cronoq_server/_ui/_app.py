@@ -34,7 +34,7 @@ from aiohttp import web
 from aiohttp.web_request import FileField
 from multidict import MultiDictProxy
 
-from cronoq import Scheduler, Status, TaskInfo, TaskSummary, WorkerInfo, preview
+from cronoq import PoolInfo, Scheduler, Status, TaskInfo, TaskSummary, WorkerInfo, preview
 from cronoq.errors import (
     CronoqError,
     InvalidArgument,
@@ -64,6 +64,7 @@ POLL_S = 5
 _IDLE_STOP_S = WINDOW_S
 """The charts' sampling stops once no page was requested for this long (it costs a pass over
 the live tasks each time), and starts again with the next request."""
+_POOLS_FRESH_S = 2.0
 _MAX_TOKEN = 4096
 _MAX_SCHEDULES = 500
 """Schedules one page shows (each with its next occurrences, computed in a thread)."""
@@ -271,7 +272,9 @@ class _Visit:
 
     def grant(self, permission: str) -> Grant:
         """The caller's grant if it has ``permission``, else a 403 saying which it lacks."""
-        grant = _ANONYMOUS if self.session is None else self.session.grant
+        if self.session is None:
+            raise _Refused(401, "sign in first")
+        grant = self.session.grant
         if not grant.allows(permission):
             raise _Refused(403, f"identity {grant.name!r} lacks the permission {permission!r}")
         return grant
@@ -305,6 +308,7 @@ class Dashboard:
         self._samples: deque[Sample] = deque(maxlen=int(WINDOW_S / SAMPLE_INTERVAL_S) + 1)
         self._last_view = 0.0
         self._sampling: asyncio.Task[None] | None = None
+        self._pools_seen: tuple[Scheduler, float, list[PoolInfo]] | None = None
 
     def install(self, app: web.Application) -> None:
         ui = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024)
@@ -349,7 +353,6 @@ class Dashboard:
                     raise _Refused(403, self._closed)
                 if request.method == "POST":
                     _check_origin(request)
-                self._viewed()
                 session, opened = self._session(request)
                 if session is None:
                     if signing_in:
@@ -360,6 +363,7 @@ class Dashboard:
                     raise _Refused(401, "sign in first: the session ended")
                 if signing_in:
                     return _redirect(f"{PREFIX}/")
+                self._viewed()  # someone signed in is watching: sample for the charts
                 visit = _Visit(request, session)
                 if request.method == "POST":
                     visit = _Visit(request, session, await _checked_form(request, session))
@@ -436,7 +440,7 @@ class Dashboard:
         except NotServing:
             return self._render(visit, "overview.html", title="Overview", readiness=readiness,
                                 pools=None, charts={}, workers=0)  # fmt: skip
-        pools = await sched.list_pools()
+        pools = await self._list_pools(sched)
         now = time.time()
         samples = list(self._samples)
         charts = {pool.name: chart(rates(samples, pool.name), now) for pool in pools}
@@ -526,7 +530,19 @@ class Dashboard:
 
     async def _pools(self, visit: _Visit) -> web.Response:
         sched = self._leader(visit)
-        return self._render(visit, "pools.html", title="Pools", pools=await sched.list_pools())
+        return self._render(visit, "pools.html", title="Pools", pools=await self._list_pools(sched))
+
+    async def _list_pools(self, sched: Scheduler) -> list[PoolInfo]:
+        """``list_pools``, shared by every page and viewer for ``_POOLS_FRESH_S``: it counts
+        the live tasks in one pass (about 0.7 ms per 1,000 of them on the event loop), which
+        each poll of each open overview would otherwise repeat. An action forgets it."""
+        now = time.monotonic()
+        seen = self._pools_seen
+        if seen is not None and seen[0] is sched and now - seen[1] < _POOLS_FRESH_S:
+            return seen[2]
+        pools = await sched.list_pools()
+        self._pools_seen = (sched, now, pools)
+        return pools
 
     # --- actions ------------------------------------------------------------------------------
 
@@ -544,6 +560,7 @@ class Dashboard:
         back_field = visit.form.get("back")
         back = _back(back_field if isinstance(back_field, str) else None, _BACK[action.target])
         sched = self._replica.leader()
+        self._pools_seen = None  # the next page shows the pool as the action left it
         try:
             visit.session.notice = ("ok", await action.run(sched, target, grant))
         except (NotServing, PermissionDenied):
