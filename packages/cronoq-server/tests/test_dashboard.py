@@ -313,6 +313,8 @@ async def test_a_standby_says_so_and_an_open_dashboard_off_loopback_is_closed() 
     async with harness(auth=False, lead=False) as h:
         body = await text(h.http, "/ui/tasks", 503)
         assert "This replica is <strong>standby</strong>" in body
+        # Even a refusal starts the browser's anonymous session (its CSRF token).
+        assert [cookie.key for cookie in h.http.cookie_jar] == ["cronoq_session"]
         body = await text(h.http, "/ui/")
         assert "This replica is <strong>standby</strong>" in body
     async with harness(auth=False, lead=False, closed="the dashboard is off") as h:

@@ -348,35 +348,37 @@ class Dashboard:
 
         async def handler(request: web.Request) -> web.Response:
             visit = _Visit(request, None)
+            opened: str | None = None
             try:
                 if self._closed is not None:
                     raise _Refused(403, self._closed)
                 if request.method == "POST":
                     _check_origin(request)
                 session, opened = self._session(request)
-                if session is None:
-                    if signing_in:
-                        return await page(visit)
-                    if request.method == "GET":
-                        target = quote(request.path_qs, safe="")
-                        return _redirect(f"{PREFIX}/signin?next={target}")
+                if session is None and signing_in:
+                    response = await page(visit)
+                elif session is None and request.method == "GET":
+                    target = quote(request.path_qs, safe="")
+                    response = _redirect(f"{PREFIX}/signin?next={target}")
+                elif session is None:
                     raise _Refused(401, "sign in first: the session ended")
-                if signing_in:
-                    return _redirect(f"{PREFIX}/")
-                self._viewed()  # someone signed in is watching: sample for the charts
-                visit = _Visit(request, session)
-                if request.method == "POST":
-                    visit = _Visit(request, session, await _checked_form(request, session))
-                response = await page(visit)
-                if opened is not None:
-                    _set_cookie(request, response, opened)
-                return response
+                elif signing_in:
+                    response = _redirect(f"{PREFIX}/")
+                else:
+                    self._viewed()  # someone signed in is watching: sample for the charts
+                    visit = _Visit(request, session)
+                    if request.method == "POST":
+                        visit = _Visit(request, session, await _checked_form(request, session))
+                    response = await page(visit)
             except _Refused as exc:
-                return self._error(visit, exc.status, str(exc))
+                response = self._error(visit, exc.status, str(exc))
             except NotServing:
-                return self._render(visit, "standby.html", 503, title="Standby")
+                response = self._render(visit, "standby.html", 503, title="Standby")
             except CronoqError as exc:
-                return self._error(visit, _status_of(exc), str(exc))
+                response = self._error(visit, _status_of(exc), str(exc))
+            if opened is not None:  # an anonymous session (authentication off) begins
+                _set_cookie(request, response, opened)
+            return response
 
         return handler
 
