@@ -62,8 +62,8 @@ COOKIE = "cronoq_session"
 POLL_S = 5
 """How often a page refreshes its live part."""
 _IDLE_STOP_S = WINDOW_S
-"""The charts' sampling stops once no page was requested for this long (it costs a pass over
-the live tasks each time), and starts again with the next request."""
+"""The charts' sampling stops once no page was requested for this long, and starts again
+with the next request."""
 _POOLS_FRESH_S = 2.0
 _MAX_TOKEN = 4096
 _MAX_SCHEDULES = 500
@@ -626,7 +626,7 @@ class Dashboard:
         while time.monotonic() - self._last_view < _IDLE_STOP_S:
             sched = self._replica.scheduler
             if sched is not None and self._replica.role is Role.LEADING:
-                metrics = sched.metrics()
+                metrics = sched.metrics(gauges=False)  # the counters: no pass over tasks
                 self._samples.append(Sample(time.time(), metrics.epoch, dict(metrics.finished)))
             await asyncio.sleep(SAMPLE_INTERVAL_S)
 
