@@ -166,6 +166,18 @@ def build(session: nox.Session) -> None:
         session.run("uv", "build", "--all-packages", "--no-sources", "--out-dir", out_dir)
         _install_locked(session, *(str(wheel) for wheel in sorted(Path(out_dir).glob("*.whl"))))
     session.run("python", "-c", "import " + ", ".join(m.import_name for m in MEMBERS.values()))
+    # Files the code reads at run time, which a wheel holds only if the build includes them:
+    # the dashboard's templates and its assets (htmx with its licence; no CDN).
+    session.run("python", "-c", _WHEEL_DATA_CHECK)
+
+
+_WHEEL_DATA_CHECK = """
+from importlib import resources
+ui = resources.files("cronoq_server._ui")
+for name in ("templates/base.html", "templates/overview.html", "static/htmx.min.js",
+             "static/htmx.LICENSE", "static/ui.css"):
+    assert ui.joinpath(name).is_file(), f"the cronoq-server wheel lacks _ui/{name}"
+"""
 
 
 @nox.session

@@ -310,3 +310,16 @@ async def test_close_lets_running_attempts_finish_and_starts_no_new_ones(
         finished = await second.get(running)
         assert (finished.status, finished.attempt) == (Status.SUCCEEDED, 1)
         assert (await second.wait(queued, timeout=5)).attempt == 1
+
+
+async def test_metrics_without_gauges_keep_the_counters_and_skip_the_pass_over_live_tasks() -> None:
+    async def work(ctx: TaskContext, payload: Any) -> None:
+        return None
+
+    async with Scheduler([Pool("default", work)]) as sched:
+        await sched.wait(await sched.submit("k"), timeout=5)
+        await sched.submit("later", start_at=timedelta(hours=1))
+        full, light = sched.metrics(), sched.metrics(gauges=False)
+    assert full.queue_depth == {("default", "scheduled"): 1} and full.running == {"default": 0}
+    assert (light.queue_depth, light.running) == ({}, {})
+    assert light.finished == full.finished == {("default", "succeeded"): 1}

@@ -209,8 +209,11 @@ class TokenTable:
         return cls(tuple((bytes.fromhex(h), name) for name, h in [*pairs, *extra]))
 
     def find(self, token: str) -> str | None:
+        return self.find_digest(digest(token))
+
+    def find_digest(self, presented: bytes) -> str | None:
+        """The identity of a token known by its digest (a dashboard session keeps only that)."""
         # Every entry is compared, equal or not: the time taken says nothing of which matched.
-        presented = digest(token)
         found = None
         for known, name in self.entries:
             if hmac.compare_digest(presented, known):
@@ -319,6 +322,18 @@ class Guard:
             if name in self._grants:
                 return self._grants[name]
         return Grant(names[0])  # a certificate of the trusted CA that no identity claims
+
+    def sign_in(self, token: str, peer: str) -> tuple[Grant, bytes]:
+        """The grant of a bearer token typed into the dashboard's sign-in form, and the
+        token's digest (what its session keeps); Unauthenticated, counted and logged as a
+        refused call is, if the token is unknown."""
+        grant = self.authenticate(f"Bearer {token}", {}, "/ui/signin", peer)
+        return grant, digest(token.strip())
+
+    def grant_of(self, token_digest: bytes) -> Grant | None:
+        """The grant of a token known by its digest, None once a reload revoked it."""
+        name = self.tokens.find_digest(token_digest)
+        return None if name is None else self._grants[name]
 
     def allows_metrics(self, authorization: str) -> bool:
         scheme, _, token = authorization.partition(" ")

@@ -56,6 +56,7 @@ __all__ = [
     "StoreSettings",
     "TlsSettings",
     "load_config",
+    "loopback",
     "mask_dsn",
     "open_store",
     "remote_pools",
@@ -915,7 +916,7 @@ class _Loader:
         if auth.insecure or "listen.grpc" in self.failed:
             return
         grpc = self.get("listen.grpc", _address, ListenSettings().grpc)
-        if _loopback(grpc.host):
+        if loopback(grpc.host):
             return
         if not auth.enabled:
             problem = (
@@ -942,7 +943,7 @@ def _names(value: object) -> list[str] | None:
     return value
 
 
-def _loopback(host: str) -> bool:
+def loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:

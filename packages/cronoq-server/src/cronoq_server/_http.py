@@ -1,11 +1,11 @@
-"""The HTTP side of the server: ``GET /healthz``, ``GET /readyz`` and ``GET /metrics``, on aiohttp.
+"""The HTTP side of the server: ``GET /healthz``, ``GET /readyz`` and ``GET /metrics``, on aiohttp
+(and the dashboard under ``/ui``, which ``_ui`` adds).
 
 aiohttp parses the requests, keeps connections alive, and closes one that stays idle for
 ``idle_timeout`` seconds, from the moment it opens as after each response, so that a client
 that connects and says nothing holds a file descriptor for that long and nothing else: there
 is no cap on connections for idle ones to fill, so probes are never starved of one. Why
-aiohttp rather than Starlette on uvicorn is in docs/server.md (the dashboard and the admin API
-will live on this port).
+aiohttp rather than Starlette on uvicorn is in docs/server.md.
 """
 
 from __future__ import annotations
@@ -61,13 +61,16 @@ class HttpServer:
         registry: CollectorRegistry,
         idle_timeout: float = IDLE_TIMEOUT_S,
         metrics_auth: Callable[[str], bool] | None = None,
+        routes: Callable[[web.Application], None] | None = None,
     ) -> None:
+        """``routes`` adds more to the application (the dashboard, ``_ui``)."""
         self._address = address
         self._readiness = readiness
         self._registry = registry
         self._idle_timeout = idle_timeout
         self._metrics_auth = metrics_auth
         """None: /metrics is open; else it judges the Authorization header's value."""
+        self._routes = routes
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -76,6 +79,8 @@ class HttpServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/metrics", self._metrics)
+        if self._routes is not None:
+            self._routes(app)
         runner = web.AppRunner(
             app,
             access_log=None,  # a line per probe and scrape would drown the server's own

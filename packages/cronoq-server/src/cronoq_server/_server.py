@@ -30,9 +30,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from cronoq import WorkerInfo
 from cronoq_client.protocol import SERVICE_NAMES
 from cronoq_server._auth import AuthCollector, AuthInterceptor, Guard
-from cronoq_server._config import Address, ServerConfig, open_store, remote_pools
+from cronoq_server._config import Address, ServerConfig, loopback, open_store, remote_pools
 from cronoq_server._credentials import CredentialFiles, CredentialsError
 from cronoq_server._exits import EXIT_CANNOT_LISTEN, EXIT_FAILED, EXIT_INVALID, EXIT_OK, forced_exit
 from cronoq_server._grpc_metrics import GrpcMetrics, MetricsInterceptor
@@ -43,6 +44,7 @@ from cronoq_server._metrics import SchedulerCollector, metrics_registry
 from cronoq_server._ports import cannot_listen, check_alone, listen_error
 from cronoq_server._replica import Replica, Role, StoreFailed
 from cronoq_server._service import Arrivals, SchedulerService, WorkerService, add_services
+from cronoq_server._ui import Dashboard
 
 __all__ = ["GrpcEndpoint", "run"]
 
@@ -88,6 +90,8 @@ class GrpcEndpoint:
         self._serving_as: Role | None = None
         self._swap = asyncio.Lock()
         self._arrivals: dict[grpc.aio.Server, Arrivals] = {}
+        self._leader_links = Links()
+        """The worker links of the leader's server object (the dashboard lists them)."""
 
     async def start(self) -> None:
         """Listen; ``OSError`` with a one-line message if the port is taken or not bindable."""
@@ -147,6 +151,8 @@ class GrpcEndpoint:
             ),
         )
         self._arrivals[server] = arrivals
+        if leader:
+            self._leader_links = links
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
@@ -201,6 +207,10 @@ class GrpcEndpoint:
             # Only now does every new connection reach the server of this role.
             self._serving_as = role
             lifecycle("serving", role=role.value, grpc_port=self.port)
+
+    def workers(self) -> list[WorkerInfo]:
+        """The workers attached to the leader's server object, as ListWorkers lists them."""
+        return self._leader_links.workers() if self.leading else []
 
     @property
     def leading(self) -> bool:
@@ -298,6 +308,18 @@ def _readiness(replica: Replica, endpoint: GrpcEndpoint) -> Readiness:
     return Readiness(False, replica.role.value)
 
 
+def _dashboard_closed(config: ServerConfig) -> str | None:
+    """Why the dashboard must serve nothing: without authentication it lets anyone who reaches
+    it cancel tasks and pause pools, so it opens only where gRPC would (loopback, or insecure)."""
+    if config.auth.enabled or config.auth.insecure or loopback(config.listen.http.host):
+        return None
+    return (
+        "the dashboard is off: authentication is not configured and the HTTP port is not on a "
+        "loopback address, so anyone who reaches it could act on every task. Configure "
+        "[[auth.identities]] (docs/security.md), or set auth.insecure = true"
+    )
+
+
 async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> int:
     """Serve until SIGTERM or SIGINT: drain on the first, stop at once on a second. Returns
     the process's exit code (``_exits``)."""
@@ -326,11 +348,19 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
         config.listen.grpc.host, limit, security.files.server_credentials, interceptors
     )
     endpoint = GrpcEndpoint(replica, options, config.listen.grpc.port)
+    dashboard = Dashboard(
+        replica,
+        readiness=lambda: _readiness(replica, endpoint),
+        workers=endpoint.workers,
+        guard=security.guard,
+        closed=_dashboard_closed(config),
+    )
     http = HttpServer(
         config.listen.http,
         readiness=lambda: _readiness(replica, endpoint),
         registry=registry,
         metrics_auth=security.metrics_auth(config.auth.open_metrics),
+        routes=dashboard.install,
     )
     pending: set[asyncio.Task[None]] = set()
 

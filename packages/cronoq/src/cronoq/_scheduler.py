@@ -445,13 +445,15 @@ class Scheduler:
         """Worker links attached now."""
         return self._remote.links
 
-    def metrics(self) -> SchedulerMetrics:
+    def metrics(self, *, gauges: bool = True) -> SchedulerMetrics:
         """What this scheduler did since it started, and its queues now (cheap: no I/O; the
-        queue depths cost one pass over the live tasks)."""
+        queue depths cost one pass over the live tasks). ``gauges=False`` leaves the queue
+        depths and running counts empty, for a caller that samples the counters often (the
+        server's dashboard): they cost nothing."""
         driver = self._driver
         counters = driver.counters
         engine = driver.engine
-        depth, running = ({}, {}) if engine is None else engine.gauges()
+        depth, running = ({}, {}) if engine is None or not gauges else engine.gauges()
         return SchedulerMetrics(
             leading=self.leading,
             epoch=self.epoch,

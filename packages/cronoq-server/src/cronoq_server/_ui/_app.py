@@ -1,0 +1,685 @@
+"""The dashboard: server-rendered pages under ``/ui`` on the HTTP port, built on the replica's
+``Scheduler`` as the gRPC service is (a standby's pages say it is one).
+
+Who may do what is the gRPC API's: each page needs the permission of the call it makes
+(``List`` and the like: ``read``), each action that of its call (``Cancel``: ``cancel``,
+``Retry``: ``admin``, ...), looked up in ``METHOD_PERMISSIONS``. A browser signs in with a
+bearer token once (``Guard.sign_in``) and then holds a session cookie (``_sessions``); with
+authentication off, every browser gets an anonymous session that may do everything, as every
+gRPC caller may, but only if the HTTP port is on loopback (or ``auth.insecure`` says so).
+
+Every POST is checked twice against cross-site requests: its ``Origin`` (when a browser sends
+one) must be this host, and its form must carry the session's CSRF token. Pages are rendered by
+Jinja2 with autoescape on; each poll of a page (htmx, every few seconds) is one bounded call
+of the scheduler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import jinja2
+from aiohttp import web
+from aiohttp.web_request import FileField
+from multidict import MultiDictProxy
+
+from cronoq import PoolInfo, Scheduler, Status, TaskInfo, TaskSummary, WorkerInfo, preview
+from cronoq.errors import (
+    CronoqError,
+    InvalidArgument,
+    PermissionDenied,
+    ScheduleNotFound,
+    SchedulerError,
+    TaskNotFound,
+    Unauthenticated,
+)
+from cronoq_client.protocol import pb
+from cronoq_server._auth import METHOD_PERMISSIONS, Grant, Guard
+from cronoq_server._http import Readiness
+from cronoq_server._replica import NotServing, Replica, Role
+from cronoq_server._ui._samples import SAMPLE_INTERVAL_S, WINDOW_S, Sample, chart, rates
+from cronoq_server._ui._sessions import SESSION_LIFETIME_S, Session, Sessions
+from cronoq_server._ui._views import TaskQuery, parse_id
+from cronoq_server._ui._views import preview as data_preview
+
+__all__ = ["Dashboard"]
+
+log = logging.getLogger("cronoq.server.ui")
+
+PREFIX = "/ui"
+COOKIE = "cronoq_session"
+POLL_S = 5
+"""How often a page refreshes its live part."""
+_IDLE_STOP_S = WINDOW_S
+"""The charts' sampling stops once no page was requested for this long, and starts again
+with the next request."""
+_POOLS_FRESH_S = 2.0
+_MAX_TOKEN = 4096
+_MAX_SCHEDULES = 500
+"""Schedules one page shows (each with its next occurrences, computed in a thread)."""
+_NEXT_OCCURRENCES = 3
+_DEPENDANT_SCAN = 100
+"""A task's page looks for live tasks depending on it among this many live tasks submitted
+after it (the scheduler indexes dependencies one way only: a task names its parents)."""
+_MAX_PARENTS_SHOWN = 100
+_LIVE = [s for s in Status if s not in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)]
+_Handler = Callable[[web.Request], Awaitable[web.Response]]
+_ANONYMOUS = Grant("anonymous", frozenset({"admin"}))
+_SCHEDULER_SERVICE = pb.DESCRIPTOR.services_by_name["SchedulerService"].full_name
+
+
+def _permission(method: str) -> str:
+    """The permission the gRPC API's ``method`` needs: the dashboard's rule for the same call."""
+    rule = METHOD_PERMISSIONS[f"/{_SCHEDULER_SERVICE}/{method}"]
+    assert rule, f"{method} is open or needs no permission"
+    return rule
+
+
+_READ = _permission("List")
+
+
+class _Refused(Exception):
+    """A page's answer other than the page: rendered as an error page with this status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# --- actions ----------------------------------------------------------------------------------
+
+_Run = Callable[[Scheduler, Any, Grant], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Action:
+    method: str
+    """The gRPC method of the same call: its permission is this action's."""
+    target: str
+    """``task`` (an id), ``pool`` or ``schedule`` (a name)."""
+    run: _Run
+    """The call; returns what to tell the user."""
+
+    @property
+    def permission(self) -> str:
+        return _permission(self.method)
+
+
+async def _cancel(sched: Scheduler, task_id: int, grant: Grant) -> str:
+    status = await sched.cancel(task_id, f"cancelled from the dashboard by {grant.name!r}")
+    return f"task {task_id}: cancel requested, it is {status.value}"
+
+
+async def _retry(sched: Scheduler, task_id: int, grant: Grant) -> str:
+    info = await sched.retry(task_id)
+    return f"task {task_id} retried: it is {info.status.value} (attempt {info.attempt} done)"
+
+
+async def _pause_pool(sched: Scheduler, name: str, grant: Grant) -> str:
+    await sched.pause_pool(name)
+    return f"pool {name} paused: it starts no attempt until resumed"
+
+
+async def _resume_pool(sched: Scheduler, name: str, grant: Grant) -> str:
+    await sched.resume_pool(name)
+    return f"pool {name} resumed"
+
+
+async def _pause_schedule(sched: Scheduler, name: str, grant: Grant) -> str:
+    await sched.pause_schedule(name)
+    return f"schedule {name} paused"
+
+
+async def _resume_schedule(sched: Scheduler, name: str, grant: Grant) -> str:
+    info = await sched.resume_schedule(name)
+    return f"schedule {name} resumed: next run at {_when(info.next_run_at)}"
+
+
+async def _trigger_schedule(sched: Scheduler, name: str, grant: Grant) -> str:
+    task_id = await sched.trigger_schedule(name)
+    if task_id is None:
+        return f"schedule {name}: not triggered, its last task is still live (overlap: skip)"
+    return f"schedule {name} triggered: task {task_id}"
+
+
+ACTIONS: Mapping[str, _Action] = {
+    "cancel": _Action("Cancel", "task", _cancel),
+    "retry": _Action("Retry", "task", _retry),
+    "pause-pool": _Action("PausePool", "pool", _pause_pool),
+    "resume-pool": _Action("ResumePool", "pool", _resume_pool),
+    "pause-schedule": _Action("PauseSchedule", "schedule", _pause_schedule),
+    "resume-schedule": _Action("ResumeSchedule", "schedule", _resume_schedule),
+    "trigger-schedule": _Action("TriggerSchedule", "schedule", _trigger_schedule),
+}
+_ACTIONS = tuple(ACTIONS.items())
+_BACK = {"task": "/ui/tasks", "pool": "/ui/pools", "schedule": "/ui/schedules"}
+
+
+# --- formatting -------------------------------------------------------------------------------
+
+
+def _when(moment: datetime | None) -> str:
+    if moment is None:
+        return ""
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _ago(moment: datetime | None) -> str:
+    if moment is None:
+        return ""
+    seconds = (datetime.now(UTC) - moment).total_seconds()
+    future = seconds < 0
+    seconds = abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            amount = f"{seconds / size:.0f} {unit}"
+            break
+    else:
+        amount = f"{seconds:.0f} s"
+    return f"in {amount}" if future else f"{amount} ago"
+
+
+def _finished(summary: TaskSummary) -> datetime | None:
+    ns = summary.finished_ns
+    return None if ns is None else datetime.fromtimestamp(ns / 1e9, UTC)
+
+
+def _summary(info: TaskInfo) -> TaskSummary:
+    finished = info.finished_at
+    return TaskSummary(
+        info.task_id,
+        info.status,
+        info.attempt,
+        info.pool,
+        info.kind,
+        info.key,
+        info.tags,
+        None if finished is None else int(finished.timestamp() * 1e9),
+    )
+
+
+def _environment() -> jinja2.Environment:
+    environment = jinja2.Environment(
+        loader=jinja2.PackageLoader("cronoq_server._ui", "templates"),
+        autoescape=True,  # every template: user strings (kinds, keys, messages) are escaped
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.filters.update(when=_when, ago=_ago, finished=_finished)
+    environment.globals.update(poll_s=POLL_S, live=set(_LIVE), Status=Status)
+    return environment
+
+
+def _static() -> dict[str, tuple[bytes, str]]:
+    """The assets, read once from the package (inside the wheel: no CDN)."""
+    types = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+    found: dict[str, tuple[bytes, str]] = {}
+    for entry in resources.files("cronoq_server._ui").joinpath("static").iterdir():
+        suffix = entry.name[entry.name.rfind(".") :]
+        if suffix in types:
+            found[entry.name] = (entry.read_bytes(), types[suffix])
+    return found
+
+
+_SECURITY_HEADERS = {
+    # Scripts and styles only from this server: nothing inline, no eval (htmx is told so).
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+}
+
+
+def _redirect(location: str) -> web.Response:
+    return web.Response(status=303, headers={"Location": location})
+
+
+def _back(value: str | None, default: str) -> str:
+    """A page of the dashboard to return to: never another site (``//host``, a scheme)."""
+    if not value or len(value) > 2048 or not value.startswith(f"{PREFIX}/"):
+        return default
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or "\\" in value:
+        return default
+    return value
+
+
+# --- the dashboard ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Visit:
+    """One request as a page handler sees it: who made it, and an action's checked form."""
+
+    request: web.Request
+    session: Session | None
+    form: MultiDictProxy[str | bytes | bytearray | FileField] | None = None
+
+    def grant(self, permission: str) -> Grant:
+        """The caller's grant if it has ``permission``, else a 403 saying which it lacks."""
+        if self.session is None:
+            raise _Refused(401, "sign in first")
+        grant = self.session.grant
+        if not grant.allows(permission):
+            raise _Refused(403, f"identity {grant.name!r} lacks the permission {permission!r}")
+        return grant
+
+
+_Page = Callable[[_Visit], Awaitable[web.Response]]
+
+
+class Dashboard:
+    """``Dashboard(...).install(app)`` adds ``/ui`` to the HTTP server's application."""
+
+    def __init__(
+        self,
+        replica: Replica,
+        *,
+        readiness: Callable[[], Readiness],
+        workers: Callable[[], list[WorkerInfo]],
+        guard: Guard | None,
+        closed: str | None = None,
+    ) -> None:
+        """``workers``: the worker links of the replica's leading server object. ``closed``:
+        why the dashboard serves nothing (authentication off on a non-loopback port)."""
+        self._replica = replica
+        self._readiness = readiness
+        self._workers = workers
+        self._guard = guard
+        self._closed = closed
+        self._sessions = Sessions()
+        self._templates = _environment()
+        self._assets = _static()
+        self._samples: deque[Sample] = deque(maxlen=int(WINDOW_S / SAMPLE_INTERVAL_S) + 1)
+        self._last_view = 0.0
+        self._sampling: asyncio.Task[None] | None = None
+        self._pools_seen: tuple[Scheduler, float, list[PoolInfo]] | None = None
+
+    def install(self, app: web.Application) -> None:
+        ui = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024)
+        ui.router.add_get("", _to_overview)  # /ui itself
+        ui.router.add_get("/", self._page(self._overview))
+        ui.router.add_get("/tasks", self._page(self._tasks))
+        ui.router.add_get("/tasks/{task_id}", self._page(self._task))
+        ui.router.add_get("/schedules", self._page(self._schedules))
+        ui.router.add_get("/workers", self._page(self._workers_page))
+        ui.router.add_get("/pools", self._page(self._pools))
+        ui.router.add_post("/act/{action}", self._page(self._act))
+        ui.router.add_get("/signin", self._page(self._signin_page, signing_in=True))
+        ui.router.add_post("/signin", self._page(self._signin, signing_in=True))
+        ui.router.add_post("/signout", self._page(self._signout))
+        ui.router.add_get("/static/{name}", self._asset)
+        ui.on_cleanup.append(self._stop_sampling)
+        app.add_subapp(PREFIX, ui)
+
+    # --- every request ------------------------------------------------------------------------
+
+    @web.middleware
+    async def _middleware(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:  # aiohttp's 404 and 405 of a path under /ui
+            if exc.status < 400:
+                raise
+            response = self._error(_Visit(request, None), exc.status, exc.reason.lower())
+        response.headers.update(_SECURITY_HEADERS)
+        return response
+
+    def _page(self, page: _Page, *, signing_in: bool = False) -> _Handler:
+        """The aiohttp handler of a page: the session checked (and its CSRF token for a POST),
+        the page's refusals rendered."""
+
+        async def handler(request: web.Request) -> web.Response:
+            visit = _Visit(request, None)
+            opened: str | None = None
+            try:
+                if self._closed is not None:
+                    raise _Refused(403, self._closed)
+                if request.method == "POST":
+                    _check_origin(request)
+                session, opened = self._session(request)
+                if session is None and signing_in:
+                    response = await page(visit)
+                elif session is None and request.method == "GET":
+                    target = quote(request.path_qs, safe="")
+                    response = _redirect(f"{PREFIX}/signin?next={target}")
+                elif session is None:
+                    raise _Refused(401, "sign in first: the session ended")
+                elif signing_in:
+                    response = _redirect(f"{PREFIX}/")
+                else:
+                    self._viewed()  # someone signed in is watching: sample for the charts
+                    visit = _Visit(request, session)
+                    if request.method == "POST":
+                        visit = _Visit(request, session, await _checked_form(request, session))
+                    response = await page(visit)
+            except _Refused as exc:
+                response = self._error(visit, exc.status, str(exc))
+            except NotServing:
+                response = self._render(visit, "standby.html", 503, title="Standby")
+            except CronoqError as exc:
+                response = self._error(visit, _status_of(exc), str(exc))
+            if opened is not None:  # an anonymous session (authentication off) begins
+                _set_cookie(request, response, opened)
+            return response
+
+        return handler
+
+    def _session(self, request: web.Request) -> tuple[Session | None, str | None]:
+        """The request's session, and the id of one opened for it (authentication off)."""
+        session_id = request.cookies.get(COOKIE, "")
+        session = self._sessions.get(session_id) if 0 < len(session_id) <= 64 else None
+        if self._guard is None:
+            if session is None:
+                session_id, session = self._sessions.open(_ANONYMOUS, None)
+                return session, session_id
+            return session, None
+        if session is not None and session.token_digest is not None:
+            grant = self._guard.grant_of(session.token_digest)
+            if grant is None:  # the token was revoked by a reload
+                self._sessions.close(session_id)
+                return None, None
+            session.grant = grant
+        return session, None
+
+    # --- rendering ----------------------------------------------------------------------------
+
+    def _render(
+        self, visit: _Visit, template: str, status: int = 200, **context: Any
+    ) -> web.Response:
+        session = visit.session
+        grant = None if session is None else session.grant
+        sched = self._replica.scheduler
+        body = self._templates.get_template(template).render(
+            request=visit.request,
+            session=session,
+            identity=None if grant is None or self._guard is None else grant.name,
+            can={name: grant is not None and grant.allows(a.permission) for name, a in _ACTIONS},
+            notice=None if session is None else session.take_notice(),
+            role=self._replica.role.value,
+            reason=self._replica.reason,
+            epoch=None if sched is None else sched.epoch,
+            **context,
+        )
+        return web.Response(
+            status=status,
+            text=body,
+            content_type="text/html",
+            headers={"Cache-Control": "no-store"},
+        )
+
+    def _error(self, visit: _Visit, status: int, message: str) -> web.Response:
+        return self._render(visit, "error.html", status, title=f"Error {status}", message=message)
+
+    def _leader(self, visit: _Visit, permission: str = _READ) -> Scheduler:
+        visit.grant(permission)
+        return self._replica.leader()
+
+    # --- pages --------------------------------------------------------------------------------
+
+    async def _overview(self, visit: _Visit) -> web.Response:
+        visit.grant(_READ)
+        readiness = self._readiness()
+        try:
+            sched = self._replica.leader()
+        except NotServing:
+            return self._render(visit, "overview.html", title="Overview", readiness=readiness,
+                                pools=None, charts={}, workers=0)  # fmt: skip
+        pools = await self._list_pools(sched)
+        now = time.time()
+        samples = list(self._samples)
+        charts = {pool.name: chart(rates(samples, pool.name), now) for pool in pools}
+        return self._render(
+            visit,
+            "overview.html",
+            title="Overview",
+            readiness=readiness,
+            pools=pools,
+            charts=charts,
+            workers=len(self._workers()),
+        )
+
+    async def _tasks(self, visit: _Visit) -> web.Response:
+        sched = self._leader(visit)
+        query = TaskQuery.parse(visit.request.query)
+        if query.key is not None:
+            found = await sched.get_by_key(query.key)
+            rows = [] if found is None else [_summary(found)]
+            next_after = None
+        else:
+            rows = await sched.list(
+                status=query.status,
+                pool=query.pool,
+                kind=query.kind,
+                tag=query.tag,
+                limit=query.limit,
+                after=query.after,
+            )
+            next_after = rows[-1].task_id if len(rows) == query.limit else None
+        return self._render(
+            visit,
+            "tasks.html",
+            title="Tasks",
+            query=query,
+            rows=rows,
+            next_page=None if next_after is None else query.page(next_after),
+            first_page=query.page(None) if query.after is not None else None,
+        )
+
+    async def _task(self, visit: _Visit) -> web.Response:
+        sched = self._leader(visit)
+        task_id = parse_id(visit.request.match_info["task_id"], "task id")
+        info = await sched.get(task_id)
+        scanned = await sched.list(status=_LIVE, after=task_id, limit=_DEPENDANT_SCAN)
+        later = await asyncio.gather(
+            *(sched.get(s.task_id) for s in scanned), return_exceptions=True
+        )
+        dependants = [
+            _summary(other)
+            for other in later
+            if isinstance(other, TaskInfo) and task_id in other.after
+        ]
+        return self._render(
+            visit,
+            "task.html",
+            title=f"Task {task_id}",
+            task=info,
+            parents=info.after[:_MAX_PARENTS_SHOWN],
+            dependants=dependants,
+            scanned=len(scanned),
+            scan_limit=_DEPENDANT_SCAN,
+            payload=data_preview(info.payload),
+            output=data_preview(info.output),
+        )
+
+    async def _schedules(self, visit: _Visit) -> web.Response:
+        sched = self._leader(visit)
+        schedules = await sched.list_schedules()
+        shown = schedules[:_MAX_SCHEDULES]
+
+        def occurrences() -> list[list[datetime]]:
+            # Parsing and stepping a cron expression is CPU work: off the event loop.
+            return [preview(s.cron, s.timezone, _NEXT_OCCURRENCES) for s in shown]
+
+        return self._render(
+            visit,
+            "schedules.html",
+            title="Schedules",
+            schedules=list(zip(shown, await asyncio.to_thread(occurrences), strict=True)),
+            hidden=len(schedules) - len(shown),
+        )
+
+    async def _workers_page(self, visit: _Visit) -> web.Response:
+        self._leader(visit)
+        return self._render(visit, "workers.html", title="Workers", workers=self._workers())
+
+    async def _pools(self, visit: _Visit) -> web.Response:
+        sched = self._leader(visit)
+        return self._render(visit, "pools.html", title="Pools", pools=await self._list_pools(sched))
+
+    async def _list_pools(self, sched: Scheduler) -> list[PoolInfo]:
+        """``list_pools``, shared by every page and viewer for ``_POOLS_FRESH_S``: it counts
+        the live tasks in one pass (about 0.7 ms per 1,000 of them on the event loop), which
+        each poll of each open overview would otherwise repeat. An action forgets it."""
+        now = time.monotonic()
+        seen = self._pools_seen
+        if seen is not None and seen[0] is sched and now - seen[1] < _POOLS_FRESH_S:
+            return seen[2]
+        pools = await sched.list_pools()
+        self._pools_seen = (sched, now, pools)
+        return pools
+
+    # --- actions ------------------------------------------------------------------------------
+
+    async def _act(self, visit: _Visit) -> web.Response:
+        name = visit.request.match_info["action"]
+        action = ACTIONS.get(name)
+        if action is None:
+            raise _Refused(404, "no such action")
+        grant = visit.grant(action.permission)
+        assert visit.form is not None and visit.session is not None
+        raw = visit.form.get(action.target)
+        if not isinstance(raw, str) or not raw or len(raw) > 255:
+            raise _Refused(400, f"the form needs a {action.target} (at most 255 characters)")
+        target: int | str = parse_id(raw, "task id") if action.target == "task" else raw
+        back_field = visit.form.get("back")
+        back = _back(back_field if isinstance(back_field, str) else None, _BACK[action.target])
+        sched = self._replica.leader()
+        self._pools_seen = None  # the next page shows the pool as the action left it
+        try:
+            visit.session.notice = ("ok", await action.run(sched, target, grant))
+        except (NotServing, PermissionDenied):
+            raise
+        except CronoqError as exc:  # refused by the scheduler (not retryable, unknown, ...)
+            visit.session.notice = ("error", str(exc))
+        log.info("dashboard action", extra={"identity": grant.name, "action": name})
+        return _redirect(back)
+
+    # --- signing in ---------------------------------------------------------------------------
+
+    async def _signin_page(self, visit: _Visit) -> web.Response:
+        next_page = visit.request.query.get("next", "")
+        return self._render(visit, "signin.html", title="Sign in", next=next_page, failed=False)
+
+    async def _signin(self, visit: _Visit) -> web.Response:
+        assert self._guard is not None  # with authentication off, every browser has a session
+        request = visit.request
+        form = await request.post()
+        token, target = form.get("token"), form.get("next")
+        next_page = _back(target if isinstance(target, str) else None, f"{PREFIX}/")
+        try:
+            if not isinstance(token, str) or len(token) > _MAX_TOKEN:
+                raise Unauthenticated("the credentials were not accepted")
+            grant, token_digest = self._guard.sign_in(token, request.remote or "")
+        except Unauthenticated:
+            return self._render(
+                visit, "signin.html", 401, title="Sign in", next=next_page, failed=True
+            )
+        session_id, _ = self._sessions.open(grant, token_digest)
+        response = _redirect(next_page)
+        _set_cookie(request, response, session_id)
+        log.info("dashboard sign-in", extra={"identity": grant.name})
+        return response
+
+    async def _signout(self, visit: _Visit) -> web.Response:
+        self._sessions.close(visit.request.cookies.get(COOKIE, ""))
+        response = _redirect(f"{PREFIX}/signin" if self._guard is not None else f"{PREFIX}/")
+        response.del_cookie(COOKIE, path=PREFIX)
+        return response
+
+    async def _asset(self, request: web.Request) -> web.Response:
+        found = self._assets.get(request.match_info["name"])
+        if found is None:
+            raise web.HTTPNotFound()
+        body, content_type = found
+        return web.Response(
+            body=body, content_type=content_type, headers={"Cache-Control": "max-age=3600"}
+        )
+
+    # --- the charts' samples ------------------------------------------------------------------
+
+    def _viewed(self) -> None:
+        self._last_view = time.monotonic()
+        if self._sampling is None or self._sampling.done():
+            self._sampling = asyncio.get_running_loop().create_task(
+                self._sample(), name="cronoq-ui-samples"
+            )
+
+    async def _sample(self) -> None:
+        while time.monotonic() - self._last_view < _IDLE_STOP_S:
+            sched = self._replica.scheduler
+            if sched is not None and self._replica.role is Role.LEADING:
+                metrics = sched.metrics(gauges=False)  # the counters: no pass over tasks
+                self._samples.append(Sample(time.time(), metrics.epoch, dict(metrics.finished)))
+            await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    async def _stop_sampling(self, _: web.Application) -> None:
+        if self._sampling is not None:
+            self._sampling.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampling
+
+
+async def _to_overview(_: web.Request) -> web.Response:
+    return _redirect(f"{PREFIX}/")
+
+
+def _status_of(exc: CronoqError) -> int:
+    if isinstance(exc, TaskNotFound | ScheduleNotFound):
+        return 404
+    if isinstance(exc, PermissionDenied):
+        return 403
+    if isinstance(exc, SchedulerError):
+        return 503
+    if isinstance(exc, InvalidArgument):
+        return 400
+    return 409
+
+
+def _check_origin(request: web.Request) -> None:
+    """A browser says where a POST comes from: only this host's pages may post here."""
+    origin = request.headers.get("Origin")
+    if origin is not None and urlsplit(origin).netloc != request.host:
+        raise _Refused(403, "a form of another site cannot act here")
+    if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+        raise _Refused(403, "a form of another site cannot act here")
+
+
+async def _checked_form(
+    request: web.Request, session: Session
+) -> MultiDictProxy[str | bytes | bytearray | FileField]:
+    """The form of a POST, which must carry the session's CSRF token."""
+    form = await request.post()
+    csrf = form.get("csrf")
+    if not isinstance(csrf, str) or not hmac.compare_digest(csrf.encode(), session.csrf.encode()):
+        raise _Refused(403, "the form's CSRF token is missing or stale: reload the page")
+    return form
+
+
+def _set_cookie(request: web.Request, response: web.StreamResponse, session_id: str) -> None:
+    response.set_cookie(
+        COOKIE,
+        session_id,
+        path=PREFIX,
+        httponly=True,
+        samesite="Strict",
+        secure=request.secure,
+        max_age=int(SESSION_LIFETIME_S),
+    )

@@ -1,0 +1,145 @@
+"""What the pages show, from the request's query and the scheduler's answers: pure functions,
+each bounded (a query's fields, a page's size, a preview's length)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+from cronoq import Status
+from cronoq.errors import InvalidArgument
+
+__all__ = [
+    "DEFAULT_PAGE",
+    "MAX_PAGE",
+    "PREVIEW_BYTES",
+    "Preview",
+    "TaskQuery",
+    "parse_id",
+    "preview",
+]
+
+DEFAULT_PAGE = 50
+MAX_PAGE = 200
+"""Tasks one page lists at most: one bounded ``list`` call, one bounded render."""
+MAX_FIELD = 1024
+"""Characters of a query field (a key may be 1,024; names and tags 255, which the scheduler
+checks)."""
+PREVIEW_BYTES = 4096
+"""Bytes of a payload or output a task's page shows."""
+_MAX_ID = 2**63 - 1
+
+
+def parse_id(text: str, what: str, minimum: int = 1) -> int:
+    if not text.isascii() or not text.isdigit() or len(text) > 19:
+        raise InvalidArgument(f"{what} must be a whole number, got {text[:40]!r}")
+    value = int(text)
+    if not minimum <= value <= _MAX_ID:
+        raise InvalidArgument(f"{what} must be between {minimum} and {_MAX_ID}")
+    return value
+
+
+def _field(query: Mapping[str, str], name: str) -> str | None:
+    value = query.get(name, "").strip()
+    if len(value) > MAX_FIELD:
+        raise InvalidArgument(f"{name} is longer than {MAX_FIELD} characters")
+    return value or None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskQuery:
+    """The tasks page's filters and its place: ``after`` is the scheduler's page token (the
+    last id of the previous page)."""
+
+    status: Status | None = None
+    pool: str | None = None
+    kind: str | None = None
+    tag: str | None = None
+    key: str | None = None
+    after: int | None = None
+    limit: int = DEFAULT_PAGE
+
+    @classmethod
+    def parse(cls, query: Mapping[str, str]) -> TaskQuery:
+        """InvalidArgument, saying which field, for anything out of bounds."""
+        status = _field(query, "status")
+        if status is not None and status not in Status._value2member_map_:
+            choices = ", ".join(s.value for s in Status)
+            raise InvalidArgument(f"status must be one of {choices}, got {status[:40]!r}")
+        after = _field(query, "after")
+        limit = _field(query, "limit")
+        size = DEFAULT_PAGE if limit is None else parse_id(limit, "limit")
+        if size > MAX_PAGE:
+            raise InvalidArgument(f"limit must be at most {MAX_PAGE}")
+        return cls(
+            None if status is None else Status(status),
+            _field(query, "pool"),
+            _field(query, "kind"),
+            _field(query, "tag"),
+            _field(query, "key"),
+            None if after is None else parse_id(after, "after", 0),
+            size,
+        )
+
+    def filters(self) -> dict[str, str]:
+        fields = {
+            "status": None if self.status is None else self.status.value,
+            "pool": self.pool,
+            "kind": self.kind,
+            "tag": self.tag,
+            "key": self.key,
+        }
+        if self.limit != DEFAULT_PAGE:
+            fields["limit"] = str(self.limit)
+        return {name: value for name, value in fields.items() if value is not None}
+
+    def page(self, after: int | None) -> str:
+        """The query string of the page after ``after`` with the same filters."""
+        fields = self.filters()
+        if after is not None:
+            fields["after"] = str(after)
+        return urlencode(fields)
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    text: str
+    size: int
+    truncated: bool
+    binary: bool
+    """Not UTF-8 text: ``text`` is a hex dump."""
+
+
+def preview(data: bytes | None) -> Preview | None:
+    """The first ``PREVIEW_BYTES`` of a payload or output, as text (JSON indented) if it is
+    printable UTF-8, else as hex."""
+    if data is None:
+        return None
+    head = data[:PREVIEW_BYTES]
+    truncated = len(data) > len(head)
+    text = _text(head, truncated)
+    if text is None:
+        return Preview(head[:_HEX_BYTES].hex(" ", 2), len(data), len(data) > _HEX_BYTES, True)
+    if not truncated:
+        with contextlib.suppress(ValueError):  # text, not JSON: shown as it is
+            text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    return Preview(text, len(data), truncated, False)
+
+
+_HEX_BYTES = 512
+
+
+def _text(head: bytes, truncated: bool) -> str | None:
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # A multi-byte character cut by the preview's end is not a reason to call it binary.
+        if not (truncated and exc.reason == "unexpected end of data"):
+            return None
+        text = head[: exc.start].decode("utf-8")
+    if all(c.isprintable() or c in "\n\r\t" for c in text):
+        return text
+    return None

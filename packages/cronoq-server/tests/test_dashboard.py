@@ -1,0 +1,383 @@
+"""The dashboard's handlers without a browser: a real Replica leading on a MemoryStore, the
+dashboard on aiohttp's test server, requests through an aiohttp client. Escaping, bounds,
+CSRF, sign-in and permissions; the pure helpers (previews, rates, sessions)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import re
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from cronoq import MemoryStore, RemotePool, Status
+from cronoq.store import Store
+from cronoq_server._auth import AuthCollector, Grant, Guard, TokenTable
+from cronoq_server._config import AuthSettings, IdentitySettings
+from cronoq_server._http import Readiness
+from cronoq_server._replica import Replica, Role
+from cronoq_server._ui import Dashboard
+from cronoq_server._ui._samples import Sample, chart, rates
+from cronoq_server._ui._sessions import Sessions
+from cronoq_server._ui._views import PREVIEW_BYTES, TaskQuery, preview
+
+TOKENS = {"admin": secrets.token_urlsafe(32), "reader": secrets.token_urlsafe(32)}
+PERMISSIONS = {"admin": {"admin"}, "reader": {"read"}}
+HOSTILE = "<script>alert('x')</script>"
+
+
+def _identities() -> tuple[IdentitySettings, ...]:
+    return tuple(
+        IdentitySettings(
+            name,
+            frozenset(PERMISSIONS[name]),
+            token_sha256=(hashlib.sha256(token.encode()).hexdigest(),),
+        )
+        for name, token in TOKENS.items()
+    )
+
+
+@dataclass
+class Harness:
+    http: aiohttp.ClientSession
+    replica: Replica
+    guard: Guard | None
+
+
+async def _memory() -> Store:
+    return MemoryStore()
+
+
+@asynccontextmanager
+async def harness(
+    *, auth: bool = True, lead: bool = True, closed: str | None = None
+) -> AsyncIterator[Harness]:
+    replica = Replica(
+        _memory,
+        [RemotePool("default"), RemotePool("other")],
+        commit_timeout=2.0,
+        retention=3600.0,
+        drain_timeout=1.0,
+        max_payload_bytes=1 << 20,
+        fatal_attempts=3,
+    )
+    guard = None
+    if auth:
+        identities = _identities()
+        table = TokenTable.build(identities, ())
+        guard = Guard(AuthSettings(identities=identities), table, AuthCollector())
+    dashboard = Dashboard(
+        replica,
+        readiness=lambda: Readiness(replica.ready, replica.role.value),
+        workers=list,
+        guard=guard,
+        closed=closed,
+    )
+    app = web.Application()
+    dashboard.install(app)
+    leading = asyncio.Event()
+    replica.on_change(lambda role: leading.set() if role is Role.LEADING else None)
+    running = asyncio.ensure_future(replica.run()) if lead else None
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        if running is not None:
+            async with asyncio.timeout(10):
+                await leading.wait()
+        jar = aiohttp.CookieJar(unsafe=True)  # cookies of 127.0.0.1
+        async with aiohttp.ClientSession(str(server.make_url("")), cookie_jar=jar) as http:
+            yield Harness(http, replica, guard)
+    finally:
+        await server.close()
+        if running is not None:
+            replica.shutdown()
+            await running
+
+
+async def sign_in(http: aiohttp.ClientSession, token: str) -> str:
+    """Sign in; return the session's CSRF token (from the sign-out form of a page)."""
+    async with http.post("/ui/signin", data={"token": token}, allow_redirects=False) as answer:
+        assert answer.status == 303, await answer.text()
+    return await csrf_of(http)
+
+
+async def csrf_of(http: aiohttp.ClientSession) -> str:
+    async with http.get("/ui/pools") as page:
+        found = re.search(r'name="csrf" value="([^"]+)"', await page.text())
+    assert found is not None
+    return found.group(1)
+
+
+async def text(http: aiohttp.ClientSession, path: str, status: int = 200) -> str:
+    async with http.get(path, allow_redirects=False) as answer:
+        body = await answer.text()
+        assert answer.status == status, body
+        return body
+
+
+# --- escaping and bounds ----------------------------------------------------------------------
+
+
+async def test_user_strings_are_escaped_on_every_page() -> None:
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        task_id = await sched.submit(
+            HOSTILE, HOSTILE.encode(), key=HOSTILE, tags=[HOSTILE], name=HOSTILE
+        )
+        await sched.add_schedule(HOSTILE, "0 0 1 1 *", kind=HOSTILE, tags=[HOSTILE])
+        pages = ["/ui/", "/ui/tasks", f"/ui/tasks/{task_id}", "/ui/schedules", "/ui/pools"]
+        pages.append(f"/ui/tasks?kind={quote(HOSTILE, safe='')}")
+        for path in pages:
+            body = await text(h.http, path)
+            assert HOSTILE not in body, path
+        body = await text(h.http, f"/ui/tasks/{task_id}")
+        assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in body
+        # A query value comes back escaped in the filter form too.
+        body = await text(h.http, '/ui/tasks?tag="><b>x')
+        assert '"><b>x' not in body and "&#34;&gt;&lt;b&gt;x" in body
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("/ui/tasks?limit=201", "limit must be at most 200"),
+        ("/ui/tasks?limit=0", "limit must be between 1 and"),
+        ("/ui/tasks?limit=-5", "limit must be a whole number"),
+        ("/ui/tasks?status=lost", "status must be one of waiting"),
+        ("/ui/tasks?after=x", "after must be a whole number"),
+        (f"/ui/tasks?pool={'p' * 1025}", "pool is longer than 1024 characters"),
+        (f"/ui/tasks?kind={'k' * 300}", "kind is 300 characters long; the limit is 255"),
+        ("/ui/tasks/abc", "task id must be a whole number"),
+        (f"/ui/tasks/{2**63}", "task id must be between 1 and"),
+        ("/ui/tasks/0", "task id must be between 1 and"),
+    ],
+)
+async def test_every_query_parameter_is_bounded(path: str, message: str) -> None:
+    async with harness(auth=False) as h:
+        body = await text(h.http, path, 400)
+        assert message in body
+
+
+async def test_pages_list_tasks_a_page_at_a_time_with_the_schedulers_token() -> None:
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        ids = [await sched.submit("k", None, pool="other") for _ in range(5)]
+        first = await text(h.http, "/ui/tasks?limit=2")
+        listed = re.findall(r'<a href="/ui/tasks/(\d+)">', first)
+        assert listed == [str(i) for i in ids[:2]]
+        assert f'href="/ui/tasks?limit=2&amp;after={ids[1]}"' in first
+        last = await text(h.http, f"/ui/tasks?limit=2&after={ids[3]}")
+        assert re.findall(r'<a href="/ui/tasks/(\d+)">', last) == [str(ids[4])]
+        assert 'rel="next"' not in last and "First page" in last
+        keyed = await sched.submit("k", None, key="the-key")
+        found = await text(h.http, "/ui/tasks?key=the-key")
+        assert re.findall(r'<a href="/ui/tasks/(\d+)">', found) == [str(keyed)]
+
+
+async def test_a_task_page_shows_its_dependencies_both_ways_and_a_bounded_preview() -> None:
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        parent = await sched.submit("parent", b"x" * (PREVIEW_BYTES + 10), pool="other")
+        child = await sched.submit("child", b'{"a": 1}', after=[parent])
+        body = await text(h.http, f"/ui/tasks/{parent}")
+        assert f'<a href="/ui/tasks/{child}">' in body
+        assert f"{PREVIEW_BYTES + 10} bytes, the first part shown" in body
+        body = await text(h.http, f"/ui/tasks/{child}")
+        assert f'<li><a href="/ui/tasks/{parent}">' in body
+        assert "{\n  &#34;a&#34;: 1\n}" in body  # JSON, indented
+
+
+# --- actions: CSRF, origin, permissions ---------------------------------------------------------
+
+
+async def test_an_action_needs_the_sessions_csrf_token_and_a_same_origin_form() -> None:
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        task_id = await sched.submit("k", None)
+        csrf = await csrf_of(h.http)
+        form = {"task": str(task_id)}
+        async with h.http.post("/ui/act/cancel", data=form) as answer:
+            assert answer.status == 403
+            assert "CSRF token is missing or stale" in await answer.text()
+        async with h.http.post("/ui/act/cancel", data={**form, "csrf": "forged"}) as answer:
+            assert answer.status == 403
+        cross = {"Origin": "https://evil.example"}
+        async with h.http.post(
+            "/ui/act/cancel", data={**form, "csrf": csrf}, headers=cross
+        ) as answer:
+            assert answer.status == 403
+            assert "a form of another site" in await answer.text()
+        assert (await sched.get(task_id)).status is Status.READY
+        async with h.http.post(
+            "/ui/act/cancel",
+            data={**form, "csrf": csrf, "back": "//evil.example/"},
+            allow_redirects=False,
+        ) as answer:
+            assert answer.status == 303
+            assert answer.headers["Location"] == "/ui/tasks"  # never another site
+        assert (await sched.get(task_id)).status is Status.CANCELLED
+        page = await text(h.http, "/ui/tasks")
+        assert f"task {task_id}: cancel requested, it is cancelled" in page
+
+
+async def test_a_refused_action_says_why_and_a_bad_target_is_a_400() -> None:
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        task_id = await sched.submit("k", None)
+        csrf = await csrf_of(h.http)
+        async with h.http.post(
+            "/ui/act/retry", data={"task": str(task_id), "csrf": csrf}
+        ) as answer:
+            assert answer.status == 200  # redirected to the tasks page, which says why
+            assert f"task {task_id} is ready: only a failed or cancelled task" in (
+                await answer.text()
+            )
+        async with h.http.post("/ui/act/cancel", data={"task": "1e3", "csrf": csrf}) as answer:
+            assert answer.status == 400
+        async with h.http.post("/ui/act/explode", data={"csrf": csrf}) as answer:
+            assert answer.status == 404
+        async with h.http.post(
+            "/ui/act/pause-pool", data={"pool": "x" * 256, "csrf": csrf}
+        ) as answer:
+            assert answer.status == 400
+
+
+async def test_sign_in_gives_a_session_cookie_and_a_reader_is_offered_and_allowed_no_action(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with harness() as h:
+        sched = h.replica.leader()
+        task_id = await sched.submit("k", None)
+        async with h.http.get("/ui/tasks", allow_redirects=False) as answer:
+            assert answer.status == 303
+            assert answer.headers["Location"] == "/ui/signin?next=%2Fui%2Ftasks"
+        async with h.http.post("/ui/act/cancel", data={"task": str(task_id)}) as answer:
+            assert answer.status == 401  # no session: no action, whatever the form says
+        wrong = secrets.token_urlsafe(32)
+        async with h.http.post("/ui/signin", data={"token": wrong}) as answer:
+            assert answer.status == 401
+        async with h.http.post("/ui/signin", data={"token": "t" * 5000}) as answer:
+            assert answer.status == 401
+        async with h.http.post(
+            "/ui/signin", data={"token": TOKENS["reader"]}, allow_redirects=False
+        ) as answer:
+            cookie = answer.headers["Set-Cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Path=/ui" in cookie
+        assert TOKENS["reader"] not in cookie
+        csrf = await csrf_of(h.http)
+        for path in ("/ui/", "/ui/tasks", f"/ui/tasks/{task_id}", "/ui/schedules", "/ui/pools"):
+            body = await text(h.http, path)
+            assert "/ui/act/" not in body, path  # no action offered
+        async with h.http.post(
+            "/ui/act/cancel", data={"task": str(task_id), "csrf": csrf}
+        ) as answer:
+            assert answer.status == 403
+            assert "identity &#39;reader&#39; lacks the permission &#39;cancel&#39;" in (
+                await answer.text()
+            )
+        assert (await sched.get(task_id)).status is Status.READY
+        # A token revoked by a reload ends the sessions it opened.
+        assert h.guard is not None
+        h.guard.tokens = TokenTable.build(_identities()[:1], ())
+        await text(h.http, "/ui/tasks", 303)
+    logged = caplog.text
+    assert wrong not in logged and TOKENS["reader"] not in logged
+    assert "authentication failed" in logged
+
+
+async def test_an_admin_is_offered_every_action_and_signs_out() -> None:
+    async with harness() as h:
+        sched = h.replica.leader()
+        task_id = await sched.submit("k", None)
+        csrf = await sign_in(h.http, TOKENS["admin"])
+        body = await text(h.http, f"/ui/tasks/{task_id}")
+        assert 'action="/ui/act/cancel"' in body
+        body = await text(h.http, "/ui/pools")
+        assert 'action="/ui/act/pause-pool"' in body
+        async with h.http.post("/ui/signout", data={"csrf": csrf}, allow_redirects=False) as answer:
+            assert answer.headers["Location"] == "/ui/signin"
+        await text(h.http, "/ui/tasks", 303)
+
+
+async def test_a_standby_says_so_and_an_open_dashboard_off_loopback_is_closed() -> None:
+    async with harness(auth=False, lead=False) as h:
+        body = await text(h.http, "/ui/tasks", 503)
+        assert "This replica is <strong>standby</strong>" in body
+        # Even a refusal starts the browser's anonymous session (its CSRF token).
+        assert [cookie.key for cookie in h.http.cookie_jar] == ["cronoq_session"]
+        body = await text(h.http, "/ui/")
+        assert "This replica is <strong>standby</strong>" in body
+    async with harness(auth=False, lead=False, closed="the dashboard is off") as h:
+        assert "the dashboard is off" in await text(h.http, "/ui/", 403)
+        async with h.http.get("/ui/static/htmx.min.js") as answer:
+            assert answer.status == 200  # assets need no session
+
+
+async def test_every_answer_carries_the_security_headers() -> None:
+    async with harness() as h:
+        for path in ("/ui/signin", "/ui/tasks", "/ui/static/ui.css", "/ui/nothing"):
+            async with h.http.get(path, allow_redirects=False) as answer:
+                policy = answer.headers["Content-Security-Policy"]
+                assert "script-src 'self'" in policy and "unsafe" not in policy, path
+                assert answer.headers["X-Frame-Options"] == "DENY"
+
+
+# --- the pure parts -------------------------------------------------------------------------
+
+
+def test_a_preview_is_text_json_or_hex_and_bounded() -> None:
+    assert preview(None) is None
+    found = preview(b"plain")
+    assert found is not None and (found.text, found.binary, found.truncated) == (
+        "plain",
+        False,
+        False,
+    )
+    cut = preview("é".encode() * PREVIEW_BYTES)  # a character cut by the end
+    assert cut is not None and not cut.binary and cut.truncated
+    assert len(cut.text) == PREVIEW_BYTES // 2
+    binary = preview(bytes(range(256)) * 10)
+    assert binary is not None and binary.binary and binary.truncated
+    assert binary.text.startswith("0001 0203")
+
+
+def test_rates_skip_a_change_of_leader_and_chart_scales_to_the_peak() -> None:
+    samples = [
+        Sample(100.0, 1, {("p", "succeeded"): 0}),
+        Sample(105.0, 1, {("p", "succeeded"): 10, ("p", "failed"): 5}),
+        Sample(110.0, 2, {("p", "succeeded"): 1}),  # a new leader: counters from zero
+        Sample(115.0, 2, {("p", "succeeded"): 11, ("q", "failed"): 99}),
+    ]
+    found = rates(samples, "p")
+    assert [(r.at, r.finished, r.failed) for r in found] == [(105.0, 3.0, 1.0), (115.0, 2.0, 0.0)]
+    drawn = chart(found, now=115.0, width=100, height=10)
+    assert drawn.peak == 3.0 and drawn.failure_ratio == 0.0
+    assert drawn.finished.split(" ") == ["0.0,1.0", "100.0,3.7"]  # the peak at the top
+    assert drawn.span_s == 10.0  # the ring holds 10 s so far: the axis spans them
+
+
+def test_a_task_query_keeps_its_filters_across_pages() -> None:
+    query = TaskQuery.parse({"status": "ready", "pool": " p ", "limit": "20", "after": "7"})
+    assert (query.status, query.pool, query.after, query.limit) == (Status.READY, "p", 7, 20)
+    assert query.page(9) == "status=ready&pool=p&limit=20&after=9"
+
+
+def test_sessions_expire_and_are_bounded() -> None:
+    now = [0.0]
+    sessions = Sessions(limit=2, lifetime=10.0, clock=lambda: now[0])
+    first, _ = sessions.open(Grant("a"), None)
+    second, _ = sessions.open(Grant("b"), None)
+    sessions.open(Grant("c"), None)
+    assert sessions.get(first) is None and sessions.get(second) is not None  # oldest dropped
+    now[0] = 10.0
+    assert sessions.get(second) is None and len(sessions) == 1

@@ -1,0 +1,302 @@
+"""The dashboard in a real headless browser (Debian's chromium, driven by Selenium through
+chromium-driver) against a real ``cronoq-server`` process with real tasks run by a real
+worker: every page loads, every action clicked shows its effect through the API, a page
+updates itself without a reload, a read-only identity is offered no action and is refused one
+it forces. A screenshot of each page (1280 px wide, and the phone-width ones) goes to
+``CRONOQ_SCREENSHOTS`` (default: a temporary directory).
+
+Without chromium and chromium-driver these tests skip, unless ``CRONOQ_REQUIRE_BROWSER=1``
+(CI), which fails them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+from server_process import ServerProcess, config_toml, running_server
+from test_server_auth import identities_toml
+
+from cronoq import Status, TaskContext, TaskError
+from cronoq_client import AsyncClient, Worker
+
+MEMORY = '[store]\nkind = "memory"\n'
+POOLS = '[[pools]]\nname = "default"\n[[pools]]\nname = "reports"\n'
+TOKENS = {"admin": "admin-" + "a" * 40, "reader": "reader-" + "r" * 40, "worker": "w" * 44}
+IDENTITIES = {
+    "admin": {"permissions": ["admin"]},
+    "reader": {"permissions": ["read"]},
+    "worker": {"permissions": ["work"], "work_pools": ["default"]},
+}
+WAIT_S = 20.0
+"""Longest wait for the browser (a page's poll runs every 5 s)."""
+DESKTOP = (1280, 900)
+PHONE = (390, 844)
+
+
+def _binaries() -> tuple[str, str]:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        why = "chromium and chromium-driver are missing (apt-get install chromium chromium-driver)"
+        if os.environ.get("CRONOQ_REQUIRE_BROWSER") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    return chromium, driver
+
+
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    chosen = os.environ.get("CRONOQ_SCREENSHOTS")
+    directory = Path(chosen) if chosen else tmp_path_factory.mktemp("screenshots")
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    chromium, driver_path = _binaries()
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",  # CI runs as root
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        f"--window-size={DESKTOP[0]},{DESKTOP[1]}",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(options=options, service=Service(driver_path))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@dataclass
+class Cluster:
+    server: ServerProcess
+    client: AsyncClient
+    succeeded: int
+    failed: int
+    queued: list[int]
+    child: int
+
+
+async def _work(ctx: TaskContext, payload: bytes) -> bytes:
+    if ctx.kind == "boom":
+        raise TaskError("the upstream answered 502", retryable=False)
+    return b'{"rows": 3, "source": "warehouse"}'
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
+    tables = "[auth]\nreload_interval_s = 600\n" + identities_toml(IDENTITIES, TOKENS)
+    config = config_toml(MEMORY, pools=POOLS, tables=tables)
+    async with running_server(tmp_path_factory.mktemp("ui"), config) as server:
+        await server.leading()
+        worker = Worker(
+            server.target, {"default": _work}, slots=4, worker_id="etl-1", token=TOKENS["worker"]
+        )
+        working = asyncio.ensure_future(worker.run())
+        try:
+            async with AsyncClient(server.target, token=TOKENS["admin"], timeout=10) as client:
+                succeeded = await client.submit("sync", b'{"table": "orders"}', tags=["etl"])
+                failed = await client.submit("boom", b"", key="boom-1", tags=["etl"])
+                for task_id in (succeeded, failed):
+                    await client.wait(task_id, timeout=WAIT_S)
+                # The reports pool has no worker: its tasks stay queued.
+                queued = [
+                    await client.submit("report", b'{"day": %d}' % day, pool="reports",
+                                        tags=["daily"], key=f"report-{day}")
+                    for day in range(1, 4)
+                ]  # fmt: skip
+                child = await client.submit("publish", b"", pool="reports", after=[queued[0]])
+                await client.add_schedule("nightly", "0 3 * * *", kind="report", pool="reports")
+                yield Cluster(server, client, succeeded, failed, queued, child)
+        finally:
+            worker.stop()
+            await asyncio.gather(working, return_exceptions=True)
+
+
+async def _until(browser: WebDriver, condition: Callable[[WebDriver], object]) -> None:
+    """Wait for the browser in a thread: the event loop runs the worker meanwhile. A poll may
+    swap the page's live part between two reads of it: such a read is tried again."""
+    wait = WebDriverWait(browser, WAIT_S, ignored_exceptions=[StaleElementReferenceException])
+    await asyncio.to_thread(wait.until, condition)
+
+
+async def _page(browser: WebDriver, url: str) -> None:
+    await asyncio.to_thread(browser.get, url)
+
+
+def _shot(browser: WebDriver, directory: Path, name: str, size: tuple[int, int]) -> None:
+    """A PNG of the whole page at this width (the window grows to the page's height)."""
+    browser.set_window_size(*size)
+    height = browser.execute_script("return document.documentElement.scrollHeight")
+    browser.set_window_size(size[0], max(size[1], min(int(height), 3000)))
+    assert browser.save_screenshot(str(directory / f"{name}.png"))
+    browser.set_window_size(*size)
+
+
+async def _sign_in(browser: WebDriver, base: str, token: str) -> None:
+    browser.delete_all_cookies()
+    await _page(browser, f"{base}/ui/")
+    assert browser.current_url.startswith(f"{base}/ui/signin")
+    field = browser.find_element(By.ID, "token")
+    field.send_keys(token)
+    await asyncio.to_thread(field.send_keys, Keys.ENTER)  # a keyboard, not a mouse
+    await _until(browser, lambda b: b.current_url == f"{base}/ui/")
+
+
+async def _click(browser: WebDriver, element_id: str, notice: str) -> None:
+    """Click a button (an action's POST); wait for the page it leads to, saying ``notice``."""
+    await asyncio.to_thread(browser.find_element(By.ID, element_id).click)
+    await _until(
+        browser,
+        lambda b: any(notice in n.text for n in b.find_elements(By.CSS_SELECTOR, ".notice")),
+    )
+
+
+def _actions(browser: WebDriver) -> list[str]:
+    return [
+        form.get_attribute("action") or ""
+        for form in browser.find_elements(By.CSS_SELECTOR, "form[action*='/ui/act/']")
+    ]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_every_page_loads_and_every_action_shows_its_effect_through_the_api(
+    cluster: Cluster, browser: WebDriver, screenshots: Path
+) -> None:
+    base, client = cluster.server.http, cluster.client
+    browser.delete_all_cookies()
+    await _page(browser, f"{base}/ui/signin")
+    _shot(browser, screenshots, "signin", DESKTOP)
+    await _sign_in(browser, base, TOKENS["admin"])
+
+    # Overview: the replica leads; a task submitted now shows up without a reload.
+    assert "epoch" in browser.find_element(By.ID, "live").text
+    browser.execute_script("window.cronoqMarker = 42")
+    extra = await client.submit("report", b"{}", pool="reports")
+    await _until(browser, lambda b: _ready_count(b, "reports") == len(cluster.queued) + 1)
+    assert browser.execute_script("return window.cronoqMarker") == 42  # the same page
+
+    # Pools: pause and resume "reports".
+    await _page(browser, f"{base}/ui/pools")
+    _shot(browser, screenshots, "pools", DESKTOP)
+    await _click(browser, "pause-pool-2", "pool reports paused")
+    assert {p.name: p.paused for p in await client.list_pools()}["reports"]
+    await _click(browser, "resume-pool-2", "pool reports resumed")
+    assert not {p.name: p.paused for p in await client.list_pools()}["reports"]
+
+    # Tasks: filtered, paged; cancel a queued one from the list.
+    await _page(browser, f"{base}/ui/tasks?pool=reports&status=ready&limit=2")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#live tbody tr")
+    assert len(rows) == 2
+    _shot(browser, screenshots, "tasks", DESKTOP)
+    _shot(browser, screenshots, "tasks-phone", PHONE)
+    await asyncio.to_thread(browser.find_element(By.LINK_TEXT, "Next page").click)
+    await _until(browser, lambda b: f"after={cluster.queued[1]}" in b.current_url)
+    await _click(browser, f"cancel-{extra}", f"task {extra}: cancel requested")
+    assert (await client.get(extra)).status is Status.CANCELLED
+
+    # A task: the failed one, retried (the worker fails it again: attempt 2).
+    await _page(browser, f"{base}/ui/tasks/{cluster.failed}")
+    assert "the upstream answered 502" in browser.page_source
+    await _page(browser, f"{base}/ui/tasks/{cluster.succeeded}")
+    payload, output = browser.find_elements(By.CSS_SELECTOR, "pre.data")
+    assert '"orders"' in payload.text and '"warehouse"' in output.text
+    await _page(browser, f"{base}/ui/tasks/{cluster.queued[0]}")
+    assert browser.find_element(By.LINK_TEXT, str(cluster.child))  # its dependant
+    _shot(browser, screenshots, "task", DESKTOP)
+    await _page(browser, f"{base}/ui/tasks/{cluster.failed}")
+    await _click(browser, f"retry-{cluster.failed}", f"task {cluster.failed} retried")
+    again = await client.wait(cluster.failed, timeout=WAIT_S)
+    assert (again.status, again.attempt) == (Status.FAILED, 2)
+
+    # Schedules: pause, resume, run now.
+    await _page(browser, f"{base}/ui/schedules")
+    _shot(browser, screenshots, "schedules", DESKTOP)
+    await _click(browser, "pause-schedule-1", "schedule nightly paused")
+    assert (await client.list_schedules())[0].paused
+    await _click(browser, "resume-schedule-1", "schedule nightly resumed")
+    assert not (await client.list_schedules())[0].paused
+    await _click(browser, "trigger-schedule-1", "schedule nightly triggered")
+    (schedule,) = await client.list_schedules()
+    assert schedule.last_task_id is not None
+    assert (await client.get(schedule.last_task_id)).schedule == "nightly"
+
+    # Workers: the attached one.
+    await _page(browser, f"{base}/ui/workers")
+    assert "etl-1" in browser.find_element(By.ID, "live").text
+    _shot(browser, screenshots, "workers", DESKTOP)
+
+    # The keyboard: the first Tab reaches the skip link, which leads to the content.
+    browser.find_element(By.TAG_NAME, "body").send_keys(Keys.TAB)
+    assert browser.switch_to.active_element.get_attribute("class") == "skip"
+
+    # The overview last, its charts drawn from the samples taken meanwhile.
+    await _page(browser, f"{base}/ui/")
+    await _until(
+        browser, lambda b: b.find_elements(By.CSS_SELECTOR, "polyline.finished[points*=' ']")
+    )
+    _shot(browser, screenshots, "overview", DESKTOP)
+    _shot(browser, screenshots, "overview-phone", PHONE)
+
+
+_READY_COUNT = """
+for (const card of document.querySelectorAll(".card")) {
+  if (card.querySelector("h3 a").textContent.trim() !== arguments[0]) continue;
+  const headers = [...card.querySelectorAll("table.depth th")].map(th => th.textContent.trim());
+  const counts = [...card.querySelectorAll("table.depth td")].map(td => td.textContent.trim());
+  return Number(counts[headers.indexOf("ready")]);
+}
+return -1;
+"""
+
+
+def _ready_count(browser: WebDriver, pool: str) -> int:
+    """The ready count in the overview's card of ``pool`` (-1 if not shown), read in one
+    script: a snapshot of the page, which a poll cannot swap halfway."""
+    count: int = browser.execute_script(_READY_COUNT, pool)
+    return count
+
+
+_FORCE = """
+const done = arguments[arguments.length - 1];
+const csrf = document.querySelector("input[name=csrf]").value;
+fetch(arguments[0], {method: "POST", body: new URLSearchParams({csrf: csrf, task: arguments[1]})})
+  .then(answer => done(answer.status), error => done(String(error)));
+"""
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_reader_is_offered_no_action_and_is_refused_one_it_forces(
+    cluster: Cluster, browser: WebDriver, screenshots: Path
+) -> None:
+    base = cluster.server.http
+    await _sign_in(browser, base, TOKENS["reader"])
+    target = cluster.queued[1]
+    for path in ("/ui/", "/ui/tasks", "/ui/schedules", "/ui/pools", f"/ui/tasks/{target}"):
+        await _page(browser, f"{base}{path}")
+        assert browser.find_elements(By.ID, "live"), path
+        assert _actions(browser) == [], path
+    _shot(browser, screenshots, "task-read-only", DESKTOP)
+    status = await asyncio.to_thread(
+        browser.execute_async_script, _FORCE, f"{base}/ui/act/cancel", str(target)
+    )
+    assert status == 403
+    assert (await cluster.client.get(target)).status is Status.READY
