@@ -1822,6 +1822,21 @@ def test_adopted_attempt_keeps_running_after_a_rebuild() -> None:
     assert updates(result)[0].status is Status.SUCCEEDED
 
 
+def test_a_remote_attempt_a_close_left_to_its_worker_keeps_its_lease_on_a_rebuild() -> None:
+    """Issue 19 review: a close that timed out leaves its remote attempts to their workers
+    (abandoned); should its last commit be uncertain, the rebuild in its own epoch must not
+    count them lost (a retry without a lease, which the next leader would start beside the
+    running attempt): the row keeps its lease, for the next leader to wait for."""
+    log = Log()
+    engine = make_engine(remote=PoolConfig("remote", 1, lease_ns=30 * S))
+    [_], result = log.submit(engine, T0, spec(pool="remote"))
+    dispatch = only_dispatch(result)
+    abandoned = InFlight(abandoned=frozenset({dispatch.token}))
+    engine, first = log.recover(engine.config, 1, T0 + S, abandoned)
+    assert updates(first) == []
+    assert engine.running_tokens() == {dispatch.token}
+
+
 def test_running_task_with_a_cancel_request_is_cancelled_on_recovery() -> None:
     log = Log()
     engine = make_engine()

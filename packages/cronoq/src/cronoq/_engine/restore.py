@@ -124,7 +124,15 @@ class Restorer:
                     # The cancellation may have landed in the uncertain commit: deliver it.
                     shared.out.cancels.append(CancelAttempt(token, spec.pool, task.message))
                 return
-            if waits_for_worker:
+            left_to_worker = (
+                inflight is not None
+                and token in inflight.abandoned
+                and row.lease is not None
+                and pool.config.lease_ns is not None
+            )
+            if waits_for_worker or left_to_worker:
+                # Its worker may run it still (a close that timed out left it to its worker):
+                # the row keeps its lease, and whoever leads next waits for it.
                 self._keep(task, row.lease)
                 if task.cancel_requested:
                     shared.out.cancels.append(CancelAttempt(token, spec.pool, task.message))
