@@ -492,6 +492,9 @@ async def test_a_retry_after_a_failover_waits_for_the_stopped_attempt_of_a_finis
             await second.report_failure(attempt.token, "ended", lease_id=attempt.lease_id)
         again = await _attempt(other)  # its end lets the retry run
         assert again.token == AttemptToken(second.epoch or 0, task_id, 2)
+        with pytest.raises(StaleAttempt) as late:  # its worker, with the id, is told why
+            await second.heartbeat(attempt.token, lease_id=attempt.lease_id)
+        assert late.value.reason == "attempt"
         record = await store.get_task(task_id)
         assert record is not None and record.lease is not None  # attempt 2's own
         assert record.lease.epoch == second.epoch

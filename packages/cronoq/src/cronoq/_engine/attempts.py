@@ -294,6 +294,8 @@ class Attempts:
         del self.zombies[token.task_id]
         self.zombie_leases.pop(token.task_id, None)
         shared.held_leases.pop(token.task_id, None)
+        if zombie.lease is not None:  # one a restore held had no running lease to drop
+            shared.remember_ended(token, zombie.lease.id_hash)
         pool = shared.pools.get(zombie.pool)
         if pool is not None:
             pool.running -= 1

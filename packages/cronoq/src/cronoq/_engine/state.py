@@ -151,12 +151,16 @@ class Shared:
         id_hash = self.lease_hashes.pop(task.id, None)
         if id_hash is None:
             return end, None
+        self.remember_ended(task.token(), id_hash)
+        return end, AttemptLease(task.attempt_epoch, id_hash)
+
+    def remember_ended(self, token: AttemptToken, id_hash: bytes) -> None:
+        """An attempt's lease ended: its worker may still prove itself with the id."""
         ended = self.ended_leases
-        ended.pop(task.id, None)  # re-inserted last: the oldest entries go first
-        ended[task.id] = (task.token(), id_hash)
+        ended.pop(token.task_id, None)  # re-inserted last: the oldest entries go first
+        ended[token.task_id] = (token, id_hash)
         if len(ended) > ENDED_LEASES_KEPT:
             del ended[next(iter(ended))]
-        return end, AttemptLease(task.attempt_epoch, id_hash)
 
     def reply(self, reply_to: object, value: object) -> None:
         if reply_to is not None:
