@@ -269,8 +269,11 @@ async def test_a_real_standby_is_retried_and_the_leader_reached(tmp_path: Path) 
             async with AsyncClient(standby.target, timeout=1.0) as only_standby:
                 with pytest.raises(SchedulerError) as caught:
                     await only_standby.submit("k")
-                assert caught.value.applied is False
+                # Refused each time: not applied, unless the client's own deadline cut its last
+                # try short (a loaded machine), which leaves the outcome open for the client.
+                assert caught.value.applied in (False, None)
             async with AsyncClient([standby.target, leader.target], timeout=5.0) as client:
+                assert await client.list() == [], "a standby applied a submit"
                 for _ in range(3):  # each call starts on the replica the last one reached
                     task_id = await client.submit("k")
                     assert (await client.get(task_id)).task_id == task_id
@@ -493,8 +496,10 @@ async def test_the_overall_timeout_bounds_the_retries(scripted: Start, timeout: 
             await client.list()
         elapsed = time.monotonic() - started
     assert elapsed < timeout + MARGIN, elapsed
-    assert caught.value.applied is False
-    assert "standby" in str(caught.value)
+    # The standby's refusal, or (a loaded machine) the last try cut short by the deadline.
+    refused = (caught.value.applied, "standby" in str(caught.value))
+    cut = (caught.value.applied, "DEADLINE_EXCEEDED" in str(caught.value))
+    assert refused == (False, True) or cut == (None, True), caught.value
     assert servicer.calls >= 2  # it did retry
 
 
