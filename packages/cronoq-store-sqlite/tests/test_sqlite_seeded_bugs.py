@@ -106,44 +106,6 @@ async def test_the_clearing_check_fails_on_a_store_whose_updates_only_set_a_leas
         await harness.close_all()
 
 
-@pytest.mark.parametrize("seeded", [False, True])
-async def test_the_finished_lease_check_fails_on_a_store_that_prunes_leased_rows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeded: bool
-) -> None:
-    """Pruning by finish time alone deletes a finished row whose stopped attempt still runs."""
-    if seeded:
-        seed(monkeypatch, "_PRUNE", " AND lease_hash IS NULL", "")
-    harness = SqliteHarness(tmp_path / "cronoq.db")
-    check = StoreSuite.test_a_finished_row_keeps_its_lease_and_is_not_pruned_until_cleared
-    try:
-        if not seeded:
-            await check(StoreSuite(), harness)
-            return
-        with pytest.raises(AssertionError, match="pruning must leave a finished row"):
-            await check(StoreSuite(), harness)
-    finally:
-        await harness.close_all()
-
-
-@pytest.mark.parametrize("seeded", [False, True])
-async def test_the_finished_lease_check_fails_on_a_store_that_recovers_only_recent_rows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeded: bool
-) -> None:
-    """Recovery by finish time alone misses a leased row older than the retention."""
-    if seeded:
-        seed(monkeypatch, "_RECOVER", " OR lease_hash IS NOT NULL", "")
-    harness = SqliteHarness(tmp_path / "cronoq.db")
-    check = StoreSuite.test_a_finished_row_keeps_its_lease_and_is_not_pruned_until_cleared
-    try:
-        if not seeded:
-            await check(StoreSuite(), harness)
-            return
-        with pytest.raises(AssertionError, match="must return a finished row that keeps a lease"):
-            await check(StoreSuite(), harness)
-    finally:
-        await harness.close_all()
-
-
 # --- the kit's foreign-path check (issue 24) fails on SqliteStore opening before it looks ----
 
 
@@ -209,6 +171,23 @@ OPERATION_BUGS = [
         StoreSuite.test_a_retried_task_is_not_pruned,
         "pruning must not delete it",
         id="a-retry-keeps-the-finish-time",
+    ),
+    # A finished row whose stopped attempt may still run keeps its lease (issue 19).
+    pytest.param(
+        "_PRUNE",
+        " AND lease_hash IS NULL",
+        "",
+        StoreSuite.test_a_finished_row_keeps_its_lease_and_is_not_pruned_until_cleared,
+        "pruning must leave a finished row",
+        id="pruning-deletes-a-leased-finished-row",
+    ),
+    pytest.param(
+        "_RECOVER",
+        " OR lease_hash IS NOT NULL",
+        "",
+        StoreSuite.test_a_finished_row_keeps_its_lease_and_is_not_pruned_until_cleared,
+        "must return a finished row that keeps a lease",
+        id="recovery-misses-an-old-leased-finished-row",
     ),
 ]
 
