@@ -502,12 +502,12 @@ class Scheduler:
         return self._checked_spec(request, now_ns)
 
     def _checked_spec(self, request: TaskRequest, now_ns: int) -> TaskSpec:
-        return self._task_spec(
+        return self.task_spec(
             now_ns, request.kind, request.payload, request.pool, request.key, request.tags,
             request.name, request.priority, request.retry, request.start_at,
             request.miss_policy, request.grace, request.deadline, request.timeout, request.after,
             request.trace_context,
-        )  # fmt: skip
+        ).spec  # fmt: skip
 
     def task_spec(
         self,
@@ -537,31 +537,6 @@ class Scheduler:
         the fields go from the message to the engine's input in one pass, with no
         ``TaskRequest`` in between and no second round of checks.
         """
-        spec = self._task_spec(
-            now_ns, kind, payload, pool, key, tags, name, priority, retry, start_at,
-            miss_policy, grace, deadline, timeout, after, trace_context,
-        )  # fmt: skip
-        return CheckedTask(spec, self._issuer)
-
-    def _task_spec(
-        self,
-        now_ns: int,
-        kind: object,
-        payload: Any = None,
-        pool: object = "default",
-        key: object = None,
-        tags: object = (),
-        name: object = None,
-        priority: object = 0,
-        retry: object = None,
-        start_at: object = None,
-        miss_policy: object = MissPolicy.RUN_LATE,
-        grace: object = _DEFAULT_GRACE,
-        deadline: object = None,
-        timeout: object = None,
-        after: object = (),
-        trace_context: object = None,
-    ) -> TaskSpec:
         pool = self._pool(pool)
         start_at_ns = check.optional_instant_ns(start_at, "start_at", now_ns)
         deadline_ns = check.optional_instant_ns(deadline, "deadline", now_ns)
@@ -569,7 +544,7 @@ class Scheduler:
             raise InvalidArgument("deadline must be after start_at")
         # Positional, in TaskSpec's field order (a quarter faster than keywords: this runs for
         # every task); test_every_request_field_reaches_its_spec_field keeps the order honest.
-        return TaskSpec(
+        spec = TaskSpec(
             pool,
             check.text(kind, "kind"),
             check.payload(self._codec, payload, self._max_payload),
@@ -588,6 +563,7 @@ class Scheduler:
             None,
             check.trace_context(trace_context),
         )
+        return CheckedTask(spec, self._issuer)
 
     def payload_specs(self, template: CheckedTask, payloads: Iterable[Any]) -> list[CheckedTask]:
         """One task per payload, each ``template`` (made by :meth:`task_spec`) with that
