@@ -31,7 +31,7 @@ from cronoq import (
     TaskContext,
     WaitTimedOut,
 )
-from cronoq.errors import StaleAttempt, StoreFatal
+from cronoq.errors import Fenced, StaleAttempt, StoreFatal, Unavailable
 from cronoq.store import (
     Mutation,
     RecoveredState,
@@ -44,6 +44,7 @@ from cronoq.store import (
     TimeBase,
 )
 from cronoq_conformance import CommitFault, FaultyStore
+from cronoq_conformance._faults import DelegatingStore
 
 ONCE = RetryPolicy(max_attempts=1)
 TWICE = RetryPolicy.exponential(2, initial=0.01, maximum=0.01, jitter=0.0)
@@ -238,6 +239,48 @@ async def test_waiters_fail_with_scheduler_stopped_when_the_scheduler_stops(
     with pytest.raises(SchedulerStopped):
         await asyncio.wait_for(waiting, 5)
     await sched.close(timeout=0.1)
+
+
+class FencedAfterUncertain(DelegatingStore):
+    """Once armed: the next commit lands but its reply is lost, and every later one is
+    fenced (a newer leader took over between the tries)."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.memory = inner
+        self.armed = False
+        self.fenced = False
+
+    async def commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
+        if self.fenced:
+            raise Fenced(f"injected: epoch {epoch} was superseded")
+        if self.armed:
+            self.armed, self.fenced = False, True
+            await self.inner.commit(epoch, batch)
+            raise Unavailable("injected: the commit landed but its reply was lost")
+        await self.inner.commit(epoch, batch)
+
+
+@pytest.mark.parametrize("first_try", ["fenced", "landed, reply lost"])
+async def test_a_fenced_commit_tells_its_callers_whether_anything_was_applied(
+    executor: Executor, first_try: str
+) -> None:
+    # A fenced commit writes nothing (the Store contract), so its callers learn "not applied"
+    # and may retry without a key; only an earlier try that failed in flight makes it "maybe".
+    memory = MemoryStore()
+    store = FencedAfterUncertain(memory)
+    sched = Scheduler([Pool("default", executor)], store=store, commit_timeout=5.0)
+    await sched.start()
+    if first_try == "fenced":
+        store.fenced = True
+    else:
+        store.armed = True
+    with pytest.raises(SchedulerStopped) as error:
+        await asyncio.wait_for(sched.submit("job", b"", key="probe"), ANSWER_WITHIN)
+    landed = await memory.get_task_by_key("probe")
+    await sched.close(timeout=0.1)
+    assert error.value.applied is (False if first_try == "fenced" else None), error.value
+    assert (landed is None) is (first_try == "fenced")
 
 
 async def test_a_wait_that_timed_out_leaves_nothing_behind(

@@ -77,6 +77,10 @@ class _Closing(SchedulerStopped):
     """The scheduler was closed while its store was unavailable."""
 
 
+class _Refused(Fenced):
+    """The store fenced a commit before any try of it could have landed: nothing was written."""
+
+
 class Driver:
     def __init__(
         self,
@@ -122,6 +126,9 @@ class Driver:
         self._draining = False
         self._close_deadline = 0.0
         self._committing: StepResult | None = None
+        # The store refused the committing step before any try of it could land (Fenced on
+        # the first try): its callers are told it was not applied, not "maybe".
+        self._committing_refused = False
         self._last_unavailable = ""
         self.stopped = asyncio.Event()
         self.failure: BaseException | None = None
@@ -320,7 +327,12 @@ class Driver:
         result = engine.step(self._clock(), inputs)
         if result.mutations:
             self._committing = result
-            if not await self._commit(result.mutations):
+            try:
+                committed = await self._commit(result.mutations)
+            except _Refused:
+                self._committing_refused = True
+                raise
+            if not committed:
                 # Should the rebuild end in a stop, _halt answers the callers of this step.
                 await self._reconcile(inputs, result)
                 self._committing = None
@@ -336,6 +348,7 @@ class Driver:
         confirmed it (it may still have landed)."""
         give_up = time.monotonic() + self._commit_timeout
         pause = _RETRY_FIRST_S
+        uncertain = False  # an earlier try failed in flight: it may have landed
         while True:
             began = time.monotonic()
             remaining = give_up - began
@@ -346,7 +359,14 @@ class Driver:
                     else:
                         with self._tracing.commit(len(batch), self._epoch):
                             await self._store.commit(self._epoch, batch)
+            except Fenced as exc:
+                # A fenced commit changes nothing (the Store contract); only an earlier try
+                # that failed in flight can have written the batch.
+                if uncertain:
+                    raise
+                raise _Refused(str(exc)) from exc
             except (Unavailable, TimeoutError) as exc:
+                uncertain = True
                 if time.monotonic() + pause >= give_up:
                     self._last_unavailable = str(exc) or "the commit timed out"
                     return False
@@ -622,13 +642,15 @@ class Driver:
             _resolve(item.reply_to, error)
         self._inbox.clear()
         if self._committing is not None:
-            uncertain = SchedulerStopped(
-                f"{error}; it stopped while committing the operation, which may have been "
-                "applied: retry it with a key",
-                applied=None,
-            )
+            answer = error
+            if not self._committing_refused:
+                answer = SchedulerStopped(
+                    f"{error}; it stopped while committing the operation, which may have been "
+                    "applied: retry it with a key",
+                    applied=None,
+                )
             for reply_to, _ in self._committing.replies:
-                _resolve(reply_to, uncertain)
+                _resolve(reply_to, answer)
         waiters = self._moving_waiters
         if self._engine is not None:
             waiters = [*waiters, *self._engine.take_waiters()]
