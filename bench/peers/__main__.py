@@ -35,6 +35,8 @@ SYSTEMS = [
     ("cronoq_memory", "cronoq-memory", "cronoq"),
     ("cronoq_server_pg", "cronoq-server-pg", "cronoq-server"),
     ("cronoq_server_sqlite", "cronoq-server-sqlite", "cronoq-server"),
+    ("cronoq_server_pg_auth", "cronoq-server-pg-auth", "cronoq-server"),
+    ("cronoq_server_sqlite_auth", "cronoq-server-sqlite-auth", "cronoq-server"),
     ("pgqueuer", "pgqueuer", "pgqueuer"),
     ("procrastinate", "procrastinate", "procrastinate"),
     ("oban", "oban", "oban"),
@@ -47,6 +49,8 @@ COMPARED = {
     "cronoq_sqlite": "cronoq-sqlite",
     "cronoq_server_pg": "cronoq-server-pg",
     "cronoq_server_sqlite": "cronoq-server-sqlite",
+    "cronoq_server_pg_auth": "cronoq-server-pg-auth",
+    "cronoq_server_sqlite_auth": "cronoq-server-sqlite-auth",
 }
 
 

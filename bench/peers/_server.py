@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+import os
 import re
+import secrets
 import signal
 import sys
 import tempfile
@@ -73,6 +76,37 @@ name = "{pool}"
 """
 """Everything not set here is the server's default (packages/cronoq-server/README.md)."""
 
+AUTH = """
+[[auth.identities]]
+name = "app"
+permissions = ["read", "submit"]
+submit_pools = ["{pool}"]
+token_sha256 = ["{app}"]
+
+[[auth.identities]]
+name = "worker"
+permissions = ["work"]
+work_pools = ["{pool}"]
+token_sha256 = ["{worker}"]
+"""
+"""The ``_auth`` systems: the enqueuer an identity that may read and submit to the pool, the
+worker one that may work on it, so every call pays the token check and every heartbeat and
+report the pool check (as bench/auth.py sets it up)."""
+
+
+@dataclass(frozen=True)
+class Tokens:
+    app: str
+    worker: str
+
+    @classmethod
+    def fresh(cls) -> Tokens:
+        return cls(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+
+    def config(self) -> str:
+        digest = {t: hashlib.sha256(t.encode()).hexdigest() for t in (self.app, self.worker)}
+        return AUTH.format(pool=POOL, app=digest[self.app], worker=digest[self.worker])
+
 
 def _log_fields(line: str) -> dict[str, str]:
     """The key=value pairs of one of the server's log lines (quoted values unquoted)."""
@@ -85,9 +119,10 @@ def _log_fields(line: str) -> dict[str, str]:
 class ServerProcess:
     """``python -m cronoq_server serve`` on a config of its own, until it leads and serves."""
 
-    def __init__(self, store: str, directory: Path) -> None:
+    def __init__(self, store: str, directory: Path, tokens: Tokens | None = None) -> None:
         self.config = directory / "server.toml"
-        self.config.write_text(CONFIG.format(pool=POOL, store=store))
+        auth = "" if tokens is None else tokens.config()
+        self.config.write_text(CONFIG.format(pool=POOL, store=store) + auth)
         self.directory = directory
         self.process: asyncio.subprocess.Process | None = None
         self.port: int | None = None
@@ -202,12 +237,22 @@ class _ClientEnqueuer:
 class ServerSystem:
     name: str
     store: StoreSection
+    auth: bool = False
+    """Bearer tokens on: the measuring process is the ``app`` identity, the worker process (which
+    reads its token from ``CRONOQ_TOKEN``, as a deployed worker would) the ``worker`` one."""
 
     @contextlib.asynccontextmanager
     async def _serving(self) -> AsyncIterator[tuple[ServerProcess, _ClientEnqueuer]]:
+        tokens = Tokens.fresh() if self.auth else None
+        if tokens is not None:
+            os.environ["CRONOQ_TOKEN"] = tokens.worker  # for the worker process, started later
         with tempfile.TemporaryDirectory(prefix="cronoq-peers-server-") as tmp:
-            async with self.store() as section, ServerProcess(section, Path(tmp)) as server:
-                enqueuer = _ClientEnqueuer(AsyncClient(server.target))
+            async with (
+                self.store() as section,
+                ServerProcess(section, Path(tmp), tokens) as server,
+            ):
+                token = None if tokens is None else tokens.app
+                enqueuer = _ClientEnqueuer(AsyncClient(server.target, token=token))
                 try:
                     yield server, enqueuer
                 finally:
