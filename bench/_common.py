@@ -25,7 +25,10 @@ async def end_to_end(
     (``tracing``: the Scheduler's argument)."""
     pool = Pool("default", _noop, concurrency=1000)
     store = await open_store()
-    async with Scheduler([pool], store=store, seed=1, tracing=tracing) as sched:
+    # Passed only when asked for, so trees from before tracing existed run this too
+    # (bench/engine_ab.py --measure).
+    traced: dict[str, Any] = {"tracing": tracing} if tracing is not False else {}
+    async with Scheduler([pool], store=store, seed=1, **traced) as sched:
         start = time.perf_counter()
         if batch:
             ids: list[int] = []
