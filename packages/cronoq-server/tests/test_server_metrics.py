@@ -17,7 +17,7 @@ from server_process import config_toml, running_server
 
 from cronoq import MemoryStore, Pool, RetryPolicy, Scheduler, TaskContext, TaskError
 from cronoq.errors import TaskNotFound
-from cronoq_client import AsyncClient
+from cronoq_client import AsyncClient, Worker
 from cronoq_server import Address
 from cronoq_server._http import HttpServer, Readiness
 from cronoq_server._metrics import SchedulerCollector, metrics_registry
@@ -316,6 +316,10 @@ async def test_every_configured_pool_has_its_series_at_zero_from_the_start() -> 
     assert submitted == {("fast",): 2, ("flaky",): 0, ("doomed",): 0}
 
 
+async def ran(ctx: TaskContext, payload: bytes) -> bytes:
+    return payload
+
+
 async def test_grpc_calls_are_counted_by_method_and_code(tmp_path: Path) -> None:
     submit, get = "cronoq.v1.SchedulerService/Submit", "cronoq.v1.SchedulerService/Get"
     async with running_server(tmp_path, config_toml("")) as server:
@@ -327,6 +331,12 @@ async def test_grpc_calls_are_counted_by_method_and_code(tmp_path: Path) -> None
             await client.get(task_id)
             with pytest.raises(TaskNotFound):
                 await client.get(task_id + 1)
+            # A response stream is observed when it ends: one Attach, ended by the worker.
+            worker = Worker(server.target, {"default": ran}, slots=1)
+            working = asyncio.create_task(worker.run())
+            await client.wait(task_id, timeout=10)
+            worker.stop()
+            await asyncio.wait_for(working, 10)
         async with grpc.aio.insecure_channel(server.target) as channel:
             call: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
                 "/cronoq.v1.NoSuchService/Call"
@@ -355,3 +365,6 @@ async def test_grpc_calls_are_counted_by_method_and_code(tmp_path: Path) -> None
     assert not any(method.startswith("cronoq.v1.NoSuchService") for method, _ in calls)
     counts = by(samples["cronoq_grpc_call_seconds_count"], "method")
     assert counts[(submit,)] == 2 and counts[(get,)] == 2
+    attach = "cronoq.v1.WorkerService/Attach"
+    assert sum(n for (method, _), n in calls.items() if method == attach) == 1
+    assert counts[(attach,)] == 1

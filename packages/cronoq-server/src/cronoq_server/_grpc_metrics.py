@@ -12,8 +12,10 @@ not missing; a method the server does not know (a typo, a scanner) counts as ``u
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, TypeAlias
 
 import grpc
@@ -23,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from cronoq_client.protocol import pb
 
-__all__ = ["GrpcMetrics", "MetricsInterceptor", "code_of", "rewrapped"]
+__all__ = ["GrpcMetrics", "MetricsInterceptor", "code_of", "wrapped_calls"]
 
 UNKNOWN_METHOD = "unknown"
 _Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic for the type checker only
@@ -89,12 +91,35 @@ def code_of(
     return grpc.StatusCode.OK if error is None else grpc.StatusCode.UNKNOWN
 
 
-_Wrap: TypeAlias = Callable[[Callable[..., Any]], Callable[..., Any]]
+_Around: TypeAlias = Callable[[_Context], AbstractContextManager[object]]
+"""What an interceptor does around each call: entered when the handler starts, left (with
+the handler's exception, if any) when it ends."""
 
 
-def rewrapped(handler: _Handler, unary: _Wrap, streaming: _Wrap) -> _Handler:
-    """The handler with its behaviour wrapped: by ``unary`` for a single response, by
-    ``streaming`` for a response stream (see ``MetricsInterceptor._streaming``)."""
+def wrapped_calls(handler: _Handler, around: _Around) -> _Handler:
+    """The handler with each call inside ``around(context)``. A response stream is a handler
+    that writes with ``context.write`` and returns, or an async generator: either ends when
+    its last response is written."""
+
+    def unary(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+        async def call(request: Any, context: _Context) -> Any:
+            with around(context):
+                return await behaviour(request, context)
+
+        return call
+
+    def streaming(behaviour: Callable[..., Any]) -> Callable[..., Any]:
+        async def call(request: Any, context: _Context) -> None:
+            with around(context):
+                result = behaviour(request, context)
+                if isinstance(result, AsyncIterator):
+                    async for response in result:
+                        await context.write(response)
+                else:
+                    await result
+
+        return call
+
     if handler.unary_unary is not None:
         return grpc.unary_unary_rpc_method_handler(
             unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
@@ -137,51 +162,19 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             return handler
         made = self._observed.get(method)  # at most one entry per method of ``methods``
         if made is None or made[0] is not handler:
-            wrapped = rewrapped(
-                handler,
-                lambda behaviour: self._unary(method, behaviour),
-                lambda behaviour: self._streaming(method, behaviour),
-            )
+            wrapped = wrapped_calls(handler, lambda context: self._observed_call(method, context))
             made = handler, wrapped
             self._observed[method] = made
         return made[1]
 
-    def _unary(self, method: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
-        async def observed(request: Any, context: _Context) -> Any:
-            started = time.perf_counter()
-            error: BaseException | None = None
-            try:
-                return await behaviour(request, context)
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                self._metrics.observe(
-                    method, code_of(context, error), time.perf_counter() - started
-                )
-
-        return observed
-
-    def _streaming(self, method: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
-        """A response stream is a handler that writes with ``context.write`` and returns, or
-        an async generator: either is observed when it ends."""
-
-        async def observed(request: Any, context: _Context) -> Any:
-            started = time.perf_counter()
-            error: BaseException | None = None
-            try:
-                result = behaviour(request, context)
-                if isinstance(result, AsyncIterator):
-                    async for response in result:
-                        await context.write(response)
-                else:
-                    await result
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                self._metrics.observe(
-                    method, code_of(context, error), time.perf_counter() - started
-                )
-
-        return observed
+    @contextlib.contextmanager
+    def _observed_call(self, method: str, context: _Context) -> Iterator[None]:
+        started = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self._metrics.observe(method, code_of(context, error), time.perf_counter() - started)

@@ -9,14 +9,15 @@ as a server error marks the span failed.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeAlias
 
 import grpc
 from opentelemetry.trace import Span, Status, StatusCode
 
 from cronoq.tracing import Tracing
-from cronoq_server._grpc_metrics import code_of, rewrapped
+from cronoq_server._grpc_metrics import code_of, wrapped_calls
 
 __all__ = ["TracingInterceptor"]
 
@@ -56,41 +57,16 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             return None
         method = handler_call_details.method
-        return rewrapped(
-            handler,
-            lambda behaviour: self._unary(method, behaviour),
-            lambda behaviour: self._streaming(method, behaviour),
-        )
+        return wrapped_calls(handler, lambda context: self._traced_call(method, context))
 
-    def _unary(self, method: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
-        async def traced(request: Any, context: _Context) -> Any:
-            with self._tracing.server_call(method, context.invocation_metadata()) as span:
-                error: BaseException | None = None
-                try:
-                    return await behaviour(request, context)
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    _ended(span, context, error)
-
-        return traced
-
-    def _streaming(self, method: str, behaviour: Callable[..., Any]) -> Callable[..., Any]:
-        async def traced(request: Any, context: _Context) -> Any:
-            with self._tracing.server_call(method, context.invocation_metadata()) as span:
-                error: BaseException | None = None
-                try:
-                    result = behaviour(request, context)
-                    if isinstance(result, AsyncIterator):
-                        async for response in result:
-                            await context.write(response)
-                    else:
-                        await result
-                except BaseException as exc:
-                    error = exc
-                    raise
-                finally:
-                    _ended(span, context, error)
-
-        return traced
+    @contextlib.contextmanager
+    def _traced_call(self, method: str, context: _Context) -> Iterator[None]:
+        with self._tracing.server_call(method, context.invocation_metadata()) as span:
+            error: BaseException | None = None
+            try:
+                yield
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                _ended(span, context, error)
