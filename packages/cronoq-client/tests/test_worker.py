@@ -18,6 +18,7 @@ import textwrap
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,8 @@ from cronoq import (
 )
 from cronoq.errors import CronoqError, InvalidArgument, SchedulerError, StaleAttempt
 from cronoq_client import AsyncClient
+from cronoq_client._channel import Connection
+from cronoq_client._heartbeats import Heartbeats
 from cronoq_client._reports import Reports
 from cronoq_client._worker import MAX_MESSAGE, Worker
 from cronoq_client.protocol import (
@@ -916,6 +919,65 @@ async def test_a_report_call_ended_by_a_closed_channel_is_answered_and_the_queue
     assert accepted is None
     assert stub.calls == [1, 1]
     await reports.close()
+
+
+class _HeartbeatStub:
+    """A WorkerService stub for ``Heartbeats``: its first HeartbeatMany ends as grpc.aio ends a
+    call whose channel is closed under it, and a call of more than ``limit`` heartbeats is
+    refused as too large, as gRPC refuses a message over the server's limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.calls: list[int] = []
+
+    async def HeartbeatMany(self, request: pb.HeartbeatManyRequest, timeout: float) -> Any:
+        self.calls.append(len(request.heartbeats))
+        if len(self.calls) == 1:
+            raise asyncio.CancelledError
+        if len(request.heartbeats) > self.limit:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                "Received message larger than max (1200 vs. 1024)",
+            )
+        renewed = LeaseRenewed(datetime.now(UTC), None, False)
+        return pb.HeartbeatManyResponse(
+            results=[heartbeat_result(renewed) for _ in request.heartbeats]
+        )
+
+
+async def test_a_cut_heartbeat_call_is_tried_again_and_a_too_large_one_in_halves() -> None:
+    stub = _HeartbeatStub(limit=2)
+    connection = Connection(None, None, 1)  # type: ignore[arg-type]
+    reconnects: list[Connection] = []
+    renewed: dict[int, int] = {}
+    all_renewed = asyncio.Event()
+
+    def on_renewed(token: AttemptToken, sent: float, renewal: LeaseRenewed) -> None:
+        renewed[token.task_id] = renewed.get(token.task_id, 0) + 1
+        if len(renewed) == 3:
+            all_renewed.set()
+
+    beats = Heartbeats(
+        lambda: (connection, stub),  # type: ignore[arg-type,return-value]
+        reconnects.append,
+        on_renewed,
+        lambda token, error: None,
+        1 << 20,
+    )
+    for task_id in (1, 2, 3):
+        beats.add(AttemptToken(1, task_id, 1), bytes(16), 0.3)
+    try:
+        async with asyncio.timeout(WAIT_S):
+            await all_renewed.wait()
+    finally:
+        await beats.close()
+    # Cut by a closed channel (a reconnect made already): all three again soon, refused as too
+    # large, then in halves; nothing renewed twice, no new connection asked for.
+    assert stub.calls[:4] == [3, 3, 1, 2], stub.calls
+    assert renewed == {1: 1, 2: 1, 3: 1}
+    assert reconnects == []
 
 
 async def test_a_worker_whose_message_limit_is_below_the_servers_is_refused(server: Real) -> None:

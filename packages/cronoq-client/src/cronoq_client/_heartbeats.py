@@ -71,10 +71,10 @@ class _Beat:
     def renewed(self, sent: float) -> None:
         self.due, self.timeout, self.failures = sent + self.interval, self.interval, 0
 
-    def failed(self, now: float, *, closed: bool = False) -> None:
-        # Until one succeeds: soon again (a few tenths of a second, jittered), each try
-        # bounded to half the usual time, except after a reconnect cut the call short.
-        self.due = now + min(self.interval, _BACKOFF.delay(min(self.failures, 3)))
+    def failed(self, now: float, wait: float, *, closed: bool) -> None:
+        # Until one succeeds: soon again, each try bounded to half the usual time, except
+        # after a reconnect cut the call short.
+        self.due = now + min(self.interval, wait)
         self.failures += 1
         if not closed:
             self.timeout = self.interval / 2
@@ -181,6 +181,9 @@ class Heartbeats:
             closed = True
             answers = [SchedulerError(CLOSED_UNDER_CALL, applied=None)] * len(batch)
         now = loop.time()
+        # A few tenths of a second, jittered against other workers, one draw for the call: the
+        # attempts that failed together are tried again together.
+        wait = _BACKOFF.delay(min(max(beat.failures for beat in batch), 3))
         failed: CronoqError | None = None
         for beat, answer in zip(batch, answers, strict=True):
             if self._beats.get(beat.token) is not beat:
@@ -193,7 +196,7 @@ class Heartbeats:
                 del self._beats[beat.token]
                 self._stale(beat.token, answer)
             else:
-                beat.failed(now, closed=closed)
+                beat.failed(now, wait, closed=closed)
                 failed = answer
         if failed is not None:
             log.info("heartbeat failed (%d attempts in the call): %s", len(batch), failed)
