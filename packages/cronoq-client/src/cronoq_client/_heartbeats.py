@@ -180,6 +180,10 @@ class Heartbeats:
                 raise
             closed = True
             answers = [SchedulerError(CLOSED_UNDER_CALL, applied=None)] * len(batch)
+        except Exception as exc:  # a bug below us: still an answer, never a beat left sending
+            log.exception("HeartbeatMany failed")
+            failure = SchedulerError(f"the heartbeat call failed: {exc!r}", applied=None)
+            answers = [failure] * len(batch)
         now = loop.time()
         # A few tenths of a second, jittered against other workers, one draw for the call: the
         # attempts that failed together are tried again together.
