@@ -70,7 +70,7 @@ http = "127.0.0.1:0"
 
 [[pools]]
 name = "{pool}"
-
+{pool_options}
 [store]
 {store}
 """
@@ -119,13 +119,18 @@ def _log_fields(line: str) -> dict[str, str]:
 class ServerProcess:
     """``python -m cronoq_server serve`` on a config of its own, until it leads and serves."""
 
-    def __init__(self, store: str, directory: Path, tokens: Tokens | None = None) -> None:
+    def __init__(
+        self, store: str, directory: Path, tokens: Tokens | None = None, pool_options: str = ""
+    ) -> None:
+        """``pool_options``: more TOML lines of the pool's table (``lease_s = 6``)."""
         self.config = directory / "server.toml"
         auth = "" if tokens is None else tokens.config()
-        self.config.write_text(CONFIG.format(pool=POOL, store=store) + auth)
+        config = CONFIG.format(pool=POOL, pool_options=pool_options, store=store)
+        self.config.write_text(config + auth)
         self.directory = directory
         self.process: asyncio.subprocess.Process | None = None
         self.port: int | None = None
+        self.http_port: int | None = None
         self.leading: asyncio.Future[None] | None = None
         self.reader: asyncio.Task[None] | None = None
         self.tail: deque[str] = deque(maxlen=40)
@@ -167,6 +172,7 @@ class ServerProcess:
             fields = _log_fields(line)
             if fields.get("msg") == "listening":
                 self.port = int(fields["grpc_port"])
+                self.http_port = int(fields["http_port"])
             elif (
                 fields.get("msg") == "serving"
                 and fields.get("role") == "leading"

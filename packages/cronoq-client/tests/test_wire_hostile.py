@@ -421,6 +421,7 @@ REPLIES: list[tuple[type[Message], Callable[[Any], object]]] = [
     (pb.AttachResponse, w.worker_events_from_pb),
     (pb.ReportResult, error_from_report_result),
     (pb.HeartbeatResponse, w.lease_renewed_from_pb),
+    (pb.HeartbeatResult, w.heartbeat_result_from_pb),
     (pb.RetryPolicy, w.retry_from_pb),
 ]
 

@@ -56,7 +56,14 @@ from cronoq import (
     TaskInfo,
     TaskRequest,
 )
-from cronoq.errors import CronoqError, InvalidArgument, PayloadError, StaleAttempt, TaskNotFound
+from cronoq.errors import (
+    CronoqError,
+    InvalidArgument,
+    PayloadError,
+    SchedulerError,
+    StaleAttempt,
+    TaskNotFound,
+)
 from cronoq_client import _wire as w
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._sizes import list_response_to_pb
@@ -427,6 +434,28 @@ def test_heartbeat_carries_the_token_and_its_lease_id(token: AttemptToken, lease
 def test_lease_renewed_round_trips(expires: datetime, reason: str | None, stopped: bool) -> None:
     renewed = LeaseRenewed(expires, reason, stopped)
     assert w.lease_renewed_from_pb(wire(w.lease_renewed_to_pb(renewed))) == renewed
+
+
+@ROUND_TRIPS
+@given(utc_datetimes, optional_texts, st.booleans())
+def test_a_renewal_in_a_heartbeat_many_round_trips(
+    expires: datetime, reason: str | None, stopped: bool
+) -> None:
+    renewed = LeaseRenewed(expires, reason, stopped)
+    assert w.heartbeat_result_from_pb(wire(w.heartbeat_result(renewed))) == renewed
+
+
+@ROUND_TRIPS
+@given(texts, st.sampled_from(["epoch", "attempt", "lease", "finished", "unknown"]))
+def test_a_refused_heartbeat_in_a_heartbeat_many_is_its_exception(message: str, why: str) -> None:
+    error = w.heartbeat_result_from_pb(wire(w.heartbeat_result(StaleAttempt(message, why))))
+    assert isinstance(error, StaleAttempt) and (str(error), error.reason) == (message, why)
+
+
+def test_a_heartbeat_result_with_neither_outcome_is_a_failure_not_a_renewal() -> None:
+    for result in (pb.HeartbeatResult(), pb.HeartbeatResult(refused=pb.ReportResult())):
+        error = w.heartbeat_result_from_pb(wire(result))
+        assert isinstance(error, SchedulerError) and error.applied is None, error
 
 
 @ROUND_TRIPS

@@ -17,7 +17,8 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ from server_process import config_toml, running_server
 from cronoq import (
     AttemptToken,
     BytesCodec,
+    CancelRequested,
+    LeaseRenewed,
     MemoryStore,
     RemotePool,
     RetryPolicy,
@@ -37,14 +40,17 @@ from cronoq import (
     TaskError,
     TaskRequest,
 )
-from cronoq.errors import CronoqError, InvalidArgument, SchedulerError
+from cronoq.errors import CronoqError, InvalidArgument, SchedulerError, StaleAttempt
 from cronoq_client import AsyncClient
+from cronoq_client._channel import Connection
+from cronoq_client._heartbeats import Heartbeats
 from cronoq_client._reports import Reports
 from cronoq_client._worker import MAX_MESSAGE, Worker
 from cronoq_client.protocol import (
     Attached,
     Reason,
     attach_kwargs,
+    heartbeat_result,
     heartbeat_token,
     lease_renewed_to_pb,
     pb,
@@ -81,6 +87,20 @@ class _Service(pb_grpc.WorkerServiceServicer):
         """The number of reports of each ReportMany call."""
         self.hold_first_report: asyncio.Event | None = None
         """Set: the first ReportMany call is answered only once it is set."""
+        self.heartbeat_calls: list[list[int]] = []
+        """The task ids of each HeartbeatMany call."""
+        self.unary_heartbeats = 0
+        self.renewals: dict[int, int] = {}
+        """Task id -> leases renewed."""
+        self.renewed = asyncio.Condition()
+        self.older = False
+        """True: HeartbeatMany is unknown (UNIMPLEMENTED), as on a server of an older release."""
+        self.unknown_calls = 0
+        """HeartbeatMany calls answered UNIMPLEMENTED."""
+        self.stale: set[tuple[int, int]] = set()
+        """(task id, attempt) whose heartbeats are answered stale, as if its lease had run out."""
+        self.hide_cancels = False
+        """True: cancellations are not sent on the stream (a worker learns them by heartbeat)."""
 
     async def Attach(self, request: pb.AttachRequest, context: Any) -> None:  # type: ignore[override]
         if self.standby:
@@ -103,18 +123,55 @@ class _Service(pb_grpc.WorkerServiceServicer):
             leases = dict.fromkeys(options["pools"], self.lease)
             await context.write(worker_events_to_pb([Attached(self.sched.epoch or 0, leases)]))
             async for event in link:
+                if self.hide_cancels and isinstance(event, CancelRequested):
+                    continue
                 await context.write(worker_events_to_pb([event]))
         finally:
             link.close()
             self.detached.set()
 
+    async def _heartbeat(self, request: pb.HeartbeatRequest) -> LeaseRenewed:
+        token, lease_id = heartbeat_token(request)
+        if (token.task_id, token.attempt) in self.stale:
+            raise StaleAttempt(f"task {token.task_id}: the lease ran out", "lease")
+        renewed = await self.sched.heartbeat(token, lease_id=lease_id)
+        async with self.renewed:
+            self.renewals[token.task_id] = self.renewals.get(token.task_id, 0) + 1
+            self.renewed.notify_all()
+        return renewed
+
+    async def renewed_at_least(self, task_ids: Iterable[int], times: int) -> None:
+        """Return once each of these tasks' leases was renewed ``times`` times."""
+        async with asyncio.timeout(WAIT_S), self.renewed:
+            await self.renewed.wait_for(
+                lambda: all(self.renewals.get(t, 0) >= times for t in task_ids)
+            )
+
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
+        self.unary_heartbeats += 1
         try:
-            token, lease_id = heartbeat_token(request)
-            return lease_renewed_to_pb(await self.sched.heartbeat(token, lease_id=lease_id))
+            return lease_renewed_to_pb(await self._heartbeat(request))
         except CronoqError as exc:
             await context.abort_with_status(status_for(exc))
             raise
+
+    async def HeartbeatMany(
+        self, request: pb.HeartbeatManyRequest, context: Any
+    ) -> pb.HeartbeatManyResponse:
+        if self.older:
+            self.unknown_calls += 1
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not implemented!")
+        self.heartbeat_calls.append([h.token.task_id for h in request.heartbeats])
+        outcomes = await asyncio.gather(
+            *(self._heartbeat(heartbeat) for heartbeat in request.heartbeats),
+            return_exceptions=True,
+        )
+        results = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException) and not isinstance(outcome, CronoqError):
+                raise outcome
+            results.append(heartbeat_result(outcome))
+        return pb.HeartbeatManyResponse(results=results)
 
     async def _report(self, request: pb.ReportRequest) -> None:
         token, lease_id, outcome = report_from_pb(request)
@@ -304,6 +361,109 @@ async def test_a_batch_of_reports_over_the_servers_limit_is_split_not_failed(
     # The first report went alone; the two that waited for it were refused together (the
     # server never saw that call) and then sent one by one.
     assert served.service.report_calls == [1, 1, 1]
+
+
+# --- heartbeats ---------------------------------------------------------------------------------
+
+
+async def _hold(ctx: TaskContext, payload: bytes | None) -> None:
+    """Runs until cancelled (by a cancellation, a stale lease or the worker's stop)."""
+    await asyncio.Event().wait()
+
+
+async def test_the_heartbeats_of_many_attempts_leave_together(served: Served) -> None:
+    # 50 attempts outlasting three renewals each: 150 Heartbeat calls one by one, a few
+    # HeartbeatMany calls together (the attempts arrived within a quarter interval).
+    release = asyncio.Event()
+
+    async def fn(ctx: TaskContext, payload: bytes | None) -> None:
+        await release.wait()
+
+    running = await _worker(served, fn, slots=50)
+    try:
+        ids = await served.sched.submit_many([TaskRequest("t") for _ in range(50)])
+        await served.service.renewed_at_least(ids, 3)
+        release.set()
+        for task_id in ids:
+            info = await served.sched.wait(task_id, timeout=WAIT_S)
+            assert (info.status, info.attempt) == (Status.SUCCEEDED, 1)
+    finally:
+        await running.finish()
+    calls = served.service.heartbeat_calls
+    assert served.service.unary_heartbeats == 0
+    assert sum(map(len, calls)) >= 150
+    assert len(calls) <= 12, [len(c) for c in calls]
+
+
+async def test_a_lone_attempts_heartbeat_leaves_at_its_due_time(served: Served) -> None:
+    running = await _worker(served, _hold)
+    try:
+        [task_id] = await served.sched.submit_many([TaskRequest("t")])
+        began = time.monotonic()
+        await served.service.renewed_at_least([task_id], 2)
+        # Every third of the 1 s lease, as the loop of one attempt had it: no wait for others.
+        assert 0.6 <= time.monotonic() - began < 0.6 + 0.5
+    finally:
+        await running.finish()
+    assert served.service.heartbeat_calls[:2] == [[task_id], [task_id]]
+
+
+async def test_stale_and_cancel_answers_stop_their_own_attempts_only(served: Served) -> None:
+    served.service.hide_cancels = True  # the cancellation reaches the worker by heartbeat
+    reasons: dict[int, str | None] = {}
+    started, stopped = asyncio.Event(), asyncio.Event()
+
+    async def fn(ctx: TaskContext, payload: bytes | None) -> None:
+        if running.worker.running == 3:
+            started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            reasons[ctx.task_id] = ctx.cancel_reason
+            if len(reasons) == 2:
+                stopped.set()
+
+    running = await _worker(served, fn, slots=3)
+    try:
+        once = RetryPolicy(max_attempts=1)
+        stale, cancelled, kept = await served.sched.submit_many(
+            [TaskRequest("t", retry=once) for _ in range(3)]
+        )
+        async with asyncio.timeout(WAIT_S):
+            await started.wait()  # leased, so that the cancel is a running attempt's
+        served.service.stale.add((stale, 1))
+        assert await served.sched.cancel(cancelled, reason="stop it") is Status.RUNNING
+        async with asyncio.timeout(WAIT_S):
+            await stopped.wait()
+        assert "no longer current" in (reasons[stale] or ""), reasons
+        assert reasons[cancelled] == "stop it"
+        assert (await served.sched.wait(cancelled, timeout=WAIT_S)).status is Status.CANCELLED
+        # The one still held goes on being renewed; the stale one is heard of no more.
+        renewals = served.service.renewals.get(kept, 0)
+        await served.service.renewed_at_least([kept], renewals + 2)
+        assert kept not in reasons
+    finally:
+        await running.finish()
+    calls = served.service.heartbeat_calls
+    assert sorted(calls[0]) == sorted([stale, cancelled, kept]), calls
+    assert not [call for call in calls[1:] if stale in call], calls
+
+
+async def test_a_server_without_heartbeat_many_gets_one_heartbeat_per_attempt(
+    served: Served,
+) -> None:
+    served.service.older = True
+    running = await _worker(served, _hold, slots=3)
+    try:
+        ids = await served.sched.submit_many([TaskRequest("t") for _ in range(3)])
+        await served.service.renewed_at_least(ids, 3)
+        for task_id in ids:
+            assert (await served.sched.get(task_id)).attempt == 1  # no lease ran out
+    finally:
+        await running.finish()
+    # HeartbeatMany was tried once on the connection.
+    assert served.service.unknown_calls == 1
+    assert served.service.unary_heartbeats >= 9
 
 
 async def test_async_and_thread_functions_run_and_their_outputs_come_back(server: Real) -> None:
@@ -759,6 +919,65 @@ async def test_a_report_call_ended_by_a_closed_channel_is_answered_and_the_queue
     assert accepted is None
     assert stub.calls == [1, 1]
     await reports.close()
+
+
+class _HeartbeatStub:
+    """A WorkerService stub for ``Heartbeats``: its first HeartbeatMany ends as grpc.aio ends a
+    call whose channel is closed under it, and a call of more than ``limit`` heartbeats is
+    refused as too large, as gRPC refuses a message over the server's limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.calls: list[int] = []
+
+    async def HeartbeatMany(self, request: pb.HeartbeatManyRequest, timeout: float) -> Any:
+        self.calls.append(len(request.heartbeats))
+        if len(self.calls) == 1:
+            raise asyncio.CancelledError
+        if len(request.heartbeats) > self.limit:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                "Received message larger than max (1200 vs. 1024)",
+            )
+        renewed = LeaseRenewed(datetime.now(UTC), None, False)
+        return pb.HeartbeatManyResponse(
+            results=[heartbeat_result(renewed) for _ in request.heartbeats]
+        )
+
+
+async def test_a_cut_heartbeat_call_is_tried_again_and_a_too_large_one_in_halves() -> None:
+    stub = _HeartbeatStub(limit=2)
+    connection = Connection(None, None, 1)  # type: ignore[arg-type]
+    reconnects: list[Connection] = []
+    renewed: dict[int, int] = {}
+    all_renewed = asyncio.Event()
+
+    def on_renewed(token: AttemptToken, sent: float, renewal: LeaseRenewed) -> None:
+        renewed[token.task_id] = renewed.get(token.task_id, 0) + 1
+        if len(renewed) == 3:
+            all_renewed.set()
+
+    beats = Heartbeats(
+        lambda: (connection, stub),  # type: ignore[arg-type,return-value]
+        reconnects.append,
+        on_renewed,
+        lambda token, error: None,
+        1 << 20,
+    )
+    for task_id in (1, 2, 3):
+        beats.add(AttemptToken(1, task_id, 1), bytes(16), 0.3)
+    try:
+        async with asyncio.timeout(WAIT_S):
+            await all_renewed.wait()
+    finally:
+        await beats.close()
+    # Cut by a closed channel (a reconnect made already): all three again soon, refused as too
+    # large, then in halves; nothing renewed twice, no new connection asked for.
+    assert stub.calls[:4] == [3, 3, 1, 2], stub.calls
+    assert renewed == {1: 1, 2: 1, 3: 1}
+    assert reconnects == []
 
 
 async def test_a_worker_whose_message_limit_is_below_the_servers_is_refused(server: Real) -> None:

@@ -57,6 +57,7 @@ REQUIRED = {
     "RemoveSchedule": "schedules",
     "Attach": "work",
     "Heartbeat": "work",
+    "HeartbeatMany": "work",
     "Report": "work",
     "ReportMany": "work",
     "ListPools": "read",
@@ -137,6 +138,9 @@ def _request(method: str) -> Message:
         "RemoveSchedule": pb.RemoveScheduleRequest(name="absent"),
         "Attach": wire.attach_request("w", ["matrix"], 1),
         "Heartbeat": wire.heartbeat_request(token, bytes(16)),
+        "HeartbeatMany": pb.HeartbeatManyRequest(
+            heartbeats=[wire.heartbeat_request(token, bytes(16))]
+        ),
         "Report": report,
         "ReportMany": pb.ReportManyRequest(reports=[report]),
         # Unknown names and ids: the server answers, and the module's pools stay unpaused.
@@ -153,7 +157,7 @@ def _request(method: str) -> Message:
 def _path(method: str) -> str:
     service = (
         "WorkerService"
-        if method in ("Attach", "Heartbeat", "Report", "ReportMany")
+        if method in ("Attach", "Heartbeat", "HeartbeatMany", "Report", "ReportMany")
         else ("SchedulerService")
     )
     return f"/{pb.DESCRIPTOR.services_by_name[service].full_name}/{method}"
@@ -305,6 +309,23 @@ async def test_a_worker_of_pool_a_never_gets_an_attempt_of_pool_b(
             pb.ReportManyRequest(reports=[report]), metadata=as_worker
         )
         assert [r.reason for r in many.results] == ["PERMISSION_DENIED"]
+        # In a batch each heartbeat is authorized alone: pool B's is refused and renews
+        # nothing (its worker was never heard of), worker-a's own is renewed.
+        own = wire.heartbeat_request(mine.token, mine.lease_id)
+        beats = await worker_stub.HeartbeatMany(
+            pb.HeartbeatManyRequest(heartbeats=[stolen, own]), metadata=as_worker
+        )
+        refused, renewed = beats.results
+        assert (refused.refused.reason, refused.refused.message) == (
+            "PERMISSION_DENIED",
+            "identity 'worker-a' lacks the permission 'work' on pool 'pool-b'",
+        )
+        assert renewed.WhichOneof("result") == "renewed"
+        workers = await wire.pb_grpc.SchedulerServiceStub(channel).ListWorkers(
+            pb.ListWorkersRequest(), metadata=metadata(TOKENS["admin"])
+        )
+        heard = {tuple(w.pools): w.HasField("last_heartbeat_at") for w in workers.workers}
+        assert heard == {("pool-a",): True, ("pool-b",): False}
         # Without the lease id, pool B's attempt gets the answer of an attempt that does not
         # exist, word for word but the id: a refusal naming the pool would tell it is there.
         answers = []

@@ -73,6 +73,7 @@ POOLS = (
             "batched",
             "large",
             "many",
+            "beats",
             "forged",
         )
     )
@@ -746,6 +747,69 @@ async def test_report_many_judges_each_report_alone(api: Api, attach: Attacher) 
     )
 
 
+async def test_heartbeat_many_answers_each_heartbeat_alone(api: Api, attach: Attacher) -> None:
+    worker, epoch = await attach("beats", 2)
+    renewed_id, cancelled_id = (
+        await submitted(api, pool="beats"),
+        await submitted(api, pool="beats"),
+    )
+    attempts = {}
+    for _ in range(2):
+        attempt = await worker.attempt()
+        attempts[attempt.token.task_id] = attempt
+    current, cancelled = attempts[renewed_id].token, attempts[cancelled_id].token
+    await api.tasks.Cancel(pb.CancelRequest(task_id=cancelled_id, reason="stop it"))
+    before = await api.tasks.Get(pb.GetRequest(task_id=renewed_id))
+    reply = await api.workers.HeartbeatMany(
+        pb.HeartbeatManyRequest(
+            heartbeats=[
+                pb.HeartbeatRequest(token=current),
+                pb.HeartbeatRequest(token=token(epoch, renewed_id, 1)),  # without its lease id
+                pb.HeartbeatRequest(),  # no token
+                pb.HeartbeatRequest(token=cancelled),
+            ]
+        )
+    )
+    renewed, unknown, bad, cancel = reply.results
+    assert renewed.WhichOneof("result") == "renewed"
+    assert renewed.renewed.lease_expires_at.ToNanoseconds() >= (
+        attempts[renewed_id].lease_expires_at.ToNanoseconds()
+    )
+    assert (renewed.renewed.cancel_requested, renewed.renewed.stopped) == (False, False)
+    # Each refusal is the error a Heartbeat would have failed with.
+    assert (unknown.refused.reason, unknown.refused.metadata["why"]) == ("STALE_ATTEMPT", "unknown")
+    assert isinstance(wire.heartbeat_result_from_pb(unknown), StaleAttempt)
+    assert (bad.refused.reason, bad.refused.message) == (
+        "INVALID_ARGUMENT", "a heartbeat needs the token of its attempt",
+    )  # fmt: skip
+    assert (cancel.renewed.cancel_requested, cancel.renewed.cancel_reason) == (True, "stop it")
+    assert wire.heartbeat_result_from_pb(cancel) == wire.lease_renewed_from_pb(cancel.renewed)
+    # A token of a later leader's is no refusal for good (this replica may no longer lead):
+    # the call fails as a whole, as a Heartbeat would, and the worker sends it all again.
+    later = token(epoch + 1, renewed_id, 1, current.lease_id)
+    err = await rejected(
+        api.workers.HeartbeatMany(
+            pb.HeartbeatManyRequest(
+                heartbeats=[pb.HeartbeatRequest(token=current), pb.HeartbeatRequest(token=later)]
+            )
+        )
+    )
+    assert_status(err, Code.UNAVAILABLE, "NOT_APPLIED", "later leader")
+    after = await api.tasks.Get(pb.GetRequest(task_id=renewed_id))
+    assert (after.status, after.attempt) == (before.status, before.attempt)
+    # The finished attempt's heartbeat is answered stale, as a Heartbeat's.
+    await api.workers.Report(pb.ReportRequest(token=current, success=pb.Success()))
+    reply = await api.workers.HeartbeatMany(
+        pb.HeartbeatManyRequest(heartbeats=[pb.HeartbeatRequest(token=current)])
+    )
+    [finished] = reply.results
+    assert (finished.refused.reason, finished.refused.metadata["why"]) == (
+        "STALE_ATTEMPT", "finished",
+    )  # fmt: skip
+    failure = pb.Failure(message="cancelled", retryable=False)
+    await api.workers.Report(pb.ReportRequest(token=cancelled, failure=failure))
+
+
 # === 2. the bad inputs of tests/test_validation.py, in their wire form ============================
 
 
@@ -1091,6 +1155,9 @@ def bad_others() -> Iterator[Bad]:
         bad("ReportMany-too-many", "ReportMany",
             pb.ReportManyRequest(reports=[pb.ReportRequest(token=token(1, 1, 1))] * 1001),
             "reports: 1001 given; the limit is 1000"),
+        bad("HeartbeatMany-too-many", "HeartbeatMany",
+            pb.HeartbeatManyRequest(heartbeats=[pb.HeartbeatRequest(token=token(1, 1, 1))] * 1001),
+            "heartbeats: 1001 given; the limit is 1000"),
         bad("Report-unknown-task", "Report",
             pb.ReportRequest(token=token(1, 10**15, 1), success=pb.Success()),
             "unknown with this lease id", "STALE_ATTEMPT", Code.FAILED_PRECONDITION),
@@ -1098,6 +1165,9 @@ def bad_others() -> Iterator[Bad]:
 
 
 BAD = [*bad_submits(), *bad_others()]
+
+
+WORKER_METHODS = ("Heartbeat", "HeartbeatMany", "Report", "ReportMany")
 
 
 def invoke(api: Api, method: str, request: Message, **kwargs: Any) -> Awaitable[Any]:
@@ -1113,7 +1183,7 @@ def invoke(api: Api, method: str, request: Message, **kwargs: Any) -> Awaitable[
                 stream.cancel()
 
         return first()
-    stub = api.workers if method in ("Heartbeat", "Report", "ReportMany") else api.tasks
+    stub = api.workers if method in WORKER_METHODS else api.tasks
     result: Awaitable[Any] = getattr(stub, method)(request, **kwargs)
     return result
 
@@ -1230,7 +1300,7 @@ async def test_reflection_lists_and_describes_the_services(api: Api) -> None:
     ]
     [ours] = [f for f in files if f.package == "cronoq.v1"]
     services = {s.name: [m.name for m in s.method] for s in ours.service}
-    assert services["WorkerService"] == ["Attach", "Heartbeat", "Report", "ReportMany"]
+    assert services["WorkerService"] == ["Attach", *WORKER_METHODS]
     assert "PreviewSchedule" in services["SchedulerService"]
 
 
@@ -1295,6 +1365,9 @@ VALID: dict[str, Message] = {
     "Report": pb.ReportRequest(token=token(1, 1, 1), success=pb.Success()),
     "ReportMany": pb.ReportManyRequest(
         reports=[pb.ReportRequest(token=token(1, 1, 1), success=pb.Success())]
+    ),
+    "HeartbeatMany": pb.HeartbeatManyRequest(
+        heartbeats=[pb.HeartbeatRequest(token=token(1, 1, 1))]
     ),
 }
 """A valid request of each method with arguments, for the fuzzing to vary a field or two of."""

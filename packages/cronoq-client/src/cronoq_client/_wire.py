@@ -60,10 +60,12 @@ from cronoq import (
     encode_with,
     unix_ns,
 )
-from cronoq.errors import InvalidArgument, PayloadError
+from cronoq.errors import CronoqError, InvalidArgument, PayloadError, SchedulerError
 from cronoq_client._proto import cronoq_pb2 as pb
+from cronoq_client._status import error_from_report_result, report_result
 
 __all__ = [
+    "MAX_HEARTBEATS_PER_CALL",
     "MAX_REPORTS_PER_CALL",
     "MAX_SUBMIT_MANY_REFERENCES",
     "MAX_SUBMIT_MANY_TASKS",
@@ -83,7 +85,10 @@ __all__ = [
     "cancel_request",
     "get_by_key_request",
     "get_request",
+    "heartbeat_many_from_pb",
     "heartbeat_request",
+    "heartbeat_result",
+    "heartbeat_result_from_pb",
     "heartbeat_token",
     "lease_renewed_from_pb",
     "lease_renewed_to_pb",
@@ -1409,6 +1414,42 @@ def lease_renewed_from_pb(message: pb.HeartbeatResponse) -> LeaseRenewed:
         message.cancel_reason if message.cancel_requested else None,
         message.stopped,
     )
+
+
+MAX_HEARTBEATS_PER_CALL = 1_000
+"""Most heartbeats one HeartbeatMany may carry (a worker with more due sends several calls)."""
+
+
+def heartbeat_many_from_pb(message: pb.HeartbeatManyRequest) -> Sequence[pb.HeartbeatRequest]:
+    """The heartbeats of a HeartbeatMany, each for ``heartbeat_token`` (and so judged alone)."""
+    if len(message.heartbeats) > MAX_HEARTBEATS_PER_CALL:
+        raise InvalidArgument(
+            f"heartbeats: {len(message.heartbeats)} given; the limit is {MAX_HEARTBEATS_PER_CALL}"
+        )
+    return message.heartbeats
+
+
+def heartbeat_result(outcome: LeaseRenewed | CronoqError) -> pb.HeartbeatResult:
+    """One heartbeat's result in a HeartbeatMany: renewed, or refused for good."""
+    if isinstance(outcome, LeaseRenewed):
+        return pb.HeartbeatResult(renewed=lease_renewed_to_pb(outcome))
+    return pb.HeartbeatResult(refused=report_result(outcome))
+
+
+def heartbeat_result_from_pb(result: pb.HeartbeatResult) -> LeaseRenewed | CronoqError:
+    """The renewal, or the exception a Heartbeat call would have raised. A result that is
+    neither (a server that does not keep the protocol) is a SchedulerError: nothing is known,
+    and the worker tries again soon, as after a failed call."""
+    which = result.WhichOneof("result")
+    try:
+        if which == "renewed":
+            return lease_renewed_from_pb(result.renewed)
+        refusal = error_from_report_result(result.refused) if which == "refused" else None
+    except InvalidArgument as exc:
+        return SchedulerError(f"the server answered an unreadable renewal: {exc}", applied=None)
+    if refusal is None:
+        return SchedulerError("the server answered a heartbeat with no result", applied=None)
+    return refusal
 
 
 def report_request(

@@ -7,7 +7,8 @@ exception is a retryable failure; an attempt that returns after it was asked to 
 failure with the reason.
 
 The worker holds one Attach stream (attempts and cancellations arrive on it, a batch per
-message under load) and makes unary Heartbeat and ReportMany calls (the reports that finish
+message under load) and makes unary HeartbeatMany calls (the heartbeats of the attempts due
+together, from one loop: ``_heartbeats.py``) and ReportMany calls (the reports that finish
 while one call is in flight leave together in the next: ``_reports.py``), each on whatever
 connection is current. When the stream ends or fails, it opens a new connection (the next
 target, when there are several, so that a balancer picks a replica again) after a backoff with
@@ -26,7 +27,7 @@ import socket
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +39,7 @@ from cronoq import (
     CancelRequested,
     Codec,
     LeasedAttempt,
+    LeaseRenewed,
     TaskContext,
     TaskError,
     decode_with,
@@ -52,7 +54,6 @@ from cronoq.errors import (
     Unauthenticated,
 )
 from cronoq_client._channel import (
-    CLOSED_UNDER_CALL,
     Channels,
     Connection,
     closed_under_call,
@@ -61,6 +62,7 @@ from cronoq_client._channel import (
 )
 from cronoq_client._client import DEFAULT_MAX_MESSAGE_BYTES
 from cronoq_client._credentials import Tls, credentials
+from cronoq_client._heartbeats import Heartbeats
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 from cronoq_client._reports import Reports
@@ -72,8 +74,6 @@ from cronoq_client._wire import (
     ReportSuccess,
     UnreadableAttempt,
     attach_request,
-    heartbeat_request,
-    lease_renewed_from_pb,
     report_request,
     worker_events_from_pb,
 )
@@ -124,7 +124,6 @@ class _Attempt:
     """The function still runs: a cancellation interrupts it (not the report that follows)."""
     stale: bool = False
     """The worker is stopping and gave up on it: it ends without a report."""
-    heartbeat: asyncio.Task[None] | None = field(default=None)
 
 
 class Worker:
@@ -183,6 +182,9 @@ class Worker:
         )
         self._stubs: tuple[int, pb_grpc.WorkerServiceAsyncStub] | None = None
         self._reports = Reports(self._current, self._max_message_bytes)
+        self._heartbeats = Heartbeats(
+            self._current, self._reconnect, self._renewed, self._stale, self._max_message_bytes
+        )
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}"
         self._attempts: dict[AttemptToken, _Attempt] = {}
         self._leases: dict[str, float] = {}
@@ -253,6 +255,7 @@ class Worker:
             if self._threads is not None:
                 # A thread cannot be stopped: it was told by its ctx and is left to finish.
                 self._threads.shutdown(wait=False, cancel_futures=True)
+            await self._heartbeats.close()
             await self._reports.close()
             await self._channels.close()
             self._running = False
@@ -369,7 +372,7 @@ class Worker:
         attempt = _Attempt(leased, ctx, lease_s, loop.time() + lease_s)
         self._attempts[leased.token] = attempt
         attempt.task = loop.create_task(self._run(attempt), name=f"cronoq-attempt-{ctx.task_id}")
-        attempt.heartbeat = loop.create_task(self._heartbeats(attempt))
+        self._heartbeats.add(leased.token, leased.lease_id, lease_s)
 
     def _refuse(self, event: UnreadableAttempt) -> None:
         """Report an attempt this worker cannot read as failed (for good: any worker of this
@@ -437,8 +440,7 @@ class Worker:
                 result = ReportFailure(attempt.ctx.cancel_reason)
             await self._settle(attempt, result)
         finally:
-            if attempt.heartbeat is not None:
-                attempt.heartbeat.cancel()
+            self._heartbeats.remove(token)
             self._attempts.pop(token, None)
 
     async def _execute(self, attempt: _Attempt) -> ReportSuccess | ReportFailure:
@@ -475,63 +477,31 @@ class Worker:
         except PayloadError as exc:
             return ReportFailure(_truncate(str(exc)), retryable=False)
 
-    def _stale(self, attempt: _Attempt, error: StaleAttempt) -> None:
+    # --- heartbeats and reports -------------------------------------------------------------
+
+    def _renewed(self, token: AttemptToken, sent: float, renewed: LeaseRenewed) -> None:
+        attempt = self._attempts.get(token)
+        if attempt is None:
+            return
+        attempt.lease_end = sent + attempt.lease_s
+        if renewed.cancel_reason is not None:
+            # A stopped attempt goes on heartbeating: the server holds its slot and its
+            # task (no retry starts) until the function returns and it is reported.
+            self._interrupt(attempt, renewed.cancel_reason)
+
+    def _stale(self, token: AttemptToken, error: StaleAttempt) -> None:
         """The server no longer holds the attempt: stop its function. It is still reported
         once the function returns (answered stale), which frees its slot on the server: until
         then the server gives this worker no attempt in its place."""
+        attempt = self._attempts.get(token)
+        if attempt is None or not attempt.executing:
+            return
         log.info(
             "attempt is stale (%s): stopping it",
             error.reason,
             extra={"task_id": attempt.ctx.task_id},
         )
         self._interrupt(attempt, f"the attempt is no longer current: {error}")
-
-    # --- heartbeats and reports -------------------------------------------------------------
-
-    async def _heartbeats(self, attempt: _Attempt) -> None:
-        """Every third of the lease; after a failure, again soon (with jittered backoff, at
-        most that third): after a failover the new leader holds the attempt for one lease
-        from its takeover, and the worker must find it within that lease."""
-        interval = attempt.lease_s / 3
-        token = attempt.leased.token
-        loop = asyncio.get_running_loop()
-        wait, timeout, failures = interval, interval, 0
-        while True:
-            await asyncio.sleep(wait)
-            # Until one succeeds: soon again (a few tenths of a second, jittered), each try
-            # bounded to half the usual time, so that a frozen replica costs little.
-            wait = min(interval, _BACKOFF.delay(min(failures, 3)))
-            failures += 1
-            connection, stub = self._current()
-            sent = loop.time()
-            try:
-                request = heartbeat_request(token, attempt.leased.lease_id)
-                reply = await stub.Heartbeat(request, timeout=timeout)
-            except asyncio.CancelledError:
-                if not closed_under_call():
-                    raise
-                log.info(
-                    "heartbeat failed: %s", CLOSED_UNDER_CALL, extra={"task_id": token.task_id}
-                )
-                continue  # on the new connection, next time
-            except grpc.RpcError as err:
-                error = error_from_rpc(err)
-                if isinstance(error, StaleAttempt):
-                    if attempt.executing:
-                        self._stale(attempt, error)
-                    return
-                if judge(err, idempotent=True) is Verdict.RETRY:
-                    self._reconnect(connection)
-                log.info("heartbeat failed: %s", error, extra={"task_id": token.task_id})
-                timeout = interval / 2
-                continue
-            wait, timeout, failures = interval, interval, 0
-            attempt.lease_end = sent + attempt.lease_s
-            renewed = lease_renewed_from_pb(reply)
-            if renewed.cancel_reason is not None:
-                # A stopped attempt goes on heartbeating: the server holds its slot and its
-                # task (no retry starts) until the function returns and it is reported.
-                self._interrupt(attempt, renewed.cancel_reason)
 
     async def _settle(self, attempt: _Attempt, result: ReportSuccess | ReportFailure) -> None:
         """Report the outcome, recorded on the attempt's span and in a span of the report's

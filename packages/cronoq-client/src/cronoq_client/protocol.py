@@ -33,6 +33,7 @@ from cronoq_client._status import (
     status_of,
 )
 from cronoq_client._wire import (
+    MAX_HEARTBEATS_PER_CALL,
     MAX_REPORTS_PER_CALL,
     MAX_SUBMIT_MANY_REFERENCES,
     MAX_SUBMIT_MANY_TASKS,
@@ -53,7 +54,10 @@ from cronoq_client._wire import (
     cancel_request,
     get_by_key_request,
     get_request,
+    heartbeat_many_from_pb,
     heartbeat_request,
+    heartbeat_result,
+    heartbeat_result_from_pb,
     heartbeat_token,
     lease_renewed_from_pb,
     lease_renewed_to_pb,
@@ -100,6 +104,7 @@ SERVICE_NAMES = tuple(service.full_name for service in pb.DESCRIPTOR.services_by
 
 __all__ = [
     "DOMAIN",
+    "MAX_HEARTBEATS_PER_CALL",
     "MAX_LIST_PAGE",
     "MAX_REPORTS_PER_CALL",
     "MAX_SUBMIT_MANY_REFERENCES",
@@ -131,7 +136,10 @@ __all__ = [
     "fitted_task_info",
     "get_by_key_request",
     "get_request",
+    "heartbeat_many_from_pb",
     "heartbeat_request",
+    "heartbeat_result",
+    "heartbeat_result_from_pb",
     "heartbeat_token",
     "lease_renewed_from_pb",
     "lease_renewed_to_pb",

@@ -80,7 +80,7 @@ def _methods() -> dict[str, str | None]:
         "Retry": "admin",
         "TriggerSchedule": "admin",
     }
-    worker = dict.fromkeys(("Attach", "Heartbeat", "Report", "ReportMany"), "work")
+    worker = dict.fromkeys(("Attach", "Heartbeat", "HeartbeatMany", "Report", "ReportMany"), "work")
     rules: dict[str, str | None] = {}
     for service, methods in (("SchedulerService", scheduler), ("WorkerService", worker)):
         full = pb.DESCRIPTOR.services_by_name[service].full_name

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 from cronoq import (
     CancelRequested,
     LeasedAttempt,
+    LeaseRenewed,
     Scheduler,
     TaskInfo,
     TaskRequest,
@@ -41,6 +42,7 @@ log = logging.getLogger("cronoq.server")
 
 _Request = TypeVar("_Request")
 _Reply = TypeVar("_Reply")
+_Outcome = TypeVar("_Outcome")
 
 
 @dataclass(frozen=True, slots=True)
@@ -472,11 +474,21 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
 
     @_unary
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
-        token, lease_id = wire.heartbeat_token(request)
-        sched = self._leader(reporting=True)
-        authorize_attempt(sched, token, lease_id)
-        renewed = await sched.heartbeat(token, lease_id=lease_id)
+        renewed = await _heartbeat(self._leader(reporting=True), request)
         return wire.lease_renewed_to_pb(renewed)
+
+    @_unary
+    async def HeartbeatMany(
+        self, request: pb.HeartbeatManyRequest, context: Any
+    ) -> pb.HeartbeatManyResponse:
+        heartbeats = wire.heartbeat_many_from_pb(request)
+        sched = self._leader(reporting=True)
+        # Each heartbeat is a Scheduler call of its own, queued before the driver's next step
+        # runs: those of one call are applied in one step (a heartbeat commits nothing).
+        outcomes = await asyncio.gather(
+            *(_heartbeat(sched, heartbeat) for heartbeat in heartbeats), return_exceptions=True
+        )
+        return pb.HeartbeatManyResponse(results=map(wire.heartbeat_result, _each(outcomes)))
 
     @_unary
     async def Report(self, request: pb.ReportRequest, context: Any) -> pb.ReportResponse:
@@ -494,17 +506,29 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
         outcomes = await asyncio.gather(
             *(_report(sched, report) for report in reports), return_exceptions=True
         )
-        results = []
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                if not isinstance(outcome, CronoqError) or not wire.refused_for_good(outcome):
-                    # Not known for every report: the call fails as a whole, and the worker
-                    # sends them all again (a repeat of one that landed is answered stale).
-                    raise outcome
-                results.append(wire.report_result(outcome))
-            else:
-                results.append(wire.report_result(None))
-        return pb.ReportManyResponse(results=results)
+        return pb.ReportManyResponse(results=map(wire.report_result, _each(outcomes)))
+
+
+def _each(outcomes: Sequence[_Outcome | BaseException]) -> list[_Outcome | CronoqError]:
+    """The outcome of each call of a batch, a refusal for good standing as that call's answer.
+    Any other failure is not known for every call: the batch fails as a whole, and the worker
+    sends it all again (a repeat of a report that landed is answered stale; a repeated
+    heartbeat renews again)."""
+    answers: list[_Outcome | CronoqError] = []
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, CronoqError) or not wire.refused_for_good(outcome):
+                raise outcome
+            answers.append(outcome)
+        else:
+            answers.append(outcome)
+    return answers
+
+
+async def _heartbeat(sched: Scheduler, request: pb.HeartbeatRequest) -> LeaseRenewed:
+    token, lease_id = wire.heartbeat_token(request)
+    authorize_attempt(sched, token, lease_id)
+    return await sched.heartbeat(token, lease_id=lease_id)
 
 
 async def _report(sched: Scheduler, request: pb.ReportRequest) -> None:

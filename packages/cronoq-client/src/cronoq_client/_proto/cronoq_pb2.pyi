@@ -2041,3 +2041,79 @@ class ReportResult(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportResult: _TypeAlias = ReportResult  # noqa: Y015
+
+@_typing.final
+class HeartbeatManyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEARTBEATS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def heartbeats(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeartbeatRequest]: ...
+    def __init__(
+        self,
+        *,
+        heartbeats: _abc.Iterable[Global___HeartbeatRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeats", b"heartbeats"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatManyRequest: _TypeAlias = HeartbeatManyRequest  # noqa: Y015
+
+@_typing.final
+class HeartbeatManyResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeartbeatResult]:
+        """One per heartbeat, in the order of the request."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___HeartbeatResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatManyResponse: _TypeAlias = HeartbeatManyResponse  # noqa: Y015
+
+@_typing.final
+class HeartbeatResult(_message.Message):
+    """What became of one heartbeat of a HeartbeatMany: exactly one of the two is set."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RENEWED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def renewed(self) -> Global___HeartbeatResponse:
+        """The lease was renewed: what a Heartbeat would have answered."""
+
+    @_builtins.property
+    def refused(self) -> Global___ReportResult:
+        """Refused; nothing changed. The reason (never empty), message and metadata the ErrorInfo
+        of a refused Heartbeat would carry, as a refused report's result has them.
+        """
+
+    def __init__(
+        self,
+        *,
+        renewed: Global___HeartbeatResponse | None = ...,
+        refused: Global___ReportResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["refused", b"refused", "renewed", b"renewed", "result", b"result"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refused", b"refused", "renewed", b"renewed", "result", b"result"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["renewed", "refused"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___HeartbeatResult: _TypeAlias = HeartbeatResult  # noqa: Y015

@@ -952,8 +952,9 @@ class WorkerServiceStub:
     retried on a new connection while the lease lasts.
 
     Both directions batch under load, as a group commit does, without waiting to fill a batch:
-    one stream message carries every event the server has ready, and a worker sends the reports
-    that finished while its previous ReportMany call was in flight in one call.
+    one stream message carries every event the server has ready, a worker sends the reports
+    that finished while its previous ReportMany call was in flight in one call, and the
+    heartbeats of its attempts that fall due together in one HeartbeatMany call.
     """
 
     def __init__(self, channel):
@@ -971,6 +972,11 @@ class WorkerServiceStub:
                 '/cronoq.v1.WorkerService/Heartbeat',
                 request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
+        self.HeartbeatMany = channel.unary_unary(
+                '/cronoq.v1.WorkerService/HeartbeatMany',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.HeartbeatManyRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.HeartbeatManyResponse.FromString,
                 _registered_method=True)
         self.Report = channel.unary_unary(
                 '/cronoq.v1.WorkerService/Report',
@@ -994,8 +1000,9 @@ class WorkerServiceServicer:
     retried on a new connection while the lease lasts.
 
     Both directions batch under load, as a group commit does, without waiting to fill a batch:
-    one stream message carries every event the server has ready, and a worker sends the reports
-    that finished while its previous ReportMany call was in flight in one call.
+    one stream message carries every event the server has ready, a worker sends the reports
+    that finished while its previous ReportMany call was in flight in one call, and the
+    heartbeats of its attempts that fall due together in one HeartbeatMany call.
     """
 
     def Attach(self, request, context):
@@ -1010,6 +1017,19 @@ class WorkerServiceServicer:
     def Heartbeat(self, request, context):
         """Extend an attempt's lease and learn whether it should stop. FAILED_PRECONDITION
         (STALE_ATTEMPT) if the token is not current: the worker should abandon the attempt.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HeartbeatMany(self, request, context):
+        """Several heartbeats in one call, each judged as Heartbeat judges it (its own authorization
+        too), with a result per heartbeat in the order of the request: the renewed lease, or the
+        refusal a Heartbeat would have failed with (STALE_ATTEMPT, PERMISSION_DENIED,
+        INVALID_ARGUMENT, ...). The call fails as a whole, as Heartbeat would, when the server
+        cannot answer every heartbeat (standby, stopping, a later leader's token). At most 1,000
+        heartbeats per call (INVALID_ARGUMENT past it). A server of an older release answers
+        UNIMPLEMENTED: a worker then sends Heartbeat calls.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -1047,6 +1067,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.HeartbeatRequest.FromString,
                     response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.HeartbeatResponse.SerializeToString,
             ),
+            'HeartbeatMany': grpc.unary_unary_rpc_method_handler(
+                    servicer.HeartbeatMany,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.HeartbeatManyRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.HeartbeatManyResponse.SerializeToString,
+            ),
             'Report': grpc.unary_unary_rpc_method_handler(
                     servicer.Report,
                     request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ReportRequest.FromString,
@@ -1075,8 +1100,9 @@ class WorkerService:
     retried on a new connection while the lease lasts.
 
     Both directions batch under load, as a group commit does, without waiting to fill a batch:
-    one stream message carries every event the server has ready, and a worker sends the reports
-    that finished while its previous ReportMany call was in flight in one call.
+    one stream message carries every event the server has ready, a worker sends the reports
+    that finished while its previous ReportMany call was in flight in one call, and the
+    heartbeats of its attempts that fall due together in one HeartbeatMany call.
     """
 
     @staticmethod
@@ -1123,6 +1149,33 @@ class WorkerService:
             '/cronoq.v1.WorkerService/Heartbeat',
             cronoq__client_dot___proto_dot_cronoq__pb2.HeartbeatRequest.SerializeToString,
             cronoq__client_dot___proto_dot_cronoq__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HeartbeatMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.WorkerService/HeartbeatMany',
+            cronoq__client_dot___proto_dot_cronoq__pb2.HeartbeatManyRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.HeartbeatManyResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -347,8 +347,9 @@ class WorkerServiceStub:
     retried on a new connection while the lease lasts.
 
     Both directions batch under load, as a group commit does, without waiting to fill a batch:
-    one stream message carries every event the server has ready, and a worker sends the reports
-    that finished while its previous ReportMany call was in flight in one call.
+    one stream message carries every event the server has ready, a worker sends the reports
+    that finished while its previous ReportMany call was in flight in one call, and the
+    heartbeats of its attempts that fall due together in one HeartbeatMany call.
     """
 
     @_typing.overload
@@ -363,6 +364,15 @@ class WorkerServiceStub:
     Heartbeat: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.HeartbeatRequest, _cronoq_pb2.HeartbeatResponse]
     """Extend an attempt's lease and learn whether it should stop. FAILED_PRECONDITION
     (STALE_ATTEMPT) if the token is not current: the worker should abandon the attempt.
+    """
+    HeartbeatMany: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.HeartbeatManyRequest, _cronoq_pb2.HeartbeatManyResponse]
+    """Several heartbeats in one call, each judged as Heartbeat judges it (its own authorization
+    too), with a result per heartbeat in the order of the request: the renewed lease, or the
+    refusal a Heartbeat would have failed with (STALE_ATTEMPT, PERMISSION_DENIED,
+    INVALID_ARGUMENT, ...). The call fails as a whole, as Heartbeat would, when the server
+    cannot answer every heartbeat (standby, stopping, a later leader's token). At most 1,000
+    heartbeats per call (INVALID_ARGUMENT past it). A server of an older release answers
+    UNIMPLEMENTED: a worker then sends Heartbeat calls.
     """
     Report: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ReportRequest, _cronoq_pb2.ReportResponse]
     """The outcome of an attempt; returns once it is committed. FAILED_PRECONDITION
@@ -387,8 +397,9 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     retried on a new connection while the lease lasts.
 
     Both directions batch under load, as a group commit does, without waiting to fill a batch:
-    one stream message carries every event the server has ready, and a worker sends the reports
-    that finished while its previous ReportMany call was in flight in one call.
+    one stream message carries every event the server has ready, a worker sends the reports
+    that finished while its previous ReportMany call was in flight in one call, and the
+    heartbeats of its attempts that fall due together in one HeartbeatMany call.
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -400,6 +411,15 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     Heartbeat: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.HeartbeatRequest, _cronoq_pb2.HeartbeatResponse]  # type: ignore[assignment]
     """Extend an attempt's lease and learn whether it should stop. FAILED_PRECONDITION
     (STALE_ATTEMPT) if the token is not current: the worker should abandon the attempt.
+    """
+    HeartbeatMany: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.HeartbeatManyRequest, _cronoq_pb2.HeartbeatManyResponse]  # type: ignore[assignment]
+    """Several heartbeats in one call, each judged as Heartbeat judges it (its own authorization
+    too), with a result per heartbeat in the order of the request: the renewed lease, or the
+    refusal a Heartbeat would have failed with (STALE_ATTEMPT, PERMISSION_DENIED,
+    INVALID_ARGUMENT, ...). The call fails as a whole, as Heartbeat would, when the server
+    cannot answer every heartbeat (standby, stopping, a later leader's token). At most 1,000
+    heartbeats per call (INVALID_ARGUMENT past it). A server of an older release answers
+    UNIMPLEMENTED: a worker then sends Heartbeat calls.
     """
     Report: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ReportRequest, _cronoq_pb2.ReportResponse]  # type: ignore[assignment]
     """The outcome of an attempt; returns once it is committed. FAILED_PRECONDITION
@@ -423,8 +443,9 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     retried on a new connection while the lease lasts.
 
     Both directions batch under load, as a group commit does, without waiting to fill a batch:
-    one stream message carries every event the server has ready, and a worker sends the reports
-    that finished while its previous ReportMany call was in flight in one call.
+    one stream message carries every event the server has ready, a worker sends the reports
+    that finished while its previous ReportMany call was in flight in one call, and the
+    heartbeats of its attempts that fall due together in one HeartbeatMany call.
     """
 
     @_abc_1.abstractmethod
@@ -446,6 +467,21 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_cronoq_pb2.HeartbeatResponse, _abc.Awaitable[_cronoq_pb2.HeartbeatResponse]]:
         """Extend an attempt's lease and learn whether it should stop. FAILED_PRECONDITION
         (STALE_ATTEMPT) if the token is not current: the worker should abandon the attempt.
+        """
+
+    @_abc_1.abstractmethod
+    def HeartbeatMany(
+        self,
+        request: _cronoq_pb2.HeartbeatManyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.HeartbeatManyResponse, _abc.Awaitable[_cronoq_pb2.HeartbeatManyResponse]]:
+        """Several heartbeats in one call, each judged as Heartbeat judges it (its own authorization
+        too), with a result per heartbeat in the order of the request: the renewed lease, or the
+        refusal a Heartbeat would have failed with (STALE_ATTEMPT, PERMISSION_DENIED,
+        INVALID_ARGUMENT, ...). The call fails as a whole, as Heartbeat would, when the server
+        cannot answer every heartbeat (standby, stopping, a later leader's token). At most 1,000
+        heartbeats per call (INVALID_ARGUMENT past it). A server of an older release answers
+        UNIMPLEMENTED: a worker then sends Heartbeat calls.
         """
 
     @_abc_1.abstractmethod
