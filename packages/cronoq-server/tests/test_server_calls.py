@@ -1106,11 +1106,11 @@ def bad_others() -> Iterator[Bad]:
         bad("Attach-empty-pool", "Attach", pb.AttachRequest(pools=[""], slots=1),
             "pool must not be empty"),
         bad("Attach-slots-zero", "Attach", pb.AttachRequest(pools=["attach"]),
-            "slots must be between 1 and 100000, got 0"),
+            "slots must be between 1 and 10000, got 0"),
         bad("Attach-slots-huge", "Attach", pb.AttachRequest(pools=["attach"], slots=INT64_MAX),
             "a worker may have at most 10000 slots"),
         bad("Attach-slots-negative", "Attach", pb.AttachRequest(pools=["attach"], slots=-1),
-            "slots must be between 1 and 100000"),
+            "slots must be between 1 and 10000, got -1"),
         # A worker may name more running attempts than its slots (it asks for fewer now): not
         # bad input. Past the most slots any worker may have, it is. Each needs its lease id.
         bad("Attach-running-endless", "Attach",

@@ -1285,6 +1285,11 @@ def attach_kwargs(message: pb.AttachRequest) -> dict[str, Any]:
     _worker_id(message.worker_id)
     if len(message.pools) > MAX_WORKER_POOLS:
         raise InvalidArgument(f"pools: {len(message.pools)} given; the limit is {MAX_WORKER_POOLS}")
+    if message.slots < 1:
+        raise InvalidArgument(
+            f"slots must be between 1 and {MAX_WORKER_SLOTS}, got {message.slots}: a worker "
+            "attaches with at least one slot"
+        )
     if message.slots > MAX_WORKER_SLOTS or len(message.running) > MAX_WORKER_SLOTS:
         raise InvalidArgument(
             f"a worker may have at most {MAX_WORKER_SLOTS} slots (and attempts running); "
