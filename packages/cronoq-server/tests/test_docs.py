@@ -11,6 +11,10 @@ what the block needs beyond the embedded scheduler; GitHub and PyPI do not show 
   store, pool ``default``) on a port the OS picks and writes its address in place of this one.
 - ``<!-- docs-test: postgres -->``: PostgreSQL. The block's ``schema="..."`` becomes a schema of
   its own, dropped afterwards, and the local DSN the one of ``CRONOQ_TEST_PG_DSN``.
+- ``<!-- docs-test: django -->`` and ``<!-- docs-test: fastapi 127.0.0.1:50051 -->``: the
+  web framework examples of cronoq-client's README, served by the framework's test client
+  (Django's ``myapp/views.py`` under a URLconf of the test's; FastAPI's ``app``) against a
+  cronoq-server, and called as a browser would: submit, submit again (the key), read, miss.
 - ``<!-- docs-test: skip: REASON -->``: not run (a signature, a fragment of the reader's own
   program); pytest's summary shows the reason.
 
@@ -37,6 +41,8 @@ from server_process import ServerProcess, config_toml, running_server
 
 import cronoq.errors
 import cronoq_server
+from cronoq import JsonCodec
+from cronoq_client import AsyncClient
 
 __all__ = ["pg_schema"]  # a fixture: used by name
 
@@ -169,9 +175,9 @@ def test_the_docs_have_snippets_and_every_marker_stands_before_one() -> None:
         if isinstance(item, StrayMarker)
     ]
     assert not stray, f"docs-test markers before no ```python block: {stray}"
-    known = ("", "server", "postgres", "skip:")
+    known = ("", "server", "postgres", "django", "fastapi", "skip:")
     unknown = [s.name for s in SNIPPETS if (s.marker or "").split(" ", 1)[0] not in known]
-    assert not unknown, f"unknown docs-test markers at {unknown}: use server, postgres or skip:"
+    assert not unknown, f"unknown docs-test markers at {unknown}: use one of {known}"
     empty = [s.name for s in SNIPPETS if s.marker is not None and s.marker.strip() == "skip:"]
     assert not empty, f"a skip without its reason at {empty}"
     # The parser found the blocks at all: the README's opening example is one.
@@ -210,6 +216,103 @@ async def test_snippet_runs_on_postgres(snippet: Snippet, pg_schema: str, tmp_pa
     assert DOCS_DSN in snippet.code, f"{snippet.name} does not use {DOCS_DSN}"
     code = _SCHEMA.sub(f'schema="{pg_schema}"', snippet.code).replace(DOCS_DSN, PG_DSN)
     await run_snippet(snippet, code, tmp_path)
+
+
+# --- the web framework examples ------------------------------------------------------------------
+
+# What a browser does with either example's two endpoints; ``web`` is the framework's test client.
+_CALLS = """
+first = web.post("/resize/cat.png")
+assert first.status_code == 202, (first.status_code, first.content)
+task_id = first.json()["task_id"]
+again = web.post("/resize/cat.png")
+assert again.json()["task_id"] == task_id, "the key made a second task"
+read = web.get(f"/tasks/{task_id}")
+assert read.status_code == 200, (read.status_code, read.content)
+assert read.json() == {"status": "ready", "output": None}, read.json()
+missing = web.get(f"/tasks/{task_id + 1000}")
+assert missing.status_code == 404, (missing.status_code, missing.content)
+print("TASK", task_id)
+"""
+
+_DJANGO = """
+import django
+from django.conf import settings
+
+settings.configure(
+    ALLOWED_HOSTS=["testserver"], ROOT_URLCONF="urls", CRONOQ_TARGET=%r, MIDDLEWARE=[]
+)
+django.setup()
+from django.test import Client
+
+web = Client()
+"""
+
+_DJANGO_URLS = """
+from django.urls import path
+
+from myapp import views
+
+urlpatterns = [
+    path("resize/<str:image>", views.resize),
+    path("tasks/<int:task_id>", views.resize_status),
+]
+"""
+
+_FASTAPI = """
+from fastapi.testclient import TestClient
+
+from service import app
+
+web = TestClient(app)
+"""
+
+
+async def _served_task(snippet: Snippet, directory: Path, server: ServerProcess) -> int:
+    """Run the calls against the example in ``directory``; the task they submitted."""
+    script = directory / "calls.py"
+    driver = _DJANGO % server.target if snippet.marker == "django" else _FASTAPI
+    script.write_text(driver + _CALLS, encoding="utf-8")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), cwd=directory,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    async with asyncio.timeout(SNIPPET_TIMEOUT_S):
+        output, _ = await process.communicate()
+    text = output.decode("utf-8", "replace")
+    assert process.returncode == 0, f"{snippet.name} exited {process.returncode}:\n{text}"
+    return int(text.rsplit("TASK ", 1)[1])
+
+
+@pytest.mark.parametrize("snippet", [*_with("django"), *_with("fastapi")])
+async def test_web_framework_example_serves_a_real_server(
+    snippet: Snippet, docs_server: ServerProcess, tmp_path: Path
+) -> None:
+    assert snippet.marker is not None
+    if snippet.marker == "django":
+        (tmp_path / "myapp").mkdir()
+        (tmp_path / "myapp" / "__init__.py").write_text("")
+        (tmp_path / "myapp" / "views.py").write_text(snippet.code, encoding="utf-8")
+        (tmp_path / "urls.py").write_text(_DJANGO_URLS)
+    else:
+        address = snippet.marker.split(" ", 1)[1].strip()
+        assert address in snippet.code, f"{snippet.name} does not use {address}"
+        code = snippet.code.replace(address, docs_server.target)
+        (tmp_path / "service.py").write_text(code, encoding="utf-8")
+    task_id = await _served_task(snippet, tmp_path, docs_server)
+    # What the endpoint submitted is on the server, under its key, once.
+    async with AsyncClient(docs_server.target, codec=JsonCodec()) as client:
+        info = await client.get(task_id)
+        assert (info.kind, info.key, info.payload) == (
+            "resize",
+            "resize:cat.png",
+            {"image": "cat.png"},
+        )
+        assert [t.task_id for t in await client.list(kind="resize")] == [task_id]
+
+
+def test_both_web_framework_examples_are_run() -> None:
+    assert {s.marker.split(" ", 1)[0] for s in SNIPPETS if s.marker} >= {"django", "fastapi"}
 
 
 # --- links between the docs --------------------------------------------------------------------
