@@ -383,11 +383,12 @@ def test_workers_list_shows_the_attached_workers(
             "cli-worker-1", ["other"], 3, 0,
         )  # fmt: skip
         assert found["address"].startswith(("ipv4:127.0.0.1:", "ipv6:"))
+        assert found["identity"] is None  # the server runs without authentication
         attached = datetime.fromisoformat(found["attached_at"])
         assert attached.tzinfo is not None
         assert attached <= datetime.now(UTC)
         table = run(env, "workers", "list").stdout.splitlines()
-        assert table[0].split()[:5] == ["WORKER", "ADDRESS", "POOLS", "SLOTS", "IN"]
+        assert table[0].split()[:6] == ["WORKER", "IDENTITY", "ADDRESS", "POOLS", "SLOTS", "IN"]
         assert table[1].split()[:5] == ["cli-worker-1", found["address"], "other", "3", "0"]
     finally:
         worker.stop()

@@ -241,7 +241,8 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
 
     # Workers: the attached one.
     await _page(browser, f"{base}/ui/workers")
-    assert "etl-1" in browser.find_element(By.ID, "live").text
+    cells = [cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#live td")]
+    assert cells[:2] == ["etl-1", "worker"], cells  # its name, then the identity of its token
     _shot(browser, screenshots, "workers", DESKTOP)
 
     # The keyboard: the first Tab reaches the skip link, which leads to the content.

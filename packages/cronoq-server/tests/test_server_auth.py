@@ -326,6 +326,9 @@ async def test_a_worker_of_pool_a_never_gets_an_attempt_of_pool_b(
         )
         heard = {tuple(w.pools): w.HasField("last_heartbeat_at") for w in workers.workers}
         assert heard == {("pool-a",): True, ("pool-b",): False}
+        # Each is listed with the identity its connection authenticated as, not a name it gave.
+        identities = {tuple(w.pools): w.identity for w in workers.workers}
+        assert identities == {("pool-a",): "worker-a", ("pool-b",): "admin"}
         # Without the lease id, pool B's attempt gets the answer of an attempt that does not
         # exist, word for word but the id: a refusal naming the pool would tell it is there.
         answers = []

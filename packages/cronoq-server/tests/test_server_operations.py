@@ -53,6 +53,7 @@ async def test_a_pool_pause_and_a_retry_survive_a_sigkill_of_the_leader(
                     2,
                 )
                 assert attached.last_heartbeat_at is not None  # it reported the attempt
+                assert attached.identity is None  # this server runs without authentication
                 paused = await client.pause_pool("default")
                 assert paused.paused and paused.remote
                 # With the worker attached and its slots free, nothing starts: every step

@@ -1028,6 +1028,7 @@ def worker_info_to_pb(info: WorkerInfo) -> pb.WorkerInfo:
         slots=info.slots,
         in_flight=info.in_flight,
         attached_at=_timestamp(info.attached_at, "attached_at"),
+        identity=info.identity or "",
     )
     if info.last_heartbeat_at is not None:
         message.last_heartbeat_at.CopyFrom(_timestamp(info.last_heartbeat_at, "last_heartbeat_at"))
@@ -1046,6 +1047,7 @@ def worker_info_from_pb(message: pb.WorkerInfo) -> WorkerInfo:
         message.in_flight,
         _datetime(message.attached_at, "attached_at"),
         heard,
+        message.identity or None,
     )
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "TokenTable",
     "authorize_attempt",
     "authorize_pool",
+    "caller_identity",
     "parse_tokens_file",
 ]
 
@@ -158,6 +159,12 @@ class _Caller:
 
 
 _caller: ContextVar[_Caller | None] = ContextVar("cronoq_caller", default=None)
+
+
+def caller_identity() -> str | None:
+    """The identity the current call authenticated as; None when authentication is off."""
+    caller = _caller.get()
+    return None if caller is None else caller.grant.name
 
 
 def authorize_pool(permission: str, pool: str, kind: str | None = None) -> None:

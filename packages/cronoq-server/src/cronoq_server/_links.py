@@ -34,13 +34,19 @@ class Links:
         self._by_peer: Counter[str] = Counter()
         self._by_pool: Counter[str] = Counter()
         self._held: dict[int, tuple[str, frozenset[str]]] = {}
-        self._named: dict[int, tuple[WorkerLink, str]] = {}
+        self._named: dict[int, tuple[WorkerLink, str, str | None]] = {}
 
     def attach(
-        self, sched: Scheduler, peer: str, options: Mapping[str, Any], worker_id: str = ""
+        self,
+        sched: Scheduler,
+        peer: str,
+        options: Mapping[str, Any],
+        worker_id: str = "",
+        identity: str | None = None,
     ) -> WorkerLink:
         """``sched.attach(**options)`` if the bounds allow another link for ``peer``; it
-        counts, and is listed under ``worker_id``, until ``detach``."""
+        counts, and is listed under ``worker_id`` and the ``identity`` its connection
+        authenticated as, until ``detach``."""
         if self._by_peer[peer] >= MAX_STREAMS_PER_CONNECTION:
             raise AdmissionRejected(
                 f"this connection already holds {MAX_STREAMS_PER_CONNECTION} Attach streams, "
@@ -57,7 +63,7 @@ class Links:
         self._by_peer[peer] += 1
         self._by_pool.update(pools)
         self._held[id(link)] = (peer, pools)
-        self._named[id(link)] = (link, worker_id)
+        self._named[id(link)] = (link, worker_id, identity)
         return link
 
     def workers(self) -> list[WorkerInfo]:
@@ -71,8 +77,9 @@ class Links:
                 link.in_flight,
                 link.attached_at,
                 link.last_heard_at,
+                identity,
             )
-            for key, (link, worker_id) in self._named.items()
+            for key, (link, worker_id, identity) in self._named.items()
         ]
 
     def detach(self, link: WorkerLink) -> None:

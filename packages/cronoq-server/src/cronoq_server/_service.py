@@ -32,7 +32,7 @@ from cronoq import (
 from cronoq.errors import CronoqError, InvalidArgument, WaitTimedOut
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
-from cronoq_server._auth import authorize_attempt, authorize_pool
+from cronoq_server._auth import authorize_attempt, authorize_pool, caller_identity
 from cronoq_server._links import Links
 from cronoq_server._replica import NotServing, Replica
 
@@ -427,7 +427,9 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                     f"the server's limit of {self._max_message_bytes}: an attempt could be too "
                     "large for it (raise the worker's max_message_bytes)"
                 )
-            link = self._links.attach(sched, context.peer(), options, request.worker_id)
+            link = self._links.attach(
+                sched, context.peer(), options, request.worker_id, caller_identity()
+            )
         except Exception as exc:
             await _abort(context, exc)
             return

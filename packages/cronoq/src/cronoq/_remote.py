@@ -132,6 +132,9 @@ class WorkerInfo:
     attached_at: datetime
     last_heartbeat_at: datetime | None
     """When it last heartbeat or reported one of its attempts; None if it has not yet."""
+    identity: str | None = None
+    """The identity its connection authenticated as (a token's or a client certificate's, as
+    the server's configuration names it); None when the server runs without authentication."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,6 +129,7 @@ _WHOLE = frozenset(
         "next_run_at",
         "at",
         "worker_id",
+        "identity",
         "address",
         "attached_at",
         "last_heartbeat_at",

@@ -11,6 +11,7 @@ __all__ = ["workers"]
 
 WORKER_COLUMNS = (
     ("worker_id", "WORKER"),
+    ("identity", "IDENTITY"),
     ("address", "ADDRESS"),
     ("pools", "POOLS"),
     ("slots", "SLOTS"),

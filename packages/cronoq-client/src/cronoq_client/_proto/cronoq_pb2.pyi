@@ -764,6 +764,7 @@ class WorkerInfo(_message.Message):
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     ATTACHED_AT_FIELD_NUMBER: _builtins.int
     LAST_HEARTBEAT_AT_FIELD_NUMBER: _builtins.int
+    IDENTITY_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     """The name it gave itself in AttachRequest.worker_id (not an identity)."""
     address: _builtins.str
@@ -771,6 +772,10 @@ class WorkerInfo(_message.Message):
     slots: _builtins.int
     in_flight: _builtins.int
     """Attempts holding one of its slots."""
+    identity: _builtins.str
+    """The identity its connection authenticated as; empty when the server runs without
+    authentication.
+    """
     @_builtins.property
     def pools(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -789,10 +794,11 @@ class WorkerInfo(_message.Message):
         in_flight: _builtins.int = ...,
         attached_at: _timestamp_pb2.Timestamp | None = ...,
         last_heartbeat_at: _timestamp_pb2.Timestamp | None = ...,
+        identity: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["attached_at", b"attached_at", "last_heartbeat_at", b"last_heartbeat_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "attached_at", b"attached_at", "in_flight", b"in_flight", "last_heartbeat_at", b"last_heartbeat_at", "pools", b"pools", "slots", b"slots", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "attached_at", b"attached_at", "identity", b"identity", "in_flight", b"in_flight", "last_heartbeat_at", b"last_heartbeat_at", "pools", b"pools", "slots", b"slots", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
