@@ -40,6 +40,7 @@ from cronoq import (
     TaskError,
     TaskRequest,
 )
+from cronoq.crypto import EncryptedCodec
 from cronoq.errors import CronoqError, InvalidArgument, SchedulerError, StaleAttempt
 from cronoq_client import AsyncClient
 from cronoq_client._channel import Connection
@@ -606,6 +607,141 @@ async def test_a_cancel_reaches_a_thread_function_through_its_ctx(server: Real) 
         assert polled == [True]
     finally:
         await running.finish()
+
+
+async def test_an_encrypted_codec_runs_end_to_end_and_the_server_holds_only_ciphertext(
+    tmp_path: Path,
+) -> None:
+    """Issue 20 audit gap 4: a client with ``EncryptedCodec`` submits, a remote Worker with the
+    same keys decrypts the payload and encrypts its output, the client reads it back; the
+    server and its SQLite file see only ciphertext. A worker with another key under the same
+    id fails the attempt, for good and saying why, and goes on serving."""
+    keys = {"k1": EncryptedCodec.generate_key()}
+    codec = EncryptedCodec(keys, "k1")
+    secret, answer = b"attack at dawn, gate 7", b"ATTACK AT DAWN, GATE 7"
+    store = tmp_path / "store.db"
+    config = config_toml(
+        f'[store]\nkind = "sqlite"\npath = "{store}"\n',
+        pools=f'[[pools]]\nname = "default"\nlease_s = {LEASE_S}\n',
+    )
+
+    async def upper(ctx: TaskContext, payload: bytes | None) -> bytes | None:
+        return None if payload is None else payload.upper()
+
+    def stored_bytes() -> bytes:
+        return b"".join(p.read_bytes() for p in tmp_path.glob("store.db*"))  # with its WAL
+
+    async with (
+        running_server(tmp_path, config) as process,
+        AsyncClient(process.target, codec=codec, timeout=WAIT_S) as client,
+        AsyncClient(process.target, timeout=WAIT_S) as raw,  # BytesCodec: the stored bytes
+    ):
+        await process.wait_for("leading")
+        running = Running(Worker(process.target, {"default": upper}, codec=codec))
+        await running.attached()
+        try:
+            task_id = await client.submit("seal", secret)
+            info = await client.wait(task_id, timeout=WAIT_S)
+            assert (info.status, info.payload, info.output) == (Status.SUCCEEDED, secret, answer)
+        finally:
+            await running.finish()
+        stored = await raw.get(task_id)
+        assert isinstance(stored.payload, bytes) and isinstance(stored.output, bytes)
+        for sealed, plain in ((stored.payload, secret), (stored.output, answer)):
+            assert sealed.startswith(b"CQE1\x02k1") and plain not in sealed
+            assert codec.decode(sealed) == plain
+        files = await asyncio.to_thread(stored_bytes)
+        assert stored.payload in files and stored.output in files, "the rows were read"
+        assert secret not in files and answer not in files
+        assert secret.decode() not in "\n".join(process.raw)
+
+        wrong = EncryptedCodec({"k1": EncryptedCodec.generate_key()}, "k1")
+        running = Running(Worker(process.target, {"default": upper}, codec=wrong))
+        await running.attached()
+        try:
+            task_id = await client.submit("seal", secret)
+            info = await client.wait(task_id, timeout=WAIT_S)
+            assert (info.status, info.attempt, info.output) == (Status.FAILED, 1, None)
+            assert info.message == (
+                "attempt 1 failed (not retryable): payload could not be decoded: an encrypted "
+                "value failed authentication with key 'k1': it was altered, or encrypted with "
+                "another key under the same id"
+            )
+            assert not running.task.done(), "the worker goes on"
+            again = await client.submit("empty")  # no payload: nothing to decrypt
+            assert (await client.wait(again, timeout=WAIT_S)).status is Status.SUCCEEDED
+        finally:
+            await running.finish()
+
+
+class _Watched(Worker):
+    """A Worker that counts the server's renewals of its stopped attempts' leases: each says
+    the server still holds that attempt's slot and its task."""
+
+    def __init__(self, *args: Any, renewals: int, **options: Any) -> None:
+        super().__init__(*args, **options)
+        self.stopped_renewals = 0
+        self.renewed_enough = asyncio.Event()
+        self._enough = renewals
+
+    def _renewed(self, token: AttemptToken, sent: float, renewed: LeaseRenewed) -> None:
+        super()._renewed(token, sent, renewed)
+        if renewed.stopped:
+            self.stopped_renewals += 1
+            if self.stopped_renewals >= self._enough:
+                self.renewed_enough.set()
+
+
+async def test_a_thread_that_outlives_its_timeout_keeps_its_slot_until_it_returns(
+    tmp_path: Path,
+) -> None:
+    """Issue 19 audit gap 5, on a real server and Worker with one slot: attempt 1's thread
+    ignores its timeout while its worker heartbeats it as stopped for longer than a lease.
+    Meanwhile the retry, due at once, has not started (the task waits); it starts once the
+    thread returned, and the two executions never overlap."""
+    lease_s = 0.3
+    config = config_toml(
+        '[store]\nkind = "memory"\n',
+        pools=f'[[pools]]\nname = "default"\nlease_s = {lease_s}\n',
+    )
+    runs: list[tuple[str, int]] = []
+    timed_out, release = threading.Event(), threading.Event()
+
+    def stubborn(ctx: TaskContext, payload: bytes | None) -> bytes:
+        runs.append(("start", ctx.attempt))
+        if ctx.attempt == 1:
+            deadline = time.monotonic() + WAIT_S
+            while not ctx.cancelled and time.monotonic() < deadline:
+                time.sleep(0.005)  # a thread function polls ctx.cancelled
+            timed_out.set()
+            release.wait(WAIT_S)  # runs on after it was stopped
+        runs.append(("end", ctx.attempt))
+        return b"done"
+
+    async with (
+        running_server(tmp_path, config) as process,
+        AsyncClient(process.target, timeout=WAIT_S) as client,
+    ):
+        await process.wait_for("leading")
+        # Heartbeats every third of a lease: six renewals outlast the stopped attempt's lease.
+        worker = _Watched(process.target, {"default": stubborn}, slots=1, renewals=6)
+        running = Running(worker)
+        await running.attached()
+        try:
+            retry = RetryPolicy(max_attempts=2, initial_ns=0, jitter=0.0)
+            task_id = await client.submit("stubborn", timeout=0.2, retry=retry)
+            assert await asyncio.to_thread(timed_out.wait, WAIT_S)
+            await asyncio.wait_for(worker.renewed_enough.wait(), WAIT_S)
+            held = await client.get(task_id)
+            assert (held.status, held.attempt) == (Status.READY, 1), held
+            assert runs == [("start", 1)]
+            release.set()
+            info = await client.wait(task_id, timeout=WAIT_S)
+        finally:
+            release.set()
+            await running.finish()
+    assert (info.status, info.attempt, info.output) == (Status.SUCCEEDED, 2, b"done")
+    assert runs == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
 
 
 # --- connections ------------------------------------------------------------------------------

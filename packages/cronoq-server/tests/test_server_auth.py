@@ -10,6 +10,8 @@ import hashlib
 import json
 import secrets
 import signal
+import socket
+import ssl
 import urllib.error
 import urllib.request
 import uuid
@@ -518,6 +520,61 @@ async def test_client_certificates(tmp_path: Path) -> None:
         await server.wait_for("credentials_reloaded", why="SIGHUP")
         assert await _code(server, trust, rotated.issue("reader.example")) is None
         assert await _code(server, trust, ca.issue("reader.example")) is Code.UNAVAILABLE
+
+
+async def test_the_servers_own_certificate_rotates_on_reload(tmp_path: Path) -> None:
+    """Issue 20 audit gap 2: a new ``tls.cert``/``tls.key`` pair (another CA's) is served to
+    new connections after SIGHUP; a connection opened before goes on being served."""
+    ca, rotated = Authority("ca"), Authority("rotated")
+    cert, key = ca.server().write(tmp_path, "server")
+    client_ca = tmp_path / "clients.pem"
+    client_ca.write_bytes(ca.pem)
+    client = ca.issue("reader.example")
+    tables = (
+        f"[tls]\ncert = {json.dumps(str(cert))}\nkey = {json.dumps(str(key))}\n"
+        f"client_ca = {json.dumps(str(client_ca))}\n"
+        "[auth]\nreload_interval_s = 600\n"
+        + identities_toml({"reader.example": {"permissions": ["read"]}}, {})
+    )
+    async with running_server(tmp_path, config_toml(MEMORY, tables=tables)) as server:
+        await server.leading()
+        served = ssl.PEM_cert_to_DER_cert(cert.read_text())
+        assert await _served_certificate(server, ca.pem, client, tmp_path) == served
+        assert await _code(server, rotated.pem, client) is Code.UNAVAILABLE
+        async with _channel(server, ca.pem, client) as before:
+            assert await call(before, "List", None) is None
+            fresh = rotated.server()
+            cert.write_bytes(fresh.cert)
+            key.write_bytes(fresh.key)
+            server.signal(signal.SIGHUP)
+            await server.wait_for("credentials_reloaded", why="SIGHUP")
+            new = ssl.PEM_cert_to_DER_cert(fresh.cert.decode())
+            assert await _served_certificate(server, rotated.pem, client, tmp_path) == new
+            assert await _code(server, rotated.pem, client) is None
+            assert await _code(server, ca.pem, client) is Code.UNAVAILABLE
+            assert await call(before, "List", None) is None, "the old connection is served"
+
+
+async def _served_certificate(
+    server: ServerProcess, trust: bytes, client: Any, directory: Path
+) -> bytes:
+    """The DER certificate the server presents to a new TLS connection that trusts only
+    ``trust`` (the handshake fails unless that CA signed it)."""
+    cert, key = client.write(directory, f"client-{uuid.uuid4().hex[:8]}")
+    context = ssl.create_default_context(cadata=trust.decode())
+    context.load_cert_chain(cert, key)
+    context.set_alpn_protocols(["h2"])
+
+    def handshake() -> bytes:
+        with (
+            socket.create_connection(("localhost", server.grpc_port), timeout=TIMEOUT) as raw,
+            context.wrap_socket(raw, server_hostname="localhost") as tls,
+        ):
+            der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        return der
+
+    return await asyncio.to_thread(handshake)
 
 
 # --- secure by default --------------------------------------------------------------------

@@ -13,6 +13,7 @@ test could see; a second one takes the fuzzing, and a SQLite one the happy path 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import time
@@ -594,7 +595,7 @@ async def test_stale_tokens_are_failed_precondition_and_change_nothing(
 
 
 async def test_a_token_read_by_anyone_does_not_let_an_impostor_take_the_attempt(
-    api: Api, attach: Attacher
+    server: ServerProcess, api: Api, attach: Attacher
 ) -> None:
     # Issue 19, item 2: a token is (epoch, task id, attempt), all visible through List/Get.
     # Attaching with someone else's token moved the attempt to the impostor (its cancel went
@@ -626,6 +627,44 @@ async def test_a_token_read_by_anyone_does_not_let_an_impostor_take_the_attempt(
     await submitted(api, pool="forged")
     assert (await worker.attempt()).token.task_id != task_id
     impostor.close()
+    # Issue 19 audit gap 3: nor does any other read, the metrics or the server's log.
+    await server.wait_for("worker detached")
+    await _assert_secret(server, api, attempt.token.lease_id, task_id)
+
+
+async def _assert_secret(server: ServerProcess, api: Api, lease_id: bytes, task_id: int) -> None:
+    """``lease_id`` (its bytes, hex and base64 forms) is in no List page, Get, /metrics text
+    or line the server logged."""
+    assert len(lease_id) == 16
+    forms = {
+        lease_id.hex(),
+        lease_id.hex().upper(),
+        base64.b64encode(lease_id).decode().rstrip("="),
+        base64.urlsafe_b64encode(lease_id).decode().rstrip("="),
+        repr(lease_id)[2:-1],
+    }
+    listed, page_token = [], ""
+    while True:
+        page = await api.tasks.List(pb.ListRequest(page_size=1000, page_token=page_token))
+        listed.append(page)
+        page_token = page.next_page_token
+        if not page_token:
+            break
+    assert any(t.task_id == task_id for page in listed for t in page.tasks)
+    got = await api.tasks.Get(pb.GetRequest(task_id=task_id, **BOTH))
+    status, metrics = await asyncio.to_thread(_get, f"{server.http}/metrics")
+    assert status == 200
+    texts = {
+        "List": "".join(str(page) for page in listed),
+        "Get": str(got),
+        "/metrics": metrics.decode(),
+        # Its lines as written and as parsed (logfmt escapes a backslash).
+        "the log": "\n".join([*server.raw, *(v for line in server.lines for v in line.values())]),
+    }
+    for where, text in texts.items():
+        assert not [form for form in forms if form in text], where
+    for message in (*listed, got):
+        assert lease_id not in message.SerializeToString()
 
 
 async def test_cancel_of_a_running_task_reaches_its_worker(api: Api, attach: Attacher) -> None:

@@ -4,6 +4,7 @@ that fails for good, a forced stop, and HTTP clients that hang up (issue 24, ite
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -11,6 +12,8 @@ import struct
 import subprocess
 import sys
 import threading
+import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from cronoq import TaskContext
 from cronoq_client import AsyncClient, Worker
 from cronoq_server import Address, ConfigError, load_config
 from cronoq_server._ports import PortBusy, check_alone
+from cronoq_store_postgres import PgStore, PgStoreConfig
 
 EXIT_TIMEOUT_S = 30.0
 
@@ -111,32 +115,72 @@ async def test_a_busy_http_port_is_one_line_and_exit_3(tmp_path: Path) -> None:
 # --- permanent store errors (item 5) --------------------------------------------------------
 
 
-@pytest.fixture(params=["damaged_sqlite", "unknown_postgres_role"])
-async def broken_store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
-    """A ``[store]`` section that fails for good, and a word of the error it gives."""
+OPENING = "opening the store"
+
+
+@pytest.fixture(
+    params=["damaged_sqlite", "unknown_postgres_role", "postgres_role_without_privileges"]
+)
+async def broken_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[str, str, str]]:
+    """A ``[store]`` section that fails for good, a word of the error it gives, and when: a
+    role without privileges opens the store (it may read the schema's version) and fails
+    as it starts to lead."""
     if request.param == "damaged_sqlite":
         path = tmp_path / "damaged.db"
         path.write_bytes(b"this is not a SQLite database, whatever its name says" * 100)
-        return sqlite(path), "not a SQLite database"
+        yield sqlite(path), "not a SQLite database", OPENING
+        return
     conn = await pg_connect()  # skips (or fails, if required) without PostgreSQL
     await conn.close()
-    role = f"cronoq_no_such_role_{os.urandom(4).hex()}"
+    if request.param == "unknown_postgres_role":
+        role = f"cronoq_no_such_role_{os.urandom(4).hex()}"
+        yield f'[store]\nkind = "postgres"\ndsn = "{_dsn_as(role)}"\n', role, OPENING
+        return
+    async with _role_without_privileges() as (schema, role):
+        store = f'[store]\nkind = "postgres"\ndsn = "{_dsn_as(role)}"\nschema = "{schema}"\n'
+        yield store, "permission denied for table cronoq_leader", "starting to lead"
+
+
+def _dsn_as(role: str) -> str:
     dsn = PG_DSN.replace("postgres@", f"{role}@", 1)
     assert role in dsn, "CRONOQ_TEST_PG_DSN must name its user as postgres@ for this test"
-    return f'[store]\nkind = "postgres"\ndsn = "{dsn}"\n', role
+    return dsn
+
+
+@contextlib.asynccontextmanager
+async def _role_without_privileges() -> AsyncIterator[tuple[str, str]]:
+    """An up-to-date schema, and a role that may log in, use the schema and read its version
+    (so that it is not taken for a schema without tables), but has none of the privileges on
+    the other tables that docs/stores/postgres.md grants the replicas' role."""
+    schema = f"cronoq_test_{uuid.uuid4().hex[:12]}"
+    role = f"{schema}_reader"
+    conn = await pg_connect()
+    await conn.execute(f'CREATE ROLE "{role}" LOGIN')
+    try:
+        await PgStore.migrate(PG_DSN, PgStoreConfig(schema=schema))
+        await conn.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO "{role}"')
+        await conn.execute(f'GRANT SELECT ON "{schema}".cronoq_schema_version TO "{role}"')
+        yield schema, role
+    finally:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.execute(f'DROP OWNED BY "{role}"')
+        await conn.execute(f'DROP ROLE "{role}"')
+        await conn.close()
 
 
 async def test_a_store_that_fails_for_good_is_said_once_shown_by_readyz_then_exit_1(
-    tmp_path: Path, broken_store: tuple[str, str]
+    tmp_path: Path, broken_store: tuple[str, str, str]
 ) -> None:
     """Regression: a wrong role or a damaged file was retried for ever, a warning 1.5 times a
     second, /readyz saying "standby" and the process never exiting."""
-    store, word = broken_store
+    store, word, when = broken_store
     # Four attempts: 0.5 + 1 + 2 seconds between them, in which /readyz is asked.
     config = config_toml(store, tables="[runtime]\nstore_fatal_attempts = 4\n")
     async with running_server(tmp_path, config) as server:
         error = await server.wait_line(lambda line: line.get("level") == "error", "an error")
-        assert error["msg"].startswith("the store failed while opening the store")
+        assert error["msg"].startswith(f"the store failed while {when}")
         assert word in error["msg"] and "store_fatal_attempts" in error["msg"]
         status, body = await http_get(f"{server.http}/readyz")
         assert (status, body["ready"], body["reason"]) == (503, False, "store_failed")

@@ -15,11 +15,12 @@ import grpc
 import pytest
 from server_process import ServerProcess, config_toml, running_server
 
-from cronoq import TaskContext
+from cronoq import MemoryStore, Pool, RemotePool, Scheduler, TaskContext, WorkerLink
 from cronoq.errors import AdmissionRejected, InvalidCron, PayloadError, UnknownTimeZone
 from cronoq_client import AsyncClient, Worker
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
+from cronoq_server import _links
 
 LIMIT = 1 << 20
 """The server's max_message_bytes."""
@@ -217,3 +218,44 @@ async def test_attach_streams_per_connection_are_limited(tmp_path: Path) -> None
         finally:
             for call in calls:
                 call.cancel()
+
+
+async def test_workers_per_pool_are_limited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24 audit gap 2: ``MAX_LINKS_PER_POOL`` (1,000 links) refuses the next link to a
+    full pool, whichever connection it comes on, counts nothing for a refused one, and a
+    detach frees a place. (The refusal's RESOURCE_EXHAUSTED on the wire is the per-connection
+    test's.)"""
+    monkeypatch.setattr(_links, "MAX_LINKS_PER_POOL", 2)
+    pools: list[Pool | RemotePool] = [RemotePool("edges"), RemotePool("other")]
+    async with Scheduler(pools, store=MemoryStore()) as sched:
+        links = _links.Links()
+
+        def attach(peer: str, *pools: str) -> WorkerLink:
+            return links.attach(sched, peer, {"pools": pools, "slots": 1}, peer)
+
+        first, _ = attach("ipv4:10.0.0.1:1", "edges"), attach("ipv4:10.0.0.2:1", "edges")
+        for refused in (("edges",), ("other", "edges")):
+            with pytest.raises(AdmissionRejected) as full:
+                attach("ipv4:10.0.0.3:1", *refused)
+            assert str(full.value) == (
+                "pool 'edges' already has 2 workers attached, the limit: give the workers more "
+                "slots each instead"
+            )
+        other = attach("ipv4:10.0.0.3:1", "other")  # the refusals counted nothing for "other"
+        attach("ipv4:10.0.0.4:1", "other")
+        assert sorted(w.worker_id for w in links.workers()) == [
+            "ipv4:10.0.0.1:1",
+            "ipv4:10.0.0.2:1",
+            "ipv4:10.0.0.3:1",
+            "ipv4:10.0.0.4:1",
+        ]
+        links.detach(first)
+        first.close()
+        attach("ipv4:10.0.0.5:1", "edges")
+        with pytest.raises(AdmissionRejected):
+            attach("ipv4:10.0.0.6:1", "edges")
+        links.detach(other)
+        other.close()
+        with pytest.raises(AdmissionRejected):  # one pool of the two is still full
+            attach("ipv4:10.0.0.6:1", "edges", "other")
+        attach("ipv4:10.0.0.6:1", "other")

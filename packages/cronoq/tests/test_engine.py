@@ -1356,6 +1356,40 @@ def test_report_with_a_wrong_epoch_is_rejected() -> None:
     report_ok(engine, T0 + 2, dispatch)
 
 
+def test_an_earlier_leaders_attempt_is_stale_for_its_epoch() -> None:
+    """Issue 19 gap 4: a token of an earlier epoch, not adopted, is answered ``epoch`` and says
+    so, both while its attempt number runs under this leader and after the new leader counted
+    it lost. (A remote caller reaches these words only with the attempt's lease id, which an
+    earlier leader's unadopted attempt cannot prove, so this is the in-process path.)"""
+    engine = make_engine(epoch=3)
+    task_id, _ = start_one(engine, T0, spec())
+    running = _stale_answers(engine, T0 + 1, AttemptToken(2, task_id, 1))
+    words = f"attempt 1 of task {task_id} (epoch 2) belongs to an earlier leader and was not "
+    assert running == [("epoch", words + "adopted (epoch now 3)")] * 3
+
+    log = Log()
+    engine = make_engine()
+    [task_id], result = log.submit(engine, T0, spec())
+    lost = only_dispatch(result).token
+    engine, _ = log.recover(engine.config, 2, T0 + S)
+    assert record(engine, T0 + S, task_id).status is Status.RETRYING
+    counted_lost = _stale_answers(engine, T0 + S + 1, lost)
+    words = f"attempt 1 of task {task_id} (epoch 1) belongs to an earlier leader (epoch now 2; "
+    assert counted_lost == [("epoch", words + "the task is retrying, attempt 1)")] * 3
+
+
+def _stale_answers(engine: Engine, now: int, token: AttemptToken) -> list[tuple[str, str]]:
+    """The reason and words of a success report, a failure report and a heartbeat of
+    ``token``, each of which must be refused as stale."""
+    answers = [
+        report(engine, now, token, outcome)[0]
+        for outcome in (AttemptSucceeded(b"x"), AttemptFailed("x", retryable=False))
+    ]
+    answers.append(heartbeat(engine, now, token))
+    assert all(isinstance(a, StaleAttempt) for a in answers), answers
+    return [(a.reason, str(a)) for a in answers if isinstance(a, StaleAttempt)]
+
+
 def test_report_for_an_old_attempt_is_rejected() -> None:
     engine = make_engine()
     task_id, first = start_one(engine, T0, spec())

@@ -147,6 +147,44 @@ async def test_cancel_while_disconnected_keeps_the_slot_on_reattach() -> None:
         assert isinstance(event, CancelRequested) and event.token == first.token
 
 
+@pytest.mark.parametrize("lost", ["queued", "taken"])
+async def test_a_cancel_undelivered_when_the_stream_broke_still_reaches_the_worker(
+    lost: str,
+) -> None:
+    """Issue 19 audit gap 2: a CancelRequested still queued in the link when the worker's
+    Attach stream broke ("queued": the server's Attach closes the link with it), or taken
+    from the link but never sent ("taken": carried to the next message, or in a write that
+    failed), reaches the worker once it re-attaches: on the new link or, at the latest, in
+    its next heartbeat's reply. The attempt ends cancelled, though retries were left, and
+    its task never runs again."""
+    async with _serving(Scheduler([RemotePool("remote")], store=MemoryStore())) as sched:
+        link = sched.attach(["remote"], slots=1)
+        t1 = await sched.submit("a", pool="remote", retry=FAST)
+        first = await _attempt(link)
+        assert await sched.cancel(t1, "stop a") is Status.RUNNING
+        await sched.list()  # a step: the cancellation went to the link
+        assert link.queued == 1
+        if lost == "taken":
+            assert isinstance(await link.next(), CancelRequested)
+        link.close()  # the stream broke; the worker goes on running the attempt
+        await sched.submit("b", pool="remote")
+        back = sched.attach(["remote"], slots=1, running=[(first.token, first.lease_id)])
+        await sched.list()  # a step: it would lease "b" if a slot were offered
+        told = []
+        while back.queued:  # nothing but the cancellation of what it runs
+            event = await back.next()
+            assert isinstance(event, CancelRequested) and event.token == first.token, event
+            told.append(event.reason)
+        renewed = await sched.heartbeat(first.token, lease_id=first.lease_id)
+        assert (renewed.cancel_reason, renewed.stopped) == ("stop a", False)
+        assert told in ([], ["stop a"])
+        await sched.report_failure(first.token, "interrupted", lease_id=first.lease_id)
+        done = await sched.wait(t1, timeout=5)
+        assert (done.status, done.attempt, done.message) == (Status.CANCELLED, 1, "stop a")
+        assert (await _attempt(back)).kind == "b"  # its slot came back, for the other task
+        assert (await sched.get(t1)).attempt == 1
+
+
 async def test_a_worker_running_more_than_its_slots_can_reattach() -> None:
     # A worker may run more attempts than it now asks slots for: naming them all on its
     # reconnect must not be refused (the Worker takes INVALID_ARGUMENT on Attach for good).
