@@ -468,7 +468,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                 # when it closes.
                 await context.write(message)
         finally:
-            if isinstance(carried, LeasedAttempt):
+            if carried is not None:
                 link.unsent(carried)
             link.close()
             self._links.detach(link)

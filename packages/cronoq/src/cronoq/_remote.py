@@ -232,10 +232,14 @@ class WorkerLink:
         except (WorkerDetached, SchedulerStopped):
             raise StopAsyncIteration from None
 
-    def unsent(self, attempt: LeasedAttempt) -> None:
-        """This attempt, taken from the link, never left for the worker (its stream failed
-        before the send): back to its queue, uncounted."""
-        self._hub.unsent(self, attempt.token)
+    def unsent(self, event: LeasedAttempt | CancelRequested) -> None:
+        """This event, taken from the link, never left for the worker (its stream failed
+        before the send): an attempt goes back to its queue, uncounted; a cancellation waits
+        for the worker to re-attach naming its attempt."""
+        if isinstance(event, LeasedAttempt):
+            self._hub.unsent(self, event.token)
+        else:
+            self._hub.undelivered(event)
 
     def close(self) -> None:
         if self._closed:
@@ -243,9 +247,7 @@ class WorkerLink:
         self._closed = True
         self._arrived.set()
         while self._events:
-            event = self._events.popleft()
-            if isinstance(event, LeasedAttempt):
-                self._hub.unsent(self, event.token)
+            self.unsent(self._events.popleft())
         self._hub.detach(self)
 
     async def __aenter__(self) -> WorkerLink:
@@ -471,6 +473,12 @@ class RemoteExecutor:
             if link.claims.pop(token, None) is not None:
                 link.free += 1
                 self._poke()
+
+    def undelivered(self, cancel: CancelRequested) -> None:
+        """A cancellation that never left a closed link: its worker may still run the attempt
+        and re-attach naming it, and hears it then (as one issued while it was away)."""
+        if cancel.token in self._leased:
+            self._cancels[cancel.token] = cancel.reason
 
     def _resend_cancel(self, token: AttemptToken, link: WorkerLink) -> None:
         """A cancellation its worker's old link never delivered goes on its new one."""
