@@ -22,6 +22,8 @@ from typing import TypeVar
 from cronoq import _validate as check
 from cronoq.errors import CronoqError, Fenced, StoreFatal, Unavailable
 from cronoq.store import (
+    ATTEMPTS_KEPT,
+    AttemptEnded,
     CancelRequested,
     LeadershipLoss,
     Lease,
@@ -56,6 +58,8 @@ class MemoryCluster:
         self.tasks: dict[int, TaskRecord] = {}
         self.finished: dict[int, int] = {}  # id -> finish time (unix ns), in finish order
         self.keys: dict[str, int] = {}
+        # Per task, its ended attempts (times in unix ns) by attempt number.
+        self.attempts: dict[int, dict[int, AttemptEnded]] = {}
         self.schedules: dict[str, ScheduleRecord] = {}
         self.paused_pools: set[str] = set()
         self.max_task_id = 0
@@ -151,6 +155,19 @@ class MemoryCluster:
             case ScheduleRemoved(name):
                 undo.schedule(name)
                 self.schedules.pop(name, None)
+            case AttemptEnded(task_id, attempt, started_ns, ended_ns, message):
+                undo.attempts(task_id)
+                kept = self.attempts.setdefault(task_id, {})
+                if attempt not in kept:  # a repeated commit changes nothing
+                    kept[attempt] = AttemptEnded(
+                        task_id,
+                        attempt,
+                        to_unix(started_ns),
+                        to_unix(ended_ns),
+                        sanitize_message(message),
+                    )
+                    if len(kept) > ATTEMPTS_KEPT:
+                        del kept[min(kept)]
             case PoolPaused(name, paused):
                 undo.pools()
                 if paused:
@@ -197,6 +214,7 @@ class MemoryCluster:
                 gone.append(task_id)
         for task_id in gone:
             del self.finished[task_id]
+            self.attempts.pop(task_id, None)
             key = self.tasks.pop(task_id).spec.key
             if key is not None and self.keys.get(key) == task_id:
                 del self.keys[key]
@@ -211,6 +229,7 @@ class _Undo:
         self._tasks: dict[int, TaskRecord | None] = {}
         self._keys: dict[str, int | None] = {}
         self._finished: dict[int, int | None] = {}
+        self._attempts: dict[int, dict[int, AttemptEnded] | None] = {}
         self._schedules: dict[str, ScheduleRecord | None] = {}
         self._paused_pools: set[str] | None = None
 
@@ -230,6 +249,11 @@ class _Undo:
         if task_id not in self._finished:
             self._finished[task_id] = self._cluster.finished.get(task_id)
 
+    def attempts(self, task_id: int) -> None:
+        if task_id not in self._attempts:
+            kept = self._cluster.attempts.get(task_id)
+            self._attempts[task_id] = None if kept is None else dict(kept)
+
     def schedule(self, name: str) -> None:
         if name not in self._schedules:
             self._schedules[name] = self._cluster.schedules.get(name)
@@ -240,6 +264,7 @@ class _Undo:
         _restore(cluster.tasks, self._tasks)
         _restore(cluster.keys, self._keys)
         _restore(cluster.finished, self._finished)
+        _restore(cluster.attempts, self._attempts)
         _restore(cluster.schedules, self._schedules)
         if self._paused_pools is not None:
             cluster.paused_pools = self._paused_pools
@@ -383,6 +408,19 @@ class MemoryStore:
     async def get_task_by_key(self, key: str) -> TaskRecord | None:
         task_id = self._cluster.keys.get(key)
         return None if task_id is None else await self.get_task(task_id)
+
+    async def get_attempts(self, task_id: int) -> Sequence[AttemptEnded]:
+        self._check_available()
+        kept = self._cluster.attempts.get(task_id, {})
+        to_engine = self._time_base.to_engine
+        return [
+            dataclasses.replace(
+                kept[attempt],
+                started_ns=to_engine(kept[attempt].started_ns),
+                ended_ns=to_engine(kept[attempt].ended_ns),
+            )
+            for attempt in sorted(kept)
+        ]
 
 
 def _shift(
