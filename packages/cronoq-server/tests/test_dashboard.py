@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from cronoq import MemoryStore, RemotePool, Status
+from cronoq import LeasedAttempt, MemoryStore, RemotePool, Status, WorkerLink
 from cronoq.store import Store
 from cronoq_server._auth import AuthCollector, Grant, Guard, TokenTable
 from cronoq_server._config import AuthSettings, IdentitySettings
@@ -194,6 +194,73 @@ async def test_a_task_page_shows_its_dependencies_both_ways_and_a_bounded_previe
         body = await text(h.http, f"/ui/tasks/{child}")
         assert f'<li><a href="/ui/tasks/{parent}">' in body
         assert "{\n  &#34;a&#34;: 1\n}" in body  # JSON, indented
+
+
+async def test_a_task_page_shows_its_dependants_once_the_parent_finished() -> None:
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        parent = await sched.submit("parent", None)
+        child = await sched.submit("child", None, after=[parent])
+        other = await sched.submit("other", None)  # submitted after it, not a dependant
+        assert await sched.cancel(parent) is Status.CANCELLED  # and the child with it
+        body = await text(h.http, f"/ui/tasks/{parent}")
+        assert f'<a href="/ui/tasks/{child}">' in body
+        assert f'<a href="/ui/tasks/{other}">' not in body
+        body = await text(h.http, f"/ui/tasks/{other}")
+        assert "None known." in body
+
+
+def attempt_table(body: str) -> list[list[str]]:
+    """The cells of the attempts table of a task's page, tags stripped, a list per row."""
+    table = re.search(r'<table id="attempt-table">.*?<tbody>(.*?)</tbody>', body, re.S)
+    assert table is not None, body
+    rows = re.findall(r"<tr>(.*?)</tr>", table.group(1), re.S)
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in rows]
+    return [[re.sub(r"<[^>]+>", "", cell).strip() for cell in row] for row in cells]
+
+
+async def leased(link: WorkerLink) -> LeasedAttempt:
+    async with asyncio.timeout(10):
+        attempt = await link.next()
+    assert isinstance(attempt, LeasedAttempt), attempt
+    return attempt
+
+
+async def test_a_task_page_lists_its_attempts_failed_running_and_succeeded() -> None:
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        async with sched.attach(["default"], slots=1) as link:
+            task_id = await sched.submit("flaky", None)
+            for n in (1, 2):
+                attempt = await leased(link)
+                await sched.report_failure(
+                    attempt.token, f"upstream answered 50{n}", retry_after=0,
+                    lease_id=attempt.lease_id,
+                )  # fmt: skip
+            third = await leased(link)
+            running = attempt_table(await text(h.http, f"/ui/tasks/{task_id}"))
+            assert [(row[0], row[2], row[3]) for row in running] == [
+                ("1", running[0][2], running[0][3]),
+                ("2", running[1][2], running[1][3]),
+                ("3", "running", "—"),
+            ]
+            assert running[2][1].endswith("UTC"), "a running attempt shows its start"
+            await sched.report_success(third.token, lease_id=third.lease_id)
+            assert (await sched.wait(task_id, timeout=10)).status is Status.SUCCEEDED
+        rows = attempt_table(await text(h.http, f"/ui/tasks/{task_id}"))
+        history = await sched.attempts(task_id)
+        assert [a.attempt for a in history] == [1, 2], "a success writes no history row"
+        assert [row[0] for row in rows] == ["1", "2", "3"]
+        for row, ended in zip(rows, history, strict=False):
+            started, finished, took, message = row[1:]
+            assert started.endswith("UTC") and finished.endswith("UTC")
+            assert took.endswith(" s"), took
+            assert message == (
+                f"attempt {ended.attempt} failed: upstream answered 50{ended.attempt}; "
+                "retrying in 0s"
+            )
+        assert rows[2][1] == "—" and rows[2][2].endswith("UTC")
+        assert rows[2][4] == "attempt 3 succeeded"
 
 
 # --- actions: CSRF, origin, permissions ---------------------------------------------------------
