@@ -28,7 +28,7 @@ from cronoq_server._replica import Replica, Role
 from cronoq_server._ui import Dashboard
 from cronoq_server._ui._samples import Sample, chart, rates
 from cronoq_server._ui._sessions import Sessions
-from cronoq_server._ui._views import PREVIEW_BYTES, TaskQuery, preview
+from cronoq_server._ui._views import PREVIEW_BYTES, TaskQuery, duration, preview
 
 TOKENS = {"admin": secrets.token_urlsafe(32), "reader": secrets.token_urlsafe(32)}
 PERMISSIONS = {"admin": {"admin"}, "reader": {"read"}}
@@ -254,7 +254,7 @@ async def test_a_task_page_lists_its_attempts_failed_running_and_succeeded() -> 
         for row, ended in zip(rows, history, strict=False):
             started, finished, took, message = row[1:]
             assert started.endswith("UTC") and finished.endswith("UTC")
-            assert took.endswith(" s"), took
+            assert took.endswith(("ms", " s")), took
             assert message == (
                 f"attempt {ended.attempt} failed: upstream answered 50{ended.attempt}; "
                 "retrying in 0s"
@@ -416,6 +416,20 @@ def test_a_preview_is_text_json_or_hex_and_bounded() -> None:
     binary = preview(bytes(range(256)) * 10)
     assert binary is not None and binary.binary and binary.truncated
     assert binary.text.startswith("0001 0203")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (0.00664, "6.64 ms"),
+        (1.5, "1.5 s"),
+        (59.9, "59.9 s"),
+        (245, "4 min 05 s"),
+        (7380, "2 h 03 min"),
+    ],
+)
+def test_a_duration_reads_in_the_unit_that_fits(seconds: float, shown: str) -> None:
+    assert duration(seconds) == shown
 
 
 def test_rates_skip_a_change_of_leader_and_chart_scales_to_the_peak() -> None:

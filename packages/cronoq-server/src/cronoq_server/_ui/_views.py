@@ -141,7 +141,9 @@ def attempt_rows(task: TaskInfo, history: Sequence[AttemptInfo]) -> list[Attempt
 
 
 def duration(seconds: float) -> str:
-    """A duration for people: ``0.042 s``, ``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
+    """A duration for people: ``6.64 ms``, ``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms"
     if seconds < 60:
         return f"{seconds:.3g} s"
     if seconds < 3600:
