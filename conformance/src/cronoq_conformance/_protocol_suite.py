@@ -417,7 +417,7 @@ class StoreSuite:
         rows = by_id(state)
         assert rows[1] == TaskRecord(
             1, replace(FULL_SPEC, after=()), Status.RETRYING, 1, "attempt 1 failed", at, at + 11,
-            due_ns=at + 99,
+            due_ns=at + 99, started_ns=at + 10,
         )  # fmt: skip
         assert rows[2] == TaskRecord(2, spec_two, Status.WAITING, 0, "submitted", at + 1, at + 1)
         assert rows[3].status is Status.RUNNING
@@ -629,6 +629,34 @@ class StoreSuite:
         reopened = await cluster.open()
         await self.lead(reopened)
         assert list(await reopened.get_attempts(1)) == expected, "attempts are durable"
+
+    async def test_a_row_keeps_the_start_of_its_latest_attempt(self, cluster: StoreHarness) -> None:
+        """A ``TaskUpdated`` to running sets ``started_ns``; every other mutation keeps it, so
+        that a succeeded row still says when its last attempt began."""
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        # Task 2 is submitted and started in one batch (a new row with its start).
+        await store.commit(epoch, [submitted(1, at), submitted(2, at), started(2, 1, at + 1, None)])
+        fresh = await store.get_task(1)
+        assert fresh is not None and fresh.started_ns is None, "no attempt yet: no start"
+        await store.commit(epoch, [started(1, 1, at + 2, None)])
+        await store.commit(
+            epoch,
+            [
+                TaskUpdated(1, Status.RETRYING, 1, "attempt 1 failed", at + 3, due_ns=at + 4),
+                CancelRequested(2, at + 5, "stop"),
+            ],
+        )
+        await store.commit(epoch, [started(1, 2, at + 6, None), finished(2, at + 7)])
+        await store.commit(epoch, [TaskUpdated(1, Status.SUCCEEDED, 2, "done", at + 8)])
+        starts = [(await store.get_task(i)) for i in (1, 2)]
+        assert [r.started_ns if r else None for r in starts] == [at + 6, at + 1], (
+            "started_ns is the time of the last TaskUpdated to running, kept by later updates"
+        )
+        await cluster.crash(store)
+        _, state = await self.lead(await cluster.open())
+        assert [r.started_ns for r in state.tasks] == [at + 6, at + 1], "recover returns it"
 
     async def test_a_batch_of_attempts_applied_twice_duplicates_none(
         self, cluster: StoreHarness

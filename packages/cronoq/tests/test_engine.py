@@ -474,7 +474,7 @@ def test_get_task_returns_live_record_then_finished_summary() -> None:
     task = spec("report", key="k1", tags=("a", "b"))
     task_id, dispatch = start_one(engine, T0, task)
     assert record(engine, T0 + 1, task_id) == TaskRecord(
-        task_id, task, Status.RUNNING, 1, "attempt 1 started", T0, T0
+        task_id, task, Status.RUNNING, 1, "attempt 1 started", T0, T0, started_ns=T0
     )
     report_ok(engine, T0 + S, dispatch)
     assert get(engine, T0 + 2 * S, task_id) == TaskSummary(
@@ -1435,6 +1435,7 @@ def test_wait_task_replies_the_record_with_output_in_the_finishing_step() -> Non
         T0,
         T0 + 2,
         output=b"the answer",
+        started_ns=T0,  # the start of the attempt whose end finished it
     )
 
 

@@ -67,6 +67,7 @@ _NEW_TASK_TYPES = {
     "cancel": "boolean",
     "lease_epoch": "bigint",
     "lease_hash": "bytea",
+    "started": "bigint",
 }
 
 
@@ -86,12 +87,12 @@ def _parts(s: str) -> tuple[_Part, ...]:
             f"""new_tasks AS (
                 INSERT INTO {s}.cronoq_tasks AS t (id, pool, kind, key, payload, options, after_ids,
                     status, attempt, message, submitted_ns, updated_ns, due_ns, finished_ns,
-                    output, cancel_requested, lease_epoch, lease_hash)
+                    output, cancel_requested, lease_epoch, lease_hash, started_ns)
                 SELECT {u("id")}, {u("pool")}, {u("kind")}, {u("key")}, {u("payload")},
                     {u("options")}, ({u("after")})::bigint[], {u("status")}, {u("attempt")},
                     {u("message")}, {u("submitted")}, {u("updated")}, {u("due")},
                     {u("finished")}, {u("output")}, {u("cancel")}, {u("lease_epoch")},
-                    {u("lease_hash")}
+                    {u("lease_hash")}, {u("started")}
                 FROM {rows}
                 WHERE EXISTS (SELECT FROM fence){conflict}
             )"""
@@ -111,9 +112,10 @@ def _parts(s: str) -> tuple[_Part, ...]:
             ("lease_epoch", "bigint"),
             ("lease_hash", "bytea"),
             ("options", "text"),
+            ("started", "bigint"),
         ),
         # A retry (options given) rewrites the options and replaces the cancellation flag
-        # instead of or-ing it.
+        # instead of or-ing it. An attempt's start is written when one started, else kept.
         lambda u, rows, _: (
             f"""changed AS (
                 UPDATE {s}.cronoq_tasks AS t SET
@@ -134,7 +136,8 @@ def _parts(s: str) -> tuple[_Part, ...]:
                     lease_epoch = CASE WHEN {u("status")} IS NULL THEN t.lease_epoch
                         ELSE {u("lease_epoch")} END,
                     lease_hash = CASE WHEN {u("status")} IS NULL THEN t.lease_hash
-                        ELSE {u("lease_hash")} END
+                        ELSE {u("lease_hash")} END,
+                    started_ns = COALESCE({u("started")}, t.started_ns)
                 FROM {rows}
                 WHERE t.id = {u("id")} AND EXISTS (SELECT FROM fence)
             )"""
@@ -326,6 +329,7 @@ class CommitStatements:
                 [c.cancel_requested for c in changes],
                 *_lease_columns(changes),
                 _objects(c.options for c in changes),
+                _objects(maybe(c.started_ns) for c in changes),
             )
             if changes
             else None,

@@ -91,6 +91,9 @@ def _migrations(s: str) -> list[list[str]]:
             )""",
         ],
         [
+            # The start of each task's latest attempt, kept once it ends: a nullable column
+            # without a default, a catalog change that rewrites no row.
+            f"ALTER TABLE {s}.cronoq_tasks ADD COLUMN started_ns bigint",
             # The attempts that ended without success (cronoq.store.AttemptEnded), the
             # latest ATTEMPTS_KEPT of each task, deleted with its row. A new table: no
             # existing row is touched.

@@ -71,8 +71,11 @@ _MIGRATIONS = [
     );
     """,
     # The attempts that ended without success (cronoq.store.AttemptEnded), the latest
-    # ATTEMPTS_KEPT of each task, deleted with its row. A new table: no row is touched.
+    # ATTEMPTS_KEPT of each task, deleted with its row: a new table. And the start of each
+    # task's latest attempt, kept once it ends: a nullable column rewrites no row (the rows of
+    # version 3 read as having none).
     """
+    ALTER TABLE cronoq_tasks ADD COLUMN started_ns INTEGER;
     CREATE TABLE cronoq_attempts (
         task_id INTEGER NOT NULL,
         attempt INTEGER NOT NULL,

@@ -82,6 +82,7 @@ _RECOVER = f"""
 # A change with no status is a cancellation request alone: the status columns, and the
 # lease, stay. Any other change replaces the lease with its own (NULL: none). A retry
 # (options given) rewrites the options and replaces the cancellation flag instead of or-ing it.
+# An attempt's start is written when one started in the batch, and kept otherwise.
 _CHANGE_TASK = """
     UPDATE cronoq_tasks SET
         options = COALESCE(:options, options),
@@ -95,7 +96,8 @@ _CHANGE_TASK = """
         cancel_requested = CASE WHEN :options IS NULL THEN cancel_requested OR :cancel
             ELSE :cancel END,
         lease_epoch = CASE WHEN :status IS NULL THEN lease_epoch ELSE :lease_epoch END,
-        lease_hash = CASE WHEN :status IS NULL THEN lease_hash ELSE :lease_hash END
+        lease_hash = CASE WHEN :status IS NULL THEN lease_hash ELSE :lease_hash END,
+        started_ns = COALESCE(:started, started_ns)
     WHERE id = :id
 """
 # A finished row that keeps a lease (an attempt that may still run) stays until it is cleared.
@@ -433,6 +435,7 @@ class SqliteStore:
                 "options": c.options,
                 "lease_epoch": None if c.lease is None else c.lease.epoch,
                 "lease_hash": None if c.lease is None else c.lease.id_hash,
+                "started": unix(c.started_ns),
             }
             for c in rows.changes
         ]

@@ -48,6 +48,7 @@ class NewTask:
     output: bytes | None = None
     cancel_requested: bool = False
     lease: AttemptLease | None = None
+    started_ns: int | None = None
 
 
 @dataclass(slots=True)
@@ -70,6 +71,9 @@ class TaskChange:
     options: str | None = None
     """Set when the task was retried (``TaskRetried``): the row's new options text, and its
     cancellation request is replaced by ``cancel_requested`` instead of or-ed with it."""
+    started_ns: int | None = None
+    """Set when an attempt started in this batch (a ``TaskUpdated`` to running): the row's
+    start of its latest attempt becomes it; None keeps the row's."""
 
 
 @dataclass(slots=True)
@@ -116,6 +120,8 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
                 row.finished_ns = at if status.is_terminal else None
                 row.output = mutation.output
                 row.lease = mutation.lease
+                if status is Status.RUNNING:
+                    row.started_ns = at
             case TaskRetried(task_id, spec, status, attempt, message, at):
                 retried: NewTask | TaskChange
                 if task_id in new:  # submitted, ended and retried in one batch

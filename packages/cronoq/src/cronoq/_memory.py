@@ -33,6 +33,7 @@ from cronoq.store import (
     ScheduleRecord,
     ScheduleRemoved,
     ScheduleSaved,
+    Status,
     TaskRecord,
     TaskRetried,
     TaskSubmitted,
@@ -110,8 +111,9 @@ class MemoryCluster:
             case TaskUpdated(task_id, status, attempt, message, at_ns, due_ns, output, lease):
                 at = to_unix(at_ns)
                 undo.task(task_id)
+                existing = self._existing(task_id)
                 tasks[task_id] = dataclasses.replace(
-                    self._existing(task_id),
+                    existing,
                     status=status,
                     attempt=attempt,
                     message=sanitize_message(message),
@@ -119,6 +121,7 @@ class MemoryCluster:
                     due_ns=None if due_ns is None else to_unix(due_ns),
                     output=output,
                     lease=lease,
+                    started_ns=at if status is Status.RUNNING else existing.started_ns,
                 )
                 if status.is_terminal:
                     undo.finished(task_id)
@@ -434,6 +437,7 @@ def _shift(
         submitted_ns=convert(record.submitted_ns),
         updated_ns=convert(record.updated_ns),
         due_ns=None if record.due_ns is None else convert(record.due_ns),
+        started_ns=None if record.started_ns is None else convert(record.started_ns),
         output=record.output if keep_output else None,
     )
 

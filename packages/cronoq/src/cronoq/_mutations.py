@@ -194,7 +194,9 @@ Mutation = (
 @dataclass(frozen=True, slots=True)
 class TaskRecord:
     """A task as persisted. ``output`` is filled by lookups, never by ``recover``; ``lease``
-    is the lease of its running remote attempt, as the last update left it."""
+    is the lease of its running remote attempt, as the last update left it; ``started_ns``
+    is the start of its latest attempt (the time of the last ``TaskUpdated`` to running),
+    kept once it ends, None before its first."""
 
     task_id: int
     spec: TaskSpec
@@ -207,6 +209,7 @@ class TaskRecord:
     cancel_requested: bool = False
     output: bytes | None = None
     lease: AttemptLease | None = None
+    started_ns: int | None = None
 
     @property
     def finished_ns(self) -> int | None:

@@ -242,6 +242,11 @@ class TaskInfo:
     finished_at: datetime | None
     after: tuple[int, ...]
     schedule: str | None
+    started_at: datetime | None = None
+    """The start of its latest attempt: a running task's (its ``updated_at``), a finished
+    one's (its row keeps it; ``wait`` answers with it when an attempt's end finished the
+    task). None before the first attempt, and for a live task between attempts (retrying:
+    ``attempts`` has the last one's start). Not carried by the gRPC API yet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -807,6 +812,7 @@ class Scheduler:
             finished_at=_utc_or_none(record.finished_ns),
             after=spec.after,
             schedule=spec.schedule,
+            started_at=_utc_or_none(record.started_ns),
         )
 
     async def list(

@@ -11,6 +11,9 @@ Obligations of every store (each one is checked by the conformance kit):
   has landed by the time a later ``recover`` of the same instance returns, or never lands.
 - A ``TaskUpdated`` replaces the row's ``lease`` with its own (None clears it); a
   ``CancelRequested`` keeps it; ``recover`` and lookups return it in ``TaskRecord.lease``.
+- A ``TaskUpdated`` to running sets the row's ``started_ns`` to its ``at_ns`` (its attempt's
+  start); every other mutation keeps it, so that a finished row still says when its last
+  attempt began. ``recover`` and lookups return it.
 - A ``TaskRetried`` makes a finished row live again: status, message and update time as
   given, attempt kept, the spec's options rewritten (its retry policy may allow more attempts),
   finish time, due time, output, lease and cancellation request cleared; it is no longer

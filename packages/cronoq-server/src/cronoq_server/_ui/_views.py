@@ -110,8 +110,8 @@ class TaskQuery:
 
 @dataclass(frozen=True, slots=True)
 class AttemptRow:
-    """One attempt of a task's page. ``started`` is None for a successful attempt (its row
-    keeps its end, the finish time, not its start); ``ended`` is None while it runs."""
+    """One attempt of a task's page. ``ended`` is None while it runs; ``started`` is None
+    only when the scheduler does not know it."""
 
     attempt: int
     started: datetime | None
@@ -128,15 +128,15 @@ class AttemptRow:
 def attempt_rows(task: TaskInfo, history: Sequence[AttemptInfo]) -> list[AttemptRow]:
     """The attempts a task's page lists, oldest first: those that ended without success (the
     scheduler's history, its latest ``ATTEMPTS_KEPT``), then the current one from the task
-    itself when the history lacks it: running (since its last change: the attempt's start) or
-    succeeded (ended at its finish)."""
+    itself when the history lacks it: running, or succeeded (ended at its finish), with the
+    start the task keeps of its latest attempt."""
     rows = [AttemptRow(a.attempt, a.started_at, a.ended_at, a.message) for a in history]
     known = {a.attempt for a in history}
     if task.attempt > 0 and task.attempt not in known:
         if task.status is Status.RUNNING:
-            rows.append(AttemptRow(task.attempt, task.updated_at, None, task.message))
+            rows.append(AttemptRow(task.attempt, task.started_at, None, task.message))
         elif task.status is Status.SUCCEEDED:
-            rows.append(AttemptRow(task.attempt, None, task.finished_at, task.message))
+            rows.append(AttemptRow(task.attempt, task.started_at, task.finished_at, task.message))
     return rows
 
 

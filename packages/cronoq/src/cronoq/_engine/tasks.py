@@ -237,6 +237,7 @@ class Tasks:
             task, status, message, output = pending.pop()
             if task.status.is_terminal:
                 continue  # a child reached twice: it names the same parent twice in ``after``
+            started_ns = task.updated_ns if task.status is Status.RUNNING else None
             self.transition(task, status, message)
             task.wake_ns = None
             update = TaskUpdated(task.id, status, task.attempt, message, shared.now, output=output)
@@ -256,7 +257,7 @@ class Tasks:
             shared.deferred.discard(task.id)
             waiters = self.waiters.pop(task.id, None)
             if waiters:
-                record = task.record(output)
+                record = task.record(output, started_ns)
                 for reply_to in waiters.values():
                     shared.reply(reply_to, record)
             children = self.dependents.pop(task.id, None)
