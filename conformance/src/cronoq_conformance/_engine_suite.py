@@ -157,6 +157,28 @@ class EngineSuite:
         info = await second.wait(task_id, timeout=10)
         assert info.status is Status.SUCCEEDED
         assert retry_gate.attempts_of(task_id) == [2]
+        # The lost attempt is in the task's history, written by the new leader's recovery.
+        [lost] = await second.attempts(task_id)
+        assert lost.attempt == 1
+        assert "lost: the scheduler stopped while it ran" in lost.message
+        assert lost.started_at <= lost.ended_at
+
+    async def test_the_history_of_failed_attempts_survives_a_crash(
+        self, harness: StoreHarness, schedulers: list[Scheduler]
+    ) -> None:
+        gate = Gate()
+        first = await self.start(harness, schedulers, gate)
+        task_id = await first.submit("fail", b"", retry=QUICK_RETRY)
+        assert (await first.wait(task_id, timeout=10)).status is Status.FAILED
+        before = await first.attempts(task_id)
+        await self.crash(harness, first)
+
+        second = await self.start(harness, schedulers, Gate())
+        after = await second.attempts(task_id)
+        assert after == before
+        assert [a.attempt for a in after] == [1, 2, 3]
+        assert all("planned failure" in a.message for a in after)
+        assert "no attempts left" in after[-1].message
 
     async def test_a_task_running_at_a_crash_without_attempts_left_is_dead_lettered(
         self, harness: StoreHarness, schedulers: list[Scheduler]

@@ -23,7 +23,16 @@ import enum
 from collections.abc import Sequence
 
 from cronoq.errors import CronoqError, Unavailable
-from cronoq.store import Lease, Mutation, RecoveredState, Store, TaskRecord, TimeBase, shielded
+from cronoq.store import (
+    AttemptEnded,
+    Lease,
+    Mutation,
+    RecoveredState,
+    Store,
+    TaskRecord,
+    TimeBase,
+    shielded,
+)
 
 __all__ = ["CommitFault", "FaultyStore"]
 
@@ -65,6 +74,9 @@ class DelegatingStore:
 
     async def get_task_by_key(self, key: str) -> TaskRecord | None:
         return await self.inner.get_task_by_key(key)
+
+    async def get_attempts(self, task_id: int) -> Sequence[AttemptEnded]:
+        return await self.inner.get_attempts(task_id)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -30,6 +30,8 @@ from cronoq._model import (
 )
 from cronoq.errors import Fenced, StoreError, StoreFatal, Unavailable
 from cronoq.store import (
+    ATTEMPTS_KEPT,
+    AttemptEnded,
     AttemptLease,
     CancelRequested,
     Mutation,
@@ -169,6 +171,14 @@ def _varied_batch(rng: random.Random, first_id: int, at: int, names: list[str]) 
             batch.append(TaskUpdated(task_id, status, 1, "done", at + 60, output=output))
         else:
             batch.append(TaskUpdated(task_id, status, 2, "started", at + 40, lease=held))
+    # The attempts that ended, as the engine writes one beside a retrying update; an attempt
+    # already written by an earlier batch is written again (the first one stays).
+    ended = [t for t, status in zip(touched, outcomes, strict=True) if status is Status.RETRYING]
+    numbers = _column(rng, len(ended), [1, 2, 3])
+    starts = _column(rng, len(ended), [at + 1, at + 2])
+    messages = _column(rng, len(ended), ["failed", "timed out\x00"])
+    for task_id, number, start, message in zip(ended, numbers, starts, messages, strict=True):
+        batch.append(AttemptEnded(task_id, number or 1, start or at, at + 50, message or "lost"))
     for name in rng.sample(names, k=rng.randint(0, len(names))):
         if rng.random() < 0.3:
             batch.append(ScheduleRemoved(name))
@@ -407,7 +417,7 @@ class StoreSuite:
         rows = by_id(state)
         assert rows[1] == TaskRecord(
             1, replace(FULL_SPEC, after=()), Status.RETRYING, 1, "attempt 1 failed", at, at + 11,
-            due_ns=at + 99,
+            due_ns=at + 99, started_ns=at + 10,
         )  # fmt: skip
         assert rows[2] == TaskRecord(2, spec_two, Status.WAITING, 0, "submitted", at + 1, at + 1)
         assert rows[3].status is Status.RUNNING
@@ -450,6 +460,7 @@ class StoreSuite:
         # Recovery leaves outputs in the store: a lookup reads them too.
         for task_id in range(1, next_id):
             assert await reopened.get_task(task_id) == await reference.get_task(task_id)
+            assert await reopened.get_attempts(task_id) == await reference.get_attempts(task_id)
 
     async def test_a_retry_committed_on_its_own_keeps_its_next_due_time(
         self, cluster: StoreHarness
@@ -590,6 +601,139 @@ class StoreSuite:
         assert record is not None and record.status is Status.READY, (
             "a retried task is live: pruning must not delete it (clear its finish time)"
         )
+
+    # --- attempt history (issue 22) -------------------------------------------------------
+    # An attempt that ended without success leaves an AttemptEnded: written once per (task,
+    # attempt), the latest ATTEMPTS_KEPT of a task kept, deleted with the task's row.
+
+    async def test_ended_attempts_come_back_in_attempt_order_and_once(
+        self, cluster: StoreHarness
+    ) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        first = AttemptEnded(1, 1, at + 1, at + 2, "attempt 1 failed: boom\x00")
+        second = AttemptEnded(1, 2, at + 3, at + 4, "timed out")
+        other = AttemptEnded(2, 1, at + 5, at + 6, "lost")
+        await store.commit(epoch, [submitted(1, at), submitted(2, at), second, other])
+        # Out of order, and attempt 2 again with another message: the first write stays.
+        await store.commit(epoch, [first, replace(second, message="again", ended_ns=at + 9)])
+        expected = [replace(first, message="attempt 1 failed: boom\ufffd"), second]
+        assert list(await store.get_attempts(1)) == expected, (
+            "get_attempts returns a task's ended attempts in attempt order, each as first "
+            "written, times at nanosecond precision, NUL as U+FFFD"
+        )
+        assert list(await store.get_attempts(2)) == [other]
+        assert list(await store.get_attempts(3)) == [], "an unknown task has no attempts"
+        await cluster.crash(store)
+        reopened = await cluster.open()
+        await self.lead(reopened)
+        assert list(await reopened.get_attempts(1)) == expected, "attempts are durable"
+
+    async def test_a_row_keeps_the_start_of_its_latest_attempt(self, cluster: StoreHarness) -> None:
+        """A ``TaskUpdated`` to running sets ``started_ns``; every other mutation keeps it, so
+        that a succeeded row still says when its last attempt began."""
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        # Task 2 is submitted and started in one batch (a new row with its start).
+        await store.commit(epoch, [submitted(1, at), submitted(2, at), started(2, 1, at + 1, None)])
+        fresh = await store.get_task(1)
+        assert fresh is not None and fresh.started_ns is None, "no attempt yet: no start"
+        await store.commit(epoch, [started(1, 1, at + 2, None)])
+        await store.commit(
+            epoch,
+            [
+                TaskUpdated(1, Status.RETRYING, 1, "attempt 1 failed", at + 3, due_ns=at + 4),
+                CancelRequested(2, at + 5, "stop"),
+            ],
+        )
+        await store.commit(epoch, [started(1, 2, at + 6, None), finished(2, at + 7)])
+        await store.commit(epoch, [TaskUpdated(1, Status.SUCCEEDED, 2, "done", at + 8)])
+        starts = [(await store.get_task(i)) for i in (1, 2)]
+        assert [r.started_ns if r else None for r in starts] == [at + 6, at + 1], (
+            "started_ns is the time of the last TaskUpdated to running, kept by later updates"
+        )
+        await cluster.crash(store)
+        _, state = await self.lead(await cluster.open())
+        assert [r.started_ns for r in state.tasks] == [at + 6, at + 1], "recover returns it"
+
+    async def test_a_batch_of_attempts_applied_twice_duplicates_none(
+        self, cluster: StoreHarness
+    ) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        batch: list[Mutation] = [
+            submitted(1, at),
+            AttemptEnded(1, 1, at + 1, at + 2, "failed"),
+            TaskUpdated(1, Status.RETRYING, 1, "failed", at + 2, due_ns=at + 3),
+        ]
+        await store.commit(epoch, batch)
+        await store.commit(epoch, batch)  # a retried commit whose first try landed
+        assert list(await store.get_attempts(1)) == [AttemptEnded(1, 1, at + 1, at + 2, "failed")]
+
+    async def test_only_the_latest_attempts_of_a_task_are_kept(self, cluster: StoreHarness) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+
+        def ended(task_id: int, attempt: int) -> AttemptEnded:
+            return AttemptEnded(task_id, attempt, at + 2 * attempt, at + 2 * attempt + 1, "x")
+
+        total = ATTEMPTS_KEPT + 5
+        await store.commit(epoch, [submitted(1, at), submitted(2, at)])
+        # Task 1: a batch of most of them, then one per batch; task 2: all in one batch.
+        await store.commit(epoch, [ended(1, n) for n in range(1, ATTEMPTS_KEPT)])
+        for n in range(ATTEMPTS_KEPT, total + 1):
+            await store.commit(epoch, [ended(1, n)])
+        await store.commit(epoch, [ended(2, n) for n in range(1, total + 1)])
+        latest = range(total - ATTEMPTS_KEPT + 1, total + 1)
+        for task_id in (1, 2):
+            assert list(await store.get_attempts(task_id)) == [ended(task_id, n) for n in latest], (
+                f"a store keeps the latest ATTEMPTS_KEPT ({ATTEMPTS_KEPT}) attempts of a task"
+            )
+
+    async def test_pruning_a_task_deletes_its_attempts(self, cluster: StoreHarness) -> None:
+        self.require(cluster, Capability.PRUNE)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        await self.prunable(store, epoch)
+        at = now_ns()
+        batch = [AttemptEnded(i, 1, at - 9, at - 8, f"attempt of {i}") for i in (1, 2, 3, 4)]
+        await store.commit(epoch, batch)
+        await cluster.prune(store, at)
+        assert [i for i in (1, 2, 3, 4) if await store.get_task(i) is not None] == [4]
+        assert [i for i in (1, 2, 3, 4) if await store.get_attempts(i)] == [4], (
+            "pruning a task's row deletes its attempts, and only its"
+        )
+
+    async def test_a_fenced_commit_writes_no_attempt(self, cluster: StoreHarness) -> None:
+        first = await cluster.open()
+        old_epoch, _ = await self.lead(first)
+        at = now_ns()
+        await first.commit(old_epoch, [submitted(1, at)])
+        await cluster.crash(first)
+        second = await cluster.open()
+        epoch, _ = await self.lead(second)
+        with pytest.raises(Fenced):
+            await second.commit(old_epoch, [AttemptEnded(1, 1, at, at + 1, "stale")])
+        assert list(await second.get_attempts(1)) == []
+        # The check can fail: the leader's commit writes it.
+        await second.commit(epoch, [AttemptEnded(1, 1, at, at + 1, "current")])
+        assert [a.message for a in await second.get_attempts(1)] == ["current"]
+
+    async def test_a_batch_that_fails_midway_writes_no_attempt(self, cluster: StoreHarness) -> None:
+        self.require(cluster, Capability.FAULT_MID_BATCH)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        await store.commit(epoch, [submitted(1, at)])
+        await cluster.fail_next_commit_midway(store)
+        batch: list[Mutation] = [AttemptEnded(1, n, at, at + 1, "x") for n in range(1, 9)]
+        with pytest.raises(StoreError):
+            await store.commit(epoch, [*batch, finished(1, at + 2)])
+        assert list(await store.get_attempts(1)) == []
 
     # --- attempt leases (issue 19) ---------------------------------------------------------
     # A remote attempt's lease is kept with its row, so that a new leader waits for the

@@ -19,7 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from cronoq import MemoryStore, RemotePool, Status
+from cronoq import LeasedAttempt, MemoryStore, RemotePool, Status, WorkerLink
 from cronoq.store import Store
 from cronoq_server._auth import AuthCollector, Grant, Guard, TokenTable
 from cronoq_server._config import AuthSettings, IdentitySettings
@@ -28,7 +28,7 @@ from cronoq_server._replica import Replica, Role
 from cronoq_server._ui import Dashboard
 from cronoq_server._ui._samples import Sample, chart, rates
 from cronoq_server._ui._sessions import Sessions
-from cronoq_server._ui._views import PREVIEW_BYTES, TaskQuery, preview
+from cronoq_server._ui._views import PREVIEW_BYTES, TaskQuery, duration, preview
 
 TOKENS = {"admin": secrets.token_urlsafe(32), "reader": secrets.token_urlsafe(32)}
 PERMISSIONS = {"admin": {"admin"}, "reader": {"read"}}
@@ -196,6 +196,78 @@ async def test_a_task_page_shows_its_dependencies_both_ways_and_a_bounded_previe
         assert "{\n  &#34;a&#34;: 1\n}" in body  # JSON, indented
 
 
+async def test_a_task_page_shows_its_dependants_once_the_parent_finished() -> None:
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        parent = await sched.submit("parent", None)
+        child = await sched.submit("child", None, after=[parent])
+        other = await sched.submit("other", None)  # submitted after it, not a dependant
+        assert await sched.cancel(parent) is Status.CANCELLED  # and the child with it
+        body = await text(h.http, f"/ui/tasks/{parent}")
+        assert f'<a href="/ui/tasks/{child}">' in body
+        assert f'<a href="/ui/tasks/{other}">' not in body
+        body = await text(h.http, f"/ui/tasks/{other}")
+        assert "None known." in body
+
+
+def attempt_table(body: str) -> list[list[str]]:
+    """The cells of the attempts table of a task's page, tags stripped, a list per row."""
+    table = re.search(r'<table id="attempt-table">.*?<tbody>(.*?)</tbody>', body, re.S)
+    assert table is not None, body
+    rows = re.findall(r"<tr>(.*?)</tr>", table.group(1), re.S)
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in rows]
+    return [[re.sub(r"<[^>]+>", "", cell).strip() for cell in row] for row in cells]
+
+
+async def leased(link: WorkerLink) -> LeasedAttempt:
+    async with asyncio.timeout(10):
+        attempt = await link.next()
+    assert isinstance(attempt, LeasedAttempt), attempt
+    return attempt
+
+
+async def test_a_task_page_lists_its_attempts_failed_running_and_succeeded() -> None:
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        async with sched.attach(["default"], slots=1) as link:
+            task_id = await sched.submit("flaky", None)
+            for n in (1, 2):
+                attempt = await leased(link)
+                await sched.report_failure(
+                    attempt.token, f"upstream answered 50{n}", retry_after=0,
+                    lease_id=attempt.lease_id,
+                )  # fmt: skip
+            third = await leased(link)
+            running = attempt_table(await text(h.http, f"/ui/tasks/{task_id}"))
+            assert [(row[0], row[2], row[3]) for row in running] == [
+                ("1", running[0][2], running[0][3]),
+                ("2", running[1][2], running[1][3]),
+                ("3", "running", "—"),
+            ]
+            assert running[2][1].endswith("UTC"), "a running attempt shows its start"
+            await sched.report_success(third.token, lease_id=third.lease_id)
+            assert (await sched.wait(task_id, timeout=10)).status is Status.SUCCEEDED
+        rows = attempt_table(await text(h.http, f"/ui/tasks/{task_id}"))
+        history = await sched.attempts(task_id)
+        assert [a.attempt for a in history] == [1, 2], "a success writes no history row"
+        assert [row[0] for row in rows] == ["1", "2", "3"]
+        for row, failure in zip(rows, history, strict=False):
+            started, finished, took, message = row[1:]
+            assert started.endswith("UTC") and finished.endswith("UTC")
+            assert took.endswith(("ms", " s")), took
+            assert message == (
+                f"attempt {failure.attempt} failed: upstream answered 50{failure.attempt}; "
+                "retrying in 0s"
+            )
+        # The success, from the task itself: its start (kept by the store) and its finish.
+        success = await sched.get(task_id)
+        assert success.started_at is not None and success.finished_at is not None
+        started, ended, took, message = rows[2][1:]
+        assert started.endswith("UTC") and ended.endswith("UTC")
+        assert took == duration((success.finished_at - success.started_at).total_seconds())
+        assert message == "attempt 3 succeeded"
+
+
 # --- actions: CSRF, origin, permissions ---------------------------------------------------------
 
 
@@ -349,6 +421,20 @@ def test_a_preview_is_text_json_or_hex_and_bounded() -> None:
     binary = preview(bytes(range(256)) * 10)
     assert binary is not None and binary.binary and binary.truncated
     assert binary.text.startswith("0001 0203")
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (0.00664, "6.64 ms"),
+        (1.5, "1.5 s"),
+        (59.9, "59.9 s"),
+        (245, "4 min 05 s"),
+        (7380, "2 h 03 min"),
+    ],
+)
+def test_a_duration_reads_in_the_unit_that_fits(seconds: float, shown: str) -> None:
+    assert duration(seconds) == shown
 
 
 def test_rates_skip_a_change_of_leader_and_chart_scales_to_the_peak() -> None:

@@ -216,6 +216,13 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
     # A task: the failed one, retried (the worker fails it again: attempt 2).
     await _page(browser, f"{base}/ui/tasks/{cluster.failed}")
     assert "the upstream answered 502" in browser.page_source
+    # Its attempts: one row, the failure, with its start, end, duration and message.
+    number, started, ended, took, message = (
+        cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#attempt-table td")
+    )
+    assert (number, message) == ("1", "attempt 1 failed (not retryable): the upstream answered 502")
+    assert started.endswith("UTC") and ended.endswith("UTC") and took.endswith("s")
+    _shot(browser, screenshots, "task-attempts", DESKTOP)
     await _page(browser, f"{base}/ui/tasks/{cluster.succeeded}")
     payload, output = browser.find_elements(By.CSS_SELECTOR, "pre.data")
     assert '"orders"' in payload.text and '"warehouse"' in output.text

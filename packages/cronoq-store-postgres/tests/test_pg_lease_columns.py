@@ -1,5 +1,6 @@
-"""The lease columns of schema version 3 (issue 19): a schema of version 2 is migrated and its
-running rows recover without a lease; a malformed lease is quarantined, not read as None."""
+"""The lease columns of schema version 3 (issue 19): a schema of version 2 is migrated (to the
+latest: 4 adds the pools table, 5 the attempts table of issue 22) and its running rows recover
+without a lease; a malformed lease is quarantined, not read as None."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ import pytest
 from pg_fault_helpers import config, query
 from pg_harness import DSN
 
-from cronoq.store import AttemptLease, Status, TaskSpec, TaskSubmitted, TaskUpdated, TimeBase
+from cronoq.store import (
+    AttemptEnded,
+    AttemptLease,
+    Status,
+    TaskSpec,
+    TaskSubmitted,
+    TaskUpdated,
+    TimeBase,
+)
 from cronoq_store_postgres import PgStore
 from cronoq_store_postgres._schema import SCHEMA_VERSION, _migrations, quote_ident
 
@@ -46,7 +55,7 @@ async def version_2_schema(schema: str, now: int) -> None:
 async def test_a_version_2_schema_is_migrated_and_its_running_rows_have_no_lease(
     schema: str,
 ) -> None:
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     await version_2_schema(schema, time.time_ns())
     store = await PgStore.connect(DSN, config(schema))
     try:
@@ -61,12 +70,14 @@ async def test_a_version_2_schema_is_migrated_and_its_running_rows_have_no_lease
         ]
         assert state.quarantined == []
         assert state.paused_pools == frozenset()
-        # The migrated table takes leases like a new one.
+        # The migrated tables take leases and attempts like new ones.
+        ended = AttemptEnded(1, 1, 3, 6, "timed out")
         await store.commit(
-            lease.epoch, [TaskUpdated(2, Status.RUNNING, 1, "started", 5, lease=LEASE)]
+            lease.epoch, [TaskUpdated(2, Status.RUNNING, 1, "started", 5, lease=LEASE), ended]
         )
         assert (record := await store.get_task(2)) is not None
         assert record.lease == LEASE
+        assert await store.get_attempts(1) == [ended]
     finally:
         await store.close()
 

@@ -30,6 +30,7 @@ REPLICA_GRANTS = (
     "GRANT SELECT, UPDATE ON {s}.cronoq_leader TO {r}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.cronoq_tasks, {s}.cronoq_schedules TO {r}",
     "GRANT SELECT, INSERT, UPDATE ON {s}.cronoq_pools TO {r}",
+    "GRANT SELECT, INSERT, DELETE ON {s}.cronoq_attempts TO {r}",
 )
 
 

@@ -23,7 +23,8 @@ from cronoq_store_sqlite._schema import migrate
 
 _NAMES = (
     "id, pool, kind, key, payload, options, status, attempt, message, submitted_ns, "
-    "updated_ns, due_ns, finished_ns, output, cancel_requested, lease_epoch, lease_hash"
+    "updated_ns, due_ns, finished_ns, output, cancel_requested, lease_epoch, lease_hash, "
+    "started_ns"
 )
 _REFERENCE = (
     f"INSERT INTO cronoq_tasks ({_NAMES}) VALUES ({', '.join('?' * len(NEW_TASK_COLUMNS))}) "
@@ -47,6 +48,7 @@ _VALUES: dict[str, st.SearchStrategy[Any]] = {
     "cancel": st.booleans(),
     "lease_epoch": st.none() | st.integers(1, 2**23),
     "lease_hash": st.none() | st.binary(min_size=32, max_size=32),
+    "started": st.none() | st.integers(0, 2**62),
 }
 
 
@@ -85,7 +87,7 @@ def rows(conn: sqlite3.Connection) -> list[tuple[object, ...]]:
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(batch=batches(), again=st.booleans(), variables=st.sampled_from([None, 999, 300, 17]))
+@given(batch=batches(), again=st.booleans(), variables=st.sampled_from([None, 999, 300, 18]))
 def test_the_insert_writes_the_rows_a_per_row_insert_writes(
     tmp_path: Path, batch: list[list[object]], again: bool, variables: int | None
 ) -> None:
@@ -143,4 +145,5 @@ _TWO: dict[str, tuple[object, object]] = {
     "cancel": (False, True),
     "lease_epoch": (None, 3),
     "lease_hash": (None, b"h" * 32),
+    "started": (None, 2),
 }

@@ -28,6 +28,7 @@ from cronoq._engine import (
     Dispatch,
     Engine,
     EngineConfig,
+    GetDependants,
     GetTask,
     GetTaskByKey,
     Heartbeat,
@@ -74,6 +75,7 @@ from cronoq.errors import (
     UnknownPool,
 )
 from cronoq.store import (
+    AttemptEnded,
     CancelRequested,
     RecoveredState,
     ScheduleRecord,
@@ -472,7 +474,7 @@ def test_get_task_returns_live_record_then_finished_summary() -> None:
     task = spec("report", key="k1", tags=("a", "b"))
     task_id, dispatch = start_one(engine, T0, task)
     assert record(engine, T0 + 1, task_id) == TaskRecord(
-        task_id, task, Status.RUNNING, 1, "attempt 1 started", T0, T0
+        task_id, task, Status.RUNNING, 1, "attempt 1 started", T0, T0, started_ns=T0
     )
     report_ok(engine, T0 + S, dispatch)
     assert get(engine, T0 + 2 * S, task_id) == TaskSummary(
@@ -719,10 +721,10 @@ def test_non_retryable_failure_fails_at_once() -> None:
     engine = make_engine()
     task_id, dispatch = start_one(engine, T0, spec())
     result = report_fail(engine, T0 + S, dispatch, "bad input", retryable=False)
+    message = "attempt 1 failed (not retryable): bad input"
     assert result.mutations == [
-        TaskUpdated(
-            task_id, Status.FAILED, 1, "attempt 1 failed (not retryable): bad input", T0 + S
-        )
+        AttemptEnded(task_id, 1, T0, T0 + S, message),
+        TaskUpdated(task_id, Status.FAILED, 1, message, T0 + S),
     ]
     assert result.next_wake_ns is None
 
@@ -735,13 +737,16 @@ def test_task_is_dead_lettered_when_attempts_run_out() -> None:
     second = only_dispatch(run_to(engine, T0 + 2 * S))
     result = report_fail(engine, T0 + 3 * S, second, "still broken")
     assert result.mutations == [
+        AttemptEnded(
+            task_id, 2, T0 + 2 * S, T0 + 3 * S, "attempt 2 failed: still broken; no attempts left"
+        ),
         TaskUpdated(
             task_id,
             Status.FAILED,
             2,
             "attempt 2 failed: still broken; no attempts left",
             T0 + 3 * S,
-        )
+        ),
     ]
 
 
@@ -785,14 +790,10 @@ def test_deadline_cuts_retries(deadline: int) -> None:
     task_id, dispatch = start_one(engine, T0, spec(deadline_ns=deadline))
     # Failed at T0+1s, the next attempt would be due at T0+2s: not before the deadline.
     result = report_fail(engine, T0 + S, dispatch)
+    message = "attempt 1 failed: boom; the next would start after the deadline"
     assert result.mutations == [
-        TaskUpdated(
-            task_id,
-            Status.FAILED,
-            1,
-            "attempt 1 failed: boom; the next would start after the deadline",
-            T0 + S,
-        )
+        AttemptEnded(task_id, 1, T0, T0 + S, message),
+        TaskUpdated(task_id, Status.FAILED, 1, message, T0 + S),
     ]
 
 
@@ -946,15 +947,10 @@ def test_attempt_timeout_fails_the_attempt_retryably() -> None:
     assert run_to(engine, T0 + 1).next_wake_ns == T0 + 10 * S
     result = run_to(engine, T0 + 10 * S)
     assert result.cancels == [CancelAttempt(dispatch.token, "default", "timed out after 10s")]
+    message = "attempt 1 failed: timed out after 10s; retrying in 1s"
     assert result.mutations == [
-        TaskUpdated(
-            task_id,
-            Status.RETRYING,
-            1,
-            "attempt 1 failed: timed out after 10s; retrying in 1s",
-            T0 + 10 * S,
-            due_ns=T0 + 11 * S,
-        )
+        AttemptEnded(task_id, 1, T0, T0 + 10 * S, message),
+        TaskUpdated(task_id, Status.RETRYING, 1, message, T0 + 10 * S, due_ns=T0 + 11 * S),
     ]
     # The retry is due, but the timed-out attempt has not stopped yet: no second attempt
     # may run beside it.
@@ -1096,6 +1092,36 @@ def test_parent_pruned_after_retention_counts_as_satisfied_even_if_it_failed() -
     run_to(engine, T0 + S + HOUR + 1)  # the parent leaves the retention window
     [child], result = submit_step(engine, T0 + 2 * HOUR, spec("child", after=(parent,)))
     assert dispatched_ids(result) == [child]
+
+
+def dependants(engine: Engine, now: int, task_id: int) -> object:
+    return call(engine, now, lambda to: GetDependants(task_id, to))[0]
+
+
+def test_dependants_are_known_while_the_parent_lives_and_within_its_retention() -> None:
+    engine = make_engine(default=2, retention_ns=HOUR)
+    [p1, p2], result = submit_step(engine, T0, spec("p1"), spec("p2"))
+    d1, d2 = result.dispatches
+    [both, only_one] = submit(engine, T0 + 1, spec("c1", after=(p1, p2)), spec("c2", after=(p2,)))
+    assert dependants(engine, T0 + 2, p2) == [both, only_one]
+    assert dependants(engine, T0 + 2, both) == []
+    report_ok(engine, T0 + 3, d1)
+    report_ok(engine, T0 + 4, d2)
+    # Finished: the dependants its live life had, while its summary is kept.
+    assert dependants(engine, T0 + 5, p1) == [both]
+    assert dependants(engine, T0 + 5, p2) == [both, only_one]
+    run_to(engine, T0 + 4 + HOUR + 1)
+    assert isinstance(dependants(engine, T0 + 4 + HOUR + 1, p2), TaskNotFound)
+    assert isinstance(dependants(engine, T0 + 5, EPOCH1 | 99), TaskNotFound)
+
+
+def test_a_successful_attempt_writes_no_history_row() -> None:
+    engine = make_engine()
+    task_id, dispatch = start_one(engine, T0, spec())
+    result = report_ok(engine, T0 + S, dispatch)
+    assert result.mutations == [
+        TaskUpdated(task_id, Status.SUCCEEDED, 1, "attempt 1 succeeded", T0 + S, output=b"out")
+    ]
 
 
 @pytest.mark.parametrize("parent", [EPOCH1 | 3, 0, -1], ids=["never-issued", "zero", "negative"])
@@ -1307,7 +1333,11 @@ def test_cancel_requested_attempt_that_times_out_ends_cancelled_not_retried() ->
     task_id, _ = start_one(engine, T0, spec(timeout_ns=10 * S))
     cancel(engine, T0 + 1, task_id, "stop it")
     result = run_to(engine, T0 + 10 * S)
-    assert result.mutations == [TaskUpdated(task_id, Status.CANCELLED, 1, "stop it", T0 + 10 * S)]
+    # The attempt's start stays its start when its cancellation is requested.
+    assert result.mutations == [
+        AttemptEnded(task_id, 1, T0, T0 + 10 * S, "stop it"),
+        TaskUpdated(task_id, Status.CANCELLED, 1, "stop it", T0 + 10 * S),
+    ]
 
 
 def test_cancelling_a_finished_task_returns_its_status() -> None:
@@ -1439,6 +1469,7 @@ def test_wait_task_replies_the_record_with_output_in_the_finishing_step() -> Non
         T0,
         T0 + 2,
         output=b"the answer",
+        started_ns=T0,  # the start of the attempt whose end finished it
     )
 
 
@@ -1786,7 +1817,10 @@ def test_recovery_keeps_original_ids_statuses_and_attempts() -> None:
     now = T0 + 2 * S
     engine, first = log.recover(engine.config, 2, now)
     lost = "attempt 1 failed: lost: the scheduler stopped while it ran; retrying in 1s"
-    assert first.mutations == [TaskUpdated(b, Status.RETRYING, 1, lost, now, due_ns=now + S)]
+    assert first.mutations == [
+        AttemptEnded(b, 1, T0 + S, now, lost),
+        TaskUpdated(b, Status.RETRYING, 1, lost, now, due_ns=now + S),
+    ]
     assert first.dispatches == []
     assert first.cancels == []
     assert first.next_wake_ns == now + S
@@ -1827,14 +1861,10 @@ def test_lost_attempt_with_no_attempts_left_dead_letters_on_recovery() -> None:
     engine = make_engine()
     [task_id], _ = log.submit(engine, T0, spec(retry=RetryPolicy(max_attempts=1)))
     engine, first = log.recover(engine.config, 2, T0 + S)
+    message = "attempt 1 failed: lost: the scheduler stopped while it ran; no attempts left"
     assert first.mutations == [
-        TaskUpdated(
-            task_id,
-            Status.FAILED,
-            1,
-            "attempt 1 failed: lost: the scheduler stopped while it ran; no attempts left",
-            T0 + S,
-        )
+        AttemptEnded(task_id, 1, T0, T0 + S, message),
+        TaskUpdated(task_id, Status.FAILED, 1, message, T0 + S),
     ]
 
 
@@ -1877,7 +1907,10 @@ def test_running_task_with_a_cancel_request_is_cancelled_on_recovery() -> None:
     [task_id], _ = log.submit(engine, T0, spec())
     log.step(engine, T0 + 1, CancelTask(task_id, "user stop", None))
     engine, first = log.recover(engine.config, 2, T0 + S)
-    assert first.mutations == [TaskUpdated(task_id, Status.CANCELLED, 1, "user stop", T0 + S)]
+    assert first.mutations == [
+        AttemptEnded(task_id, 1, T0, T0 + S, "user stop"),
+        TaskUpdated(task_id, Status.CANCELLED, 1, "user stop", T0 + S),
+    ]
 
 
 def test_retrying_task_keeps_its_due_time_across_recovery() -> None:
@@ -2085,15 +2118,10 @@ def test_attempt_not_heartbeaten_within_its_lease_is_lost_and_retried() -> None:
     result = run_to(engine, T0 + 30 * S)
     reason = "lost: its worker stopped heartbeating"
     assert result.cancels == [CancelAttempt(dispatch.token, "remote", reason)]
+    message = f"attempt 1 failed: {reason}; retrying in 1s"
     assert result.mutations == [
-        TaskUpdated(
-            task_id,
-            Status.RETRYING,
-            1,
-            f"attempt 1 failed: {reason}; retrying in 1s",
-            T0 + 30 * S,
-            due_ns=T0 + 31 * S,
-        )
+        AttemptEnded(task_id, 1, T0, T0 + 30 * S, message),
+        TaskUpdated(task_id, Status.RETRYING, 1, message, T0 + 30 * S, due_ns=T0 + 31 * S),
     ]
     retry = only_dispatch(run_to(engine, T0 + 31 * S))
     assert retry.token == AttemptToken(1, task_id, 2)

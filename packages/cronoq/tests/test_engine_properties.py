@@ -66,6 +66,7 @@ from cronoq._model import (
 )
 from cronoq.errors import DuplicateSchedule, ScheduleNotFound, SchedulerError, TaskNotFound
 from cronoq.store import (
+    AttemptEnded,
     CancelRequested,
     Mutation,
     ScheduleRecord,
@@ -163,6 +164,9 @@ class TaskModel:
     leased_finish: bool = False
     """Finished with the lease of an attempt that may still run: one update clears it."""
     cancel_requested: bool = False
+    ended_attempt: int | None = None
+    """The attempt an ``AttemptEnded`` ended, until the update that ends it too."""
+    ended_message: str = ""
 
     @property
     def status(self) -> Status:
@@ -302,6 +306,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.max_id = 0
         self.acked: set[int] = set()
         self.pruned: set[int] = set()
+        self.ended_attempts: set[tuple[int, int]] = set()
         self.schedule_generation: Counter[str] = Counter()
         self.schedule_tasks: dict[tuple[str, int], list[int]] = {}
         self.steps_since_crash = 0
@@ -397,6 +402,21 @@ class EngineMachine(RuleBasedStateMachine):
                     self.schedule_generation[name] += 1
                 case ScheduleSaved():
                     pass
+                case AttemptEnded():
+                    self._observe_attempt_ended(mutation)
+
+    def _observe_attempt_ended(self, ended: AttemptEnded) -> None:
+        """An attempt's history row: written once, for the running attempt, with its start
+        and now as its end, just before the update that ends it (``_observe_updated``)."""
+        model = self.tasks[ended.task_id]
+        where = f"task {ended.task_id}: {[str(s) for s in model.statuses]}, {ended}"
+        assert model.status is Status.RUNNING and model.ended_attempt is None, where
+        assert ended.attempt == model.attempt, where
+        assert (ended.started_ns, ended.ended_ns) == (model.started_ns, self.now), where
+        assert (ended.task_id, ended.attempt) not in self.ended_attempts, where
+        self.ended_attempts.add((ended.task_id, ended.attempt))
+        model.ended_attempt = ended.attempt
+        model.ended_message = ended.message
 
     def _observe_submitted(
         self, task_id: int, spec: TaskSpec, status: Status, submitted_ns: int
@@ -432,6 +452,13 @@ class EngineMachine(RuleBasedStateMachine):
             return
         assert not before.is_terminal, f"terminal task changed: {where}"
         assert _legal_persisted(before, after), f"illegal transition: {where}"
+        # An attempt that ended otherwise than in success (ready: it never began) left a row
+        # of the history, in this batch, just before; a success writes none.
+        if before is Status.RUNNING and after is not Status.RUNNING:
+            ended = after not in (Status.SUCCEEDED, Status.READY)
+            assert (model.ended_attempt is not None) == ended, f"history row missing: {where}"
+            assert update.message == model.ended_message or not ended, where
+        model.ended_attempt = None
         assert update.at_ns == self.now, where
         # Attempts never decrease: a start counts one more, every other update keeps the count.
         if after is Status.RUNNING:

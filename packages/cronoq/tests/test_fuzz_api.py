@@ -18,7 +18,8 @@ What each entry point raises (as docs/api.md says):
   ``list``, ``close(timeout=)``; ``submit`` and ``submit_many`` (also as ``UnknownPool``,
   ``UnknownDependency``, ``PayloadError``); ``add_schedule`` and ``preview`` (also as
   ``InvalidCron``, ``UnknownTimeZone``, ``UnknownPool``, ``PayloadError``).
-- ``InvalidArgument``, or ``TaskNotFound`` for an id never issued: ``get``, ``wait``, ``cancel``.
+- ``InvalidArgument``, or ``TaskNotFound`` for an id never issued: ``get``, ``wait``, ``cancel``,
+  ``attempts``, ``dependants``.
 - ``InvalidArgument``, or ``ScheduleNotFound``: ``pause_schedule``, ``resume_schedule``,
   ``remove_schedule``.
 - ``PayloadError``: ``JsonCodec().encode`` and ``decode``.
@@ -613,7 +614,7 @@ def test_fuzz_get_wait_cancel(harness: Harness) -> None:
 
     @FUZZ
     @given(
-        which=st.sampled_from(["get", "wait", "cancel"]),
+        which=st.sampled_from(["get", "wait", "cancel", "attempts", "dependants"]),
         case=st.one_of(malformed, never_issued),
     )
     def check_ids(which: str, case: tuple[Any, type[CronoqError]]) -> None:

@@ -1,8 +1,8 @@
 """The commit statement of a batch, and its arguments: ONE statement (one round trip).
 
 The batch is folded into the final state of each row it touches (``collapse_batch``); each
-part of the statement (new tasks, changed tasks, saved and removed schedules, paused pools)
-writes its rows
+part of the statement (new tasks, changed tasks, saved and removed schedules, paused pools,
+ended attempts) writes its rows
 from ``unnest`` of one array per column, and is gated on the fence: an ``UPDATE ... WHERE
 epoch = $2 AND generation = $3`` of the leader row. That row lock makes a concurrent takeover
 (which bumps the row) wait until the commit is over; a stale epoch or generation writes nothing.
@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from cronoq.store import (
+    ATTEMPTS_KEPT,
     NEW_TASK_COLUMNS,
     CollapsedBatch,
     TaskChange,
@@ -42,10 +43,10 @@ Shape = tuple[tuple[bool, ...] | None, ...]
 
 MAX_SHAPES = 64
 """Shapes with scalar columns, per store; a batch of another shape sends every column as an
-array (31 statements at most, by the parts present). Each statement is prepared once on each
+array (63 statements at most, by the parts present). Each statement is prepared once on each
 pooled connection: with the ON CONFLICT variants and the store's other statements they stay
 within the pool's statement cache (``STATEMENT_CACHE_SIZE``), so no commit prepares again."""
-STATEMENT_CACHE_SIZE = 2 * (MAX_SHAPES + 32) + 32
+STATEMENT_CACHE_SIZE = 2 * (MAX_SHAPES + 64) + 32
 
 
 _NEW_TASK_TYPES = {
@@ -66,6 +67,7 @@ _NEW_TASK_TYPES = {
     "cancel": "boolean",
     "lease_epoch": "bigint",
     "lease_hash": "bytea",
+    "started": "bigint",
 }
 
 
@@ -85,12 +87,12 @@ def _parts(s: str) -> tuple[_Part, ...]:
             f"""new_tasks AS (
                 INSERT INTO {s}.cronoq_tasks AS t (id, pool, kind, key, payload, options, after_ids,
                     status, attempt, message, submitted_ns, updated_ns, due_ns, finished_ns,
-                    output, cancel_requested, lease_epoch, lease_hash)
+                    output, cancel_requested, lease_epoch, lease_hash, started_ns)
                 SELECT {u("id")}, {u("pool")}, {u("kind")}, {u("key")}, {u("payload")},
                     {u("options")}, ({u("after")})::bigint[], {u("status")}, {u("attempt")},
                     {u("message")}, {u("submitted")}, {u("updated")}, {u("due")},
                     {u("finished")}, {u("output")}, {u("cancel")}, {u("lease_epoch")},
-                    {u("lease_hash")}
+                    {u("lease_hash")}, {u("started")}
                 FROM {rows}
                 WHERE EXISTS (SELECT FROM fence){conflict}
             )"""
@@ -110,9 +112,10 @@ def _parts(s: str) -> tuple[_Part, ...]:
             ("lease_epoch", "bigint"),
             ("lease_hash", "bytea"),
             ("options", "text"),
+            ("started", "bigint"),
         ),
         # A retry (options given) rewrites the options and replaces the cancellation flag
-        # instead of or-ing it.
+        # instead of or-ing it. An attempt's start is written when one started, else kept.
         lambda u, rows, _: (
             f"""changed AS (
                 UPDATE {s}.cronoq_tasks AS t SET
@@ -133,7 +136,8 @@ def _parts(s: str) -> tuple[_Part, ...]:
                     lease_epoch = CASE WHEN {u("status")} IS NULL THEN t.lease_epoch
                         ELSE {u("lease_epoch")} END,
                     lease_hash = CASE WHEN {u("status")} IS NULL THEN t.lease_hash
-                        ELSE {u("lease_hash")} END
+                        ELSE {u("lease_hash")} END,
+                    started_ns = COALESCE({u("started")}, t.started_ns)
                 FROM {rows}
                 WHERE t.id = {u("id")} AND EXISTS (SELECT FROM fence)
             )"""
@@ -180,7 +184,35 @@ def _parts(s: str) -> tuple[_Part, ...]:
             )"""
         ),
     )
-    return new_tasks, changed, saved, removed, pools
+    # Written once (a commit retried after it landed changes nothing); the task's attempts
+    # older than its latest ATTEMPTS_KEPT go. The delete sees the table as the statement
+    # began, so it trims earlier rows only: collapse_batch bounds the batch's own.
+    attempts = _Part(
+        (
+            ("task_id", "bigint"),
+            ("attempt", "integer"),
+            ("started", "bigint"),
+            ("ended", "bigint"),
+            ("message", "text"),
+        ),
+        lambda u, rows, _: (
+            f"""attempts AS (
+                INSERT INTO {s}.cronoq_attempts (task_id, attempt, started_ns, ended_ns, message)
+                SELECT {u("task_id")}, {u("attempt")}, {u("started")}, {u("ended")},
+                    {u("message")}
+                FROM {rows}
+                WHERE EXISTS (SELECT FROM fence)
+                ON CONFLICT (task_id, attempt) DO NOTHING
+            ), trimmed AS (
+                DELETE FROM {s}.cronoq_attempts AS a
+                USING {rows}
+                WHERE a.task_id = {u("task_id")}
+                    AND a.attempt <= {u("attempt")} - {ATTEMPTS_KEPT:d}
+                    AND EXISTS (SELECT FROM fence)
+            )"""
+        ),
+    )
+    return new_tasks, changed, saved, removed, pools, attempts
 
 
 class CommitStatements:
@@ -274,6 +306,7 @@ class CommitStatements:
             return None if ns is None else unix(ns)
 
         new, changes, saved = rows.new_tasks, rows.changes, rows.saved_schedules
+        ended = rows.ended_attempts
         return (
             [
                 *new_task_columns(new, unix),
@@ -296,6 +329,7 @@ class CommitStatements:
                 [c.cancel_requested for c in changes],
                 *_lease_columns(changes),
                 _objects(c.options for c in changes),
+                _objects(maybe(c.started_ns) for c in changes),
             )
             if changes
             else None,
@@ -310,6 +344,15 @@ class CommitStatements:
             else None,
             ([*rows.removed_schedules],) if rows.removed_schedules else None,
             ([*rows.paused_pools], [*rows.paused_pools.values()]) if rows.paused_pools else None,
+            (
+                [a.task_id for a in ended],
+                [a.attempt for a in ended],
+                [unix(a.started_ns) for a in ended],
+                [unix(a.ended_ns) for a in ended],
+                [a.message for a in ended],
+            )
+            if ended
+            else None,
         )
 
 

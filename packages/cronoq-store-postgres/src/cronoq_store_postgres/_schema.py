@@ -14,7 +14,7 @@ from cronoq.errors import StoreFatal
 # A plain connection or one borrowed from a pool: both run the statements alike.
 Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def quote_ident(name: str) -> str:
@@ -88,6 +88,22 @@ def _migrations(s: str) -> list[list[str]]:
             f"""CREATE TABLE {s}.cronoq_pools (
                 name text PRIMARY KEY,
                 paused boolean NOT NULL
+            )""",
+        ],
+        [
+            # The start of each task's latest attempt, kept once it ends: a nullable column
+            # without a default, a catalog change that rewrites no row.
+            f"ALTER TABLE {s}.cronoq_tasks ADD COLUMN started_ns bigint",
+            # The attempts that ended without success (cronoq.store.AttemptEnded), the
+            # latest ATTEMPTS_KEPT of each task, deleted with its row. A new table: no
+            # existing row is touched.
+            f"""CREATE TABLE {s}.cronoq_attempts (
+                task_id bigint NOT NULL,
+                attempt integer NOT NULL,
+                started_ns bigint NOT NULL,
+                ended_ns bigint NOT NULL,
+                message text NOT NULL,
+                PRIMARY KEY (task_id, attempt)
             )""",
         ],
     ]

@@ -26,6 +26,7 @@ from cronoq.errors import CronoqError, Fenced, InvalidArgument, StoreError, Stor
 from cronoq.store import (
     RECOVERY_COLUMNS,
     TASK_COLUMNS,
+    AttemptEnded,
     Lease,
     Mutation,
     RecoveredState,
@@ -105,13 +106,18 @@ class _Sql:
         self.paused_pools = f"SELECT name FROM {s}.cronoq_pools WHERE paused"
         self.lookup = f"SELECT {TASK_COLUMNS} FROM {s}.cronoq_tasks WHERE "
         self.output = f"SELECT output FROM {s}.cronoq_tasks WHERE id = $1"
+        self.attempts = f"""
+            SELECT attempt, started_ns, ended_ns, message FROM {s}.cronoq_attempts
+            WHERE task_id = $1 ORDER BY attempt"""
         self.prune = f"""
             WITH {fence}, pruned AS (
                 DELETE FROM {s}.cronoq_tasks WHERE id IN (
                     SELECT id FROM {s}.cronoq_tasks
                     WHERE finished_ns < $3 AND lease_hash IS NULL LIMIT $4)
                     AND EXISTS (SELECT FROM fence)
-                RETURNING 1
+                RETURNING id
+            ), pruned_attempts AS (
+                DELETE FROM {s}.cronoq_attempts WHERE task_id IN (SELECT id FROM pruned)
             )
             SELECT (SELECT count(*) FROM fence) AS leading,
                 (SELECT count(*) FROM pruned) AS pruned"""
@@ -431,6 +437,16 @@ class PgStore:
 
     async def get_task_by_key(self, key: str) -> TaskRecord | None:
         return await self._lookup("key = $1 ORDER BY id DESC LIMIT 1", key)
+
+    async def get_attempts(self, task_id: int) -> Sequence[AttemptEnded]:
+        to_engine = self._time_base.to_engine
+        return [
+            AttemptEnded(
+                task_id, r["attempt"], to_engine(r["started_ns"]), to_engine(r["ended_ns"]),
+                r["message"],
+            )
+            for r in await self._fetch(self._sql.attempts, task_id)
+        ]  # fmt: skip
 
     async def _lookup(self, where: str, value: object) -> TaskRecord | None:
         rows = await self._fetch(self._sql.lookup + where, value)

@@ -1,7 +1,7 @@
 """The insert of a batch's new tasks: multi-row statements in which a column whose values are
 all equal (the pool, the status, a NULL key) is bound once for every row.
 
-``executemany`` binds each of the 17 columns of each row from Python, which costs more than
+``executemany`` binds each of the 18 columns of each row from Python, which costs more than
 SQLite's own insert. The statement here reads the columns bound once from a one-row subquery
 (``u``) and the others from a ``VALUES`` list (``v``), all with plain ``?`` placeholders.
 For 1,024 new tasks on this file's schema (two runs, 256 rows a statement, bare ``sqlite3``):
@@ -47,6 +47,7 @@ _COLUMN_NAMES = {
     "cancel": "cancel_requested",
     "lease_epoch": "lease_epoch",
     "lease_hash": "lease_hash",
+    "started": "started_ns",
 }
 _INTO = (
     "INSERT INTO cronoq_tasks ("
@@ -91,7 +92,7 @@ class NewTaskInsert:
         total, done = len(columns[0]), 0
         for size in CHUNKS:
             # One row always fits: SQLite allows at least 999 variables unless a build or a
-            # caller lowered the limit below one row's 17 columns.
+            # caller lowered the limit below one row's 18 columns.
             if size > 1 and len(once) + size * len(per_row) > variables:
                 continue
             while total - done >= size:

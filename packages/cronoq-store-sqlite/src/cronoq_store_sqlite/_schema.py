@@ -13,7 +13,7 @@ from cronoq.errors import StoreFatal
 from cronoq_store_sqlite._errors import classify
 from cronoq_store_sqlite._ownership import refuse_unless_ours
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Each entry moves the schema from version i to i + 1.
 _MIGRATIONS = [
@@ -69,6 +69,21 @@ _MIGRATIONS = [
         name TEXT PRIMARY KEY,
         paused INTEGER NOT NULL
     );
+    """,
+    # The attempts that ended without success (cronoq.store.AttemptEnded), the latest
+    # ATTEMPTS_KEPT of each task, deleted with its row: a new table. And the start of each
+    # task's latest attempt, kept once it ends: a nullable column rewrites no row (the rows of
+    # version 3 read as having none).
+    """
+    ALTER TABLE cronoq_tasks ADD COLUMN started_ns INTEGER;
+    CREATE TABLE cronoq_attempts (
+        task_id INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,
+        started_ns INTEGER NOT NULL,
+        ended_ns INTEGER NOT NULL,
+        message TEXT NOT NULL,
+        PRIMARY KEY (task_id, attempt)
+    ) WITHOUT ROWID;
     """,
 ]
 assert len(_MIGRATIONS) == SCHEMA_VERSION

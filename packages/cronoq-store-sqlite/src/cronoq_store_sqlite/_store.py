@@ -34,8 +34,10 @@ from cronoq.errors import (
     Unavailable,
 )
 from cronoq.store import (
+    ATTEMPTS_KEPT,
     RECOVERY_COLUMNS,
     TASK_COLUMNS,
+    AttemptEnded,
     LeadershipLoss,
     Lease,
     Mutation,
@@ -80,6 +82,7 @@ _RECOVER = f"""
 # A change with no status is a cancellation request alone: the status columns, and the
 # lease, stay. Any other change replaces the lease with its own (NULL: none). A retry
 # (options given) rewrites the options and replaces the cancellation flag instead of or-ing it.
+# An attempt's start is written when one started in the batch, and kept otherwise.
 _CHANGE_TASK = """
     UPDATE cronoq_tasks SET
         options = COALESCE(:options, options),
@@ -93,13 +96,25 @@ _CHANGE_TASK = """
         cancel_requested = CASE WHEN :options IS NULL THEN cancel_requested OR :cancel
             ELSE :cancel END,
         lease_epoch = CASE WHEN :status IS NULL THEN lease_epoch ELSE :lease_epoch END,
-        lease_hash = CASE WHEN :status IS NULL THEN lease_hash ELSE :lease_hash END
+        lease_hash = CASE WHEN :status IS NULL THEN lease_hash ELSE :lease_hash END,
+        started_ns = COALESCE(:started, started_ns)
     WHERE id = :id
 """
 # A finished row that keeps a lease (an attempt that may still run) stays until it is cleared.
-_PRUNE = """
-    DELETE FROM cronoq_tasks WHERE id IN (
-        SELECT id FROM cronoq_tasks WHERE finished_ns < ? AND lease_hash IS NULL LIMIT ?)
+_PRUNABLE = "SELECT id FROM cronoq_tasks WHERE finished_ns < ? AND lease_hash IS NULL LIMIT ?"
+# Its attempts go first, chosen by the same query in the same transaction: the same rows.
+_PRUNE_ATTEMPTS = f"DELETE FROM cronoq_attempts WHERE task_id IN ({_PRUNABLE})"
+_PRUNE = f"DELETE FROM cronoq_tasks WHERE id IN ({_PRUNABLE})"
+# An attempt is written once: a commit retried after it landed changes nothing. Only the
+# latest ATTEMPTS_KEPT of a task are kept.
+_SAVE_ATTEMPT = """
+    INSERT INTO cronoq_attempts (task_id, attempt, started_ns, ended_ns, message)
+    VALUES (?, ?, ?, ?, ?) ON CONFLICT (task_id, attempt) DO NOTHING
+"""
+_TRIM_ATTEMPTS = "DELETE FROM cronoq_attempts WHERE task_id = ? AND attempt <= ?"
+_ATTEMPTS = """
+    SELECT attempt, started_ns, ended_ns, message FROM cronoq_attempts
+    WHERE task_id = ? ORDER BY attempt
 """
 _SAVE_SCHEDULE = """
     INSERT INTO cronoq_schedules (name, spec, next_ns, paused, last_task_id)
@@ -420,6 +435,7 @@ class SqliteStore:
                 "options": c.options,
                 "lease_epoch": None if c.lease is None else c.lease.epoch,
                 "lease_hash": None if c.lease is None else c.lease.id_hash,
+                "started": unix(c.started_ns),
             }
             for c in rows.changes
         ]
@@ -435,6 +451,11 @@ class SqliteStore:
         ]
         removed = [(name,) for name in rows.removed_schedules]
         pools = list(rows.paused_pools.items())
+        attempts = [
+            (a.task_id, a.attempt, to_unix(a.started_ns), to_unix(a.ended_ns), a.message)
+            for a in rows.ended_attempts
+        ]
+        trims = [(a.task_id, a.attempt - ATTEMPTS_KEPT) for a in rows.ended_attempts]
 
         def write(db: sqlite3.Connection) -> None:
             self._fence(db, epoch, rows.max_task_id)
@@ -448,6 +469,9 @@ class SqliteStore:
                 db.executemany("DELETE FROM cronoq_schedules WHERE name = ?", removed)
             if pools:
                 db.executemany(_SAVE_POOL, pools)
+            if attempts:
+                db.executemany(_SAVE_ATTEMPT, attempts)
+                db.executemany(_TRIM_ATTEMPTS, trims)
 
         await self._transaction("committing a batch", write, epoch=epoch)
 
@@ -529,6 +553,13 @@ class SqliteStore:
     async def get_task_by_key(self, key: str) -> TaskRecord | None:
         return await self._lookup("key = ? ORDER BY id DESC LIMIT 1", key)
 
+    async def get_attempts(self, task_id: int) -> Sequence[AttemptEnded]:
+        to_engine = self._time_base.to_engine
+        return [
+            AttemptEnded(task_id, attempt, to_engine(started), to_engine(ended), message)
+            for attempt, started, ended, message in await self._read(_ATTEMPTS, (task_id,))
+        ]
+
     async def _lookup(self, where: str, value: object) -> TaskRecord | None:
         rows = await self._read(f"SELECT {TASK_COLUMNS} FROM cronoq_tasks WHERE {where}", (value,))
         if not rows:
@@ -552,7 +583,9 @@ class SqliteStore:
     async def _prune_batch(self, epoch: int, horizon_unix_ns: int) -> int:
         def prune(db: sqlite3.Connection) -> int:
             self._fence(db, epoch)
-            return db.execute(_PRUNE, (horizon_unix_ns, self._config.prune_batch)).rowcount
+            arguments = (horizon_unix_ns, self._config.prune_batch)
+            db.execute(_PRUNE_ATTEMPTS, arguments)
+            return db.execute(_PRUNE, arguments).rowcount
 
         return await self._transaction("pruning", prune, epoch=epoch)
 

@@ -26,6 +26,7 @@ from cronoq._remote import (
     WorkerLink,
 )
 from cronoq._scheduler import (
+    AttemptInfo,
     CheckedTask,
     Pool,
     ScheduleInfo,
@@ -54,6 +55,7 @@ __all__ = [
     "LEASE_ID_BYTES",
     "MAX_BATCH",
     "AdmissionRejected",
+    "AttemptInfo",
     "AttemptToken",
     "BytesCodec",
     "CancelRequested",

@@ -1,7 +1,9 @@
 """Fold a batch of mutations into the final state of each row it touches.
 
 A SQL store can then write a whole batch with one insert, one update, one upsert and one
-delete, each touching a row at most once, as one statement demands, and in any order.
+delete, each touching a row at most once, as one statement demands, and in any order. Ended
+attempts are history, not state: each is kept (once per task and attempt, the latest
+``ATTEMPTS_KEPT`` of a task).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from dataclasses import dataclass
 
 from cronoq._model import Status, TaskSpec
 from cronoq._mutations import (
+    ATTEMPTS_KEPT,
+    AttemptEnded,
     AttemptLease,
     CancelRequested,
     Mutation,
@@ -44,6 +48,7 @@ class NewTask:
     output: bytes | None = None
     cancel_requested: bool = False
     lease: AttemptLease | None = None
+    started_ns: int | None = None
 
 
 @dataclass(slots=True)
@@ -66,6 +71,9 @@ class TaskChange:
     options: str | None = None
     """Set when the task was retried (``TaskRetried``): the row's new options text, and its
     cancellation request is replaced by ``cancel_requested`` instead of or-ed with it."""
+    started_ns: int | None = None
+    """Set when an attempt started in this batch (a ``TaskUpdated`` to running): the row's
+    start of its latest attempt becomes it; None keeps the row's."""
 
 
 @dataclass(slots=True)
@@ -78,6 +86,9 @@ class CollapsedBatch:
     """Pool name -> paused, as the batch leaves it (``PoolPaused``)."""
     max_task_id: int
     """Highest id submitted in the batch, 0 if none."""
+    ended_attempts: list[AttemptEnded]
+    """The batch's ``AttemptEnded``, messages sanitized, one per (task id, attempt) (the
+    first), at most ``ATTEMPTS_KEPT`` per task (its latest), in batch order."""
 
 
 def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
@@ -86,6 +97,7 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
     changes: dict[int, TaskChange] = {}
     schedules: dict[str, ScheduleRecord | None] = {}
     pools: dict[str, bool] = {}
+    ended: dict[tuple[int, int], AttemptEnded] = {}
     for mutation in batch:
         match mutation:
             # The two that make up most of a batch are matched without positional captures,
@@ -108,6 +120,8 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
                 row.finished_ns = at if status.is_terminal else None
                 row.output = mutation.output
                 row.lease = mutation.lease
+                if status is Status.RUNNING:
+                    row.started_ns = at
             case TaskRetried(task_id, spec, status, attempt, message, at):
                 retried: NewTask | TaskChange
                 if task_id in new:  # submitted, ended and retried in one batch
@@ -132,6 +146,11 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
                 schedules[name] = None
             case PoolPaused(name, paused):
                 pools[name] = paused
+            case AttemptEnded(task_id, attempt, started, at, message):
+                # The first is kept, as a store keeps the row a repeated commit wrote first.
+                if (task_id, attempt) not in ended:
+                    clean = sanitize_message(message)
+                    ended[task_id, attempt] = AttemptEnded(task_id, attempt, started, at, clean)
     return CollapsedBatch(
         new_tasks=list(new.values()),
         changes=list(changes.values()),
@@ -139,4 +158,14 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
         removed_schedules=[name for name, r in schedules.items() if r is None],
         paused_pools=pools,
         max_task_id=max(new, default=0),
+        ended_attempts=_latest_attempts(ended) if ended else [],
     )
+
+
+def _latest_attempts(ended: dict[tuple[int, int], AttemptEnded]) -> list[AttemptEnded]:
+    """Those a store keeps: a batch with more than ``ATTEMPTS_KEPT`` attempts of one task
+    (each failing at once, without backoff) drops its oldest, as the store would."""
+    latest: dict[int, int] = {}
+    for task_id, attempt in ended:
+        latest[task_id] = max(attempt, latest.get(task_id, attempt))
+    return [row for (t, a), row in ended.items() if a > latest[t] - ATTEMPTS_KEPT]

@@ -32,6 +32,7 @@ NEW_TASK_COLUMNS = (
     "cancel",
     "lease_epoch",
     "lease_hash",
+    "started",
 )
 """The names of :func:`new_task_columns`' lists, in order (times in Unix nanoseconds)."""
 
@@ -51,6 +52,12 @@ def new_task_columns(new: Sequence[NewTask], unix: Callable[[int], int]) -> list
     else:
         lease_epochs = [None if lease is None else lease.epoch for lease in leases]
         lease_hashes = [None if lease is None else lease.id_hash for lease in leases]
+    # Likewise a start: only a task submitted and started in one batch has one.
+    starts = [t.started_ns for t in new]
+    if starts.count(None) == len(starts):
+        started: list[object] = [None] * len(starts)
+    else:
+        started = [maybe(ns) for ns in starts]
     # Spelled out as comprehensions, not one extractor per column: a call per value would
     # cost about a millisecond per 1,000 tasks.
     return [
@@ -71,6 +78,7 @@ def new_task_columns(new: Sequence[NewTask], unix: Callable[[int], int]) -> list
         [t.cancel_requested for t in new],
         lease_epochs,
         lease_hashes,
+        started,
     ]
 
 

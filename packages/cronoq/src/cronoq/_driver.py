@@ -29,6 +29,7 @@ from cronoq._engine import (
     AttemptToken,
     Engine,
     EngineConfig,
+    GetDependants,
     GetTask,
     GetTaskByKey,
     Heartbeat,
@@ -69,7 +70,7 @@ _RETRY_MAX_S = 1.0
 _CLOSE_GRACE_S = 1.0
 """How far past its timeout ``close`` may go to commit the last reports and release."""
 
-_READS = (GetTask, GetTaskByKey, WaitTask, ListTasks, ListSchedules, ListPools)
+_READS = (GetTask, GetDependants, GetTaskByKey, WaitTask, ListTasks, ListSchedules, ListPools)
 _REPORTS = (AttemptReport, Heartbeat)
 
 

@@ -22,6 +22,8 @@ from typing import TypeVar
 from cronoq import _validate as check
 from cronoq.errors import CronoqError, Fenced, StoreFatal, Unavailable
 from cronoq.store import (
+    ATTEMPTS_KEPT,
+    AttemptEnded,
     CancelRequested,
     LeadershipLoss,
     Lease,
@@ -31,6 +33,7 @@ from cronoq.store import (
     ScheduleRecord,
     ScheduleRemoved,
     ScheduleSaved,
+    Status,
     TaskRecord,
     TaskRetried,
     TaskSubmitted,
@@ -56,6 +59,8 @@ class MemoryCluster:
         self.tasks: dict[int, TaskRecord] = {}
         self.finished: dict[int, int] = {}  # id -> finish time (unix ns), in finish order
         self.keys: dict[str, int] = {}
+        # Per task, its ended attempts (times in unix ns) by attempt number.
+        self.attempts: dict[int, dict[int, AttemptEnded]] = {}
         self.schedules: dict[str, ScheduleRecord] = {}
         self.paused_pools: set[str] = set()
         self.max_task_id = 0
@@ -106,8 +111,9 @@ class MemoryCluster:
             case TaskUpdated(task_id, status, attempt, message, at_ns, due_ns, output, lease):
                 at = to_unix(at_ns)
                 undo.task(task_id)
+                existing = self._existing(task_id)
                 tasks[task_id] = dataclasses.replace(
-                    self._existing(task_id),
+                    existing,
                     status=status,
                     attempt=attempt,
                     message=sanitize_message(message),
@@ -115,6 +121,7 @@ class MemoryCluster:
                     due_ns=None if due_ns is None else to_unix(due_ns),
                     output=output,
                     lease=lease,
+                    started_ns=at if status is Status.RUNNING else existing.started_ns,
                 )
                 if status.is_terminal:
                     undo.finished(task_id)
@@ -151,6 +158,19 @@ class MemoryCluster:
             case ScheduleRemoved(name):
                 undo.schedule(name)
                 self.schedules.pop(name, None)
+            case AttemptEnded(task_id, attempt, started_ns, ended_ns, message):
+                undo.attempts(task_id)
+                kept = self.attempts.setdefault(task_id, {})
+                if attempt not in kept:  # a repeated commit changes nothing
+                    kept[attempt] = AttemptEnded(
+                        task_id,
+                        attempt,
+                        to_unix(started_ns),
+                        to_unix(ended_ns),
+                        sanitize_message(message),
+                    )
+                    if len(kept) > ATTEMPTS_KEPT:
+                        del kept[min(kept)]
             case PoolPaused(name, paused):
                 undo.pools()
                 if paused:
@@ -197,6 +217,7 @@ class MemoryCluster:
                 gone.append(task_id)
         for task_id in gone:
             del self.finished[task_id]
+            self.attempts.pop(task_id, None)
             key = self.tasks.pop(task_id).spec.key
             if key is not None and self.keys.get(key) == task_id:
                 del self.keys[key]
@@ -211,6 +232,7 @@ class _Undo:
         self._tasks: dict[int, TaskRecord | None] = {}
         self._keys: dict[str, int | None] = {}
         self._finished: dict[int, int | None] = {}
+        self._attempts: dict[int, dict[int, AttemptEnded] | None] = {}
         self._schedules: dict[str, ScheduleRecord | None] = {}
         self._paused_pools: set[str] | None = None
 
@@ -230,6 +252,11 @@ class _Undo:
         if task_id not in self._finished:
             self._finished[task_id] = self._cluster.finished.get(task_id)
 
+    def attempts(self, task_id: int) -> None:
+        if task_id not in self._attempts:
+            kept = self._cluster.attempts.get(task_id)
+            self._attempts[task_id] = None if kept is None else dict(kept)
+
     def schedule(self, name: str) -> None:
         if name not in self._schedules:
             self._schedules[name] = self._cluster.schedules.get(name)
@@ -240,6 +267,7 @@ class _Undo:
         _restore(cluster.tasks, self._tasks)
         _restore(cluster.keys, self._keys)
         _restore(cluster.finished, self._finished)
+        _restore(cluster.attempts, self._attempts)
         _restore(cluster.schedules, self._schedules)
         if self._paused_pools is not None:
             cluster.paused_pools = self._paused_pools
@@ -384,6 +412,19 @@ class MemoryStore:
         task_id = self._cluster.keys.get(key)
         return None if task_id is None else await self.get_task(task_id)
 
+    async def get_attempts(self, task_id: int) -> Sequence[AttemptEnded]:
+        self._check_available()
+        kept = self._cluster.attempts.get(task_id, {})
+        to_engine = self._time_base.to_engine
+        return [
+            dataclasses.replace(
+                kept[attempt],
+                started_ns=to_engine(kept[attempt].started_ns),
+                ended_ns=to_engine(kept[attempt].ended_ns),
+            )
+            for attempt in sorted(kept)
+        ]
+
 
 def _shift(
     record: TaskRecord, convert: Callable[[int], int], *, keep_output: bool = True
@@ -396,6 +437,7 @@ def _shift(
         submitted_ns=convert(record.submitted_ns),
         updated_ns=convert(record.updated_ns),
         due_ns=None if record.due_ns is None else convert(record.due_ns),
+        started_ns=None if record.started_ns is None else convert(record.started_ns),
         output=record.output if keep_output else None,
     )
 

@@ -9,6 +9,8 @@ from cronoq._frozen import quick_init
 from cronoq._model import ScheduleSpec, Status, TaskSpec
 
 __all__ = [
+    "ATTEMPTS_KEPT",
+    "AttemptEnded",
     "AttemptLease",
     "CancelRequested",
     "Mutation",
@@ -123,6 +125,28 @@ class CancelRequested:
     message: str
 
 
+ATTEMPTS_KEPT = 25
+"""How many ended attempts (``AttemptEnded``) a store keeps per task: the latest ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnded:
+    """An attempt that ended without success: it failed (retried or not), timed out, met its
+    task's deadline, was cancelled while it ran, or was lost (its lease lapsed, its worker or
+    its leader vanished). Append-only history, keyed by (``task_id``, ``attempt``): a store
+    writes it once (a repeated commit changes nothing), keeps the latest ``ATTEMPTS_KEPT`` of
+    a task, and deletes them with the task's row. ``started_ns`` and ``ended_ns`` are the
+    attempt's start and end; ``message`` is the task's message as the attempt's end left it.
+    A successful attempt writes none: the task's row (succeeded, its attempt, its finish
+    time) says it. ``get_attempts`` returns these, in engine time."""
+
+    task_id: int
+    attempt: int
+    started_ns: int
+    ended_ns: int
+    message: str
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleRecord:
     """A schedule's definition and progress: next occurrence, pause, last task created."""
@@ -159,6 +183,7 @@ Mutation = (
     | TaskUpdated
     | TaskRetried
     | CancelRequested
+    | AttemptEnded
     | ScheduleSaved
     | ScheduleRemoved
     | PoolPaused
@@ -169,7 +194,9 @@ Mutation = (
 @dataclass(frozen=True, slots=True)
 class TaskRecord:
     """A task as persisted. ``output`` is filled by lookups, never by ``recover``; ``lease``
-    is the lease of its running remote attempt, as the last update left it."""
+    is the lease of its running remote attempt, as the last update left it; ``started_ns``
+    is the start of its latest attempt (the time of the last ``TaskUpdated`` to running),
+    kept once it ends, None before its first."""
 
     task_id: int
     spec: TaskSpec
@@ -182,6 +209,7 @@ class TaskRecord:
     cancel_requested: bool = False
     output: bytes | None = None
     lease: AttemptLease | None = None
+    started_ns: int | None = None
 
     @property
     def finished_ns(self) -> int | None:

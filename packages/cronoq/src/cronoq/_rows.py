@@ -44,7 +44,7 @@ _DEFAULT_SPEC = TaskSpec("", "", b"")
 
 _COLUMNS = (
     "id, pool, kind, key, payload, options, status, attempt, message, submitted_ns, "
-    "updated_ns, due_ns, cancel_requested, lease_epoch, lease_hash"
+    "updated_ns, due_ns, cancel_requested, lease_epoch, lease_hash, started_ns"
 )
 TASK_COLUMNS = f"{_COLUMNS}, output"
 """The columns ``decode_task_record`` takes, in order (the SQL stores name them alike)."""
@@ -246,7 +246,8 @@ def decode_task_record(
 ) -> TaskRecord:
     """A ``TaskRecord`` from the values of ``TASK_COLUMNS``; ``ValueError`` if malformed."""
     (task_id, pool, kind, key, payload, options, status, attempt, message, submitted_ns,
-     updated_ns, due_ns, cancel_requested, lease_epoch, lease_hash, output) = row  # fmt: skip
+     updated_ns, due_ns, cancel_requested, lease_epoch, lease_hash, started_ns,
+     output) = row  # fmt: skip
     if not isinstance(attempt, int) or not isinstance(message, str):
         raise ValueError(f"attempt {attempt!r} or message {message!r} has the wrong type")
     return TaskRecord(
@@ -261,6 +262,7 @@ def decode_task_record(
         cancel_requested=bool(cancel_requested),
         output=bytes(output) if with_output and output is not None else None,
         lease=decode_lease(lease_epoch, lease_hash),
+        started_ns=None if started_ns is None else to_engine(started_ns),
     )
 
 

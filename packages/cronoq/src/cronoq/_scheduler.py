@@ -27,6 +27,7 @@ from cronoq._engine import (
     AttemptToken,
     CancelTask,
     EngineConfig,
+    GetDependants,
     GetTask,
     GetTaskByKey,
     HeartbeatReply,
@@ -77,7 +78,7 @@ if TYPE_CHECKING:  # the otel extra: imported only when a Scheduler is given tra
 
     from cronoq.tracing import Tracing
 
-__all__ = ["Pool", "ScheduleInfo", "Scheduler", "TaskInfo", "TaskRequest"]
+__all__ = ["AttemptInfo", "Pool", "ScheduleInfo", "Scheduler", "TaskInfo", "TaskRequest"]
 
 # What a store must have for the Scheduler to run on it (cronoq.store.Store).
 _STORE_METHODS = (
@@ -89,6 +90,7 @@ _STORE_METHODS = (
     "load_output",
     "get_task",
     "get_task_by_key",
+    "get_attempts",
     "close",
 )
 
@@ -240,6 +242,22 @@ class TaskInfo:
     finished_at: datetime | None
     after: tuple[int, ...]
     schedule: str | None
+    started_at: datetime | None = None
+    """The start of its latest attempt: a running task's (its ``updated_at``), a finished
+    one's (its row keeps it; ``wait`` answers with it when an attempt's end finished the
+    task). None before the first attempt, and for a live task between attempts (retrying:
+    ``attempts`` has the last one's start). Not carried by the gRPC API yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptInfo:
+    """An attempt of a task that ended without success (see ``Scheduler.attempts``)."""
+
+    attempt: int
+    started_at: datetime
+    ended_at: datetime
+    message: str
+    """The task's message as the attempt's end left it (why it failed, and what followed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -677,6 +695,44 @@ class Scheduler:
             return await self._stored(task_id)
         return await self._info(found, task_id)
 
+    async def attempts(self, task_id: int) -> builtins.list[AttemptInfo]:
+        """The task's attempts that ended without success (failed, timed out, lost,
+        cancelled or stopped while they ran), oldest first: the latest ``ATTEMPTS_KEPT``
+        (25) the store keeps. A successful attempt is the task itself (``get``: succeeded,
+        its attempt, its finish time), and so is a running one (its ``updated_at`` is the
+        attempt's start). Raises TaskNotFound if the task is unknown or pruned."""
+        check.integer(task_id, "task_id", 1, 2**63 - 1)
+        try:
+            await self._call(lambda f: GetTask(task_id, f))
+        except TaskNotFound:
+            await self._require_stored(task_id)
+        rows = await self._store.get_attempts(task_id)
+        return [
+            AttemptInfo(row.attempt, _utc(row.started_ns), _utc(row.ended_ns), row.message)
+            for row in rows
+        ]
+
+    async def dependants(self, task_id: int) -> builtins.list[int]:
+        """The ids of the tasks that depend on this one (name it in ``after``), ascending,
+        as the scheduler's memory knows them: for a live task, every task that named it
+        while it was live, under this leader (or waiting for it at this leader's recovery);
+        for a finished one inside the retention, those its live life had under this leader.
+        Empty for a task finished before this leader recovered, or before the retention:
+        only a scan of the store's rows could tell. Raises TaskNotFound if the task is
+        unknown or pruned."""
+        check.integer(task_id, "task_id", 1, 2**63 - 1)
+        try:
+            found: builtins.list[int] = await self._call(lambda f: GetDependants(task_id, f))
+        except TaskNotFound:
+            await self._require_stored(task_id)
+            return []
+        return found
+
+    async def _require_stored(self, task_id: int) -> None:
+        """Raise TaskNotFound, as ``get`` does, unless the store keeps the task."""
+        if await self._store.get_task(task_id) is None:
+            raise TaskNotFound(f"no task {task_id}")
+
     async def _stored(self, task_id: int) -> TaskInfo:
         """A task memory no longer holds (finished before the retention) but the store keeps
         until ``keep_finished``."""
@@ -756,6 +812,7 @@ class Scheduler:
             finished_at=_utc_or_none(record.finished_ns),
             after=spec.after,
             schedule=spec.schedule,
+            started_at=_utc_or_none(record.started_ns),
         )
 
     async def list(

@@ -11,12 +11,19 @@ Obligations of every store (each one is checked by the conformance kit):
   has landed by the time a later ``recover`` of the same instance returns, or never lands.
 - A ``TaskUpdated`` replaces the row's ``lease`` with its own (None clears it); a
   ``CancelRequested`` keeps it; ``recover`` and lookups return it in ``TaskRecord.lease``.
+- A ``TaskUpdated`` to running sets the row's ``started_ns`` to its ``at_ns`` (its attempt's
+  start); every other mutation keeps it, so that a finished row still says when its last
+  attempt began. ``recover`` and lookups return it.
 - A ``TaskRetried`` makes a finished row live again: status, message and update time as
   given, attempt kept, the spec's options rewritten (its retry policy may allow more attempts),
   finish time, due time, output, lease and cancellation request cleared; it is no longer
   finished, so it is not pruned.
 - A ``PoolPaused`` is kept by pool name (a pause replaces the pool's earlier one, a resume
   clears it); ``recover`` returns the paused pools' names in ``RecoveredState.paused_pools``.
+- An ``AttemptEnded`` is written once per (task id, attempt): a repeated one (a commit
+  retried after it landed) changes nothing. A store keeps the latest ``ATTEMPTS_KEPT`` of a
+  task (by attempt number), returns them from ``get_attempts`` in attempt order, and deletes
+  them with the task's row when it prunes it.
 - ``commit`` with an epoch other than the current leader's raises :class:`Fenced` and changes
   nothing. Transient failures raise :class:`Unavailable`; anything else :class:`StoreFatal`.
 - Times are engine nanoseconds; convert them with the :class:`TimeBase` given to ``recover``.
@@ -42,6 +49,8 @@ from cronoq._collapse import CollapsedBatch, NewTask, TaskChange, collapse_batch
 from cronoq._columns import NEW_TASK_COLUMNS, new_task_columns, varies
 from cronoq._model import RetryPolicy, ScheduleSpec, Status, TaskSpec, TaskTemplate
 from cronoq._mutations import (
+    ATTEMPTS_KEPT,
+    AttemptEnded,
     AttemptLease,
     CancelRequested,
     Mutation,
@@ -70,9 +79,11 @@ from cronoq._rows import (
 from cronoq.errors import CronoqError, Fenced, StoreError, StoreFatal, Unavailable
 
 __all__ = [
+    "ATTEMPTS_KEPT",
     "NEW_TASK_COLUMNS",
     "RECOVERY_COLUMNS",
     "TASK_COLUMNS",
+    "AttemptEnded",
     "AttemptLease",
     "CancelRequested",
     "CollapsedBatch",
@@ -255,6 +266,11 @@ class Store(Protocol):
 
     async def get_task_by_key(self, key: str) -> TaskRecord | None:
         """The most recent task submitted with ``key``, or None."""
+        ...
+
+    async def get_attempts(self, task_id: int) -> Sequence[AttemptEnded]:
+        """The ended attempts the store keeps of the task (the latest ``ATTEMPTS_KEPT``), in
+        attempt order, in engine time; empty if it has none or is unknown or pruned."""
         ...
 
     async def close(self) -> None:

@@ -44,13 +44,14 @@ from cronoq.errors import (
     TaskNotFound,
     Unauthenticated,
 )
+from cronoq.store import ATTEMPTS_KEPT
 from cronoq_client.protocol import pb
 from cronoq_server._auth import METHOD_PERMISSIONS, Grant, Guard
 from cronoq_server._http import Readiness
 from cronoq_server._replica import NotServing, Replica, Role
 from cronoq_server._ui._samples import SAMPLE_INTERVAL_S, WINDOW_S, Sample, chart, rates
 from cronoq_server._ui._sessions import SESSION_LIFETIME_S, Session, Sessions
-from cronoq_server._ui._views import TaskQuery, parse_id
+from cronoq_server._ui._views import TaskQuery, attempt_rows, parse_id
 from cronoq_server._ui._views import preview as data_preview
 
 __all__ = ["Dashboard"]
@@ -69,10 +70,10 @@ _MAX_TOKEN = 4096
 _MAX_SCHEDULES = 500
 """Schedules one page shows (each with its next occurrences, computed in a thread)."""
 _NEXT_OCCURRENCES = 3
-_DEPENDANT_SCAN = 100
-"""A task's page looks for live tasks depending on it among this many live tasks submitted
-after it (the scheduler indexes dependencies one way only: a task names its parents)."""
 _MAX_PARENTS_SHOWN = 100
+_MAX_DEPENDANTS_SHOWN = 100
+"""A task's page shows this many of its dependants (``Scheduler.dependants``), each looked
+up for its status."""
 _LIVE = [s for s in Status if s not in (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)]
 _Handler = Callable[[web.Request], Awaitable[web.Response]]
 _ANONYMOUS = Grant("anonymous", frozenset({"admin"}))
@@ -487,24 +488,24 @@ class Dashboard:
         sched = self._leader(visit)
         task_id = parse_id(visit.request.match_info["task_id"], "task id")
         info = await sched.get(task_id)
-        scanned = await sched.list(status=_LIVE, after=task_id, limit=_DEPENDANT_SCAN)
-        later = await asyncio.gather(
-            *(sched.get(s.task_id) for s in scanned), return_exceptions=True
+        history, dependant_ids = await asyncio.gather(
+            sched.attempts(task_id), sched.dependants(task_id)
         )
-        dependants = [
-            _summary(other)
-            for other in later
-            if isinstance(other, TaskInfo) and task_id in other.after
-        ]
+        # A dependant pruned meanwhile is left out (TaskNotFound), as a list page would.
+        found = await asyncio.gather(
+            *(sched.get(i) for i in dependant_ids[:_MAX_DEPENDANTS_SHOWN]),
+            return_exceptions=True,
+        )
         return self._render(
             visit,
             "task.html",
             title=f"Task {task_id}",
             task=info,
+            attempts=attempt_rows(info, history),
+            attempts_kept=ATTEMPTS_KEPT,
             parents=info.after[:_MAX_PARENTS_SHOWN],
-            dependants=dependants,
-            scanned=len(scanned),
-            scan_limit=_DEPENDANT_SCAN,
+            dependants=[_summary(d) for d in found if isinstance(d, TaskInfo)],
+            dependant_count=len(dependant_ids),
             payload=data_preview(info.payload),
             output=data_preview(info.output),
         )

@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from urllib.parse import urlencode
 
-from cronoq import Status
+from cronoq import AttemptInfo, Status, TaskInfo
 from cronoq.errors import InvalidArgument
 
 __all__ = [
     "DEFAULT_PAGE",
     "MAX_PAGE",
     "PREVIEW_BYTES",
+    "AttemptRow",
     "Preview",
     "TaskQuery",
+    "attempt_rows",
+    "duration",
     "parse_id",
     "preview",
 ]
@@ -102,6 +106,51 @@ class TaskQuery:
         if after is not None:
             fields["after"] = str(after)
         return urlencode(fields)
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    """One attempt of a task's page. ``ended`` is None while it runs; ``started`` is None
+    only when the scheduler does not know it."""
+
+    attempt: int
+    started: datetime | None
+    ended: datetime | None
+    message: str
+
+    @property
+    def duration(self) -> str:
+        if self.started is None or self.ended is None:
+            return ""
+        return duration((self.ended - self.started).total_seconds())
+
+
+def attempt_rows(task: TaskInfo, history: Sequence[AttemptInfo]) -> list[AttemptRow]:
+    """The attempts a task's page lists, oldest first: those that ended without success (the
+    scheduler's history, its latest ``ATTEMPTS_KEPT``), then the current one from the task
+    itself when the history lacks it: running, or succeeded (ended at its finish), with the
+    start the task keeps of its latest attempt."""
+    rows = [AttemptRow(a.attempt, a.started_at, a.ended_at, a.message) for a in history]
+    known = {a.attempt for a in history}
+    if task.attempt > 0 and task.attempt not in known:
+        if task.status is Status.RUNNING:
+            rows.append(AttemptRow(task.attempt, task.started_at, None, task.message))
+        elif task.status is Status.SUCCEEDED:
+            rows.append(AttemptRow(task.attempt, task.started_at, task.finished_at, task.message))
+    return rows
+
+
+def duration(seconds: float) -> str:
+    """A duration for people: ``6.64 ms``, ``12.3 s``, ``4 min 05 s``, ``2 h 03 min``."""
+    if seconds < 1:
+        return f"{seconds * 1000:.3g} ms"
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    if seconds < 3600:
+        minutes, rest = divmod(round(seconds), 60)
+        return f"{minutes} min {rest:02d} s"
+    hours, rest = divmod(round(seconds / 60), 60)
+    return f"{hours} h {rest:02d} min"
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from cronoq._engine.inputs import (
     AttemptToken,
     CancelTask,
     EngineConfig,
+    GetDependants,
     GetTask,
     GetTaskByKey,
     Heartbeat,
@@ -180,6 +181,8 @@ class Engine:
                 self._attempts.heartbeat(item)
             case GetTask():
                 reply(item.reply_to, tasks.get(item.task_id))
+            case GetDependants():
+                reply(item.reply_to, tasks.dependants(item.task_id))
             case GetTaskByKey():
                 reply(item.reply_to, tasks.get_by_key(item.key))
             case WaitTask():

@@ -20,6 +20,7 @@ __all__ = [
     "AttemptToken",
     "CancelTask",
     "EngineConfig",
+    "GetDependants",
     "GetTask",
     "GetTaskByKey",
     "Heartbeat",
@@ -220,6 +221,12 @@ class GetTask:
 
 
 @dataclass(frozen=True, slots=True)
+class GetDependants:
+    task_id: int
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
 class GetTaskByKey:
     key: str
     reply_to: object
@@ -270,6 +277,7 @@ Input = (
     | ResumeSchedule
     | RemoveSchedule
     | GetTask
+    | GetDependants
     | GetTaskByKey
     | WaitTask
     | ListTasks

@@ -52,7 +52,9 @@ class Task:
         self.pending = 0
         self.cancel_requested = False
 
-    def record(self, output: bytes | None = None) -> TaskRecord:
+    def record(self, output: bytes | None = None, started_ns: int | None = None) -> TaskRecord:
+        """``started_ns``: the start of its latest attempt if it is no longer running (memory
+        keeps none: the caller that just ended it knows it)."""
         return TaskRecord(
             task_id=self.id,
             spec=self.spec,
@@ -64,6 +66,8 @@ class Task:
             due_ns=self.wake_ns if self.status is Status.RETRYING else None,
             cancel_requested=self.cancel_requested,
             output=output,
+            # A running task's last change is its attempt's start.
+            started_ns=self.updated_ns if self.status is Status.RUNNING else started_ns,
         )
 
     def summary(self) -> TaskSummary:

@@ -24,6 +24,7 @@ from cronoq.errors import (
     UnknownPool,
 )
 from cronoq.store import (
+    AttemptEnded,
     CancelRequested,
     TaskRecord,
     TaskRetried,
@@ -40,6 +41,11 @@ class Tasks:
     ones inside the retention window (compact summaries), keys, dependants, waiters and the
     quarantined rows of the last recovery.
 
+    ``dependents``: per live parent, the tasks that named it in ``after`` while it was live
+    (submitted, retried or recovered waiting for it), in the order they did; a parent's
+    finish settles them and moves its list to ``finished_dependents``, kept (for reads only)
+    as long as its summary is.
+
     ``listed`` holds the id of every task in either (see ``index``) in ascending order, so that
     ``list`` starts at its ``after`` by bisection and stops when its page is full: a page costs
     the tasks it examines, not every task in memory. A pruned id stays in it (skipped) until
@@ -52,6 +58,7 @@ class Tasks:
         self.finished: dict[int, TaskSummary] = {}
         self.keys: dict[str, int] = {}
         self.dependents: dict[int, list[int]] = {}
+        self.finished_dependents: dict[int, list[int]] = {}
         # Per task, the callers waiting for it to finish, by identity (removable in O(1)).
         self.waiters: dict[int, dict[int, object]] = {}
         self.quarantined: dict[int, TaskRecord] = {}
@@ -230,6 +237,7 @@ class Tasks:
             task, status, message, output = pending.pop()
             if task.status.is_terminal:
                 continue  # a child reached twice: it names the same parent twice in ``after``
+            started_ns = task.updated_ns if task.status is Status.RUNNING else None
             self.transition(task, status, message)
             task.wake_ns = None
             update = TaskUpdated(task.id, status, task.attempt, message, shared.now, output=output)
@@ -249,10 +257,15 @@ class Tasks:
             shared.deferred.discard(task.id)
             waiters = self.waiters.pop(task.id, None)
             if waiters:
-                record = task.record(output)
+                record = task.record(output, started_ns)
                 for reply_to in waiters.values():
                     shared.reply(reply_to, record)
-            for child_id in self.dependents.pop(task.id, ()):
+            children = self.dependents.pop(task.id, None)
+            if children is None:
+                continue
+            # A retried parent that finishes again adds the dependants of its second life.
+            self.finished_dependents.setdefault(task.id, []).extend(children)
+            for child_id in children:
                 child = shared.tasks.get(child_id)
                 if child is None:
                     continue
@@ -392,11 +405,19 @@ class Tasks:
         )
 
     def transition(self, task: Task, status: Status, message: str) -> None:
+        """Every end of an attempt but a success goes through here, whoever ends it (a report,
+        a timer, a recovery): it leaves a row of the attempt's history. A running task's
+        ``updated_ns`` is its attempt's start (a cancellation request keeps it)."""
         if status not in LEGAL_TRANSITIONS[task.status]:
             raise AssertionError(f"illegal transition {task.status} -> {status} of task {task.id}")
+        now = self.shared.now
+        if task.status is Status.RUNNING and status is not Status.SUCCEEDED:
+            self.shared.out.mutations.append(
+                AttemptEnded(task.id, task.attempt, task.updated_ns, now, message)
+            )
         task.status = status
         task.message = message
-        task.updated_ns = self.shared.now
+        task.updated_ns = now
 
     def prune_finished(self) -> None:
         horizon = self.shared.now - self.shared.config.retention_ns
@@ -409,6 +430,7 @@ class Tasks:
             del finished[task_id]
             self.pruned_listed += 1
             self.quarantined.pop(task_id, None)
+            self.finished_dependents.pop(task_id, None)
             if summary.key is not None and self.keys.get(summary.key) == task_id:
                 del self.keys[summary.key]
         if self.pruned_listed > len(self.listed) // 2:
@@ -485,6 +507,16 @@ class Tasks:
         if done is not None:
             return done
         return TaskNotFound(f"no task {task_id}")
+
+    def dependants(self, task_id: int) -> list[int] | CronoqError:
+        """The ids of the tasks that depend on this one, ascending, as far as memory knows:
+        see ``dependents``. A finished task inside the retention window answers with those
+        its live life had (none after a recovery: recovery links a live task only to its
+        live parents)."""
+        if task_id not in self.shared.tasks and task_id not in self.finished:
+            return TaskNotFound(f"no task {task_id}")
+        found = self.dependents.get(task_id, []) + self.finished_dependents.get(task_id, [])
+        return sorted(set(found))
 
     def get_by_key(self, key: str) -> TaskRecord | TaskSummary | CronoqError | None:
         task_id = self.keys.get(key)
