@@ -172,6 +172,10 @@ class Submits:
                         pending.answer.cancel()
                     else:
                         pending.answer.set_exception(answer)
+                # The callers just answered run before the next batch is taken: a caller that
+                # submits again at once (a loop of submits) joins it, instead of finding the
+                # turn free and sending its submission alone ahead of the others.
+                await asyncio.sleep(0)
         finally:
             self._busy = False
             self._start()
