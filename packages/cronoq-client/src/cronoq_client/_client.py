@@ -89,10 +89,14 @@ class AsyncClient:
     (to the next target; behind a balancer, a new pick), so that a client does not stay on a
     frozen replica; calls in flight on the old one may still finish there.
 
+    Concurrent ``submit`` calls share gRPC calls: one leaves at once when none is in flight,
+    those that arrive meanwhile leave together in one SubmitEach when it returns, each with its
+    own answer, exceptions, timeout and retries, as if it went alone (``docs/server.md``).
+
     ``tracing``: OpenTelemetry spans of submissions, whose trace context goes to the server
     with each Submit and SubmitMany, so that the tasks' attempts join their traces
     (``docs/tracing.md``; needs ``cronoq[otel]``): True for the global tracer provider's, or a
-    ``TracerProvider``. Off by default.
+    ``TracerProvider``. Off by default; on, each submit goes alone.
     """
 
     def __init__(
