@@ -18,13 +18,14 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 import grpc
 
 from cronoq_client.protocol import (
     MAX_LIST_PAGE,
+    MAX_SUBMIT_EACH,
     MAX_SUBMIT_MANY_REFERENCES,
     MAX_SUBMIT_MANY_TASKS,
     pb,
@@ -87,6 +88,10 @@ def _richest_batch(parents: list[int]) -> pb.SubmitManyRequest:
     return pb.SubmitManyRequest(tasks=tasks)
 
 
+def _each(tasks: Iterable[pb.TaskRequest]) -> pb.SubmitEachRequest:
+    return pb.SubmitEachRequest(submissions=[pb.SubmitRequest(task=task) for task in tasks])
+
+
 def _worst_requests(
     stub: pb_grpc.SchedulerServiceAsyncStub, parents: list[int]
 ) -> dict[str, Callable[[], Awaitable[object]]]:
@@ -111,6 +116,13 @@ def _worst_requests(
         f"SubmitMany, {MAX_SUBMIT_MANY_TASKS:,} tasks in full, "
         f"{MAX_SUBMIT_MANY_REFERENCES:,} dependencies and tags, 1 KiB keys": lambda: (
             stub.SubmitMany(_richest_batch(parents))
+        ),
+        f"SubmitEach, {MAX_SUBMIT_EACH:,} submissions of kind and payload": lambda: stub.SubmitEach(
+            _each([pb.TaskRequest(kind="k", payload=b"p")] * MAX_SUBMIT_EACH)
+        ),
+        f"SubmitEach, {MAX_SUBMIT_EACH:,} submissions in full, "
+        f"{MAX_SUBMIT_MANY_REFERENCES:,} dependencies and tags, 1 KiB keys": lambda: (
+            stub.SubmitEach(_each(_richest_batch(parents).tasks))
         ),
         f"List, a full page ({MAX_LIST_PAGE:,} tasks)": lambda: stub.List(pb.ListRequest()),
         "List, a filter no task matches (every task examined)": lambda: stub.List(

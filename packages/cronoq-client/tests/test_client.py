@@ -48,13 +48,14 @@ MARGIN = 0.75  # seconds a call may overrun its timeout (scheduling, the last tr
 
 # --- real cronoq-server processes -----------------------------------------------------------
 
-_LISTENING = re.compile(r"listening grpc_port=(\d+)")
+_LISTENING = re.compile(r"listening grpc_port=(\d+) http_port=(\d+)")
 
 
 @dataclass
 class ServerProcess:
     process: asyncio.subprocess.Process
     target: str
+    http_port: int
     lines: list[str] = field(default_factory=list)
     seen: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -83,7 +84,7 @@ async def _start(config: Path) -> tuple[ServerProcess, asyncio.Task[None]]:
     )
     assert process.stderr is not None
     stderr = process.stderr
-    port: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    port: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
     lines: list[str] = []
     seen = asyncio.Event()
 
@@ -94,14 +95,14 @@ async def _start(config: Path) -> tuple[ServerProcess, asyncio.Task[None]]:
             seen.set()
             found = _LISTENING.search(line.replace('"', ""))
             if found and not port.done():
-                port.set_result(int(found.group(1)))
+                port.set_result((int(found.group(1)), int(found.group(2))))
         if not port.done():
             port.set_exception(RuntimeError(f"cronoq-server exited: {''.join(lines)}"))
 
     reader = asyncio.create_task(read())
     async with asyncio.timeout(20):
-        grpc_port = await port
-    return ServerProcess(process, f"127.0.0.1:{grpc_port}", lines, seen), reader
+        grpc_port, http_port = await port
+    return ServerProcess(process, f"127.0.0.1:{grpc_port}", http_port, lines, seen), reader
 
 
 async def _stop(server: ServerProcess, reader: asyncio.Task[None]) -> None:
@@ -319,6 +320,10 @@ class Scripted(pb_grpc.SchedulerServiceServicer):
     """Ends every parked call, with success."""
     knows_compact: bool = True
     """False: SubmitMany reads only ``tasks``, as a server older than the compact form does."""
+    knows_submit_each: bool = True
+    """False: SubmitEach answers UNIMPLEMENTED, as a server older than it does."""
+    each: list[pb.SubmitResult] | None = None
+    """What a SubmitEach that succeeds answers; None: task id 7 for every submission."""
 
     @property
     def calls(self) -> int:
@@ -351,6 +356,17 @@ class Scripted(pb_grpc.SchedulerServiceServicer):
         await self._answer(request, context)
         count = len(request.tasks) + (len(request.payloads) if self.knows_compact else 0)
         return pb.SubmitManyResponse(task_ids=range(1, count + 1))
+
+    async def SubmitEach(self, request: Any, context: Any) -> pb.SubmitEachResponse:
+        if not self.knows_submit_each:
+            self.requests.append(request)
+            await context.abort(Code.UNIMPLEMENTED, "Method not implemented!")
+        await self._answer(request, context)
+        if self.each is not None:
+            return pb.SubmitEachResponse(results=self.each)
+        return pb.SubmitEachResponse(
+            results=[pb.SubmitResult(task_id=7)] * len(request.submissions)
+        )
 
     async def List(self, request: Any, context: Any) -> pb.ListResponse:
         await self._answer(request, context)

@@ -34,6 +34,7 @@ GRANTS: dict[str, dict[str, Any]] = {
     "app": {"permissions": ["read", "submit"]},
     "reader": {"permissions": ["read"]},
     "worker-a": {"permissions": ["work"], "work_pools": ["pool-a"]},
+    "kind-limited": {"permissions": ["read", "submit"], "submit_kinds": ["allowed"]},
 }
 TOKENS = {name: secrets.token_urlsafe(32) for name in GRANTS}
 
@@ -139,6 +140,29 @@ async def test_a_missing_permission_fails_at_once_naming_it(secured: Secured) ->
             await client.submit("k", pool="pool-a")
     assert raised.value.permission == "submit"
     assert str(raised.value) == "identity 'reader' lacks the permission 'submit'"
+
+
+async def test_a_submission_refused_in_a_shared_call_fails_only_its_caller(
+    secured: Secured,
+) -> None:
+    async with (
+        AsyncClient(secured.target, tls=secured.tls(), token=TOKENS["kind-limited"]) as client,
+        asyncio.timeout(PROMPT),
+    ):
+        with pytest.raises(PermissionDenied) as alone:
+            await client.submit("other", pool="pool-a")
+        # The first leaves alone; the three that arrive while it is in flight share a call.
+        submits = [
+            asyncio.ensure_future(client.submit(kind, pool="pool-a"))
+            for kind in ("allowed", "allowed", "other", "allowed")
+        ]
+        await asyncio.sleep(0)  # each runs up to its wait, queued behind the first
+        outcomes = await asyncio.gather(*submits, return_exceptions=True)
+    refused = outcomes.pop(2)
+    assert all(isinstance(task_id, int) for task_id in outcomes), outcomes
+    assert type(refused) is PermissionDenied and refused.permission == "submit"
+    assert str(refused) == str(alone.value)
+    assert str(refused) == "identity 'kind-limited' lacks the permission 'submit' for kind 'other'"
 
 
 async def test_an_untrusted_server_certificate_fails_at_once(secured: Secured) -> None:

@@ -45,6 +45,7 @@ TIMEOUT = 5.0
 REQUIRED = {
     "Submit": "submit",
     "SubmitMany": "submit",
+    "SubmitEach": "submit",
     "Get": "read",
     "GetByKey": "read",
     "GetTaskData": "read",
@@ -124,6 +125,9 @@ def _request(method: str) -> Message:
     requests: dict[str, Message] = {
         "Submit": wire.submit_request(TaskRequest("k", pool="matrix"), codec),
         "SubmitMany": wire.submit_many_request([TaskRequest("k", pool="matrix")], codec),
+        "SubmitEach": pb.SubmitEachRequest(
+            submissions=[wire.submit_request(TaskRequest("k", pool="matrix"), codec)]
+        ),
         "Get": wire.get_request(2**40),
         "GetByKey": wire.get_by_key_request("absent"),
         "GetTaskData": pb.GetTaskDataRequest(task_id=2**40, data=pb.TASK_DATA_OUTPUT),
@@ -260,6 +264,30 @@ async def test_submit_is_limited_to_its_pools_and_kinds(channel: grpc.aio.Channe
     assert err.details() == "identity 'kind-limited' lacks the permission 'submit' for kind 'other'"
     allowed = wire.submit_request(TaskRequest("allowed", pool="matrix"), codec)
     assert await call(channel, "Submit", TOKENS["kind-limited"], allowed) is None
+
+
+async def test_submit_each_authorizes_each_submission_alone(channel: grpc.aio.Channel) -> None:
+    codec = BytesCodec()
+    other_kind = wire.submit_request(TaskRequest("other", pool="matrix"), codec)
+    allowed = wire.submit_request(TaskRequest("allowed", pool="matrix"), codec)
+    alone = await call(channel, "Submit", TOKENS["kind-limited"], other_kind)
+    assert alone is not None
+    stub = wire.pb_grpc.SchedulerServiceStub(channel)
+    reply = await stub.SubmitEach(
+        pb.SubmitEachRequest(submissions=[allowed, other_kind, allowed]),
+        metadata=metadata(TOKENS["kind-limited"]),
+        timeout=TIMEOUT,
+    )
+    first, refused, second = reply.results
+    assert first.task_id > 0 and second.task_id > first.task_id
+    # What the Submit of it alone failed with, to the letter (the client rebuilds it).
+    info = wire.error_info(alone)
+    assert info is not None
+    assert (refused.refused.reason, refused.refused.message, dict(refused.refused.metadata)) == (
+        info.reason,
+        alone.details(),
+        dict(info.metadata),
+    )
 
 
 async def _submit(channel: grpc.aio.Channel, pool: str) -> int:

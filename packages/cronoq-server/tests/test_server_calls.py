@@ -269,6 +269,48 @@ async def test_submit_many_takes_the_most_one_call_may_carry(api: Api) -> None:
     await api.tasks.Cancel(pb.CancelRequest(task_id=parent))  # and its dependants with it
 
 
+async def test_submit_each_answers_each_submission_as_submit_would(api: Api) -> None:
+    kind = unique("each")
+    unknown_pool = submit(kind=kind, pool="nope", **LATER)
+    never_issued = submit(kind=kind, after=[2**62], **LATER)
+    bad_key = submit(kind=kind, key="\x00", **LATER)
+    alone = [await rejected(api.tasks.Submit(r)) for r in (unknown_pool, never_issued, bad_key)]
+    keyed = submit(kind=kind, key=kind, **LATER)
+    reply = await api.tasks.SubmitEach(
+        pb.SubmitEachRequest(
+            submissions=[
+                keyed,
+                unknown_pool,
+                keyed,
+                never_issued,
+                submit(kind=kind, **LATER),
+                bad_key,
+            ]
+        )
+    )
+    first, pool, again, dependency, last, key = reply.results
+    # The key's second submission finds it held by the first, as a Submit after it would.
+    assert first.task_id == again.task_id != last.task_id > 0
+    for result, err in zip((pool, dependency, key), alone, strict=True):
+        info = wire.error_info(err)
+        assert info is not None
+        assert (result.refused.reason, result.refused.message) == (info.reason, err.details())
+    listed = await api.tasks.List(pb.ListRequest(kind=kind))
+    assert [t.task_id for t in listed.tasks] == [first.task_id, last.task_id]
+    assert list((await api.tasks.SubmitEach(pb.SubmitEachRequest())).results) == []
+    for task_id in (first.task_id, last.task_id):
+        await api.tasks.Cancel(pb.CancelRequest(task_id=task_id))
+
+
+async def test_submit_each_takes_the_most_one_call_may_carry(api: Api) -> None:
+    kind = unique("most-each")
+    parent = await submitted(api, **LATER)
+    batch = [submit(kind=kind, after=[parent] * PER_TASK, tags=["t"] * PER_TASK)] * MANY
+    reply = await api.tasks.SubmitEach(pb.SubmitEachRequest(submissions=batch))
+    assert len({r.task_id for r in reply.results}) == MANY
+    await api.tasks.Cancel(pb.CancelRequest(task_id=parent))  # and its dependants with it
+
+
 async def test_a_list_page_ends_at_the_servers_page_limit(api: Api) -> None:
     """A page is made on the event loop: one longer than MAX_LIST_PAGE tasks, asked for or
     not, ends there with a token for the next."""
@@ -1011,6 +1053,17 @@ def bad_others() -> Iterator[Bad]:
         bad("SubmitMany-too-many-tags", "SubmitMany",
             pb.SubmitManyRequest(tasks=[task(tags=["t"] * (PER_TASK + 1))] * MANY),
             f"name {(PER_TASK + 1) * MANY} tags in all"),
+        bad("SubmitEach-too-many", "SubmitEach",
+            pb.SubmitEachRequest(submissions=[submit(kind="j")] * (MANY + 1)),
+            f"SubmitEach: {MANY + 1} submissions in one call; the server takes at most {MANY} "
+            "per call"),
+        bad("SubmitEach-too-many-dependencies", "SubmitEach",
+            pb.SubmitEachRequest(submissions=[submit(after=[2**62] * (PER_TASK + 1))] * MANY),
+            f"SubmitEach: its tasks name {(PER_TASK + 1) * MANY} dependencies in all; the "
+            f"server takes at most {REFERENCES} per call"),
+        bad("SubmitEach-too-many-tags", "SubmitEach",
+            pb.SubmitEachRequest(submissions=[submit(tags=["t"] * (PER_TASK + 1))] * MANY),
+            f"name {(PER_TASK + 1) * MANY} tags in all"),
         bad("Get-zero", "Get", pb.GetRequest(task_id=0), "task_id must be between 1 and"),
         bad("Get-negative", "Get", pb.GetRequest(task_id=INT64_MIN), "task_id must be between"),
         bad("Get-unknown", "Get", pb.GetRequest(task_id=12345), "no task 12345", "TASK_NOT_FOUND",
@@ -1263,6 +1316,7 @@ async def test_messages_above_the_size_limit_are_resource_exhausted(api: Api) ->
     for request in (
         submit(kind=kind, payload=b"x" * LIMIT, **LATER),
         pb.SubmitManyRequest(tasks=[task(kind=kind, payload=b"x" * (LIMIT // 2))] * 2),
+        pb.SubmitEachRequest(submissions=[submit(kind=kind, payload=b"x" * (LIMIT // 2))] * 2),
         schedule(name=kind, payload=b"x" * LIMIT),
         pb.ReportRequest(token=token(1, 1, 1), success=pb.Success(output=b"x" * LIMIT)),
         pb.ReportManyRequest(
@@ -1276,6 +1330,7 @@ async def test_messages_above_the_size_limit_are_resource_exhausted(api: Api) ->
     ):
         method = {
             pb.SubmitRequest: "Submit", pb.SubmitManyRequest: "SubmitMany",
+            pb.SubmitEachRequest: "SubmitEach",
             pb.AddScheduleRequest: "AddSchedule", pb.ReportRequest: "Report",
             pb.ReportManyRequest: "ReportMany",
         }[type(request)]  # fmt: skip
@@ -1394,6 +1449,9 @@ async def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
 VALID: dict[str, Message] = {
     "Submit": submit(pool="fuzz", **LATER),
     "SubmitMany": pb.SubmitManyRequest(tasks=[task(pool="fuzz", **LATER)]),
+    "SubmitEach": pb.SubmitEachRequest(
+        submissions=[submit(pool="fuzz", **LATER), submit(pool="fuzz", key="k", **LATER)]
+    ),
     "GetByKey": pb.GetByKeyRequest(key="k"),
     "List": pb.ListRequest(kind="job", page_size=2),
     "Wait": pb.WaitRequest(task_id=1, timeout=seconds(0)),

@@ -44,6 +44,7 @@ from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 from cronoq_client._retry import Backoff, Verdict, judge, never_handled, never_sent
 from cronoq_client._status import Outcome, error_from_rpc, outcome
+from cronoq_client._submits import Submits
 
 __all__ = ["WAIT_MARGIN", "AsyncClient"]
 
@@ -88,10 +89,14 @@ class AsyncClient:
     (to the next target; behind a balancer, a new pick), so that a client does not stay on a
     frozen replica; calls in flight on the old one may still finish there.
 
+    Concurrent ``submit`` calls share gRPC calls: one leaves at once when none is in flight,
+    those that arrive meanwhile leave together in one SubmitEach when it returns, each with its
+    own answer, exceptions, timeout and retries, as if it went alone (``docs/server.md``).
+
     ``tracing``: OpenTelemetry spans of submissions, whose trace context goes to the server
     with each Submit and SubmitMany, so that the tasks' attempts join their traces
     (``docs/tracing.md``; needs ``cronoq[otel]``): True for the global tracer provider's, or a
-    ``TracerProvider``. Off by default.
+    ``TracerProvider``. Off by default; on, each submit goes alone.
     """
 
     def __init__(
@@ -113,6 +118,7 @@ class AsyncClient:
         self._timeout = float(timeout)
         self._backoff = Backoff()
         self._channels = Channels(targets_of(target), secrets, max_message_bytes, timeout)
+        self._submits = Submits(max_message_bytes)
         self._tracing: Tracing | None = None
         if tracing is not False:  # cronoq.tracing (and OpenTelemetry) imported only if asked
             from cronoq.tracing import Tracing
@@ -137,6 +143,7 @@ class AsyncClient:
     async def close(self) -> None:
         """Close the connection; calls in flight are cancelled, later calls raise
         ``SchedulerStopped``."""
+        await self._submits.close()
         await self._channels.close()
 
     # --- the retry loop ---------------------------------------------------------------------
@@ -233,13 +240,23 @@ class AsyncClient:
         except TypeError as exc:
             raise InvalidArgument(str(exc)) from None
         message = wire.submit_request(request, self._codec)
+        idempotent = message.task.HasField("key")
+        if self._tracing is None:
+            # Sent with the submissions of this client's other callers that overlap it (see
+            # _submits), each judged and retried as its own Submit would be.
+            return await self._call(
+                lambda stub, timeout: self._submits.submit(stub, message, timeout),
+                idempotent=idempotent,
+            )
+        # Traced, each submission goes alone: its span's context travels in the call's
+        # metadata, which a SubmitEach has one of.
         reply = await self._submit_call(
             _SUBMIT,
             [_pool(message.task)],
             lambda stub, timeout, metadata: stub.Submit(
                 message, timeout=timeout, metadata=metadata
             ),
-            idempotent=message.task.HasField("key"),
+            idempotent=idempotent,
         )
         return reply.task_id
 

@@ -83,6 +83,7 @@ __all__ = [
     "refused_for_good",
     "report_result",
     "rich_status",
+    "rpc_error_of",
     "status_for",
     "status_of",
     "too_large",
@@ -213,8 +214,9 @@ def refused_for_good(exc: BaseException) -> bool:
     return reason not in _NOT_APPLIED and reason not in _UNCERTAIN
 
 
-def report_result(refusal: CronoqError | None) -> pb.ReportResult:
-    """One report's result in a ReportMany: accepted (None) or refused for good."""
+def report_result(refusal: BaseException | None) -> pb.ReportResult:
+    """One report's result in a ReportMany: accepted (None) or refused for good; also any
+    failure of one submission of a SubmitEach, as its Submit's status would carry it."""
     if refusal is None:
         return pb.ReportResult()
     _, message, reason = status_of(refusal)
@@ -373,6 +375,31 @@ def error_from_report_result(result: pb.ReportResult) -> CronoqError | None:
         # worker treats it as it treats any SchedulerError (retried while the lease lasts)
         return SchedulerError(f"{result.reason}: {result.message}", applied=False)
     return _BY_REASON[reason](result.message, result.metadata)
+
+
+_CODE_OF_REASON: dict[str, grpc.StatusCode] = {
+    **{reason.value: code for code, reason in _BY_CLASS.values()},
+    **{reason.value: Code.UNAVAILABLE for reason in (*_NOT_APPLIED, Reason.NOT_DURABLE)},
+    Reason.INTERNAL.value: Code.INTERNAL,
+}
+
+
+def rpc_error_of(refusal: pb.ReportResult) -> grpc.aio.AioRpcError:
+    """The failed call whose status ``report_result`` carried: a SubmitEach's answer for one
+    submission, as its Submit would have failed. A reason this client does not know (a newer
+    server's) has code UNKNOWN: an outcome the client does not take for an answer."""
+    status = rich_status(
+        _CODE_OF_REASON.get(refusal.reason, Code.UNKNOWN),
+        refusal.message,
+        refusal.reason,
+        refusal.metadata,
+    )
+    return grpc.aio.AioRpcError(
+        status.code,
+        grpc.aio.Metadata(),
+        grpc.aio.Metadata(*status.trailing_metadata),
+        details=status.details,
+    )
 
 
 def tls_refused(err: grpc.RpcError) -> bool:

@@ -67,6 +67,7 @@ from cronoq_client._status import error_from_report_result, report_result
 __all__ = [
     "MAX_HEARTBEATS_PER_CALL",
     "MAX_REPORTS_PER_CALL",
+    "MAX_SUBMIT_EACH",
     "MAX_SUBMIT_MANY_REFERENCES",
     "MAX_SUBMIT_MANY_TASKS",
     "MAX_WORKER_ID_LENGTH",
@@ -112,10 +113,12 @@ __all__ = [
     "schedule_info_to_pb",
     "status_from_pb",
     "status_to_pb",
+    "submit_each_requests",
     "submit_many_request",
     "submit_many_specs",
     "submit_many_tasks",
     "submit_request",
+    "submit_result",
     "task_data_request",
     "task_info_from_pb",
     "task_info_to_pb",
@@ -658,16 +661,7 @@ def submit_many_tasks(message: pb.SubmitManyRequest) -> Sequence[pb.TaskRequest]
             f"{MAX_SUBMIT_MANY_TASKS} per call: split the batch (keys make each call safe to retry)"
         )
     common = message.common
-    for what, per_task, in_common in (
-        ("dependencies", (len(task.after) for task in tasks), len(common.after)),
-        ("tags", (len(task.tags) for task in tasks), len(common.tags)),
-    ):
-        named = sum(per_task) + in_common * len(payloads)
-        if named > MAX_SUBMIT_MANY_REFERENCES:
-            raise InvalidArgument(
-                f"SubmitMany: its tasks name {named} {what} in all; the server takes at most "
-                f"{MAX_SUBMIT_MANY_REFERENCES} per call: split the batch"
-            )
+    _check_references("SubmitMany", tasks, (len(common.after), len(common.tags), len(payloads)))
     if not message.HasField("common"):
         if payloads:
             raise InvalidArgument("payloads given without common: set common, or use tasks")
@@ -677,6 +671,51 @@ def submit_many_tasks(message: pb.SubmitManyRequest) -> Sequence[pb.TaskRequest]
     if common.HasField("payload"):
         raise InvalidArgument("common.payload is set: the compact form's payloads are payloads")
     return [common]
+
+
+def _check_references(
+    call: str, tasks: Sequence[pb.TaskRequest], common: tuple[int, int, int] = (0, 0, 0)
+) -> None:
+    """The dependencies, and the tags, ``tasks`` name in all (with ``common``'s, given as its
+    dependencies, its tags and the number of tasks it stands for) within
+    ``MAX_SUBMIT_MANY_REFERENCES``."""
+    after, tags, times = common
+    for what, per_task, in_common in (
+        ("dependencies", (len(task.after) for task in tasks), after),
+        ("tags", (len(task.tags) for task in tasks), tags),
+    ):
+        named = sum(per_task) + in_common * times
+        if named > MAX_SUBMIT_MANY_REFERENCES:
+            raise InvalidArgument(
+                f"{call}: its tasks name {named} {what} in all; the server takes at most "
+                f"{MAX_SUBMIT_MANY_REFERENCES} per call: split the batch"
+            )
+
+
+MAX_SUBMIT_EACH = MAX_SUBMIT_MANY_TASKS
+"""Most submissions one SubmitEach carries, and (``MAX_SUBMIT_MANY_REFERENCES``) most
+dependencies and tags they name in all: the same work on the event loop as a SubmitMany's."""
+
+
+def submit_each_requests(message: pb.SubmitEachRequest) -> Sequence[pb.SubmitRequest]:
+    """The submissions of a SubmitEach, each to be judged alone as a Submit is, once the call
+    is within the server's bounds (``MAX_SUBMIT_EACH``)."""
+    count = len(message.submissions)
+    if count > MAX_SUBMIT_EACH:
+        raise InvalidArgument(
+            f"SubmitEach: {count} submissions in one call; the server takes at most "
+            f"{MAX_SUBMIT_EACH} per call"
+        )
+    _check_references("SubmitEach", [submission.task for submission in message.submissions])
+    return message.submissions
+
+
+def submit_result(outcome: int | BaseException) -> pb.SubmitResult:
+    """One submission's result in a SubmitEach: its task id, or what its Submit would have
+    failed with."""
+    if isinstance(outcome, int):
+        return pb.SubmitResult(task_id=outcome)
+    return pb.SubmitResult(refused=report_result(outcome))
 
 
 def submit_many_specs(

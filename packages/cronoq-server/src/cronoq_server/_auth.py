@@ -60,6 +60,7 @@ def _methods() -> dict[str, str | None]:
     scheduler = {
         "Submit": "submit",
         "SubmitMany": "submit",
+        "SubmitEach": "submit",
         "Get": "read",
         "GetByKey": "read",
         "GetTaskData": "read",

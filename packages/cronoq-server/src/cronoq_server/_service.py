@@ -194,10 +194,43 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         sched = self._leader()
         # The client's trace context goes with the task (and counts in its attempt's size).
         trace = TraceContext.from_metadata(context.invocation_metadata())
+        return pb.SubmitResponse(task_id=await self._submit(sched, request, trace))
+
+    @_unary
+    async def SubmitEach(
+        self, request: pb.SubmitEachRequest, context: Any
+    ) -> pb.SubmitEachResponse:
+        submissions = wire.submit_each_requests(request)
+        sched = self._leader()
+        trace = TraceContext.from_metadata(context.invocation_metadata())
+        # Each submission is a Scheduler call of its own, all queued before the driver's next
+        # step runs: those accepted are applied in one step and committed together.
+        outcomes = await asyncio.gather(
+            *(self._authorized_submit(sched, s, trace) for s in submissions),
+            return_exceptions=True,
+        )
+        # Every failure is that submission's own answer, not the call's: once one was applied
+        # the call cannot fail as a whole without the client repeating it (a scheduler that
+        # stops within the step may still refuse the next with STOPPING).
+        for failure in outcomes:
+            if isinstance(failure, BaseException) and not isinstance(failure, CronoqError):
+                log.error("internal error in a submission", exc_info=failure)
+        return pb.SubmitEachResponse(results=map(wire.submit_result, outcomes))
+
+    async def _authorized_submit(
+        self, sched: Scheduler, request: pb.SubmitRequest, trace: TraceContext | None
+    ) -> int:
+        authorize_pool("submit", *wire.pool_and_kind(request.task))
+        return await self._submit(sched, request, trace)
+
+    async def _submit(
+        self, sched: Scheduler, request: pb.SubmitRequest, trace: TraceContext | None
+    ) -> int:
+        """A Submit's task, decoded, checked and submitted: its id."""
         task = wire.task_spec_from_pb(request.task, sched, time.time_ns(), trace)
         wire.check_attempts_fit(request, [task.spec], self._max_message_bytes)
         [task_id] = await sched.submit_specs([task])
-        return pb.SubmitResponse(task_id=task_id)
+        return task_id
 
     @_unary
     async def SubmitMany(

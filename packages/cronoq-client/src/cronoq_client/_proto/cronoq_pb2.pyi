@@ -936,6 +936,82 @@ class SubmitManyResponse(_message.Message):
 Global___SubmitManyResponse: _TypeAlias = SubmitManyResponse  # noqa: Y015
 
 @_typing.final
+class SubmitEachRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBMISSIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def submissions(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubmitRequest]: ...
+    def __init__(
+        self,
+        *,
+        submissions: _abc.Iterable[Global___SubmitRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["submissions", b"submissions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitEachRequest: _TypeAlias = SubmitEachRequest  # noqa: Y015
+
+@_typing.final
+class SubmitEachResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubmitResult]:
+        """One per submission, in the order of the request."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___SubmitResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitEachResponse: _TypeAlias = SubmitEachResponse  # noqa: Y015
+
+@_typing.final
+class SubmitResult(_message.Message):
+    """What became of one submission of a SubmitEach: exactly one of the two is set."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.int
+    """Accepted: what a Submit would have answered."""
+    @_builtins.property
+    def refused(self) -> Global___ReportResult:
+        """Not accepted: the reason (never empty), message and metadata of the ErrorInfo a Submit
+        of it would have failed with, whatever it says (a refusal for good, or STOPPING,
+        NOT_APPLIED, NOT_DURABLE: nothing applied, or maybe applied), so that the client judges
+        it as it would judge that Submit's failure.
+        """
+
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.int = ...,
+        refused: Global___ReportResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["refused", b"refused", "result", b"result", "task_id", b"task_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refused", b"refused", "result", b"result", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_result: _TypeAlias = _typing.Literal["task_id", "refused"]  # noqa: Y015
+    _WhichOneofArgType_result: _TypeAlias = _typing.Literal["result", b"result"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_result) -> _WhichOneofReturnType_result | None: ...
+
+Global___SubmitResult: _TypeAlias = SubmitResult  # noqa: Y015
+
+@_typing.final
 class GetRequest(_message.Message):
     """Get, GetByKey and Wait send a task's payload and output only when asked (they can be
     large), and then only if the reply fits in the server's message limit with them; a value

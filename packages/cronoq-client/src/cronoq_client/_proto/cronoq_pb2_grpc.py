@@ -45,6 +45,11 @@ class SchedulerServiceStub:
                 request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.SubmitManyRequest.SerializeToString,
                 response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.SubmitManyResponse.FromString,
                 _registered_method=True)
+        self.SubmitEach = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/SubmitEach',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.SubmitEachRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.SubmitEachResponse.FromString,
+                _registered_method=True)
         self.Get = channel.unary_unary(
                 '/cronoq.v1.SchedulerService/Get',
                 request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetRequest.SerializeToString,
@@ -150,6 +155,21 @@ class SchedulerServiceServicer:
 
     def SubmitMany(self, request, context):
         """Submit several tasks in one step: all are accepted, or none is.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitEach(self, request, context):
+        """Several submissions in one call, each judged as Submit judges it (its own authorization
+        too) and each answered alone, in the order of the request: its task id, or what its Submit
+        would have failed with. Those the server accepts are applied in one step and committed
+        together. The call fails as a whole only when the server cannot take any of them (standby,
+        a bad request): then as Submit would. At most 1,000 submissions naming 5,000 dependencies
+        and tags in all per call (INVALID_ARGUMENT past it). A client sends the submissions that
+        arrive while its previous call is in flight in one SubmitEach. The call's trace context
+        (metadata) goes with every task, as SubmitMany's does. A server of an older release
+        answers UNIMPLEMENTED: a client then sends Submit calls.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -299,6 +319,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.SubmitManyRequest.FromString,
                     response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.SubmitManyResponse.SerializeToString,
             ),
+            'SubmitEach': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitEach,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.SubmitEachRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.SubmitEachResponse.SerializeToString,
+            ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
                     request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetRequest.FromString,
@@ -445,6 +470,33 @@ class SchedulerService:
             '/cronoq.v1.SchedulerService/SubmitMany',
             cronoq__client_dot___proto_dot_cronoq__pb2.SubmitManyRequest.SerializeToString,
             cronoq__client_dot___proto_dot_cronoq__pb2.SubmitManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitEach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/SubmitEach',
+            cronoq__client_dot___proto_dot_cronoq__pb2.SubmitEachRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.SubmitEachResponse.FromString,
             options,
             channel_credentials,
             insecure,

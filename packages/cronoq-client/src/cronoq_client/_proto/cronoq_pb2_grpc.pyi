@@ -59,6 +59,17 @@ class SchedulerServiceStub:
     """Submit one task; returns its id (the existing task's id if its key is held)."""
     SubmitMany: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.SubmitManyRequest, _cronoq_pb2.SubmitManyResponse]
     """Submit several tasks in one step: all are accepted, or none is."""
+    SubmitEach: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.SubmitEachRequest, _cronoq_pb2.SubmitEachResponse]
+    """Several submissions in one call, each judged as Submit judges it (its own authorization
+    too) and each answered alone, in the order of the request: its task id, or what its Submit
+    would have failed with. Those the server accepts are applied in one step and committed
+    together. The call fails as a whole only when the server cannot take any of them (standby,
+    a bad request): then as Submit would. At most 1,000 submissions naming 5,000 dependencies
+    and tags in all per call (INVALID_ARGUMENT past it). A client sends the submissions that
+    arrive while its previous call is in flight in one SubmitEach. The call's trace context
+    (metadata) goes with every task, as SubmitMany's does. A server of an older release
+    answers UNIMPLEMENTED: a client then sends Submit calls.
+    """
     Get: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.GetRequest, _cronoq_pb2.TaskInfo]
     """The task with this id; NOT_FOUND (TASK_NOT_FOUND) if unknown or pruned."""
     GetByKey: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.GetByKeyRequest, _cronoq_pb2.GetByKeyResponse]
@@ -115,6 +126,17 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Submit one task; returns its id (the existing task's id if its key is held)."""
     SubmitMany: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.SubmitManyRequest, _cronoq_pb2.SubmitManyResponse]  # type: ignore[assignment]
     """Submit several tasks in one step: all are accepted, or none is."""
+    SubmitEach: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.SubmitEachRequest, _cronoq_pb2.SubmitEachResponse]  # type: ignore[assignment]
+    """Several submissions in one call, each judged as Submit judges it (its own authorization
+    too) and each answered alone, in the order of the request: its task id, or what its Submit
+    would have failed with. Those the server accepts are applied in one step and committed
+    together. The call fails as a whole only when the server cannot take any of them (standby,
+    a bad request): then as Submit would. At most 1,000 submissions naming 5,000 dependencies
+    and tags in all per call (INVALID_ARGUMENT past it). A client sends the submissions that
+    arrive while its previous call is in flight in one SubmitEach. The call's trace context
+    (metadata) goes with every task, as SubmitMany's does. A server of an older release
+    answers UNIMPLEMENTED: a client then sends Submit calls.
+    """
     Get: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.GetRequest, _cronoq_pb2.TaskInfo]  # type: ignore[assignment]
     """The task with this id; NOT_FOUND (TASK_NOT_FOUND) if unknown or pruned."""
     GetByKey: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.GetByKeyRequest, _cronoq_pb2.GetByKeyResponse]  # type: ignore[assignment]
@@ -180,6 +202,23 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_cronoq_pb2.SubmitManyResponse, _abc.Awaitable[_cronoq_pb2.SubmitManyResponse]]:
         """Submit several tasks in one step: all are accepted, or none is."""
+
+    @_abc_1.abstractmethod
+    def SubmitEach(
+        self,
+        request: _cronoq_pb2.SubmitEachRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.SubmitEachResponse, _abc.Awaitable[_cronoq_pb2.SubmitEachResponse]]:
+        """Several submissions in one call, each judged as Submit judges it (its own authorization
+        too) and each answered alone, in the order of the request: its task id, or what its Submit
+        would have failed with. Those the server accepts are applied in one step and committed
+        together. The call fails as a whole only when the server cannot take any of them (standby,
+        a bad request): then as Submit would. At most 1,000 submissions naming 5,000 dependencies
+        and tags in all per call (INVALID_ARGUMENT past it). A client sends the submissions that
+        arrive while its previous call is in flight in one SubmitEach. The call's trace context
+        (metadata) goes with every task, as SubmitMany's does. A server of an older release
+        answers UNIMPLEMENTED: a client then sends Submit calls.
+        """
 
     @_abc_1.abstractmethod
     def Get(
