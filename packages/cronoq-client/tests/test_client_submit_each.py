@@ -295,6 +295,43 @@ async def test_the_fallback_answers_each_as_submit_would(scripted: Start) -> Non
         assert type(outcome) is SchedulerError and outcome.applied is None
 
 
+async def test_an_answer_too_large_to_receive_is_never_sent_again(scripted: Start) -> None:
+    """The answer of a SubmitEach over the client's size limit: the server handled the
+    submissions (here one landed), so none is sent again; a keyless one's outcome is unknown."""
+    servicer, target = await scripted(PARK, None)
+    refusal = pb.ReportResult(reason=Reason.STOPPING, message="x" * 5000)
+    servicer.each = [pb.SubmitResult(task_id=3), pb.SubmitResult(refused=refusal)]
+    async with AsyncClient(target, timeout=5.0, max_message_bytes=4096) as client:
+        first, *batch = await _queued(*(client.submit("k") for _ in range(3)))
+        await servicer.parked.wait()
+        servicer.released.set()
+        outcomes = await asyncio.gather(first, *batch, return_exceptions=True)
+    assert outcomes[0] == 7
+    for outcome in outcomes[1:]:
+        assert type(outcome) is SchedulerError and outcome.applied is None, outcome
+        assert "too large" in str(outcome)
+    assert [type(r).__name__ for r in servicer.requests] == ["SubmitRequest", "SubmitEachRequest"]
+
+
+async def test_a_submission_queued_on_a_retired_connection_goes_on_the_current_one(
+    scripted: Start,
+) -> None:
+    """Another call retired the connection a queued submission was bound to (a failover): the
+    closing channel refuses it unsent, and it is sent on the current connection, not failed
+    as if the client were closed."""
+    servicer, target = await scripted(PARK, None)
+    async with AsyncClient(target, timeout=5.0) as client:
+        first, queued = await _queued(client.submit("k", key="first"), client.submit("k"))
+        await servicer.parked.wait()
+        client._channels.replace(client._channels.current())  # white box: as a failed call does
+        await asyncio.sleep(0)  # the old channel starts closing, its call still in flight
+        servicer.released.set()
+        assert await first == 7
+        assert await queued == 7
+    assert len(servicer.requests) == 2
+    assert servicer.peers[0] != servicer.peers[1]  # a new connection
+
+
 def test_the_codes_of_rebuilt_answers() -> None:
     from cronoq_client._status import rpc_error_of
 

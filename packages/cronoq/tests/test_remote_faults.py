@@ -147,16 +147,16 @@ async def test_cancel_while_disconnected_keeps_the_slot_on_reattach() -> None:
         assert isinstance(event, CancelRequested) and event.token == first.token
 
 
-@pytest.mark.parametrize("lost", ["queued", "taken"])
+@pytest.mark.parametrize("lost", ["queued", "taken", "queued, re-attached first"])
 async def test_a_cancel_undelivered_when_the_stream_broke_still_reaches_the_worker(
     lost: str,
 ) -> None:
     """Issue 19 audit gap 2: a CancelRequested still queued in the link when the worker's
     Attach stream broke ("queued": the server's Attach closes the link with it), or taken
     from the link but never sent ("taken": carried to the next message), reaches the worker
-    on its new link as soon as it re-attaches naming the attempt, and again in its next
-    heartbeat's reply. The attempt ends cancelled, though retries were left, and
-    its task never runs again."""
+    on its new link as soon as it re-attaches naming the attempt (or at once, if it did so
+    before the old link closed), and again in its next heartbeat's reply. The attempt ends
+    cancelled, though retries were left, and its task never runs again."""
     async with _serving(Scheduler([RemotePool("remote")], store=MemoryStore())) as sched:
         link = sched.attach(["remote"], slots=1)
         t1 = await sched.submit("a", pool="remote", retry=FAST)
@@ -168,9 +168,14 @@ async def test_a_cancel_undelivered_when_the_stream_broke_still_reaches_the_work
             taken = await link.next()
             assert isinstance(taken, CancelRequested)
             link.unsent(taken)  # as the server's Attach does with an event it never wrote
-        link.close()  # the stream broke; the worker goes on running the attempt
         await sched.submit("b", pool="remote")
-        back = sched.attach(["remote"], slots=1, running=[(first.token, first.lease_id)])
+        if lost == "queued, re-attached first":
+            # The worker's new stream came before the old one's handler closed its link.
+            back = sched.attach(["remote"], slots=1, running=[(first.token, first.lease_id)])
+            link.close()
+        else:
+            link.close()  # the stream broke; the worker goes on running the attempt
+            back = sched.attach(["remote"], slots=1, running=[(first.token, first.lease_id)])
         await sched.list()  # a step: it would lease "b" if a slot were offered
         told = []
         while back.queued:  # nothing but the cancellation of what it runs

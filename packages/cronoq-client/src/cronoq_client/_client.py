@@ -198,8 +198,14 @@ class AsyncClient:
                 if not idempotent:
                     raise SchedulerError(CLOSED_UNDER_CALL, applied=None) from None
                 unknown = True
-            except aio.UsageError as err:  # the channel was closed under the call
-                raise SchedulerStopped("the client is closed", applied=False) from err
+            except aio.UsageError as err:
+                # A closing channel refused the call: it never left. Unless the client is
+                # closed, that channel was one another call retired while this one waited
+                # its turn (a submit queued behind a call in flight): on the current one.
+                if self._channels.closed or self._channels.current() is connection:
+                    applied = None if unknown else False
+                    raise SchedulerStopped("the client is closed", applied=applied) from err
+                continue
             self._channels.replace(connection)
             pause = self._backoff.delay(attempt)
             attempt += 1

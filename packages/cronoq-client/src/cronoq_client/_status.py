@@ -82,6 +82,7 @@ __all__ = [
     "outcome",
     "refused_for_good",
     "report_result",
+    "request_too_large",
     "rich_status",
     "rpc_error_of",
     "status_for",
@@ -324,6 +325,15 @@ def outcome(err: grpc.RpcError) -> Outcome:
 def too_large(err: grpc.RpcError) -> bool:
     """The call was refused because its message is over the receiver's size limit."""
     return _too_large(_code(err), _details(err))
+
+
+def request_too_large(err: grpc.RpcError) -> bool:
+    """The request was over a size limit, so no handler ran: refused by the server on receipt,
+    or by this client before it sent it. (Over the limit on the way back, the handler ran.)"""
+    details = _details(err)
+    return too_large(err) and (
+        "SERVER: Received message" in details or "CLIENT: Sent message" in details
+    )
 
 
 def _too_large(code: grpc.StatusCode, details: str) -> bool:

@@ -25,13 +25,17 @@ from grpc import aio
 from cronoq_client._channel import closed_under_call
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
-from cronoq_client._status import Reason, rpc_error_of, too_large
+from cronoq_client._status import Reason, request_too_large, rpc_error_of, too_large
 from cronoq_client._wire import MAX_SUBMIT_EACH, MAX_SUBMIT_MANY_REFERENCES
 
 __all__ = ["Submits"]
 
 _FRAMING_BYTES = 16
 """Beyond a submission's own size: its tag and length in the request, and the call's framing."""
+_RESULT_BYTES = 2048
+"""The most one submission's result takes in the answer: a refusal's message is cut to
+``_status.MAX_MESSAGE_BYTES`` (1,024), with its reason and metadata. A call carries no more
+submissions than this client can receive the results of."""
 
 
 @dataclass(slots=True)
@@ -51,6 +55,7 @@ class Submits:
 
     def __init__(self, max_message_bytes: int) -> None:
         self._max_bytes = max_message_bytes
+        self._max_results = max(1, min(MAX_SUBMIT_EACH, max_message_bytes // _RESULT_BYTES))
         self._pending: deque[_Pending] = deque()
         self._busy = False
         """A submission call (a lone Submit, or the sender's) is in flight."""
@@ -123,7 +128,7 @@ class Submits:
         batch: list[_Pending] = []
         others: list[_Pending] = []
         size = after = tags = 0
-        while self._pending and len(batch) < MAX_SUBMIT_EACH:
+        while self._pending and len(batch) < self._max_results:
             pending = self._pending.popleft()
             if pending.answer.done():  # its caller gave up before it left
                 continue
@@ -199,11 +204,17 @@ class Submits:
                 # on, on this connection.
                 self._unary_only.add(stub)
                 return None
-            if too_large(err):
+            if request_too_large(err):
                 # The server's limit is below this client's: refused whole, it says nothing of
                 # any one submission (alone, at worst, the refusal is the submission's).
                 self._max_bytes = max(request.ByteSize() // 2, 1)
                 return None
+            if too_large(err):
+                # The answer was over a limit on its way back: the submissions were handled,
+                # and any may have been applied. Never sent again blindly.
+                self._max_results = max(len(batch) // 2, 1)
+                unknown = _unknown(f"the answer was too large to receive: {err.details()}")
+                return [unknown] * len(batch)
             return [err] * len(batch)
         except asyncio.CancelledError:
             if not closed_under_call():

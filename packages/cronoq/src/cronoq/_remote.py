@@ -476,9 +476,15 @@ class RemoteExecutor:
 
     def undelivered(self, cancel: CancelRequested) -> None:
         """A cancellation that never left a closed link: its worker may still run the attempt
-        and re-attach naming it, and hears it then (as one issued while it was away)."""
-        if cancel.token in self._leased:
+        and re-attach naming it, and hears it then (as one issued while it was away), or at
+        once if it re-attached already."""
+        link = self._leased.get(cancel.token)
+        if link is None:
+            return
+        if link.closed:
             self._cancels[cancel.token] = cancel.reason
+        else:
+            link._put(cancel)
 
     def _resend_cancel(self, token: AttemptToken, link: WorkerLink) -> None:
         """A cancellation its worker's old link never delivered goes on its new one."""
