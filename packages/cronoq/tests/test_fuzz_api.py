@@ -23,6 +23,11 @@ What each entry point raises (as docs/api.md says):
 - ``InvalidArgument``, or ``ScheduleNotFound``: ``pause_schedule``, ``resume_schedule``,
   ``remove_schedule``.
 - ``PayloadError``: ``JsonCodec().encode`` and ``decode``.
+- ``InvalidArgument``, or ``UnknownPool`` for a pool never configured: ``attach``;
+  ``InvalidArgument``, or ``StaleAttempt`` for a well-formed token of an attempt never leased:
+  ``heartbeat``, ``report_success``, ``report_failure``; ``InvalidArgument``:
+  ``remote_attempt_pool`` and ``WorkerLink.unsent`` (the remote pools' entry points, which a
+  server calls for its workers).
 
 One running Scheduler (MemoryStore, JsonCodec) serves every example of a test function, on an
 event loop the test owns, so examples cost a few round trips each. The number of examples per
@@ -51,11 +56,14 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from cronoq import (
+    AttemptToken,
+    CancelRequested,
     CronoqError,
     InvalidArgument,
     JsonCodec,
     MemoryStore,
     Pool,
+    RemotePool,
     RetryPolicy,
     Scheduler,
     Status,
@@ -65,7 +73,13 @@ from cronoq import (
     preview,
 )
 from cronoq._memory import MemoryCluster
-from cronoq.errors import PayloadError, ScheduleNotFound, TaskNotFound
+from cronoq.errors import (
+    PayloadError,
+    ScheduleNotFound,
+    StaleAttempt,
+    TaskNotFound,
+    UnknownPool,
+)
 
 # --- profiles ------------------------------------------------------------------------------
 
@@ -128,7 +142,7 @@ class Harness:
         self.runner = asyncio.Runner()
         self.store = MemoryStore()
         self.sched = Scheduler(
-            [Pool("default", echo), Pool("other", echo)],
+            [Pool("default", echo), Pool("other", echo), RemotePool("remote")],
             store=self.store,
             codec=JsonCodec(),
             max_payload_bytes=4096,
@@ -825,6 +839,135 @@ def test_fuzz_close_timeout(harness: Harness) -> None:
         harness.refuses("close(timeout=)", lambda: harness.sched.close(timeout=timeout))
 
     check()
+
+
+def test_fuzz_remote_pools(harness: Harness) -> None:
+    """The calls a server makes for its remote workers: attach, heartbeat, the reports, the
+    pool of an attempt, and a link's ``unsent``."""
+    sched = harness.sched
+    good_token = AttemptToken(1, harness.live_task, 1)  # well formed, never leased
+    good_lease = bytes(16)
+    bad_tokens = st.one_of(
+        wrong_types(none=True),
+        st.builds(AttemptToken, bad_int(1, 2**63 - 1), st.just(harness.live_task), st.just(1)),
+        st.builds(AttemptToken, st.just(1), bad_ids(), st.just(1)),
+        st.builds(AttemptToken, st.just(1), st.just(harness.live_task), bad_int(1, 2**31 - 1)),
+    )
+    bad_leases = st.one_of(
+        wrong_types(none=True),
+        st.binary(max_size=15),
+        st.binary(min_size=17, max_size=64),
+        st.text(min_size=16, max_size=16),
+    )
+    tokens = st.one_of(bad_tokens, st.just(good_token))
+    leases = st.one_of(bad_leases, st.just(good_lease))
+
+    def expected(token: object, lease: object) -> tuple[type[CronoqError], ...]:
+        if token is good_token and lease is good_lease:
+            return (StaleAttempt,)  # good input, an attempt nobody leased: changes nothing
+        return (InvalidArgument,)
+
+    @FUZZ
+    @given(
+        pools=st.one_of(
+            st.just(["remote"]),
+            st.just([]),
+            st.just(["default"]),  # runs in this process
+            endless(),
+            st.lists(bad_text(255), min_size=1, max_size=2),
+            wrong_types(none=True, strings=False),
+        ),
+        slots=st.one_of(st.just(1), bad_int(1, 100_000)),
+        running=st.one_of(
+            st.just(()),
+            endless(),
+            wrong_types(none=True, strings=False),
+            st.lists(st.tuples(bad_tokens, st.just(good_lease)), min_size=1, max_size=2),
+            st.lists(st.tuples(st.just(good_token), bad_leases), min_size=1, max_size=2),
+        ),
+    )
+    def check_attach(pools: Any, slots: Any, running: Any) -> None:
+        if pools == ["remote"] and slots == 1 and running == ():
+            return  # every argument good
+        harness.refuses("attach", lambda: sched.attach(pools, slots, running=running))
+
+    @FUZZ
+    @given(pool=st.text(min_size=1, max_size=8).filter(lambda p: p.isalnum()))
+    def check_attach_unknown_pool(pool: str) -> None:
+        if pool in {"default", "other", "remote"}:
+            return
+        harness.refuses("attach", lambda: sched.attach([pool], 1), (UnknownPool,))
+
+    @FUZZ
+    @given(token=tokens, lease=leases)
+    def check_heartbeat(token: Any, lease: Any) -> None:
+        harness.refuses(
+            "heartbeat", lambda: sched.heartbeat(token, lease_id=lease), expected(token, lease)
+        )
+
+    @FUZZ
+    @given(
+        token=tokens,
+        lease=leases,
+        output=st.one_of(
+            st.none(),
+            st.binary(max_size=8),
+            st.binary(min_size=4097, max_size=4200),  # over the harness's payload limit
+            wrong_types(none=False),
+        ),
+    )
+    def check_report_success(token: Any, lease: Any, output: Any) -> None:
+        good_output = output is None or (isinstance(output, bytes) and len(output) <= 4096)
+        want = expected(token, lease) if good_output else (InvalidArgument,)
+        harness.refuses(
+            "report_success", lambda: sched.report_success(token, output, lease_id=lease), want
+        )
+
+    @FUZZ
+    @given(
+        token=tokens,
+        lease=leases,
+        message=st.one_of(st.just("failed"), bad_text(65_536)),
+        retryable=st.one_of(st.just(True), wrong_types(none=True, numbers=False)),
+        retry_after=st.one_of(st.none(), bad_duration(optional=True)),
+    )
+    def check_report_failure(
+        token: Any, lease: Any, message: Any, retryable: Any, retry_after: Any
+    ) -> None:
+        good = message == "failed" and retryable is True and retry_after is None
+        want = expected(token, lease) if good else (InvalidArgument,)
+        harness.refuses(
+            "report_failure",
+            lambda: sched.report_failure(
+                token, message, lease_id=lease, retryable=retryable, retry_after=retry_after
+            ),
+            want,
+        )
+
+    @FUZZ
+    @given(token=bad_tokens, lease=leases)
+    def check_remote_attempt_pool(token: Any, lease: Any) -> None:
+        harness.refuses(
+            "remote_attempt_pool", lambda: sched.remote_attempt_pool(token, lease_id=lease)
+        )
+
+    link = sched.attach(["remote"], 1)
+
+    @FUZZ
+    @given(event=wrong_types(none=True))
+    def check_unsent(event: Any) -> None:
+        harness.refuses("WorkerLink.unsent", lambda: link.unsent(event))
+
+    check_attach()
+    check_attach_unknown_pool()
+    check_heartbeat()
+    check_report_success()
+    check_report_failure()
+    check_remote_attempt_pool()
+    check_unsent()
+    link.close()
+    # A cancellation or attempt never leased to this link changes nothing either.
+    link.unsent(CancelRequested(good_token, "never sent"))
 
 
 def test_fuzz_retry_policy(harness: Harness) -> None:

@@ -33,7 +33,7 @@ from cronoq import _validate as check
 from cronoq._engine import AttemptToken, Dispatch
 from cronoq._executors import Reporter
 from cronoq._model import NS_PER_S, TraceContext
-from cronoq.errors import SchedulerStopped, WorkerDetached
+from cronoq.errors import InvalidArgument, SchedulerStopped, WorkerDetached
 
 __all__ = [
     "CancelRequested",
@@ -238,8 +238,12 @@ class WorkerLink:
         for the worker to re-attach naming its attempt."""
         if isinstance(event, LeasedAttempt):
             self._hub.unsent(self, event.token)
-        else:
+        elif isinstance(event, CancelRequested):
             self._hub.undelivered(event)
+        else:
+            raise InvalidArgument(
+                f"unsent takes a LeasedAttempt or CancelRequested, got {type(event).__name__}"
+            )
 
     def close(self) -> None:
         if self._closed:
