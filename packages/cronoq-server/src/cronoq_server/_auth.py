@@ -370,6 +370,7 @@ class Guard:
 
 
 _Behaviour = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]
+_Handler = grpc.RpcMethodHandler[Any, Any]
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
@@ -377,7 +378,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, guard: Guard) -> None:
         self._guard = guard
-        self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+        self._wrapped: dict[str, tuple[_Handler, _Handler]] = {}
 
     async def intercept_service(
         self,
@@ -391,10 +392,14 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or rule is _OPEN:
             return handler
-        # The handler objects of a service are fixed once it is added: wrap each once.
-        wrapped = self._wrapped.get(method)
-        if wrapped is None:
-            wrapped = self._wrapped[method] = _wrap(handler, self._guard, rule, method)
+        # One interceptor serves every server object a replica builds (the standby's, then
+        # the leader's): a wrapper is reused only for the very handler it wraps, else the
+        # leader would answer with the standby's service (which refuses every call).
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = _wrap(handler, self._guard, rule, method)
+        self._wrapped[method] = (handler, wrapped)
         return wrapped
 
 
