@@ -1,19 +1,37 @@
 """The client's connection: one gRPC channel at a time, replaced by a new one to the next target
-when a call must be retried, so that a balancer (or the list of replicas) picks again."""
+when a call must be retried, so that a balancer (or the list of replicas) picks again.
+
+A connection can also stall: its replica frozen (SIGSTOP, a paused VM) or cut off by a partition
+that sends no reset. TCP then stays open, the kernel of a frozen host even accepts new
+connections, and a call waits for its whole deadline, the calls queued behind it with it.
+Keepalive notices too late (a server permits a ping every few seconds at best). So each
+connection that carries calls is watched (``Channels.watched``): when none of its calls got an
+answer for half the stall timeout, a health check goes on it, and if that is not answered
+within the other half, the connection is abandoned: closed at once, so that its calls end
+(``closed_under_call``) and are judged as cut mid-call, and replaced, so that the next call and
+every call that never left go to a new connection. A connection that never answered anything
+and never finished its handshake carried nothing: its calls end as never sent (``Connection.
+carried_nothing``), so that a retry is safe even without a key.
+"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
 
+import grpc
 from grpc import aio
 
 from cronoq.errors import InvalidArgument
 from cronoq_client._credentials import Credentials
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 
-__all__ = ["Channels", "Connection", "closed_under_call", "message_limit"]
+__all__ = ["Channels", "Connection", "closed_under_call", "message_limit", "stall_timeout_of"]
+
+_R = TypeVar("_R")
 
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 """gRPC's limit: message lengths are signed 32-bit."""
@@ -42,11 +60,46 @@ def closed_under_call() -> bool:
     return task is not None and task.cancelling() == 0
 
 
+def stall_timeout_of(value: object) -> float | None:
+    """``stall_timeout`` of a client, checked: positive seconds, or None (never abandon)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+        raise InvalidArgument(
+            f"stall_timeout must be a positive number of seconds or None, got {value!r}"
+        )
+    return float(value)
+
+
+@dataclass(slots=True)
+class _Liveness:
+    """What a connection's watchdog knows of it (mutable, unlike the connection)."""
+
+    began: dict[int, float] = field(default_factory=dict)
+    """Loop time at which each watched call in flight began, by a serial number."""
+    answered_at: float | None = None
+    """Loop time of the last answer the server sent on it (None: never)."""
+    abandoned: bool = False
+    carried_nothing: bool = False
+    watchdog: asyncio.Task[None] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Connection:
     channel: aio.Channel
     stub: pb_grpc.SchedulerServiceAsyncStub
     generation: int
+    liveness: _Liveness = field(default_factory=_Liveness)
+
+    @property
+    def abandoned(self) -> bool:
+        """The watchdog closed it: its replica answered nothing, not even a health check."""
+        return self.liveness.abandoned
+
+    @property
+    def carried_nothing(self) -> bool:
+        """Abandoned before it ever reached a server: no call on it was sent."""
+        return self.liveness.carried_nothing
 
 
 def targets_of(target: str | Sequence[str]) -> tuple[str, ...]:
@@ -60,6 +113,19 @@ def targets_of(target: str | Sequence[str]) -> tuple[str, ...]:
 
 KEEPALIVE_MS = 10_000
 KEEPALIVE_TIMEOUT_MS = 5_000
+_HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+_HEALTH_ANY_SERVICE = b""
+"""An empty HealthCheckRequest: the server as a whole (any answer, even NOT_SERVING, will do)."""
+_NO_ANSWER = (
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+)
+"""A probe's failures that are not an answer of a server."""
+
+
+def _identity(data: bytes) -> bytes:
+    return data
 
 
 class Channels:
@@ -71,8 +137,11 @@ class Channels:
         credentials: Credentials,
         max_message_bytes: int,
         retire_grace: float,
+        stall_timeout: float | None = None,
     ) -> None:
         self._targets = targets
+        self._stall_timeout = stall_timeout
+        self._serial = 0
         self._credentials = credentials
         self._options = [
             ("grpc.max_send_message_length", max_message_bytes),
@@ -116,6 +185,85 @@ class Channels:
             stub = pb_grpc.SchedulerServiceStub(channel)
             self._current = Connection(channel, stub, self._generation)
         return self._current
+
+    async def watched(self, connection: Connection, call: Awaitable[_R]) -> _R:
+        """Await ``call``, one made on ``connection``, under its watchdog (see the module's
+        text). An answer of the server (a result, or an error it sent) proves it alive."""
+        if self._stall_timeout is None:
+            return await call
+        live = connection.liveness
+        loop = asyncio.get_running_loop()
+        self._serial += 1
+        serial = self._serial
+        live.began[serial] = loop.time()
+        if live.watchdog is None and not live.abandoned:
+            live.watchdog = loop.create_task(
+                self._watch(connection, self._stall_timeout), name="cronoq-client-watchdog"
+            )
+        try:
+            result = await call
+        except aio.AioRpcError as err:
+            if err.code() not in _NO_ANSWER or err.trailing_metadata():
+                live.answered_at = loop.time()
+            raise
+        else:
+            live.answered_at = loop.time()
+            return result
+        finally:
+            del live.began[serial]
+
+    async def _watch(self, connection: Connection, stall_timeout: float) -> None:
+        """Abandon ``connection`` if it answers nothing for ``stall_timeout`` while it carries
+        watched calls; ends when it carries none."""
+        live = connection.liveness
+        loop = asyncio.get_running_loop()
+        half = stall_timeout / 2
+        try:
+            while live.began and not self._closed:
+                quiet_since = min(live.began.values())
+                if live.answered_at is not None:
+                    quiet_since = max(quiet_since, live.answered_at)
+                wait = quiet_since + half - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue
+                if await self._answers(connection.channel, half):
+                    live.answered_at = loop.time()
+                    continue
+                live.carried_nothing = live.answered_at is None and (
+                    connection.channel.get_state() is not grpc.ChannelConnectivity.READY
+                )
+                live.abandoned = True
+                await self._abandon(connection)
+                return
+        finally:
+            live.watchdog = None
+
+    @staticmethod
+    async def _answers(channel: aio.Channel, seconds: float) -> bool:
+        """Whether the server at the other end of ``channel`` answers a health check."""
+        check = channel.unary_unary(
+            _HEALTH_CHECK, request_serializer=_identity, response_deserializer=_identity
+        )
+        try:
+            await check(_HEALTH_ANY_SERVICE, timeout=seconds)
+        except aio.AioRpcError as err:
+            return err.code() not in _NO_ANSWER
+        except aio.UsageError:  # closed meanwhile: nothing left to watch
+            return True
+        return True
+
+    async def _abandon(self, connection: Connection) -> None:
+        """Close a stalled connection now (its calls end), and open a new one for what
+        comes next, unless another call did already."""
+        if self._current is not None and self._current.generation == connection.generation:
+            self._current = None
+        for task, channel in list(self._retired.items()):
+            if channel is connection.channel:
+                task.cancel()  # its grace would keep the calls waiting
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await connection.channel.close()
 
     def replace(self, failed: Connection) -> None:
         """Drop the channel a failed call used, unless another call already did.

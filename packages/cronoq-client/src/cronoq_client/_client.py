@@ -35,8 +35,10 @@ from cronoq_client import _wire as wire
 from cronoq_client._channel import (
     CLOSED_UNDER_CALL,
     Channels,
+    Connection,
     closed_under_call,
     message_limit,
+    stall_timeout_of,
     targets_of,
 )
 from cronoq_client._credentials import Tls, credentials
@@ -46,9 +48,12 @@ from cronoq_client._retry import Backoff, Verdict, judge, never_handled, never_s
 from cronoq_client._status import Outcome, error_from_rpc, outcome
 from cronoq_client._submits import Submits
 
-__all__ = ["WAIT_MARGIN", "AsyncClient"]
+__all__ = ["DEFAULT_STALL_TIMEOUT", "WAIT_MARGIN", "AsyncClient"]
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+DEFAULT_STALL_TIMEOUT = 2.0
+"""Seconds a connection may carry calls without any answer, a health check's included, before
+the client leaves it (see ``_channel``)."""
 WAIT_MARGIN = 5.0
 """Seconds a ``wait`` call's gRPC deadline runs past its wait, so that the server's
 WaitTimedOut (a definite answer) arrives before the transport's DEADLINE_EXCEEDED."""
@@ -89,6 +94,11 @@ class AsyncClient:
     (to the next target; behind a balancer, a new pick), so that a client does not stay on a
     frozen replica; calls in flight on the old one may still finish there.
 
+    ``stall_timeout``: a connection that carries calls and answers nothing, not even a health
+    check, for this many seconds (a frozen or cut-off replica) is left: its calls in flight end
+    as cut mid-call (retried if idempotent, else ``applied=None``), and those that never left go
+    on a new connection. None never leaves one before the call's own deadline.
+
     Concurrent ``submit`` calls share gRPC calls: one leaves at once when none is in flight,
     those that arrive meanwhile leave together in one SubmitEach when it returns, each with its
     own answer, exceptions, timeout and retries, as if it went alone (``docs/server.md``).
@@ -107,6 +117,7 @@ class AsyncClient:
         tls: grpc.ChannelCredentials | Tls | bool | None = None,
         token: str | None = None,
         timeout: float = 30.0,
+        stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         tracing: bool | TracerProvider = False,
     ) -> None:
@@ -117,7 +128,13 @@ class AsyncClient:
         self._codec: Codec = BytesCodec() if codec is None else codec
         self._timeout = float(timeout)
         self._backoff = Backoff()
-        self._channels = Channels(targets_of(target), secrets, max_message_bytes, timeout)
+        self._channels = Channels(
+            targets_of(target),
+            secrets,
+            max_message_bytes,
+            timeout,
+            stall_timeout=stall_timeout_of(stall_timeout),
+        )
         self._submits = Submits(max_message_bytes)
         self._tracing: Tracing | None = None
         if tracing is not False:  # cronoq.tracing (and OpenTelemetry) imported only if asked
@@ -172,7 +189,7 @@ class AsyncClient:
             remaining = None if deadline is None else max(0.0, deadline - loop.time())
             failed: aio.AioRpcError | None = None
             try:
-                return await send(connection.stub, remaining)
+                return await self._channels.watched(connection, send(connection.stub, remaining))
             except aio.AioRpcError as err:
                 if judge(err, idempotent=idempotent) is Verdict.RAISE:
                     if outcome(err) is Outcome.UNKNOWN:
@@ -193,10 +210,21 @@ class AsyncClient:
             except asyncio.CancelledError:
                 if not closed_under_call():
                     raise
-                # Another call's reconnect retired this channel: the request may have been
-                # applied, as for a connection broken mid-call.
+                if connection.carried_nothing:
+                    # Abandoned before it reached any server (a frozen replica's kernel took
+                    # the TCP connection): the request never left, retried at once.
+                    if deadline is not None and loop.time() >= deadline:
+                        raise SchedulerError(
+                            f"{_cut_off(connection)} (after {attempt + 1} tries in {budget:g} s)",
+                            applied=None if unknown else False,
+                        ) from None
+                    attempt += 1
+                    continue
+                # Another call's reconnect retired this channel, or it stalled and was
+                # abandoned: the request may have been applied, as for a connection broken
+                # mid-call.
                 if not idempotent:
-                    raise SchedulerError(CLOSED_UNDER_CALL, applied=None) from None
+                    raise SchedulerError(_cut_off(connection), applied=None) from None
                 unknown = True
             except aio.UsageError as err:
                 # A closing channel refused the call: it never left. Unless the client is
@@ -597,6 +625,18 @@ def _answer(error: CronoqError, unknown: bool) -> CronoqError:
     if unknown and isinstance(error, SchedulerError) and error.applied is False:
         error.applied = None
     return error
+
+
+def _cut_off(connection: Connection) -> str:
+    """Why a call's connection was closed under it."""
+    if connection.carried_nothing:
+        return "no server answered on the connection (a frozen replica?): the call never left"
+    if connection.abandoned:
+        return (
+            "the connection stalled: the server answered nothing, not even a health check, "
+            "so the client left it (a frozen or cut-off replica)"
+        )
+    return CLOSED_UNDER_CALL
 
 
 def _final(err: aio.AioRpcError | None, attempts: int, budget: float | None) -> CronoqError:

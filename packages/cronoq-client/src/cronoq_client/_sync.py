@@ -35,7 +35,7 @@ from cronoq import (
     WorkerInfo,
 )
 from cronoq.errors import SchedulerStopped
-from cronoq_client._client import DEFAULT_MAX_MESSAGE_BYTES, AsyncClient
+from cronoq_client._client import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STALL_TIMEOUT, AsyncClient
 from cronoq_client._credentials import Tls
 
 if TYPE_CHECKING:  # the otel extra's
@@ -78,6 +78,7 @@ class Client:
         tls: grpc.ChannelCredentials | Tls | bool | None = None,
         token: str | None = None,
         timeout: float = 30.0,
+        stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         tracing: bool | TracerProvider = False,
     ) -> None:
@@ -89,6 +90,7 @@ class Client:
             tls=tls,
             token=token,
             timeout=timeout,
+            stall_timeout=stall_timeout,
             max_message_bytes=max_message_bytes,
             # A call runs on the loop in a copy of its caller's context (run_coroutine_threadsafe
             # copies it), so a span current in the caller's thread is its submission's parent.
