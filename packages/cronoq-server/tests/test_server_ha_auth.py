@@ -1,0 +1,140 @@
+"""Leadership changes with authentication on, as the Helm chart deploys: calls a replica
+refused as a standby (with credentials or without) leave nothing behind once it leads.
+
+Before issue 29 one interceptor served the standby's server object and then the leader's, and
+kept the first handler it wrapped for each method: after a failover (or a start under retrying
+clients) the leader answered every method called during the standby window with the standby's
+refusal, for the life of the process."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import asyncpg
+import grpc
+import pytest
+from server_cluster import QUICK_RETRY, pg_store, sqlite_store
+from server_pg import PG_DSN, pg_schema
+from server_process import ServerProcess, config_toml, running_server, start_server
+from test_server_auth import REQUIRED, TOKENS, call, identities_toml
+
+from cronoq import Status, TaskContext
+from cronoq_client import AsyncClient, Worker
+from cronoq_client import protocol as wire
+from cronoq_store_postgres._schema import lock_key
+
+__all__ = ["pg_schema"]  # a fixture: requested by name
+
+POOLS = '[[pools]]\nname = "matrix"\nlease_s = 5.0\n[[pools]]\nname = "pool-a"\n'
+AUTH = "[auth]\nreload_interval_s = 600\n" + identities_toml(
+    {
+        "admin": {"permissions": ["admin"]},
+        "submitter": {"permissions": ["submit", "read"], "submit_pools": ["matrix"]},
+        "worker-a": {"permissions": ["work"], "work_pools": ["matrix"]},
+    },
+    TOKENS,
+)
+TIMEOUT_S = 20.0
+
+
+async def _refused_as_standby(target: str) -> None:
+    """Every method, with the admin's token and with none, on a replica that is a standby."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        for method in sorted(REQUIRED):
+            for token in (TOKENS["admin"], None):
+                err = await call(channel, method, token)
+                assert err is not None, method
+                if token is None:
+                    assert err.code() is grpc.StatusCode.UNAUTHENTICATED, (method, err)
+                else:
+                    assert wire.outcome(err) is wire.Outcome.NOT_APPLIED, (method, err)
+
+
+async def _served_as_leader(target: str) -> None:
+    """Every method past authorization and answered by the leader: no standby refusal."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        for method in sorted(REQUIRED):
+            err = await call(channel, method, TOKENS["admin"])
+            if err is not None:
+                assert err.code() is not grpc.StatusCode.UNAVAILABLE, (method, err.details())
+                assert "standby" not in (err.details() or ""), (method, err.details())
+
+
+async def _runs_a_task(target: str | list[str]) -> None:
+    """Submit, Attach, Heartbeat and Report through the public client and worker, with the
+    tokens of identities limited to the pool."""
+    ran = asyncio.Event()
+
+    async def work(ctx: TaskContext, payload: bytes) -> bytes:
+        ran.set()
+        return payload[::-1]
+
+    worker = Worker(target, {"matrix": work}, slots=1, token=TOKENS["worker-a"])
+    working = asyncio.ensure_future(worker.run())
+    try:
+        async with AsyncClient(target, token=TOKENS["submitter"], timeout=TIMEOUT_S) as client:
+            task_id = await client.submit("k", b"abc", pool="matrix", retry=QUICK_RETRY)
+            done = await client.wait(task_id, timeout=TIMEOUT_S)
+    finally:
+        worker.stop()
+        await asyncio.gather(working, return_exceptions=True)
+    assert (done.status, done.output) == (Status.SUCCEEDED, b"cba")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def section(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The ``[store]`` TOML of the test's own SQLite file or PostgreSQL schema."""
+    if request.param == "sqlite":
+        return sqlite_store(str(tmp_path / "ha.db"), lease_ttl=1.5)
+    return pg_store(request.getfixturevalue("pg_schema"))
+
+
+async def test_a_failover_serves_every_method_that_was_called_on_the_standby(
+    tmp_path: Path, section: str
+) -> None:
+    config = config_toml(section, pools=POOLS, tables=AUTH)
+    first = await start_server(tmp_path, config)
+    servers: list[ServerProcess] = [first]
+    try:
+        await first.leading()
+        second = await start_server(tmp_path, config)
+        servers.append(second)
+        await second.wait_for("standby")
+        await _refused_as_standby(second.target)
+        first.signal(signal.SIGKILL)
+        await second.leading()
+        await _served_as_leader(second.target)
+        await _runs_a_task([first.target, second.target])
+    finally:
+        await asyncio.gather(*(s.stop() for s in servers))
+
+
+async def test_a_server_started_under_retrying_clients_serves_them_once_it_leads(
+    tmp_path: Path, pg_schema: str
+) -> None:
+    """The window in which a starting server waits for leadership, held open by the test
+    holding the schema's leadership lock while clients retry their calls."""
+    holder = await asyncpg.connect(PG_DSN)
+    try:
+        assert await holder.fetchval(
+            "SELECT pg_try_advisory_lock($1)", lock_key("leader", pg_schema)
+        )
+        config = config_toml(pg_store(pg_schema), pools=POOLS, tables=AUTH)
+        async with running_server(tmp_path, config) as server:
+            await server.wait_for("standby")
+            await _refused_as_standby(server.target)
+            async with AsyncClient(
+                server.target, token=TOKENS["submitter"], timeout=TIMEOUT_S
+            ) as client:
+                # Refused as a standby at first (every method was, just above), retried.
+                retrying = asyncio.ensure_future(client.submit("k", b"x", pool="matrix"))
+                await holder.execute("SELECT pg_advisory_unlock_all()")
+                await server.leading()
+                task_id = await asyncio.wait_for(retrying, TIMEOUT_S)
+                assert (await client.get(task_id)).status is Status.READY
+            await _served_as_leader(server.target)
+            await _runs_a_task(server.target)
+    finally:
+        await holder.close()
