@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health
@@ -35,6 +35,7 @@ from cronoq.errors import PermissionDenied, Unauthenticated
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb
 from cronoq_server._config import AuthSettings, IdentitySettings
+from cronoq_server._grpc_metrics import WrappedHandlers
 
 __all__ = [
     "METHOD_PERMISSIONS",
@@ -370,7 +371,6 @@ class Guard:
 
 
 _Behaviour = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]
-_Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
@@ -378,7 +378,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, guard: Guard) -> None:
         self._guard = guard
-        self._wrapped: dict[str, tuple[_Handler, _Handler]] = {}
+        self._wrapped = WrappedHandlers()
 
     async def intercept_service(
         self,
@@ -392,15 +392,7 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None or rule is _OPEN:
             return handler
-        # One interceptor serves every server object a replica builds (the standby's, then
-        # the leader's): a wrapper is reused only for the very handler it wraps, else the
-        # leader would answer with the standby's service (which refuses every call).
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = _wrap(handler, self._guard, rule, method)
-        self._wrapped[method] = (handler, wrapped)
-        return wrapped
+        return self._wrapped.get(method, handler, lambda: _wrap(handler, self._guard, rule, method))
 
 
 def _wrap(

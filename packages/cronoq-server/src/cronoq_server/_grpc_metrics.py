@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from cronoq_client.protocol import pb
 
-__all__ = ["GrpcMetrics", "MetricsInterceptor", "code_of", "wrapped_calls"]
+__all__ = ["GrpcMetrics", "MetricsInterceptor", "WrappedHandlers", "code_of", "wrapped_calls"]
 
 UNKNOWN_METHOD = "unknown"
 _Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"  # generic for the type checker only
@@ -142,12 +142,27 @@ def wrapped_calls(handler: _Handler, around: _Around) -> _Handler:
     )
 
 
+class WrappedHandlers:
+    """An interceptor's wrapped form of each method's handler, made once per handler: gRPC
+    asks for the handler on every call and gets the same one back while the method's
+    registration stands. One interceptor serves every server object a replica builds (the
+    standby's, then the leader's), so a wrapper is reused only for the very handler it wraps:
+    the leader must never answer with the standby's service."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, tuple[_Handler, _Handler]] = {}  # one entry per method
+
+    def get(self, method: str, handler: _Handler, wrap: Callable[[], _Handler]) -> _Handler:
+        made = self._made.get(method)
+        if made is None or made[0] is not handler:
+            made = self._made[method] = handler, wrap()
+        return made[1]
+
+
 class MetricsInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, metrics: GrpcMetrics) -> None:
         self._metrics = metrics
-        # The observed form of each method's handler, made once: gRPC asks for the handler on
-        # every call, and gets the same one back while the method's registration stands.
-        self._observed: dict[str, tuple[_Handler, _Handler]] = {}
+        self._observed = WrappedHandlers()
 
     async def intercept_service(
         self,
@@ -160,12 +175,11 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             # gRPC answers UNIMPLEMENTED for a method without a handler.
             self._metrics.calls.labels(UNKNOWN_METHOD, "UNIMPLEMENTED").inc()
             return handler
-        made = self._observed.get(method)  # at most one entry per method of ``methods``
-        if made is None or made[0] is not handler:
-            wrapped = wrapped_calls(handler, lambda context: self._observed_call(method, context))
-            made = handler, wrapped
-            self._observed[method] = made
-        return made[1]
+        return self._observed.get(
+            method,
+            handler,
+            lambda: wrapped_calls(handler, lambda context: self._observed_call(method, context)),
+        )
 
     @contextlib.contextmanager
     def _observed_call(self, method: str, context: _Context) -> Iterator[None]:
