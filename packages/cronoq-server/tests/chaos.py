@@ -4,6 +4,14 @@ submitters with and without keys, and a fault on the leader every few seconds (S
 SIGTERM, SIGSTOP past the lease then SIGCONT, and on PostgreSQL ``pg_terminate_backend`` of the
 leader's sessions). What happened is gathered into :class:`chaos_checker.Records`.
 
+It runs in the configuration the Helm chart deploys (issue 29): TLS, a bearer token per
+identity (submitters as ``app``, workers as ``worker`` limited to their pool), and half the
+clients and workers listing every replica while the others go through the balancer. A replaced
+replica comes back on its predecessor's port, so that the lists stay true. A probe submitter
+sends a short keyed task every tenth of a second, so that the time from each fault to the first
+acknowledgement of a submission sent after it is measured finely (the checker's
+``unavailable``).
+
 Each worker process appends a JSON line to its own sink file when a task function starts and
 when it ends (the file survives the process), so executions are known from inside the
 function, not from what the server believes. ``python chaos.py worker TARGET SINK SLOTS
@@ -15,9 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import random
+import secrets
 import signal
 import sys
 import time
@@ -38,9 +48,10 @@ from chaos_checker import (
 from server_cluster import Balancer, log_time, pg_store, sqlite_store
 from server_pg import PG_DSN, pg_connect
 from server_process import ServerProcess, config_toml, start_server
+from tls_material import Authority
 
 from cronoq import RetryPolicy, SchedulerError, TaskContext, TaskError
-from cronoq_client import AsyncClient, Worker
+from cronoq_client import AsyncClient, Tls, Worker
 
 POOL = "default"
 RETRY = RetryPolicy(max_attempts=20, initial_ns=200_000_000, jitter=0.0)
@@ -71,6 +82,26 @@ class Profile:
     settle_s: float = 60.0
     """The longest wait for acknowledged tasks to finish once the faults stopped."""
     client_timeout_s: float = 10.0
+    stall_timeout_s: float = 1.0
+    """The clients' and workers' stall timeout: a frozen leader is left within it."""
+    probe_pause_s: float = 0.1
+    drain_timeout_s: float = 5.0
+    """The servers' drain on SIGTERM (``config_toml``'s): submissions wait it out."""
+    store_lease_s: float = 2.0
+    """How long a store keeps a vanished leader's leadership: the SQLite lease's ttl, the
+    PostgreSQL session timeout (``server_cluster.pg_store``)."""
+
+    @property
+    def availability_limits(self) -> dict[str, float]:
+        """The longest each fault kind may keep new submissions unacknowledged: the store's
+        lease and 2 s when the leader vanishes or freezes; the drain and 2 s for a SIGTERM."""
+        vanished = self.store_lease_s + 2.0
+        return {
+            "sigkill": vanished,
+            "sigstop": vanished,
+            "pg_terminate": vanished,
+            "sigterm": self.drain_timeout_s + 2.0,
+        }
 
 
 SHORT = Profile("short", duration_s=50.0, fault_every_s=(2.0, 4.0), settle_s=30.0)
@@ -109,9 +140,58 @@ def _task_function(sink: Path) -> Callable[[TaskContext, bytes], object]:
     return run
 
 
-async def _worker_main(target: str, sink: str, slots: int) -> None:
-    worker = Worker(target, {POOL: _task_function(Path(sink))}, slots=slots)
+async def _worker_main(targets: str, sink: str, slots: int) -> None:
+    # Token and CA from CRONOQ_TOKEN and CRONOQ_TLS_CA, as a deployed worker takes them.
+    worker = Worker(targets.split(","), {POOL: _task_function(Path(sink))}, slots=slots)
     await worker.run()  # SIGTERM drains it
+
+
+# --- the deployed configuration ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Access:
+    """TLS and tokens as the Helm chart sets them up: a server certificate for ``localhost``
+    and one token per identity (``app`` submits and reads, ``worker`` works its pool)."""
+
+    ca: Path
+    tokens: dict[str, str]
+    tables: str
+    """The servers' ``[tls]`` and ``[auth]`` sections."""
+
+    @classmethod
+    def make(cls, directory: Path) -> Access:
+        authority = Authority("chaos CA")
+        cert, key = authority.server().write(directory, "server")
+        ca = directory / "ca.pem"
+        ca.write_bytes(authority.pem)
+        tokens = {name: secrets.token_urlsafe(32) for name in ("app", "worker")}
+        digest = {n: hashlib.sha256(t.encode()).hexdigest() for n, t in tokens.items()}
+        tables = (
+            f"[tls]\ncert = {json.dumps(str(cert))}\nkey = {json.dumps(str(key))}\n"
+            "[auth]\nreload_interval_s = 600\n"
+            f'[[auth.identities]]\nname = "app"\npermissions = ["read", "submit"]\n'
+            f'token_sha256 = ["{digest["app"]}"]\n'
+            f'[[auth.identities]]\nname = "worker"\npermissions = ["work"]\n'
+            f'work_pools = ["{POOL}"]\ntoken_sha256 = ["{digest["worker"]}"]\n'
+        )
+        return cls(ca, tokens, tables)
+
+    def client(self, target: str | list[str], profile: Profile) -> AsyncClient:
+        return AsyncClient(
+            target,
+            tls=Tls(ca=str(self.ca)),
+            token=self.tokens["app"],
+            timeout=profile.client_timeout_s,
+            stall_timeout=profile.stall_timeout_s,
+        )
+
+    def worker_env(self) -> dict[str, str]:
+        return {"CRONOQ_TOKEN": self.tokens["worker"], "CRONOQ_TLS_CA": str(self.ca)}
+
+
+def _target(port: int) -> str:
+    return f"localhost:{port}"  # the name the server's certificate holds
 
 
 # --- the cluster ---------------------------------------------------------------------------
@@ -177,9 +257,15 @@ class Cluster:
     def has_led_since(self, at: float) -> bool:
         return self.led_since(at) is not None
 
+    def targets(self) -> list[str]:
+        """Every replica's address, as a client that lists them has it."""
+        return [_target(s.grpc_port) for s in self.servers if s.process.returncode is None]
+
     async def replace(self, old: ServerProcess) -> None:
+        """A new replica in place of ``old``, on its port (the clients' lists name it)."""
         await old.stop()
-        new = await start_server(self.directory, self.config)
+        config = self.config.replace('grpc = "127.0.0.1:0"', f'grpc = "127.0.0.1:{old.grpc_port}"')
+        new = await start_server(self.directory, config)
         self.servers.append(new)
         self.balancer.replace(old.grpc_port, new.grpc_port)
 
@@ -275,11 +361,24 @@ async def _inject(
 # --- submitters ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Load:
+    """What one submitter sends: how often, and tasks of how long."""
+
+    pause_s: float
+    task_s: tuple[float, float]
+    fail_first: float
+
+    @classmethod
+    def of(cls, profile: Profile) -> _Load:
+        return cls(profile.submit_pause_s, profile.task_s, profile.fail_first)
+
+
 async def _submit(
     client: AsyncClient,
     name: str,
     keyed: bool,
-    profile: Profile,
+    load: _Load,
     rng: random.Random,
     out: list[Submission],
     stop: asyncio.Event,
@@ -289,8 +388,8 @@ async def _submit(
         tag = f"{name}-{n}"
         n += 1
         spec = {
-            "s": round(rng.uniform(*profile.task_s), 3),
-            "fail": rng.random() < profile.fail_first,
+            "s": round(rng.uniform(*load.task_s), 3),
+            "fail": rng.random() < load.fail_first,
         }
         payload = json.dumps(spec).encode()
         while True:
@@ -319,7 +418,7 @@ async def _submit(
             out.append(Submission(name, tag, keyed, begun, time.time(), task_id))
             break
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(profile.submit_pause_s):
+            async with asyncio.timeout(load.pause_s):
                 await stop.wait()
 
 
@@ -327,9 +426,11 @@ async def _submit(
 
 
 @contextlib.asynccontextmanager
-async def _cluster(directory: Path, store: str, profile: Profile) -> AsyncIterator[Cluster]:
+async def _cluster(
+    directory: Path, store: str, profile: Profile, access: Access
+) -> AsyncIterator[Cluster]:
     pools = f'[[pools]]\nname = "{POOL}"\nlease_s = {profile.lease_s}\n'
-    config = config_toml(store, pools=pools)
+    config = config_toml(store, pools=pools, tables=access.tables)
     started = await asyncio.gather(
         *(start_server(directory, config) for _ in range(profile.replicas)),
         return_exceptions=True,
@@ -361,7 +462,9 @@ class _WorkerProcess:
     died: float | None = None
 
 
-async def _start_worker(directory: Path, target: str, slots: int, n: int) -> _WorkerProcess:
+async def _start_worker(
+    directory: Path, targets: list[str], slots: int, n: int, env: dict[str, str]
+) -> _WorkerProcess:
     sink = directory / f"worker-{n}.jsonl"
     sink.touch()
     log = (directory / f"worker-{n}.log").open("ab")
@@ -369,12 +472,13 @@ async def _start_worker(directory: Path, target: str, slots: int, n: int) -> _Wo
         sys.executable,
         str(Path(__file__)),
         "worker",
-        target,
+        ",".join(targets),
         str(sink),
         str(slots),
         stdout=log,
         stderr=log,
         cwd=directory,
+        env={**os.environ, **env},
     )
     log.close()
     return _WorkerProcess(process, sink, time.time())
@@ -402,30 +506,49 @@ async def run_chaos(
     faults: list[Fault] = []
     submissions: list[Submission] = []
     workers: list[_WorkerProcess] = []
-    async with _cluster(directory, store, profile) as cluster:
-        target = cluster.balancer.target
+    access = Access.make(directory)
+    async with _cluster(directory, store, profile, access) as cluster:
+        balanced = _target(cluster.balancer.port)
+        # Every other client and worker lists the replicas; the rest go through the balancer.
+        routes = [cluster.targets(), [balanced]]
         try:
             for n in range(profile.workers):
-                workers.append(await _start_worker(directory, target, profile.slots, n))
+                workers.append(
+                    await _start_worker(
+                        directory, routes[n % 2], profile.slots, n, access.worker_env()
+                    )
+                )
             stop = asyncio.Event()
-            clients = [
-                AsyncClient(target, timeout=profile.client_timeout_s)
-                for _ in range(profile.keyed_submitters + profile.unkeyed_submitters)
-            ]
+            submitters = profile.keyed_submitters + profile.unkeyed_submitters
+            clients = [access.client(routes[i % 2], profile) for i in range(submitters + 1)]
+            probe = _Load(profile.probe_pause_s, (0.0, 0.05), 0.0)
             load = [
                 asyncio.ensure_future(
                     _submit(
                         client,
                         f"{'k' if i < profile.keyed_submitters else 'u'}{i}",
                         i < profile.keyed_submitters,
-                        profile,
+                        _Load.of(profile),
                         random.Random(rng.random()),
                         submissions,
                         stop,
                     )
                 )
-                for i, client in enumerate(clients)
+                for i, client in enumerate(clients[:submitters])
             ]
+            load.append(
+                asyncio.ensure_future(
+                    _submit(
+                        clients[submitters],
+                        "probe",
+                        True,
+                        probe,
+                        random.Random(rng.random()),
+                        submissions,
+                        stop,
+                    )
+                )
+            )
             injector = asyncio.ensure_future(_inject(cluster, profile, kinds, rng, faults, stop))
             try:
                 with contextlib.suppress(TimeoutError):
@@ -440,7 +563,7 @@ async def run_chaos(
                 await asyncio.gather(injector, *load, return_exceptions=True)
                 for client in clients:
                     await client.close()
-            final = await _settle_and_read(cluster.balancer.target, submissions, profile)
+            final = await _settle_and_read(access.client(balanced, profile), submissions, profile)
         finally:
             for w in workers:
                 if w.process.returncode is not None and w.died is None:
@@ -456,15 +579,16 @@ async def run_chaos(
         submissions=tuple(submissions),
         faults=tuple(faults),
         final=final,
+        availability_limits=profile.availability_limits,
     )
 
 
 async def _settle_and_read(
-    target: str, submissions: Sequence[Submission], profile: Profile
+    client: AsyncClient, submissions: Sequence[Submission], profile: Profile
 ) -> tuple[FinalTask, ...]:
     """Wait (bounded) for every acknowledged task to finish, then read every task."""
     acked = [s.task_id for s in submissions if s.task_id is not None]
-    async with AsyncClient(target, timeout=profile.client_timeout_s) as client:
+    async with client:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(profile.settle_s):
                 for task_id in acked:

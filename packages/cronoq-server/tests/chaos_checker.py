@@ -23,6 +23,10 @@ those into :class:`Verdict`: the figures, and one list of violations per invaria
 - ``not_applied_landed``: an un-keyed submit answered "not applied" whose task is in the store
   (a keyed one is submitted again with its key until acknowledged, so its task lands).
 - ``phantom_successes``: a task the store says succeeded with no execution that returned.
+- ``unavailable``: after a fault, no submission begun at or after it was acknowledged within
+  the fault kind's limit (``Records.availability_limits``: about the store's lease and 2 s for
+  a kill or a freeze, the drain timeout and 2 s for a SIGTERM, whose leader drains first). The
+  figure ``availability_max_s`` is that time to the first acknowledgement, by fault kind.
 """
 
 from __future__ import annotations
@@ -109,6 +113,9 @@ class Records:
     faults: tuple[Fault, ...]
     final: tuple[FinalTask, ...]
     cancelled_by_client: frozenset[int] = frozenset()
+    availability_limits: Mapping[str, float] = field(default_factory=dict)
+    """Per fault kind, the longest a fault may keep every new submission unacknowledged
+    (a kind not named has no limit)."""
 
 
 @dataclass
@@ -120,6 +127,7 @@ class Verdict:
     unknown_unkeyed: list[str] = field(default_factory=list)
     not_applied_landed: list[str] = field(default_factory=list)
     phantom_successes: list[str] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)
 
     INVARIANTS = (
@@ -129,6 +137,7 @@ class Verdict:
         "unknown_unkeyed",
         "not_applied_landed",
         "phantom_successes",
+        "unavailable",
     )
 
     def failures(self) -> dict[str, list[str]]:
@@ -155,8 +164,36 @@ def check(records: Records) -> Verdict:
     _check_lost(verdict, acked, final)
     reruns = _check_executions(verdict, records, final)
     _check_submissions(verdict, records, by_tag)
+    unavailable = _check_availability(verdict, records)
     _figures(verdict, records, acked, reruns)
+    verdict.figures["availability_max_s"] = {
+        kind: round(max(gaps), 3) for kind, gaps in sorted(unavailable.items())
+    }
+    verdict.figures["availability_p50_s"] = {
+        kind: round(statistics.median(gaps), 3) for kind, gaps in sorted(unavailable.items())
+    }
     return verdict
+
+
+def _check_availability(verdict: Verdict, records: Records) -> dict[str, list[float]]:
+    """Per fault kind, the seconds from each fault to the first acknowledgement of a
+    submission begun at or after it (a fault never followed by one counts to the end of the
+    records, and always violates its limit)."""
+    acks = sorted((s.begun, s.ended) for s in records.submissions if s.task_id is not None)
+    end = max((s.ended for s in records.submissions), default=0.0)
+    gaps: dict[str, list[float]] = defaultdict(list)
+    for fault in records.faults:
+        first = min((ended for begun, ended in acks if begun >= fault.at), default=None)
+        gap = (end if first is None else first) - fault.at
+        gaps[fault.kind].append(gap)
+        limit = records.availability_limits.get(fault.kind)
+        if first is None or (limit is not None and gap > limit):
+            verdict.unavailable.append(
+                f"{fault.kind} at {fault.at:.3f}: the first acknowledgement of a submission "
+                f"sent after it came {'never' if first is None else f'{gap:.3f} s later'}"
+                f" (limit {limit} s)"
+            )
+    return gaps
 
 
 def _check_lost(

@@ -81,8 +81,13 @@ class Balancer:
 
     @property
     def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def port(self) -> int:
         assert self._server is not None
-        return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
 
     async def __aenter__(self) -> Balancer:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)

@@ -41,6 +41,8 @@ CLEAN = Records(
         # Its worker died mid-run (no end recorded); the retry after the death is legitimate.
         Execution(3, 1, 103, 2.0),
         Execution(3, 2, W2, 9.0, 12.0, "returned"),
+        Execution(50, 1, W1, 12.0, 12.5, "returned"),
+        Execution(60, 1, W2, 23.0, 23.5, "returned"),
     ),
     workers=(*WORKERS, WorkerLife(103, 0.0, died=8.0)),
     submissions=(
@@ -52,6 +54,10 @@ CLEAN = Records(
         _failed("e", "unknown"),
         # Unknown, not landed, but a SIGKILL hit while it was in flight: it may have landed.
         _failed("f", "unknown", at=20.0),
+        # The first acknowledgements after each fault: 1.3 s after the SIGTERM (acknowledged
+        # at 11.51), 2.21 s after the SIGKILL (at 22.51).
+        _sub("after-sigterm", 50, at=11.5),
+        _sub("after-sigkill", 60, at=22.5),
     ),
     faults=(Fault("sigterm", 10.2, 10.2, 0.4), Fault("sigkill", 20.3, 20.3, 1.2)),
     final=(
@@ -59,14 +65,18 @@ CLEAN = Records(
         _done(2, "b", 2),
         _done(3, "c", 2),
         FinalTask(4, "ready", 0, "", ("e",)),
+        _done(50, "after-sigterm"),
+        _done(60, "after-sigkill"),
     ),
+    availability_limits={"sigterm": 2.0, "sigkill": 3.0},
 )
 
 
 def test_a_clean_history_passes_with_its_figures() -> None:
     verdict = check(CLEAN)
     assert verdict.failures() == {}, verdict.report()
-    assert verdict.figures["acknowledged"] == 3
+    assert verdict.figures["acknowledged"] == 5
+    assert verdict.figures["availability_max_s"] == {"sigkill": 2.21, "sigterm": 1.31}
     assert verdict.figures["faults"] == {"sigkill": 1, "sigterm": 1}
     assert verdict.figures["failover_p50_s"] == 0.8
     assert verdict.figures["failover_max_s"] == 1.2
@@ -117,11 +127,19 @@ def test_overlap_with_an_execution_that_never_ended_on_a_live_worker() -> None:
 
 def test_an_execution_whose_worker_died_lasts_until_the_death() -> None:
     # Attempt 1 of task 3 has no end; its worker died at 8.0.
-    early = (*CLEAN.executions[:4], Execution(3, 2, W2, 7.5, 12.0, "returned"))
+    early = (
+        *CLEAN.executions[:4],
+        Execution(3, 2, W2, 7.5, 12.0, "returned"),
+        *CLEAN.executions[5:],
+    )
     verdict = check(_with(executions=early))
     assert len(verdict.overlaps) == 1
     assert "failover_reruns" in verdict.failures()  # it started while the worker lived
-    late = (*CLEAN.executions[:4], Execution(3, 2, W2, 8.1, 12.0, "returned"))
+    late = (
+        *CLEAN.executions[:4],
+        Execution(3, 2, W2, 8.1, 12.0, "returned"),
+        *CLEAN.executions[5:],
+    )
     assert check(_with(executions=late)).failures() == {}
 
 
@@ -176,6 +194,26 @@ def test_not_applied_but_landed() -> None:
 def test_phantom_success() -> None:
     final = (*CLEAN.final, FinalTask(6, "succeeded", 1, "", ("x",)))
     assert set(check(_with(final=final)).failures()) == {"phantom_successes"}
+
+
+def test_unavailable_past_the_limit_of_its_fault_kind() -> None:
+    verdict = check(_with(availability_limits={"sigterm": 2.0, "sigkill": 2.0}))
+    assert set(verdict.failures()) == {"unavailable"}
+    [found] = verdict.unavailable
+    assert found.startswith("sigkill at 20.300: the first acknowledgement"), found
+    assert "2.210 s later (limit 2.0 s)" in found
+
+
+def test_unavailable_when_no_submission_after_a_fault_was_acknowledged() -> None:
+    """Even for a kind without a limit: a fault after which nothing was acknowledged."""
+    verdict = check(
+        _with(availability_limits={}, faults=(*CLEAN.faults, Fault("sigstop", 30.0, 35.0)))
+    )
+    assert set(verdict.failures()) == {"unavailable"}
+    assert verdict.unavailable == [
+        "sigstop at 30.000: the first acknowledgement of a submission sent after it came never "
+        "(limit None s)"
+    ]
 
 
 def test_executions_from_sink_lines() -> None:

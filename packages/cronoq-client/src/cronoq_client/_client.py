@@ -52,6 +52,10 @@ __all__ = ["DEFAULT_STALL_TIMEOUT", "WAIT_MARGIN", "AsyncClient"]
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 DEFAULT_STALL_TIMEOUT = 2.0
+RETRY_PAUSE_MAX = 0.5
+"""The longest pause between two tries of a call (full jitter below it): a failover is over
+within the store's lease, and a client that backed off further would only add its pause to it.
+A standby refuses a call for the cost of its authentication check."""
 """Seconds a connection may carry calls without any answer, a health check's included, before
 the client leaves it (see ``_channel``)."""
 WAIT_MARGIN = 5.0
@@ -127,7 +131,7 @@ class AsyncClient:
         secrets = credentials(tls, token)
         self._codec: Codec = BytesCodec() if codec is None else codec
         self._timeout = float(timeout)
-        self._backoff = Backoff()
+        self._backoff = Backoff(cap=RETRY_PAUSE_MAX)
         self._channels = Channels(
             targets_of(target),
             secrets,
