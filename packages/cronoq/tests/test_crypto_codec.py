@@ -106,11 +106,19 @@ def test_rotation_decrypts_with_any_known_key_and_encrypts_with_the_current() ->
         ({"a": b"short"}, "a", "16, 24 or 32 bytes"),
         ({"": OLD}, "", "1 to 255 bytes"),
         ({"a": OLD}, "b", "current must be one of"),
+        ({"\udcff": OLD}, "\udcff", "1 to 255 bytes of text"),
+        ({"a": OLD}, ["a"], "current must be one of the key ids, got list"),
     ],
 )
 def test_bad_keys_are_refused(keys: dict[str, bytes], current: str, problem: str) -> None:
     with pytest.raises(InvalidArgument, match=problem):
         EncryptedCodec(keys, current)
+
+
+@pytest.mark.parametrize("inner", [JsonCodec, "json", object()])
+def test_a_bad_inner_codec_is_refused(inner: Any) -> None:
+    with pytest.raises(InvalidArgument, match="inner must be a codec"):
+        EncryptedCodec({"k": OLD}, "k", inner)
 
 
 def test_the_key_never_shows() -> None:

@@ -84,16 +84,29 @@ class EncryptedCodec:
             raise InvalidArgument("keys must map at least one key id to its key")
         self._ciphers: dict[str, AESGCM] = {}
         for key_id, key in keys.items():
-            if not isinstance(key_id, str) or not 1 <= len(key_id.encode()) <= 255:
-                raise InvalidArgument(f"a key id must be 1 to 255 bytes of text, got {key_id!r}")
+            if not isinstance(key_id, str) or not 1 <= len(_utf8(key_id)) <= 255:
+                shown = repr(key_id)
+                shown = shown if len(shown) <= 80 else f"{shown[:60]}... ({len(shown)} characters)"
+                raise InvalidArgument(f"a key id must be 1 to 255 bytes of text, got {shown}")
             if not isinstance(key, bytes) or len(key) not in _KEY_BYTES:
                 raise InvalidArgument(
                     f"key {key_id!r} must be 16, 24 or 32 bytes (AES-128, -192, -256); "
                     "make one with EncryptedCodec.generate_key()"
                 )
             self._ciphers[key_id] = AESGCM(key)
-        if current not in self._ciphers:
-            raise InvalidArgument(f"current must be one of the key ids, got {current!r}")
+        if not isinstance(current, str) or current not in self._ciphers:
+            shown = repr(current) if isinstance(current, str) else type(current).__name__
+            raise InvalidArgument(f"current must be one of the key ids, got {shown[:80]}")
+        if inner is not None and (
+            isinstance(inner, type)  # JsonCodec instead of JsonCodec()
+            or not (
+                callable(getattr(inner, "encode", None))
+                and callable(getattr(inner, "decode", None))
+            )
+        ):
+            raise InvalidArgument(
+                f"inner must be a codec (encode and decode), got {type(inner).__name__}"
+            )
         if not isinstance(accept_unbound, bool):
             raise InvalidArgument(
                 f"accept_unbound must be a bool, got {type(accept_unbound).__name__}"
@@ -200,6 +213,14 @@ class EncryptedCodec:
                 f"{sorted(self._ciphers)}): add that key to decrypt it"
             )
         return key_id, cipher
+
+
+def _utf8(text: str) -> bytes:
+    """``text`` in UTF-8, or b"" (refused as a key id) if it has a lone surrogate."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return b""
 
 
 def _key_header(magic: bytes, key_id: str) -> bytes:
