@@ -312,3 +312,60 @@ async def test_the_scheduler_binds_payloads_and_outputs_to_their_tasks() -> None
         ("refund", {"amount": 1}),
         ("charge", VALUE),
     ]
+
+
+def test_a_copy_in_the_same_context_decodes_which_binding_cannot_stop() -> None:
+    """A replay: the same role, kind, pool and key (no task id for a payload) is the same
+    context, whichever task the value is copied into (docs/security.md)."""
+    c = codec({"k1": OLD}, "k1")
+    keyless = CodecContext("payload", "charge", "billing")
+    assert (
+        c.decode_for(c.encode_for(VALUE, keyless), CodecContext("payload", "charge", "billing"))
+        == VALUE
+    )
+    assert c.decode_for(c.encode_for(VALUE, CHARGE), replace(CHARGE)) == VALUE
+
+
+def test_the_format_is_as_documented() -> None:
+    """CQE2, the key id's length and the key id, 8 bytes of the context's SHA-256, a 12-byte
+    nonce, the ciphertext and its 16-byte tag; the associated data is the header followed by
+    the context's bytes (docs/security.md)."""
+    sealed = EncryptedCodec({"k1": OLD}, "k1").encode_for(b"plain", CHARGE)
+    digest = hashlib.sha256(CHARGE.to_bytes()).digest()[:8]
+    header = b"CQE2\x02k1" + digest
+    assert sealed.startswith(header)
+    assert len(sealed) == len(header) + 12 + len(b"plain") + 16
+    nonce, rest = sealed[len(header) : len(header) + 12], sealed[len(header) + 12 :]
+    assert AESGCM(OLD).decrypt(nonce, rest, header + CHARGE.to_bytes()) == b"plain"
+    unbound = EncryptedCodec({"k1": OLD}, "k1").encode(b"plain")  # no context: b""
+    assert unbound.startswith(b"CQE2\x02k1" + hashlib.sha256(b"").digest()[:8])
+
+
+async def test_a_schedule_registered_again_drops_its_unbound_payload() -> None:
+    """A schedule keeps a former (CQE1) payload until add_schedule(..., replace=True)
+    encrypts it anew; then a codec with accept_unbound=False runs its tasks."""
+    store = MemoryStore()
+    rows = store._cluster
+    seen: list[Any] = []
+
+    async def run(ctx: TaskContext, payload: Any) -> None:
+        seen.append(payload)
+
+    former = codec({"2025-01": FORMER_KEY}, "2025-01")
+    strict = EncryptedCodec({"2025-01": FORMER_KEY}, "2025-01", JsonCodec(), accept_unbound=False)
+    async with Scheduler([Pool("default", run)], store=store, codec=former) as s:
+        await s.add_schedule("nightly", "0 3 * * *", kind="charge", payload=VALUE)
+    record = rows.schedules["nightly"]
+    template = replace(record.spec.template, payload=FORMER_VALUE)  # as an earlier release left it
+    rows.schedules["nightly"] = replace(record, spec=replace(record.spec, template=template))
+    async with Scheduler([Pool("default", run)], store=store, codec=strict) as s:
+        refused = await s.trigger_schedule("nightly")
+        assert refused is not None
+        with pytest.raises(PayloadError, match="former CQE1 format"):
+            await s.wait(refused, timeout=5)
+        await s.add_schedule("nightly", "0 3 * * *", kind="charge", payload=VALUE, replace=True)
+        assert rows.schedules["nightly"].spec.template.payload.startswith(b"CQE2")
+        ran = await s.trigger_schedule("nightly")
+        assert ran is not None
+        assert (await s.wait(ran, timeout=5)).status is Status.SUCCEEDED
+    assert seen == [VALUE]
