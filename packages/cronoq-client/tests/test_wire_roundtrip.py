@@ -43,6 +43,7 @@ from cronoq import (
     BytesCodec,
     CancelRequested,
     CatchUpPolicy,
+    CodecContext,
     JsonCodec,
     LeasedAttempt,
     LeaseRenewed,
@@ -148,6 +149,84 @@ def test_task_info_payload_and_output_use_the_client_codec() -> None:
     assert none.output is None
     with pytest.raises(PayloadError, match=r"task 1 \(succeeded: \): JsonCodec cannot decode"):
         w.task_info_from_pb(wire(w.task_info_to_pb(_with(info, output=b"{"))), JsonCodec())
+
+
+class Bound(BytesCodec):
+    """Bytes prefixed with the hex of their CodecContext; refused in any other context."""
+
+    def encode_for(self, value: Any, context: CodecContext) -> bytes:
+        return context.to_bytes().hex().encode() + b"|" + self.encode(value)
+
+    def decode_for(self, data: bytes, context: CodecContext) -> bytes:
+        made_for, _, value = data.partition(b"|")
+        if made_for != context.to_bytes().hex().encode():
+            raise PayloadError("made for another context")
+        return value
+
+
+def _contextual(request: TaskRequest) -> bool:
+    """Whether the request's kind, pool and key can make a CodecContext (the generated ones
+    include the empty and NUL texts the server refuses)."""
+    try:
+        CodecContext("payload", request.kind, request.pool, request.key)
+    except InvalidArgument:
+        return False
+    return True
+
+
+@ROUND_TRIPS
+@given(st.lists(task_requests.filter(_contextual), max_size=4))
+def test_a_context_codec_binds_each_payload_to_the_task_the_server_makes(
+    requests: list[TaskRequest],
+) -> None:
+    """Issue 29 item 3: the client encodes each payload for the kind, pool and key the server
+    decodes from the message (its own defaults where a field is absent), one request or many,
+    in either form of SubmitMany."""
+    codec = Bound()
+    for request in requests:
+        message = w.task_request_to_pb(request, codec)
+        decoded = decoded_request(wire(message))
+        context = CodecContext("payload", decoded.kind, decoded.pool, decoded.key)
+        if request.payload is not None:
+            assert message.payload == codec.encode_for(request.payload, context)
+    bulk = [TaskRequest("bulk", request.payload or b"x", "p") for request in requests]
+    for many in (requests, bulk):
+        for decoded in decoded_requests(wire(w.submit_many_request(many, codec))):
+            if decoded.payload is not None:
+                context = CodecContext("payload", decoded.kind, decoded.pool, decoded.key)
+                codec.decode_for(decoded.payload, context)
+
+
+def test_a_context_codec_binds_a_schedules_payload_to_its_tasks() -> None:
+    codec = Bound()
+    for options, pool in (({}, "default"), ({"pool": "billing"}, "billing")):
+        message = w.add_schedule_request(codec, "n", "* * * * *", kind="k", payload=b"p", **options)
+        context = CodecContext("payload", "k", pool)  # a schedule's tasks have no key
+        assert codec.decode_for(w.add_schedule_kwargs(wire(message))["payload"], context) == b"p"
+
+
+def test_a_context_codec_decodes_a_tasks_payload_and_output_in_their_contexts() -> None:
+    codec = Bound()
+    payload = codec.encode_for(b"in", CodecContext("payload", "k", "p", "key"))
+    output = codec.encode_for(b"out", CodecContext("output", "k", "p", "key", 7))
+    info = TaskInfo(
+        7, Status.SUCCEEDED, 1, "", "p", "k", "key", (), None, 0, payload, output,
+        datetime(2030, 1, 1, tzinfo=UTC), datetime(2030, 1, 1, tzinfo=UTC),
+        datetime(2030, 1, 1, tzinfo=UTC), (), None,
+    )  # fmt: skip
+    decoded = w.task_info_from_pb(wire(w.task_info_to_pb(info)), codec)
+    assert (decoded.payload, decoded.output) == (b"in", b"out")
+    for moved in (
+        _with(info, task_id=8),  # the output of task 7 in task 8's row
+        _with(info, key=None),
+        _with(info, pool="q"),
+        _with(info, output=payload),  # the payload as an output
+    ):
+        with pytest.raises(PayloadError, match=rf"task {moved.task_id} .*another context"):
+            w.task_info_from_pb(wire(w.task_info_to_pb(moved)), codec)
+    # A server's message that no context can describe is the task's PayloadError too.
+    with pytest.raises(PayloadError, match=r"task 7 .*CodecContext kind must not be empty"):
+        w.task_info_from_pb(wire(w.task_info_to_pb(_with(info, kind=""))), codec)
 
 
 def _with(info: TaskInfo, **changes: Any) -> TaskInfo:
@@ -540,3 +619,21 @@ async def test_a_remote_submission_is_the_embedded_one() -> None:
             mine, submitted_at=None, updated_at=None
         )
     assert remote[1].payload is None
+
+
+async def test_a_context_codec_encodes_a_remote_payload_as_the_embedded_scheduler_does() -> None:
+    """The bytes a client's context codec sends are those an embedded Scheduler with that
+    codec stores for the same request: the two bind a payload to the same context."""
+    requests = [
+        TaskRequest("email", b"to ada", key="k1", start_at=timedelta(hours=1)),
+        TaskRequest("email", b"to bob", pool="mail", start_at=timedelta(hours=1)),
+        TaskRequest("email", b"to eve", pool="mail"),
+    ]
+    pools = [Pool("default", _hold), Pool("mail", _hold)]
+    async with Scheduler(pools, codec=Bound()) as embedded:
+        await embedded.pause_pool("mail")
+        for request in requests:
+            (task_id,) = await embedded.submit_many([request])
+            record = await embedded.store.get_task(task_id)
+            assert record is not None
+            assert record.spec.payload == w.task_request_to_pb(request, Bound()).payload

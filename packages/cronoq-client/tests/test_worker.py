@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -30,6 +31,7 @@ from cronoq import (
     AttemptToken,
     BytesCodec,
     CancelRequested,
+    CodecContext,
     LeaseRenewed,
     MemoryStore,
     RemotePool,
@@ -41,7 +43,7 @@ from cronoq import (
     TaskRequest,
 )
 from cronoq.crypto import EncryptedCodec
-from cronoq.errors import CronoqError, InvalidArgument, SchedulerError, StaleAttempt
+from cronoq.errors import CronoqError, InvalidArgument, PayloadError, SchedulerError, StaleAttempt
 from cronoq_client import AsyncClient
 from cronoq_client._channel import Connection
 from cronoq_client._heartbeats import Heartbeats
@@ -647,9 +649,16 @@ async def test_an_encrypted_codec_runs_end_to_end_and_the_server_holds_only_ciph
             await running.finish()
         stored = await raw.get(task_id)
         assert isinstance(stored.payload, bytes) and isinstance(stored.output, bytes)
-        for sealed, plain in ((stored.payload, secret), (stored.output, answer)):
-            assert sealed.startswith(b"CQE1\x02k1") and plain not in sealed
-            assert codec.decode(sealed) == plain
+        # Each bound to where it belongs (issue 29 item 3): the payload to the task's kind
+        # and pool, the output to the task too.
+        payload_context = CodecContext("payload", "seal", "default")
+        output_context = CodecContext("output", "seal", "default", task_id=task_id)
+        for sealed, plain, context in (
+            (stored.payload, secret, payload_context),
+            (stored.output, answer, output_context),
+        ):
+            assert sealed.startswith(b"CQE2\x02k1") and plain not in sealed
+            assert codec.decode_for(sealed, context) == plain
         files = await asyncio.to_thread(stored_bytes)
         assert stored.payload in files and stored.output in files, "the rows were read"
         assert secret not in files and answer not in files
@@ -672,6 +681,88 @@ async def test_an_encrypted_codec_runs_end_to_end_and_the_server_holds_only_ciph
             assert (await client.wait(again, timeout=WAIT_S)).status is Status.SUCCEEDED
         finally:
             await running.finish()
+
+
+async def test_a_ciphertext_copied_into_another_task_is_refused_by_the_keyed_worker(
+    tmp_path: Path,
+) -> None:
+    """Issue 29 item 3: an identity that may read and submit but has no key copies task X's
+    encrypted payload, and its encrypted output, into tasks of its own of another kind and
+    pool (the raw wire: BytesCodec sends the bytes as they are). The keyed worker runs none
+    of them on X's payload: each attempt fails for good, saying the value belongs to another
+    context, and the worker goes on. An output copied into another task's row in the
+    database is refused the same way by the keyed client's get()."""
+    codec = EncryptedCodec({"k1": EncryptedCodec.generate_key()}, "k1")
+    secret = b"pay 1250 to account 7"
+    store = tmp_path / "store.db"
+    pools = "".join(
+        f'[[pools]]\nname = "{name}"\nlease_s = {LEASE_S}\n' for name in ("default", "other")
+    )
+    config = config_toml(f'[store]\nkind = "sqlite"\npath = "{store}"\n', pools=pools)
+    ran: list[tuple[str, str, bytes | None]] = []
+
+    async def record(ctx: TaskContext, payload: bytes | None) -> bytes:
+        ran.append((ctx.kind, ctx.pool, payload))
+        return b"receipt for " + (payload or b"nothing")
+
+    async with (
+        running_server(tmp_path, config) as process,
+        AsyncClient(process.target, codec=codec, timeout=WAIT_S) as client,
+        AsyncClient(process.target, timeout=WAIT_S) as raw,  # no key: the bytes as stored
+    ):
+        await process.wait_for("leading")
+        worker = Worker(process.target, {"default": record, "other": record}, codec=codec)
+        running = Running(worker)
+        await running.attached()
+        try:
+            x = await client.submit("charge", secret, key="order-17")
+            assert (await client.wait(x, timeout=WAIT_S)).status is Status.SUCCEEDED
+            stolen = await raw.get(x)
+            assert isinstance(stolen.payload, bytes) and isinstance(stolen.output, bytes)
+            copies = {
+                "X's payload, another kind and pool": await raw.submit(
+                    "refund", stolen.payload, pool="other"
+                ),
+                "X's payload, another key": await raw.submit(
+                    "charge", stolen.payload, key="order-18"
+                ),
+                "X's output, another kind and pool": await raw.submit(
+                    "refund", stolen.output, pool="other"
+                ),
+                "X's output as a payload of its kind and pool": await raw.submit(
+                    "charge", stolen.output, key="order-17b"
+                ),
+            }
+            for what, task_id in copies.items():
+                info = await raw.wait(task_id, timeout=WAIT_S)
+                assert (info.status, info.attempt, info.output) == (Status.FAILED, 1, None), what
+                assert info.message.startswith(
+                    "attempt 1 failed (not retryable): payload could not be decoded: an "
+                    "encrypted value that belongs to another context: it was not encrypted for "
+                    f"the payload of a task of kind {info.kind!r} in pool {info.pool!r}"
+                ), (what, info.message)
+            assert ran == [("charge", "default", secret)], "X's payload ran only as X"
+            assert not running.task.done(), "the worker goes on"
+
+            y = await client.submit("refund", b"refund 3", pool="other")
+            assert (await client.wait(y, timeout=WAIT_S)).output == b"receipt for refund 3"
+        finally:
+            await running.finish()
+
+        def copy_output(source: int, target: int) -> None:
+            """What database credentials allow: one row's output into another's."""
+            with sqlite3.connect(store, timeout=WAIT_S) as db:
+                db.execute(
+                    "UPDATE cronoq_tasks SET output = (SELECT output FROM cronoq_tasks "
+                    "WHERE id = ?) WHERE id = ?",
+                    (source, target),
+                )
+            db.close()
+
+        await asyncio.to_thread(copy_output, x, y)
+        with pytest.raises(PayloadError, match=f"task {y} .*belongs to another context"):
+            await client.get(y)
+        assert (await client.get(x)).output == b"receipt for " + secret
 
 
 class _Watched(Worker):

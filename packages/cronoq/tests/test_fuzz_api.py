@@ -23,6 +23,9 @@ What each entry point raises (as docs/api.md says):
 - ``InvalidArgument``, or ``ScheduleNotFound``: ``pause_schedule``, ``resume_schedule``,
   ``remove_schedule``.
 - ``PayloadError``: ``JsonCodec().encode`` and ``decode``.
+- ``InvalidArgument``: ``CodecContext(...)``, ``EncryptedCodec(...)``; ``PayloadError`` for
+  bad data, ``InvalidArgument`` for a context that is not a ``CodecContext``:
+  ``EncryptedCodec.encode_for``, ``decode_for`` and ``decode`` (issue 29 item 3).
 - ``InvalidArgument``, or ``UnknownPool`` for a pool never configured: ``attach``;
   ``InvalidArgument``, or ``StaleAttempt`` for a well-formed token of an attempt never leased:
   ``heartbeat``, ``report_success``, ``report_failure``; ``InvalidArgument``:
@@ -58,6 +61,7 @@ from hypothesis import strategies as st
 from cronoq import (
     AttemptToken,
     CancelRequested,
+    CodecContext,
     CronoqError,
     InvalidArgument,
     JsonCodec,
@@ -73,6 +77,7 @@ from cronoq import (
     preview,
 )
 from cronoq._memory import MemoryCluster
+from cronoq.crypto import EncryptedCodec
 from cronoq.errors import (
     PayloadError,
     ScheduleNotFound,
@@ -1090,6 +1095,137 @@ def test_fuzz_json_codec(harness: Harness) -> None:
     def check(value: Any, data: Any) -> None:
         harness.refuses("JsonCodec.encode", lambda: codec.encode(value), (PayloadError,))
         harness.refuses("JsonCodec.decode", lambda: codec.decode(data), (PayloadError,))
+
+    check()
+
+
+def _context_text(*, optional: bool = False) -> st.SearchStrategy[object]:
+    """What no kind, pool or key of a CodecContext may be (it sets no length limit: the task's
+    were checked when it was submitted)."""
+    return st.one_of(
+        st.just(""),
+        st.tuples(st.text(max_size=5), BAD_CHARS, st.text(max_size=5)).map("".join),
+        wrong_types(none=not optional, strings=False),
+    )
+
+
+def test_fuzz_codec_context(harness: Harness) -> None:
+    good: dict[str, st.SearchStrategy[object]] = {
+        "kind": st.sampled_from(["job", "\u00e9t\u00e9", "k" * 300]),
+        "pool": st.sampled_from(["default", "other"]),
+        "key": st.sampled_from([None, "order-17"]),
+    }
+    bad: dict[str, st.SearchStrategy[object]] = {
+        "role": st.one_of(
+            st.sampled_from(["Payload", "outputs", "", "payload\x00", "\udcff"]),
+            wrong_types(none=True, strings=False),
+        ),
+        "kind": _context_text(),
+        "pool": _context_text(),
+        "key": _context_text(optional=True),
+        "task_id": st.one_of(st.integers(), HUGE_INTS, wrong_types(none=False)),  # a payload's
+    }
+
+    @FUZZ
+    @given(args=arguments(good, bad))
+    def check(args: dict[str, Any]) -> None:
+        role, kind, pool = (
+            args.pop("role", "payload"),
+            args.pop("kind", "job"),
+            args.pop("pool", "p"),
+        )
+        harness.refuses("CodecContext()", lambda: CodecContext(role, kind, pool, **args))
+
+    @FUZZ
+    @given(task_id=bad_int(1, 2**63 - 1))
+    def output(task_id: Any) -> None:
+        harness.refuses(
+            "CodecContext(output)", lambda: CodecContext("output", "job", "p", None, task_id)
+        )
+
+    check()
+    output()
+
+
+KEY = bytes(range(32))
+
+
+def test_fuzz_encrypted_codec_constructor(harness: Harness) -> None:
+    good: dict[str, st.SearchStrategy[object]] = {
+        "inner": st.sampled_from([None, JsonCodec()]),
+        "accept_unbound": st.booleans(),
+    }
+    bad: dict[str, st.SearchStrategy[object]] = {
+        "keys": st.one_of(
+            st.just({}),
+            st.builds(dict, st.lists(st.tuples(bad_text(), st.just(KEY)), min_size=1, max_size=2)),
+            st.builds(
+                lambda k: {"k": k}, st.one_of(st.binary(max_size=40), wrong_types(none=True))
+            ),
+            wrong_types(none=True).filter(lambda v: not isinstance(v, dict)),
+        ),
+        "current": st.one_of(
+            st.text(max_size=5).filter(lambda t: t != "k"), wrong_types(none=True)
+        ),
+        "inner": st.one_of(
+            st.just(JsonCodec), st.just(json), wrong_types(none=False, strings=True)
+        ),
+        "accept_unbound": wrong_types(none=True).filter(lambda v: not isinstance(v, bool)),
+    }
+
+    @FUZZ
+    @given(args=arguments(good, bad))
+    def check(args: dict[str, Any]) -> None:
+        keys, current = args.pop("keys", {"k": KEY}), args.pop("current", "k")
+        harness.refuses("EncryptedCodec()", lambda: EncryptedCodec(keys, current, **args))
+
+    check()
+
+
+def test_fuzz_encrypted_codec_decoding(harness: Harness) -> None:
+    codec = EncryptedCodec({"k": KEY}, "k", JsonCodec(), accept_unbound=False)
+    context = CodecContext("payload", "job", "default")
+    sealed = codec.encode_for({"n": 1}, context)
+    unbound = codec.encode({"n": 1})
+    not_ours = st.one_of(
+        st.binary(max_size=60),
+        st.binary(max_size=60).map(lambda b: b"CQE2" + b),
+        st.binary(max_size=60).map(lambda b: b"CQE1" + b),
+        st.builds(
+            lambda i, x: sealed[:i] + bytes([sealed[i] ^ x]) + sealed[i + 1 :],
+            st.integers(0, len(sealed) - 1),
+            st.integers(1, 255),
+        ),
+        st.integers(0, len(sealed) - 1).map(lambda i: sealed[:i]),
+        st.just(unbound),  # bound to no context: decode_for refuses it
+        st.just(codec.encode_for({"n": 1}, CodecContext("payload", "job", "other"))),
+        wrong_types(none=True, strings=True).filter(lambda v: not isinstance(v, bytes)),
+    )
+    not_contexts = st.one_of(
+        wrong_types(none=True, strings=True),
+        st.just(("payload", "job", "default")),
+    )
+
+    @FUZZ
+    @given(data=not_ours, bad_context=not_contexts, value=bad_payloads())
+    def check(data: Any, bad_context: Any, value: Any) -> None:
+        harness.refuses(
+            "EncryptedCodec.decode_for", lambda: codec.decode_for(data, context), (PayloadError,)
+        )
+        decoded = sealed if data == unbound else data  # decode() refuses a task's value
+        harness.refuses("EncryptedCodec.decode", lambda: codec.decode(decoded), (PayloadError,))
+        harness.refuses(
+            "EncryptedCodec.decode_for(context)", lambda: codec.decode_for(sealed, bad_context)
+        )
+        harness.refuses(
+            "EncryptedCodec.encode_for(context)", lambda: codec.encode_for({"n": 1}, bad_context)
+        )
+        if not (isinstance(value, str) and len(value) > 4000):  # no limit here: only the API's
+            harness.refuses(
+                "EncryptedCodec.encode_for",
+                lambda: codec.encode_for(value, context),
+                (PayloadError,),
+            )
 
     check()
 

@@ -42,6 +42,7 @@ from cronoq import (
     CatchUpPolicy,
     CheckedTask,
     Codec,
+    CodecContext,
     LeasedAttempt,
     LeaseRenewed,
     MissPolicy,
@@ -56,6 +57,7 @@ from cronoq import (
     TaskSummary,
     TraceContext,
     WorkerInfo,
+    binds_context,
     decode_with,
     encode_with,
     unix_ns,
@@ -445,6 +447,17 @@ _ABSENT = TaskRequest("")
 """Where a request field is absent from the message, the Scheduler's default: this one's."""
 
 
+def _payload_to_pb(codec: Codec, value: object, kind: str, pool: object, key: object) -> bytes:
+    """A payload encoded by ``codec``, for its task's kind, pool and key if the codec binds
+    values to their context (CodecContext: pool and key are then checked here; for any other
+    codec they are checked where they always were, after the payload)."""
+    context = None
+    if binds_context(codec):
+        key = None if key is None else _text(key, "key")
+        context = CodecContext("payload", kind, _text(pool, "pool"), key)
+    return encode_with(codec, value, "payload", context)
+
+
 def task_request_to_pb(request: object, codec: Codec) -> pb.TaskRequest:
     """The client's request, its payload encoded by ``codec`` (None: no payload).
 
@@ -455,15 +468,16 @@ def task_request_to_pb(request: object, codec: Codec) -> pb.TaskRequest:
     """
     if not isinstance(request, TaskRequest):
         raise InvalidArgument(f"expected a TaskRequest, got {type(request).__name__}")
-    message = pb.TaskRequest(kind=_text(request.kind, "kind"))
+    kind = _text(request.kind, "kind")
+    message = pb.TaskRequest(kind=kind)
     if request.pool is _ABSENT.pool and request.only_kind_payload_pool:
         # Every field at its default object: the message is the kind and the payload alone.
         if request.payload is not None:
-            message.payload = encode_with(codec, request.payload, "payload")
+            message.payload = _payload_to_pb(codec, request.payload, kind, _ABSENT.pool, None)
         return message
     pool = request.pool
     if type(pool) is not str or pool != _ABSENT.pool:
-        message.pool = _text(pool, "pool")
+        pool = message.pool = _text(pool, "pool")
     tags = _texts(request.tags, "tags", "tag")
     if tags:
         message.tags.extend(tags)
@@ -480,7 +494,7 @@ def task_request_to_pb(request: object, codec: Codec) -> pb.TaskRequest:
     if after:
         message.after.extend(after)
     if request.payload is not None:
-        message.payload = encode_with(codec, request.payload, "payload")
+        message.payload = _payload_to_pb(codec, request.payload, kind, pool, request.key)
     if request.key is not None:
         message.key = _text(request.key, "key")
     if request.name is not None:
@@ -593,6 +607,7 @@ def submit_many_request(requests: Iterable[TaskRequest], codec: Codec) -> pb.Sub
     """
     common: pb.TaskRequest | None = None
     kind = pool = ""
+    context: CodecContext | None = None  # the compact form's: one kind and pool, no key
     payloads: list[bytes] = []
     tasks: list[pb.TaskRequest] | None = None
     for item in _items(requests, "submit_many requests", "an iterable of TaskRequest"):
@@ -600,8 +615,10 @@ def submit_many_request(requests: Iterable[TaskRequest], codec: Codec) -> pb.Sub
             if common is None and _bulk(item, None, None):
                 kind, pool = item.kind, item.pool
                 common = task_request_to_pb(TaskRequest(kind, None, pool), codec)
+                if binds_context(codec):
+                    context = CodecContext("payload", kind, pool)
             if common is not None and _bulk(item, kind, pool):
-                payloads.append(encode_with(codec, item.payload, "payload"))
+                payloads.append(encode_with(codec, item.payload, "payload", context))
                 continue
             tasks = [_with_payload(common, p) for p in payloads] if common is not None else []
         tasks.append(task_request_to_pb(item, codec))
@@ -791,12 +808,20 @@ def task_info_from_pb(message: pb.TaskInfo, codec: Codec) -> TaskInfo:
     absent output is None, and a codec that cannot decode raises PayloadError naming the task.
     """
     status = status_from_pb(message.status)
+    key = message.key if message.HasField("key") else None
     try:
-        payload = decode_with(codec, message.payload, "payload") if message.payload else None
-        output = (
-            decode_with(codec, message.output, "output") if message.HasField("output") else None
-        )
-    except PayloadError as exc:
+        payload = output = None
+        if message.payload:
+            context = None
+            if binds_context(codec):  # as the submitter encoded it (no task id yet)
+                context = CodecContext("payload", message.kind, message.pool, key)
+            payload = decode_with(codec, message.payload, "payload", context)
+        if message.HasField("output"):
+            context = None
+            if binds_context(codec):  # as the worker encoded it, for this task
+                context = CodecContext("output", message.kind, message.pool, key, message.task_id)
+            output = decode_with(codec, message.output, "output", context)
+    except InvalidArgument as exc:  # PayloadError, or fields no CodecContext can have
         text = message.message if len(message.message) <= 200 else f"{message.message[:200]}..."
         raise PayloadError(f"task {message.task_id} ({status}: {text}): {exc}") from exc
     return TaskInfo(
@@ -806,7 +831,7 @@ def task_info_from_pb(message: pb.TaskInfo, codec: Codec) -> TaskInfo:
         message=message.message,
         pool=message.pool,
         kind=message.kind,
-        key=message.key if message.HasField("key") else None,
+        key=key,
         tags=tuple(message.tags),
         name=message.name if message.HasField("name") else None,
         priority=message.priority,
@@ -1106,7 +1131,9 @@ def add_schedule_request(
         name=_text(name, "schedule name"), cron=_text(cron, "cron"), kind=_text(kind, "kind")
     )
     if options.get("payload") is not None:
-        message.payload = encode_with(codec, options["payload"], "payload")
+        pool = options.get("pool", _ABSENT.pool)
+        # A schedule's tasks have no key.
+        message.payload = _payload_to_pb(codec, options["payload"], message.kind, pool, None)
     for text in ("pool", "timezone"):
         if text in options:
             setattr(message, text, _text(options[text], text))

@@ -38,10 +38,12 @@ from cronoq import (
     BytesCodec,
     CancelRequested,
     Codec,
+    CodecContext,
     LeasedAttempt,
     LeaseRenewed,
     TaskContext,
     TaskError,
+    binds_context,
     decode_with,
     encode_with,
 )
@@ -174,6 +176,7 @@ class Worker:
         self._async = {name: _is_async(fn) for name, fn in self._pools.items()}
         self._slots = slots
         self._codec: Codec = codec if codec is not None else BytesCodec()
+        self._binds = binds_context(self._codec)
         self._channels = Channels(
             targets,
             credentials(tls, token),
@@ -445,13 +448,21 @@ class Worker:
 
     async def _execute(self, attempt: _Attempt) -> ReportSuccess | ReportFailure:
         leased = attempt.leased
+        payload_context = output_context = None
         try:
+            if self._binds:
+                # As the submitter encoded the payload (it knew no task id), and as get() and
+                # wait() decode the output (for this task). InvalidArgument: a kind or pool
+                # no context can have (the server is not trusted with them).
+                kind, pool, key = leased.kind, leased.pool, leased.key
+                payload_context = CodecContext("payload", kind, pool, key)
+                output_context = CodecContext("output", kind, pool, key, leased.token.task_id)
             value = (
                 None
                 if leased.payload == b""
-                else decode_with(self._codec, leased.payload, "payload")
+                else decode_with(self._codec, leased.payload, "payload", payload_context)
             )
-        except PayloadError as exc:
+        except InvalidArgument as exc:  # PayloadError is one
             return ReportFailure(f"payload could not be decoded: {exc}", retryable=False)
         fn = self._pools.get(leased.pool)
         if fn is None:  # the server sent a pool this worker did not attach to: a server bug
@@ -473,7 +484,7 @@ class Worker:
         if result is None:
             return ReportSuccess(None)
         try:
-            return ReportSuccess(encode_with(self._codec, result, "output"))
+            return ReportSuccess(encode_with(self._codec, result, "output", output_context))
         except PayloadError as exc:
             return ReportFailure(_truncate(str(exc)), retryable=False)
 

@@ -4,7 +4,16 @@ The public API is what this module exports; everything in ``_``-prefixed modules
 Store authors also use :mod:`cronoq.store`; every exception lives in :mod:`cronoq.errors`.
 """
 
-from cronoq._codecs import BytesCodec, Codec, JsonCodec, decode_with, encode_with
+from cronoq._codecs import (
+    BytesCodec,
+    Codec,
+    CodecContext,
+    ContextCodec,
+    JsonCodec,
+    binds_context,
+    decode_with,
+    encode_with,
+)
 from cronoq._engine import LEASE_ID_BYTES, AttemptToken, PoolInfo, TaskSummary
 from cronoq._executors import TaskContext
 from cronoq._memory import MemoryStore
@@ -62,6 +71,8 @@ __all__ = [
     "CatchUpPolicy",
     "CheckedTask",
     "Codec",
+    "CodecContext",
+    "ContextCodec",
     "CronoqError",
     "Histogram",
     "InvalidArgument",
@@ -95,6 +106,7 @@ __all__ = [
     "WorkerDetached",
     "WorkerInfo",
     "WorkerLink",
+    "binds_context",
     "decode_with",
     "encode_with",
     "preview",

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from cronoq._codecs import Codec, encode_with
+from cronoq._codecs import Codec, CodecContext, binds_context, decode_payload, encode_with
 from cronoq._engine import AttemptFailed, AttemptSucceeded, AttemptToken, Dispatch
 from cronoq._model import NS_PER_S
-from cronoq.errors import PayloadError, TaskError
+from cronoq.errors import InvalidArgument, TaskError
 
 if TYPE_CHECKING:  # the otel extra, imported only when tracing is on
     from cronoq.tracing import Tracing
@@ -108,6 +108,7 @@ class LocalExecutor:
             type(fn).__call__
         )
         self._codec = codec
+        self._binds = binds_context(codec)
         self._running: dict[AttemptToken, tuple[asyncio.Task[None], TaskContext]] = {}
         self._threads: ThreadPoolExecutor | None = None
         if not self._is_async:
@@ -173,7 +174,7 @@ class LocalExecutor:
     async def _run_attempt(self, dispatch: Dispatch, ctx: TaskContext, reporter: Reporter) -> None:
         token = dispatch.token
         try:
-            outcome = await self._attempt(dispatch.spec.payload, ctx)
+            outcome = await self._attempt(dispatch, ctx)
         except asyncio.CancelledError:
             outcome = AttemptFailed(ctx.cancel_reason or "cancelled")
         if self._running.pop(token, None) is None:
@@ -189,11 +190,18 @@ class LocalExecutor:
                 self._tracing.outcome(None)
         reporter.report(token, outcome)
 
-    async def _attempt(self, payload: bytes, ctx: TaskContext) -> AttemptSucceeded | AttemptFailed:
+    async def _attempt(
+        self, dispatch: Dispatch, ctx: TaskContext
+    ) -> AttemptSucceeded | AttemptFailed:
+        spec = dispatch.spec
+        context = None
         try:
-            value = None if payload == b"" else self._codec.decode(payload)  # b"": no payload
-        except Exception as exc:
-            return AttemptFailed(f"payload could not be decoded: {exc!r}", retryable=False)
+            if self._binds:  # as the submitter encoded the payload (from the spec: the
+                # function may change its ctx)
+                context = CodecContext("payload", spec.kind, spec.pool, spec.key)
+            value = decode_payload(self._codec, spec.payload, context)  # b"": no payload
+        except InvalidArgument as exc:  # PayloadError is one; a recovered row's odd kind too
+            return AttemptFailed(f"payload could not be decoded: {exc}", retryable=False)
         try:
             if self._is_async:
                 result = await self._fn(ctx, value)
@@ -212,6 +220,9 @@ class LocalExecutor:
         if result is None:
             return AttemptSucceeded(None)
         try:
-            return AttemptSucceeded(encode_with(self._codec, result, "output"))
-        except PayloadError as exc:
+            if self._binds:  # bound to this task: get() and wait() decode it for its id
+                task_id = dispatch.token.task_id
+                context = CodecContext("output", spec.kind, spec.pool, spec.key, task_id)
+            return AttemptSucceeded(encode_with(self._codec, result, "output", context))
+        except InvalidArgument as exc:
             return AttemptFailed(str(exc), retryable=False)

@@ -13,10 +13,17 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from cronoq import _validate as check
-from cronoq._codecs import BytesCodec, Codec, decode_payload, decode_with
+from cronoq._codecs import (
+    BytesCodec,
+    Codec,
+    CodecContext,
+    binds_context,
+    decode_payload,
+    decode_with,
+)
 from cronoq._cron import CronSchedule
 from cronoq._driver import Driver
 from cronoq._engine import (
@@ -345,6 +352,14 @@ class Scheduler:
                 f"codec must have encode(value) -> bytes and decode(bytes), got "
                 f"{type(codec).__name__}"
             )
+        if codec is not None and callable(getattr(codec, "encode_for", None)) != callable(
+            getattr(codec, "decode_for", None)
+        ):
+            # One without the other would bind values on one side only: none would decode.
+            raise InvalidArgument(
+                f"codec {type(codec).__name__} must have both encode_for(value, context) and "
+                "decode_for(data, context), or neither"
+            )
         if store is not None and not isinstance(store, Store):
             missing = [
                 name for name in _STORE_METHODS if not callable(getattr(type(store), name, None))
@@ -361,6 +376,9 @@ class Scheduler:
 
             self._tracing = Tracing.of(tracing)
         self._codec: Codec = codec if codec is not None else BytesCodec()
+        # Contexts are made only for a codec that takes them: none on the path of a submit
+        # with BytesCodec or JsonCodec.
+        self._binds = binds_context(self._codec)
         self._store: Store = store if store is not None else MemoryStore()
         self._max_payload = check.integer(max_payload_bytes, "max_payload_bytes", 1, 1 << 31)
         self._issuer = object()  # what the tasks of its task_spec carry (CheckedTask)
@@ -512,11 +530,9 @@ class Scheduler:
         if request.only_kind_payload_pool:
             # Every field but these three at its default, as most submissions are: the checks
             # of _checked_spec would give the spec's defaults (test_spec_short_path.py).
-            return TaskSpec(
-                self._pool(request.pool),
-                check.text(request.kind, "kind"),
-                check.payload(self._codec, request.payload, self._max_payload),
-            )
+            pool = self._pool(request.pool)
+            kind = check.text(request.kind, "kind")
+            return TaskSpec(pool, kind, self._payload(request.payload, kind, pool, None))
         return self._checked_spec(request, now_ns)
 
     def _checked_spec(self, request: TaskRequest, now_ns: int) -> TaskSpec:
@@ -560,12 +576,13 @@ class Scheduler:
         deadline_ns = check.optional_instant_ns(deadline, "deadline", now_ns)
         if deadline_ns is not None and start_at_ns is not None and deadline_ns <= start_at_ns:
             raise InvalidArgument("deadline must be after start_at")
+        kind = check.text(kind, "kind")
         # Positional, in TaskSpec's field order (a quarter faster than keywords: this runs for
         # every task); test_every_request_field_reaches_its_spec_field keeps the order honest.
         spec = TaskSpec(
             pool,
-            check.text(kind, "kind"),
-            check.payload(self._codec, payload, self._max_payload),
+            kind,
+            self._payload(payload, kind, pool, key),
             check.optional_text(key, "key", max_length=check.MAX_KEY_LENGTH),
             check.tags(tags),
             check.optional_text(name, "name"),
@@ -583,12 +600,32 @@ class Scheduler:
         )
         return CheckedTask(spec, self._issuer)
 
+    def _payload(self, value: Any, kind: str, pool: str, key: object) -> bytes:
+        """A payload encoded for its task (checked kind and pool), within the limit.
+
+        The key is checked here only for a codec that binds it (CodecContext): for any other,
+        a bad payload is reported before a bad key, as it always was.
+        """
+        context = None
+        if self._binds and value is not None:
+            key = check.optional_text(key, "key", max_length=check.MAX_KEY_LENGTH)
+            context = CodecContext("payload", kind, pool, key)
+        return check.payload(self._codec, value, self._max_payload, context)
+
+    def _context(self, spec: TaskSpec, task_id: int | None = None) -> CodecContext | None:
+        """The context of a task's payload (or, with its id, output), if the codec takes one."""
+        if not self._binds:
+            return None
+        role: Literal["payload", "output"] = "payload" if task_id is None else "output"
+        return CodecContext(role, spec.kind, spec.pool, spec.key, task_id)
+
     def payload_specs(self, template: CheckedTask, payloads: Iterable[Any]) -> list[CheckedTask]:
         """One task per payload, each ``template`` (made by :meth:`task_spec`) with that
         payload, checked as :meth:`task_spec` checks a payload: the tasks of a bulk submission,
         whose other fields are checked once for all of them (at most ``MAX_BATCH``)."""
         t = self._issued(template).spec
         codec, limit, issuer = self._codec, self._max_payload, self._issuer
+        context = self._context(t)  # the same for every payload: one kind, pool and key
         return check.bounded(
             payloads,
             "payload_specs payloads",
@@ -596,7 +633,7 @@ class Scheduler:
             check.MAX_BATCH,
             lambda p: CheckedTask(
                 TaskSpec(
-                    t.pool, t.kind, check.payload(codec, p, limit), t.key, t.tags, t.name,
+                    t.pool, t.kind, check.payload(codec, p, limit, context), t.key, t.tags, t.name,
                     t.priority, t.retry, t.start_at_ns, t.miss_policy, t.grace_ns,
                     t.deadline_ns, t.timeout_ns, t.after, t.schedule, t.trace_context,
                 ),
@@ -783,11 +820,12 @@ class Scheduler:
         """
         spec = record.spec
         try:
-            payload = decode_payload(self._codec, spec.payload)
+            payload = decode_payload(self._codec, spec.payload, self._context(spec))
             output = None
             if record.output is not None and record.status is Status.SUCCEEDED:
-                output = decode_with(self._codec, record.output, "output")
-        except PayloadError as exc:
+                context = self._context(spec, record.task_id)
+                output = decode_with(self._codec, record.output, "output", context)
+        except InvalidArgument as exc:  # PayloadError, or a row no CodecContext can describe
             message = record.message
             if len(message) > 200:
                 message = f"{message[:200]}..."
@@ -1052,14 +1090,16 @@ class Scheduler:
         name = check.text(name, "schedule name")
         pool = self._pool(pool)
         parsed = CronSchedule.parse(cron, timezone)
+        kind = check.text(kind, "kind")
         spec = ScheduleSpec(
             name=name,
             cron=parsed.expression,
             timezone=parsed.timezone,
             template=TaskTemplate(
                 pool=pool,
-                kind=check.text(kind, "kind"),
-                payload=check.payload(self._codec, payload, self._max_payload),
+                kind=kind,
+                # Its tasks have no key (TaskSpec of a schedule's occurrence).
+                payload=self._payload(payload, kind, pool, None),
                 tags=check.tags(tags),
                 priority=check.integer(
                     priority, "priority", -check.MAX_PRIORITY, check.MAX_PRIORITY

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from cronoq._codecs import Codec, encode_payload
+from cronoq._codecs import Codec, CodecContext, encode_payload
 from cronoq._model import (
     DEFAULT_RETRY,
     NS_PER_S,
@@ -255,8 +255,8 @@ def retry(value: object) -> RetryPolicy:
     return value
 
 
-def payload(codec: Codec, value: Any, max_bytes: int) -> bytes:
-    data = encode_payload(codec, value)
+def payload(codec: Codec, value: Any, max_bytes: int, context: CodecContext | None = None) -> bytes:
+    data = encode_payload(codec, value, context)
     if len(data) > max_bytes:
         raise PayloadError(f"the payload is {len(data)} bytes encoded; the limit is {max_bytes}")
     return data
