@@ -9,19 +9,23 @@ refusal, for the life of the process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 import grpc
 import pytest
-from server_cluster import QUICK_RETRY, pg_store, sqlite_store
+from chaos import SHORT, Access
+from server_cluster import QUICK_RETRY, Balancer, pg_store, sqlite_store
 from server_pg import PG_DSN, pg_schema
 from server_process import ServerProcess, config_toml, running_server, start_server
 from test_server_auth import REQUIRED, TOKENS, call, identities_toml
 
 from cronoq import Status, TaskContext
-from cronoq_client import AsyncClient, Worker
+from cronoq.errors import SchedulerError, TaskNotFound
+from cronoq_client import AsyncClient, Tls, Worker
 from cronoq_client import protocol as wire
 from cronoq_store_postgres._schema import lock_key
 
@@ -138,3 +142,132 @@ async def test_a_server_started_under_retrying_clients_serves_them_once_it_leads
             await _runs_a_task(server.target)
     finally:
         await holder.close()
+
+
+# --- a frozen leader (issue 29, item 2) -----------------------------------------------------
+
+FREEZE_S = 20.0
+STORE_LEASE_S = 2.0
+"""The SQLite lease's ttl and the PostgreSQL session timeout of these tests' stores."""
+STALL_S = 1.0
+LOOPS_PER_CLIENT = 4
+
+
+@dataclass
+class _Sent:
+    begun: float
+    ended: float
+    task_id: int | None
+    applied: bool | None = None
+    """For a failed submit: the client's verdict (False: not applied; None: unknown)."""
+
+
+WARM_ACKS = 50
+"""Acknowledgements before the freeze: every client is connected and submitting."""
+
+
+async def _submit_loop(
+    client: AsyncClient, out: list[_Sent], warm: asyncio.Event, stop: asyncio.Event
+) -> None:
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        begun = loop.time()
+        try:
+            task_id: int | None = await client.submit("k", b"", pool="matrix")
+            applied: bool | None = True
+        except SchedulerError as err:
+            task_id, applied = None, err.applied
+        out.append(_Sent(begun, loop.time(), task_id, applied))
+        if sum(s.task_id is not None for s in out) >= WARM_ACKS:
+            warm.set()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(0.05):
+                await stop.wait()
+
+
+async def test_a_frozen_leader_costs_a_client_about_one_store_lease(
+    tmp_path: Path, section: str
+) -> None:
+    """A 20 s SIGSTOP of the leader, with TLS and tokens, clients listing both replicas and
+    others going through a balancer: the first acknowledgement of a submission sent after the
+    signal comes within the store's lease and 2 s, and only what was in flight on the frozen
+    connection (sent before the clients left it) is answered "outcome unknown"."""
+    access = Access.make(tmp_path)
+    config = config_toml(section, pools=POOLS, tables=access.tables)
+    first = await start_server(tmp_path, config)
+    servers = [first]
+    try:
+        await first.leading()
+        second = await start_server(tmp_path, config)
+        servers.append(second)
+        await second.wait_for("standby")
+        listed = [f"localhost:{s.grpc_port}" for s in servers]
+        async with Balancer([s.grpc_port for s in servers]) as balancer:
+            routes = [listed, [f"localhost:{balancer.port}"], listed]
+            clients = [
+                AsyncClient(
+                    route,
+                    tls=Tls(ca=str(access.ca)),
+                    token=access.tokens["app"],
+                    timeout=30.0,
+                    stall_timeout=STALL_S,
+                )
+                for route in routes
+            ]
+            sent: list[_Sent] = []
+            warm, stop = asyncio.Event(), asyncio.Event()
+            loops = [
+                asyncio.ensure_future(_submit_loop(client, sent, warm, stop))
+                for client in clients
+                for _ in range(LOOPS_PER_CLIENT)
+            ]
+            loop = asyncio.get_running_loop()
+            try:
+                await asyncio.wait_for(warm.wait(), TIMEOUT_S)
+                frozen_at = loop.time()
+                first.signal(signal.SIGSTOP)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(FREEZE_S):
+                        await stop.wait()  # timed: the freeze lasts FREEZE_S
+                first.signal(signal.SIGCONT)
+                stop.set()
+                await asyncio.gather(*loops)
+            finally:
+                stop.set()
+                first.signal(signal.SIGCONT)
+                for task in loops:
+                    task.cancel()
+                await asyncio.gather(*loops, return_exceptions=True)
+                for client in clients:
+                    await client.close()
+        after = [s for s in sent if s.begun >= frozen_at]
+        first_ack = min(s.ended for s in after if s.task_id is not None) - frozen_at
+        unknown = [s for s in sent if s.task_id is None and s.applied is None]
+        late_unknown = [s for s in unknown if s.begun > frozen_at + STALL_S]
+        refused = [s for s in after if s.task_id is None and s.applied is False]
+        print(
+            f"\nfrozen leader: first acknowledgement after {first_ack:.3f} s; "
+            f"{len(after)} submissions sent during the freeze, {len(unknown)} unknown "
+            f"(all sent before {max((s.begun for s in unknown), default=frozen_at) - frozen_at:.3f}"
+            f" s), {len(refused)} refused"
+        )
+        assert first_ack <= STORE_LEASE_S + 2.0, first_ack
+        # Whatever the clients sent once they had left the frozen connection was answered.
+        assert not late_unknown, [(s.begun - frozen_at, s.ended - frozen_at) for s in late_unknown]
+        assert not refused, len(refused)
+        acknowledged = {s.task_id for s in sent if s.task_id is not None}
+        async with access.client(f"localhost:{second.grpc_port}", SHORT) as reader:
+            missing = [t for t in acknowledged if not await _exists(reader, t)]
+        assert not missing, missing
+    finally:
+        for server in servers:
+            server.signal(signal.SIGCONT)
+        await asyncio.gather(*(s.stop() for s in servers))
+
+
+async def _exists(client: AsyncClient, task_id: int) -> bool:
+    try:
+        await client.get(task_id, include_payload=False, include_output=False)
+    except TaskNotFound:
+        return False
+    return True
