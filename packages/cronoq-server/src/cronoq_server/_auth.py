@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from grpc_health.v1 import health
@@ -370,7 +370,7 @@ class Guard:
 
 
 _Behaviour = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]
-_Handler = grpc.RpcMethodHandler[Any, Any]
+_Handler: TypeAlias = "grpc.RpcMethodHandler[Any, Any]"
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
