@@ -28,7 +28,7 @@ from grpc_reflection.v1alpha import reflection_pb2
 from server_process import AttachStream, ServerProcess, config_toml, running_server
 from tls_material import Authority
 
-from cronoq import AttemptToken, BytesCodec, LeasedAttempt, TaskRequest
+from cronoq import AttemptToken, BytesCodec, CancelRequested, LeasedAttempt, TaskRequest
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb
 from cronoq_server import ConfigError, load_config
@@ -387,6 +387,50 @@ async def test_a_worker_of_pool_a_never_gets_an_attempt_of_pool_b(
         wire.get_request(in_b, include_output=True), metadata=metadata(TOKENS["admin"])
     )
     assert done.output == b"mine"
+
+
+async def test_attach_refuses_a_running_attempt_of_a_pool_it_may_not_work_on(
+    channel: grpc.aio.Channel,
+) -> None:
+    """Issue 29 item 2: worker-a (pool-a) re-attaching with pool-b's attempt and its lease id
+    among its running attempts is refused PERMISSION_DENIED, and nothing moves: the attempt
+    stays on pool-b's worker's link, which still receives its cancellation."""
+    in_b = await _submit(channel, "pool-b")
+    admin = await _attach(channel, TOKENS["admin"], ["pool-b"])
+    try:
+        theirs = await _leased(admin, in_b)
+        running = [(theirs.token, theirs.lease_id)]
+        request = wire.attach_request("w", ["pool-a"], 2, running=running)
+        err = await call(channel, "Attach", TOKENS["worker-a"], request)
+        assert err is not None and err.code() is Code.PERMISSION_DENIED, err
+        assert err.details() == "identity 'worker-a' lacks the permission 'work' on pool 'pool-b'"
+        stub = wire.pb_grpc.SchedulerServiceStub(channel)
+        await stub.Cancel(
+            wire.cancel_request(in_b), metadata=metadata(TOKENS["admin"]), timeout=TIMEOUT
+        )
+        async with asyncio.timeout(TIMEOUT):
+            cancel = await admin.event()
+        assert isinstance(cancel, CancelRequested) and cancel.token == theirs.token
+        # A running attempt this scheduler never leased (a guessed token) is no refusal: it is
+        # held as an unproven claim, which moves nothing and learns nothing.
+        guessed = [(AttemptToken(theirs.token.epoch, 2**40, 1), bytes(16))]
+        request = wire.attach_request("w", ["pool-a"], 2, running=guessed)
+        assert await call(channel, "Attach", TOKENS["worker-a"], request) is None
+        report = wire.report_request(theirs.token, theirs.lease_id, wire.ReportFailure("stop"))
+        await wire.pb_grpc.WorkerServiceStub(channel).Report(
+            report, metadata=metadata(TOKENS["admin"]), timeout=TIMEOUT
+        )
+    finally:
+        admin.cancel()
+
+
+async def _leased(stream: AttachStream, task_id: int) -> LeasedAttempt:
+    """The attempt of ``task_id`` from this stream (others that come first are skipped)."""
+    async with asyncio.timeout(TIMEOUT):
+        while True:
+            event = await stream.event()
+            if isinstance(event, LeasedAttempt) and event.token.task_id == task_id:
+                return event
 
 
 async def test_health_is_open_and_reflection_needs_an_identity(

@@ -451,6 +451,12 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
             options = wire.attach_kwargs(request)
             for pool in options["pools"]:
                 authorize_pool("work", pool)
+            # And the attempts it says it runs: one of a pool it may not work on would move
+            # to this link, with its cancellation. Checked before anything moves, as a
+            # heartbeat of each would be (an attempt this scheduler did not lease is left to
+            # it: it becomes a claim that moves nothing until a heartbeat proves it).
+            for token, lease_id in options["running"]:
+                authorize_attempt(sched, token, lease_id)
             worker_limit = wire.attach_message_limit(request)
             if worker_limit is not None and worker_limit < self._max_message_bytes:
                 # An attempt as large as the server takes would break this worker's stream,
