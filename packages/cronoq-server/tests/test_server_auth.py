@@ -389,6 +389,91 @@ async def test_a_worker_of_pool_a_never_gets_an_attempt_of_pool_b(
     assert done.output == b"mine"
 
 
+# --- issue 29: keys, Attach's running attempts, one log line per refused call ----------------
+
+
+def _stub(channel: grpc.aio.Channel) -> wire.pb_grpc.SchedulerServiceAsyncStub:
+    return wire.pb_grpc.SchedulerServiceStub(channel)
+
+
+async def _tagged(channel: grpc.aio.Channel, tag: str) -> list[tuple[int, str, str | None]]:
+    """The tasks of this tag, as the admin lists them: (id, pool, key)."""
+    reply = await _stub(channel).List(
+        wire.list_request(tag=tag), metadata=metadata(TOKENS["admin"]), timeout=TIMEOUT
+    )
+    return [(t.task_id, t.pool, t.key if t.HasField("key") else None) for t in reply.tasks]
+
+
+async def test_a_key_held_outside_the_grant_is_refused_without_naming_its_task(
+    channel: grpc.aio.Channel,
+) -> None:
+    """Issue 29 item 1: a submitter limited to pools matrix and pool-a that names the key of
+    a live or finished task of pool-b (or, limited to kinds, of another kind) is refused
+    PERMISSION_DENIED, never answered with that task's id, and nothing is created."""
+    tag = f"keys-{uuid.uuid4().hex}"
+    codec = BytesCodec()
+    stub = _stub(channel)
+    as_admin = metadata(TOKENS["admin"])
+
+    async def admin_submit(kind: str, pool: str, key: str) -> int:
+        request = wire.submit_request(TaskRequest(kind, pool=pool, key=key, tags=[tag]), codec)
+        return (await stub.Submit(request, metadata=as_admin, timeout=TIMEOUT)).task_id
+
+    live = await admin_submit("k", "pool-b", f"{tag}-live")
+    done = await admin_submit("k", "pool-b", f"{tag}-done")
+    await stub.Cancel(wire.cancel_request(done), metadata=as_admin, timeout=TIMEOUT)
+    other_kind = await admin_submit("other", "matrix", f"{tag}-kind")
+    own = await admin_submit("k", "pool-a", f"{tag}-own")
+    before = await _tagged(channel, tag)
+
+    def submission(key: str | None, pool: str = "pool-a") -> pb.SubmitRequest:
+        return wire.submit_request(TaskRequest("k", pool=pool, key=key, tags=[tag]), codec)
+
+    for key, holder in ((f"{tag}-live", live), (f"{tag}-done", done)):
+        err = await call(channel, "Submit", TOKENS["submitter"], submission(key))
+        assert err is not None and err.code() is Code.PERMISSION_DENIED, err
+        assert err.details() == (
+            f"identity 'submitter' may not submit with this key: the key {key!r} is held by a "
+            "task outside the pools and kinds this submission may use (give each tenant keys "
+            "of its own, with a prefix)"
+        )
+        assert str(holder) not in (err.details() or "")
+        assert getattr(wire.error_from_rpc(err), "permission", None) == "submit"
+        # Whole: the other task of the batch is not created either.
+        many = pb.SubmitManyRequest(tasks=[submission(None).task, submission(key).task])
+        err = await call(channel, "SubmitMany", TOKENS["submitter"], many)
+        assert err is not None and err.code() is Code.PERMISSION_DENIED, err
+    # Each alone: the one with the key is refused, the others are submitted.
+    each = pb.SubmitEachRequest(
+        submissions=[submission(None), submission(f"{tag}-live"), submission(f"{tag}-new")]
+    )
+    reply = await stub.SubmitEach(each, metadata=metadata(TOKENS["submitter"]), timeout=TIMEOUT)
+    first, refused, new = reply.results
+    assert refused.refused.reason == "PERMISSION_DENIED"
+    assert str(live) not in refused.refused.message
+    # Limited to kinds: a key held by a task of another kind (in a pool it may use).
+    kind_limited = wire.submit_request(
+        TaskRequest("k", pool="matrix", key=f"{tag}-kind", tags=[tag]), codec
+    )
+    err = await call(channel, "Submit", TOKENS["kind-limited"], kind_limited)
+    assert err is not None and err.code() is Code.PERMISSION_DENIED, err
+    assert str(other_kind) not in (err.details() or "")
+    # A key held inside the grant is deduplicated as ever, and an admin's key as before.
+    again = await stub.Submit(
+        submission(f"{tag}-own"), metadata=metadata(TOKENS["submitter"]), timeout=TIMEOUT
+    )
+    assert again.task_id == own
+    theirs = await stub.Submit(submission(f"{tag}-live"), metadata=as_admin, timeout=TIMEOUT)
+    assert theirs.task_id == live
+    # Nothing was created by a refusal: only SubmitEach's two accepted submissions are new.
+    after = await _tagged(channel, tag)
+    assert after == [
+        *before,
+        (first.task_id, "pool-a", None),
+        (new.task_id, "pool-a", f"{tag}-new"),
+    ]
+
+
 async def test_attach_refuses_a_running_attempt_of_a_pool_it_may_not_work_on(
     channel: grpc.aio.Channel,
 ) -> None:
@@ -404,7 +489,7 @@ async def test_attach_refuses_a_running_attempt_of_a_pool_it_may_not_work_on(
         err = await call(channel, "Attach", TOKENS["worker-a"], request)
         assert err is not None and err.code() is Code.PERMISSION_DENIED, err
         assert err.details() == "identity 'worker-a' lacks the permission 'work' on pool 'pool-b'"
-        stub = wire.pb_grpc.SchedulerServiceStub(channel)
+        stub = _stub(channel)
         await stub.Cancel(
             wire.cancel_request(in_b), metadata=metadata(TOKENS["admin"]), timeout=TIMEOUT
         )

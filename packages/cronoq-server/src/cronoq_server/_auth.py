@@ -46,6 +46,8 @@ __all__ = [
     "authorize_attempt",
     "authorize_pool",
     "caller_identity",
+    "key_refused",
+    "key_scope",
     "parse_tokens_file",
 ]
 
@@ -179,6 +181,34 @@ def authorize_pool(permission: str, pool: str, kind: str | None = None) -> None:
     except PermissionDenied as exc:
         caller.guard.deny(exc, caller.grant, caller.method)
         raise
+
+
+def key_scope() -> dict[str, frozenset[str] | None]:
+    """The arguments of ``Scheduler.submit_specs`` that keep a submission's key from
+    answering with a task outside the caller's grant (its submit pools and kinds): none for
+    an admin, an unrestricted identity, or when authentication is off."""
+    caller = _caller.get()
+    grant = None if caller is None else caller.grant
+    if grant is None or "admin" in grant.permissions:
+        return {}
+    if grant.submit_pools is None and grant.submit_kinds is None:
+        return {}
+    return {"key_pools": grant.submit_pools, "key_kinds": grant.submit_kinds}
+
+
+def key_refused(exc: PermissionDenied) -> PermissionDenied:
+    """The scheduler's refusal of a key held by a task outside ``key_scope()``, as the
+    caller's: naming its identity (never the task), counted and logged as a refusal."""
+    caller = _caller.get()
+    if caller is None:  # no scope was given: the scheduler does not refuse a key then
+        return exc
+    refused = PermissionDenied(
+        f"identity {caller.grant.name!r} may not submit with this key: {exc} (give each "
+        "tenant keys of its own, with a prefix)",
+        exc.permission,
+    )
+    caller.guard.deny(refused, caller.grant, caller.method)
+    return refused
 
 
 def authorize_attempt(sched: Scheduler, token: AttemptToken, lease_id: bytes) -> None:

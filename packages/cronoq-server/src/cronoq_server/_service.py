@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 
 from cronoq import (
     CancelRequested,
+    CheckedTask,
     LeasedAttempt,
     LeaseRenewed,
     Scheduler,
@@ -29,10 +30,16 @@ from cronoq import (
     TraceContext,
     preview,
 )
-from cronoq.errors import CronoqError, InvalidArgument, WaitTimedOut
+from cronoq.errors import CronoqError, InvalidArgument, PermissionDenied, WaitTimedOut
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
-from cronoq_server._auth import authorize_attempt, authorize_pool, caller_identity
+from cronoq_server._auth import (
+    authorize_attempt,
+    authorize_pool,
+    caller_identity,
+    key_refused,
+    key_scope,
+)
 from cronoq_server._links import Links
 from cronoq_server._replica import NotServing, Replica
 
@@ -229,7 +236,7 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         """A Submit's task, decoded, checked and submitted: its id."""
         task = wire.task_spec_from_pb(request.task, sched, time.time_ns(), trace)
         wire.check_attempts_fit(request, [task.spec], self._max_message_bytes)
-        [task_id] = await sched.submit_specs([task])
+        [task_id] = await _submit_specs(sched, [task])
         return task_id
 
     @_unary
@@ -242,7 +249,7 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         trace = TraceContext.from_metadata(context.invocation_metadata())
         tasks = wire.submit_many_specs(request, sched, time.time_ns(), trace)
         wire.check_attempts_fit(request, [t.spec for t in tasks], self._max_message_bytes)
-        return pb.SubmitManyResponse(task_ids=await sched.submit_specs(tasks))
+        return pb.SubmitManyResponse(task_ids=await _submit_specs(sched, tasks))
 
     def _task(
         self, info: TaskInfo, request: pb.GetRequest | pb.GetByKeyRequest | pb.WaitRequest
@@ -548,6 +555,16 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
             *(_report(sched, report) for report in reports), return_exceptions=True
         )
         return pb.ReportManyResponse(results=map(wire.report_result, _each(outcomes)))
+
+
+async def _submit_specs(sched: Scheduler, tasks: list[CheckedTask]) -> list[int]:
+    """``sched.submit_specs``, whose keys answer only with tasks inside the caller's grant:
+    a key held by another pool's (or kind's) task refuses the call, applying nothing and
+    naming no task (docs/security.md, "Keys")."""
+    try:
+        return await sched.submit_specs(tasks, **key_scope())
+    except PermissionDenied as exc:
+        raise key_refused(exc) from None
 
 
 def _each(outcomes: Sequence[_Outcome | BaseException]) -> list[_Outcome | CronoqError]:
