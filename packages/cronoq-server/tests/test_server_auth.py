@@ -518,6 +518,87 @@ async def _leased(stream: AttachStream, task_id: int) -> LeasedAttempt:
                 return event
 
 
+def _denied_total(body: str, permission: str) -> float:
+    prefix = f'cronoq_permission_denied_total{{permission="{permission}"}} '
+    found = [float(line[len(prefix) :]) for line in body.splitlines() if line.startswith(prefix)]
+    return found[0] if found else 0.0
+
+
+async def _metrics(server: ServerProcess) -> str:
+    status, body = await asyncio.to_thread(_get, f"{server.http}/metrics", TOKENS["watcher"])
+    assert status == 200
+    return body
+
+
+async def test_a_refused_batch_call_is_logged_in_one_line_with_its_count(
+    server: ServerProcess, channel: grpc.aio.Channel
+) -> None:
+    """Issue 29 item 3: a SubmitEach of 1,000 refused submissions (and a SubmitMany of 1,000
+    tasks outside the grant, a HeartbeatMany and a ReportMany of 500 refused entries) logs one
+    ``permission denied`` line per call, with the number of items it refused. The metric
+    counts each refused item of a batch answered item by item, and a SubmitMany once."""
+    start = len(server.lines)
+    earlier = {id(line) for line in server.lines}
+    metrics_before = await _metrics(server)
+    codec = BytesCodec()
+    as_submitter = metadata(TOKENS["submitter"])
+    refused = wire.submit_request(TaskRequest("k", pool="pool-b"), codec)
+    each = await _stub(channel).SubmitEach(
+        pb.SubmitEachRequest(submissions=[refused] * 1000), metadata=as_submitter, timeout=TIMEOUT
+    )
+    assert {r.refused.reason for r in each.results} == {"PERMISSION_DENIED"}
+    many = wire.submit_many_request(
+        [TaskRequest("k", pool="pool-b", key=f"many-{i}") for i in range(1000)], codec
+    )
+    err = await call(channel, "SubmitMany", TOKENS["submitter"], many)
+    assert err is not None and err.code() is Code.PERMISSION_DENIED
+    in_b = await _submit(channel, "pool-b")
+    admin = await _attach(channel, TOKENS["admin"], ["pool-b"])
+    try:
+        theirs = await _leased(admin, in_b)
+        as_worker = metadata(TOKENS["worker-a"])
+        worker_stub = wire.pb_grpc.WorkerServiceStub(channel)
+        stolen = wire.heartbeat_request(theirs.token, theirs.lease_id)
+        beats = await worker_stub.HeartbeatMany(
+            pb.HeartbeatManyRequest(heartbeats=[stolen] * 500), metadata=as_worker
+        )
+        assert {r.refused.reason for r in beats.results} == {"PERMISSION_DENIED"}
+        report = wire.report_request(theirs.token, theirs.lease_id, wire.ReportSuccess(None))
+        reports = await worker_stub.ReportMany(
+            pb.ReportManyRequest(reports=[report] * 500), metadata=as_worker
+        )
+        assert {r.reason for r in reports.results} == {"PERMISSION_DENIED"}
+        await worker_stub.Report(report, metadata=metadata(TOKENS["admin"]), timeout=TIMEOUT)
+    finally:
+        admin.cancel()
+    # A last refused call: once its line is in, so is every line of the calls before it.
+    await call(channel, "Get", TOKENS["watcher"])
+    await server.wait_line(
+        lambda line: (
+            id(line) not in earlier
+            and line.get("msg") == "permission denied"
+            and line.get("identity") == "watcher"
+        ),
+        "the last refusal's line",
+    )
+    denials = [
+        (line["method"].rsplit("/", 1)[-1], line.get("refused"))
+        for line in server.lines[start:]
+        if line.get("msg") == "permission denied" and line.get("identity") != "watcher"
+    ]
+    assert sorted(denials) == [
+        ("HeartbeatMany", "500"),
+        ("ReportMany", "500"),
+        ("SubmitEach", "1000"),
+        ("SubmitMany", "1000"),
+    ]
+    metrics_after = await _metrics(server)
+    assert _denied_total(metrics_after, "submit") - _denied_total(metrics_before, "submit") == (
+        1000 + 1
+    )
+    assert _denied_total(metrics_after, "work") - _denied_total(metrics_before, "work") == 1000
+
+
 async def test_health_is_open_and_reflection_needs_an_identity(
     channel: grpc.aio.Channel,
 ) -> None:

@@ -36,9 +36,11 @@ from cronoq_client.protocol import pb, pb_grpc
 from cronoq_server._auth import (
     authorize_attempt,
     authorize_pool,
+    authorize_tasks,
     caller_identity,
     key_refused,
     key_scope,
+    refusals_tallied,
 )
 from cronoq_server._links import Links
 from cronoq_server._replica import NotServing, Replica
@@ -211,11 +213,13 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         sched = self._leader()
         trace = TraceContext.from_metadata(context.invocation_metadata())
         # Each submission is a Scheduler call of its own, all queued before the driver's next
-        # step runs: those accepted are applied in one step and committed together.
-        outcomes = await asyncio.gather(
-            *(self._authorized_submit(sched, s, trace) for s in submissions),
-            return_exceptions=True,
-        )
+        # step runs: those accepted are applied in one step and committed together. Those
+        # refused for their pool, kind or key are logged in one line, not one each.
+        with refusals_tallied():
+            outcomes = await asyncio.gather(
+                *(self._authorized_submit(sched, s, trace) for s in submissions),
+                return_exceptions=True,
+            )
         # Every failure is that submission's own answer, not the call's: once one was applied
         # the call cannot fail as a whole without the client repeating it (a scheduler that
         # stops within the step may still refuse the next with STOPPING).
@@ -243,13 +247,15 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
     async def SubmitMany(
         self, request: pb.SubmitManyRequest, context: Any
     ) -> pb.SubmitManyResponse:
-        for pool, kind in dict.fromkeys(map(wire.pool_and_kind, wire.submit_many_tasks(request))):
-            authorize_pool("submit", pool, kind)
+        tasks = wire.submit_many_tasks(request)
+        # The compact form's one common request stands for each of its payloads.
+        copies = max(1, len(request.payloads)) if request.HasField("common") else 1
+        authorize_tasks(map(wire.pool_and_kind, tasks), copies)
         sched = self._leader()
         trace = TraceContext.from_metadata(context.invocation_metadata())
-        tasks = wire.submit_many_specs(request, sched, time.time_ns(), trace)
-        wire.check_attempts_fit(request, [t.spec for t in tasks], self._max_message_bytes)
-        return pb.SubmitManyResponse(task_ids=await _submit_specs(sched, tasks))
+        specs = wire.submit_many_specs(request, sched, time.time_ns(), trace)
+        wire.check_attempts_fit(request, [t.spec for t in specs], self._max_message_bytes)
+        return pb.SubmitManyResponse(task_ids=await _submit_specs(sched, specs))
 
     def _task(
         self, info: TaskInfo, request: pb.GetRequest | pb.GetByKeyRequest | pb.WaitRequest
@@ -533,9 +539,11 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
         sched = self._leader(reporting=True)
         # Each heartbeat is a Scheduler call of its own, queued before the driver's next step
         # runs: those of one call are applied in one step (a heartbeat commits nothing).
-        outcomes = await asyncio.gather(
-            *(_heartbeat(sched, heartbeat) for heartbeat in heartbeats), return_exceptions=True
-        )
+        with refusals_tallied():
+            outcomes = await asyncio.gather(
+                *(_heartbeat(sched, heartbeat) for heartbeat in heartbeats),
+                return_exceptions=True,
+            )
         return pb.HeartbeatManyResponse(results=map(wire.heartbeat_result, _each(outcomes)))
 
     @_unary
@@ -551,9 +559,10 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
         reports = wire.report_many_from_pb(request)
         # Each report is a Scheduler call of its own; those that arrive together are judged
         # in one step and committed together.
-        outcomes = await asyncio.gather(
-            *(_report(sched, report) for report in reports), return_exceptions=True
-        )
+        with refusals_tallied():
+            outcomes = await asyncio.gather(
+                *(_report(sched, report) for report in reports), return_exceptions=True
+            )
         return pb.ReportManyResponse(results=map(wire.report_result, _each(outcomes)))
 
 
