@@ -294,11 +294,84 @@ async def test_an_action_needs_the_sessions_csrf_token_and_a_same_origin_form() 
             data={**form, "csrf": csrf, "back": "//evil.example/"},
             allow_redirects=False,
         ) as answer:
+            assert answer.status == 400  # never another site, and nothing applied
+        assert (await sched.get(task_id)).status is Status.READY
+        async with h.http.post(
+            "/ui/act/cancel", data={**form, "csrf": csrf}, allow_redirects=False
+        ) as answer:
             assert answer.status == 303
-            assert answer.headers["Location"] == "/ui/tasks"  # never another site
+            assert answer.headers["Location"] == "/ui/tasks"
         assert (await sched.get(task_id)).status is Status.CANCELLED
         page = await text(h.http, "/ui/tasks")
         assert f"task {task_id}: cancel requested, it is cancelled" in page
+
+
+BAD_TARGETS = [
+    "/ui/tasks\r\nSet-Cookie: x=1",  # CR LF: a header of the attacker's
+    "/ui/tasks\n",
+    "/ui/tasks\x00",
+    "/ui/tasks\x7f",
+    "/ui/tasks\u2028",
+    "/ui/\u202etasks",  # a bidirectional override
+    "//evil.example/ui/",
+    "https://evil.example/ui/",
+    "/ui\\evil.example",
+    "/elsewhere",
+    "/ui/" + "x" * 2048,
+]
+
+
+@pytest.mark.parametrize("back", BAD_TARGETS)
+async def test_an_action_with_a_bad_return_address_is_a_400_and_applies_nothing(
+    back: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 29 item 4: the action used to be applied and the browser left without an answer
+    (aiohttp refused the header, with a 2 KB traceback in the log)."""
+    caplog.set_level(logging.DEBUG)
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        task_id = await sched.submit("k", None)
+        csrf = await csrf_of(h.http)
+        form = {"task": str(task_id), "csrf": csrf, "back": back}
+        async with h.http.post("/ui/act/cancel", data=form, allow_redirects=False) as answer:
+            assert answer.status == 400
+            body = await answer.text()
+        message = "back must be a page of this dashboard: a path under /ui/, without control"
+        assert message in body
+        assert (await sched.get(task_id)).status is Status.READY
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("target", BAD_TARGETS)
+async def test_a_sign_in_with_a_bad_next_page_is_a_400_and_opens_no_session(
+    target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with harness() as h:
+        async with h.http.get(f"/ui/signin?next={quote(target, safe='')}") as answer:
+            assert answer.status == 400
+            assert "next must be a page of this dashboard" in await answer.text()
+        form = {"token": TOKENS["admin"], "next": target}
+        async with h.http.post("/ui/signin", data=form, allow_redirects=False) as answer:
+            assert answer.status == 400
+            assert "Set-Cookie" not in answer.headers
+        assert list(h.http.cookie_jar) == []
+        await text(h.http, "/ui/tasks", 303)  # not signed in
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+async def test_a_return_address_with_other_characters_is_sent_percent_encoded() -> None:
+    """A page's own address (``request.path_qs``, its query decoded) goes back as it came,
+    with what a header must not carry raw percent-encoded."""
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        task_id = await sched.submit("k", None)
+        csrf = await csrf_of(h.http)
+        form = {"task": str(task_id), "csrf": csrf, "back": "/ui/tasks?kind=é x<y>&tag=a%26b"}
+        async with h.http.post("/ui/act/cancel", data=form, allow_redirects=False) as answer:
+            assert answer.status == 303
+            assert answer.headers["Location"] == "/ui/tasks?kind=%C3%A9%20x<y>&tag=a%26b"
+        assert (await sched.get(task_id)).status is Status.CANCELLED
 
 
 async def test_a_refused_action_says_why_and_a_bad_target_is_a_400() -> None:

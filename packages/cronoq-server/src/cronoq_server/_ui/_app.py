@@ -21,6 +21,7 @@ import contextlib
 import hmac
 import logging
 import time
+import unicodedata
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -246,17 +247,39 @@ _SECURITY_HEADERS = {
 }
 
 
+_LOCATION_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "\\")
+"""What a Location header carries as it is: printable ASCII (a page's own query, as
+``request.path_qs`` gives it, may hold any other character: those are percent-encoded)."""
+_MAX_TARGET = 2048
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+"""Control and format characters, surrogates, line and paragraph separators: never in a
+redirect (CR LF would end the Location header inside it)."""
+
+
 def _redirect(location: str) -> web.Response:
-    return web.Response(status=303, headers={"Location": location})
+    return web.Response(status=303, headers={"Location": quote(location, safe=_LOCATION_SAFE)})
 
 
-def _back(value: str | None, default: str) -> str:
-    """A page of the dashboard to return to: never another site (``//host``, a scheme)."""
-    if not value or len(value) > 2048 or not value.startswith(f"{PREFIX}/"):
+def _target(value: object, field: str, default: str) -> str:
+    """The page of this dashboard to go to after a form (an action's ``back``, the sign-in's
+    ``next``), ``default`` when the form names none. Anything else is a 400 before anything
+    is applied: a control character (CR LF would split the redirect's header), or a place
+    that is not a path of this dashboard (another site: ``//host``, a scheme, a backslash)."""
+    if value is None or value == "":
         return default
+    refused = _Refused(
+        400, f"{field} must be a page of this dashboard: a path under {PREFIX}/, without "
+        "control characters, of at most 2,048 characters",
+    )  # fmt: skip
+    if not isinstance(value, str) or len(value) > _MAX_TARGET:
+        raise refused
+    if not value.startswith(f"{PREFIX}/") or "\\" in value:
+        raise refused
+    if any(unicodedata.category(c) in _UNSAFE_CATEGORIES for c in value):
+        raise refused
     parts = urlsplit(value)
-    if parts.scheme or parts.netloc or "\\" in value:
-        return default
+    if parts.scheme or parts.netloc:
+        raise refused
     return value
 
 
@@ -560,8 +583,7 @@ class Dashboard:
         if not isinstance(raw, str) or not raw or len(raw) > 255:
             raise _Refused(400, f"the form needs a {action.target} (at most 255 characters)")
         target: int | str = parse_id(raw, "task id") if action.target == "task" else raw
-        back_field = visit.form.get("back")
-        back = _back(back_field if isinstance(back_field, str) else None, _BACK[action.target])
+        back = _target(visit.form.get("back"), "back", _BACK[action.target])
         sched = self._replica.leader()
         self._pools_seen = None  # the next page shows the pool as the action left it
         try:
@@ -577,14 +599,15 @@ class Dashboard:
 
     async def _signin_page(self, visit: _Visit) -> web.Response:
         next_page = visit.request.query.get("next", "")
+        _target(next_page, "next", "")  # refused now, not once a token was typed
         return self._render(visit, "signin.html", title="Sign in", next=next_page, failed=False)
 
     async def _signin(self, visit: _Visit) -> web.Response:
         assert self._guard is not None  # with authentication off, every browser has a session
         request = visit.request
         form = await request.post()
-        token, target = form.get("token"), form.get("next")
-        next_page = _back(target if isinstance(target, str) else None, f"{PREFIX}/")
+        token = form.get("token")
+        next_page = _target(form.get("next"), "next", f"{PREFIX}/")
         try:
             if not isinstance(token, str) or len(token) > _MAX_TOKEN:
                 raise Unauthenticated("the credentials were not accepted")
