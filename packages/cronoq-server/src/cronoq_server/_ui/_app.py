@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import time
 import unicodedata
 from collections import deque
@@ -51,7 +52,14 @@ from cronoq_server._auth import METHOD_PERMISSIONS, Grant, Guard
 from cronoq_server._http import Readiness
 from cronoq_server._replica import NotServing, Replica, Role
 from cronoq_server._ui._samples import SAMPLE_INTERVAL_S, WINDOW_S, Sample, chart, rates
-from cronoq_server._ui._sessions import SESSION_LIFETIME_S, Session, Sessions
+from cronoq_server._ui._sessions import (
+    SESSION_LIFETIME_S,
+    Limited,
+    Session,
+    Sessions,
+    SessionsFull,
+    SignInLimiter,
+)
 from cronoq_server._ui._views import TaskQuery, attempt_rows, parse_id
 from cronoq_server._ui._views import preview as data_preview
 
@@ -318,15 +326,20 @@ class Dashboard:
         workers: Callable[[], list[WorkerInfo]],
         guard: Guard | None,
         closed: str | None = None,
+        sessions: Sessions | None = None,
+        sign_ins: SignInLimiter | None = None,
     ) -> None:
         """``workers``: the worker links of the replica's leading server object. ``closed``:
-        why the dashboard serves nothing (authentication off on a non-loopback port)."""
+        why the dashboard serves nothing (authentication off on a non-loopback port).
+        ``sessions``, ``sign_ins``: the sessions and the sign-in rate limits (the defaults of
+        ``_sessions`` unless given)."""
         self._replica = replica
         self._readiness = readiness
         self._workers = workers
         self._guard = guard
         self._closed = closed
-        self._sessions = Sessions()
+        self._sessions = Sessions() if sessions is None else sessions
+        self._sign_ins = SignInLimiter() if sign_ins is None else sign_ins
         self._templates = _environment()
         self._assets = _static()
         self._samples: deque[Sample] = deque(maxlen=int(WINDOW_S / SAMPLE_INTERVAL_S) + 1)
@@ -605,22 +618,43 @@ class Dashboard:
     async def _signin(self, visit: _Visit) -> web.Response:
         assert self._guard is not None  # with authentication off, every browser has a session
         request = visit.request
+        peer = request.remote or ""
+        # Every attempt counts, failed or not, before its token is even looked at.
+        limited = self._sign_ins.admit(peer)
+        if limited is not None:
+            return self._limited(visit, limited, peer)
         form = await request.post()
         token = form.get("token")
         next_page = _target(form.get("next"), "next", f"{PREFIX}/")
         try:
             if not isinstance(token, str) or len(token) > _MAX_TOKEN:
                 raise Unauthenticated("the credentials were not accepted")
-            grant, token_digest = self._guard.sign_in(token, request.remote or "")
+            grant, token_digest = self._guard.sign_in(token, peer)
         except Unauthenticated:
             return self._render(
                 visit, "signin.html", 401, title="Sign in", next=next_page, failed=True
             )
-        session_id, _ = self._sessions.open(grant, token_digest)
+        try:
+            session_id, _ = self._sessions.open(grant, token_digest)
+        except SessionsFull as exc:
+            log.warning("dashboard sign-in refused: sessions full", extra={"identity": grant.name})
+            return _retry_after(self._error(visit, 503, str(exc)), exc.retry_after)
         response = _redirect(next_page)
         _set_cookie(request, response, session_id)
         log.info("dashboard sign-in", extra={"identity": grant.name})
         return response
+
+    def _limited(self, visit: _Visit, limited: Limited, peer: str) -> web.Response:
+        """A sign-in refused for its rate: 429, with when to try again. Logged once per
+        spell of refusals (a flood of attempts is one line, not one each)."""
+        if limited.first:
+            log.warning(
+                "dashboard sign-ins limited",
+                extra={"peer": peer, "scope": limited.scope, "retry_after_s": limited.retry_after},
+            )
+        whose = "from this address" if limited.scope == "peer" else "on this server"
+        message = f"too many sign-in attempts {whose}: try again in {limited.retry_after} s"
+        return _retry_after(self._error(visit, 429, message), limited.retry_after)
 
     async def _signout(self, visit: _Visit) -> web.Response:
         self._sessions.close(visit.request.cookies.get(COOKIE, ""))
@@ -675,6 +709,11 @@ def _status_of(exc: CronoqError) -> int:
     if isinstance(exc, InvalidArgument):
         return 400
     return 409
+
+
+def _retry_after(response: web.Response, seconds: float) -> web.Response:
+    response.headers["Retry-After"] = str(max(1, math.ceil(seconds)))
+    return response
 
 
 def _check_origin(request: web.Request) -> None:
