@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import secrets
 import signal
 import socket
@@ -32,6 +33,8 @@ from cronoq import AttemptToken, BytesCodec, CancelRequested, LeasedAttempt, Tas
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb
 from cronoq_server import ConfigError, load_config
+from cronoq_server._config import AuthSettings, IdentitySettings
+from cronoq_server._credentials import CredentialFiles
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -704,6 +707,122 @@ async def test_a_token_revoked_by_a_reload_is_refused(tmp_path: Path) -> None:
         await server.wait_for("credentials_reload_failed")
         assert await call(channel, "List", third) is None
         assert not [line for line in server.raw if any(t in line for t in (first, second, third))]
+
+
+async def _next_reload(server: ServerProcess, earlier: set[int]) -> dict[str, str]:
+    """The first ``credentials_reloaded`` or ``credentials_reload_failed`` line not among
+    ``earlier`` (the ids of lines seen before), waiting for it; it joins ``earlier``."""
+    line = await server.wait_line(
+        lambda line: (
+            id(line) not in earlier
+            and line.get("msg") in ("credentials_reloaded", "credentials_reload_failed")
+        ),
+        "a reload",
+    )
+    earlier.update(id(seen) for seen in server.lines)
+    return line
+
+
+async def test_an_empty_missing_or_broken_tokens_file_on_reload_keeps_the_tokens(
+    tmp_path: Path,
+) -> None:
+    """Issue 29 item 6: a tokens file read empty on reload (an editor that truncates, then
+    writes) revoked every token in it. Empty (or blank), missing, or unparsable, a reload
+    now keeps the tokens read before and says so in one line; a file of comments alone is a
+    deliberate "no tokens" and revokes them."""
+    token = secrets.token_urlsafe(32)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"rotating {sha256(token)}\n")
+    tokens.chmod(0o600)
+    tables = (
+        f"[auth]\ntokens_file = {json.dumps(str(tokens))}\nreload_interval_s = 600\n"
+        + identities_toml({"rotating": {"permissions": ["read"]}}, {})
+    )
+    async with (
+        running_server(tmp_path, config_toml(MEMORY, tables=tables)) as server,
+        grpc.aio.insecure_channel(server.target) as channel,
+    ):
+        await server.leading()
+        earlier = {id(line) for line in server.lines}
+        assert await call(channel, "List", token) is None
+        damages: dict[str, str | None] = {  # the file's new text; None: removed
+            "empty": "",
+            "blank": "\n  \n",
+            "missing": None,
+            "unparsable": "rotating not-a-digest\n",
+        }
+        for what, damaged in damages.items():
+            if damaged is None:
+                tokens.unlink()
+            else:
+                tokens.write_text(damaged)
+            server.signal(signal.SIGHUP)
+            failed = await _next_reload(server, earlier)
+            assert failed["msg"] == "credentials_reload_failed", (what, failed)
+            assert failed["kept"].startswith("the previous credentials keep serving"), what
+            assert await call(channel, "List", token) is None, what
+        assert "is empty, as a file caught in the middle of a write is" in " ".join(server.raw)
+        assert "cannot read it: No such file or directory" in " ".join(server.raw)
+        tokens.write_text("# every token revoked\n")
+        server.signal(signal.SIGHUP)
+        assert (await _next_reload(server, earlier))["msg"] == "credentials_reloaded"
+        err = await call(channel, "List", token)
+        assert err is not None and err.code() is Code.UNAUTHENTICATED
+
+
+EXPOSED = "a credentials file is readable by others"
+
+
+async def test_a_tokens_file_or_private_key_readable_by_others_is_warned_about_at_load(
+    tmp_path: Path,
+) -> None:
+    """Issue 29 item 6: one warning line per such file at each load, naming it and the fix."""
+    cert, key = Authority().server().write(tmp_path, "server")
+    token = secrets.token_urlsafe(32)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"reader {sha256(token)}\n")
+    for path, mode in ((key, 0o644), (tokens, 0o640), (cert, 0o644)):
+        path.chmod(mode)
+    tables = (
+        f"[tls]\ncert = {json.dumps(str(cert))}\nkey = {json.dumps(str(key))}\n"
+        f"[auth]\ntokens_file = {json.dumps(str(tokens))}\nreload_interval_s = 600\n"
+        + identities_toml({"reader": {"permissions": ["read"]}}, {})
+    )
+    async with running_server(tmp_path, config_toml(MEMORY, tables=tables)) as server:
+        await server.leading()
+        warned = {line["setting"]: line for line in server.events(EXPOSED)}
+        assert sorted(warned) == ["auth.tokens_file", "tls.key"]  # not the certificate
+        assert warned["tls.key"]["file"] == str(key) and warned["tls.key"]["mode"] == "0644"
+        assert warned["tls.key"]["fix"] == f"chmod 600 {key}"
+        assert warned["auth.tokens_file"]["readable_by"] == "its group or other users"
+        # Fixed, a reload warns no more.
+        earlier = {id(line) for line in server.lines}
+        key.chmod(0o600)
+        tokens.chmod(0o600)
+        server.signal(signal.SIGHUP)
+        assert (await _next_reload(server, earlier))["msg"] == "credentials_reloaded"
+        new = [line.get("msg") for line in server.lines if id(line) not in earlier]
+        assert EXPOSED not in new
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a file to another user: needs root")
+async def test_a_file_of_another_owner_may_be_read_through_its_group_not_by_everyone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a Kubernetes Secret volume is mounted: root's, with the pod's fsGroup."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"reader {sha256(WRONG_TOKEN)}\n")
+    os.chown(tokens, 12345, 12345)
+    identities = (IdentitySettings("reader", frozenset({"read"})),)
+    settings = AuthSettings(identities=identities, tokens_file=str(tokens))
+    for mode, warned in ((0o440, False), (0o640, False), (0o644, True)):
+        tokens.chmod(mode)
+        caplog.clear()
+        CredentialFiles(None, settings)
+        lines = [r for r in caplog.records if r.getMessage() == EXPOSED]
+        assert len(lines) == int(warned), oct(mode)
+    assert lines[0].__dict__["readable_by"] == "every user"
+    assert "defaultMode: 0440" in lines[0].__dict__["fix"]
 
 
 # --- client certificates ------------------------------------------------------------------
