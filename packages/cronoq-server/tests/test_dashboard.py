@@ -620,6 +620,29 @@ def test_the_peers_a_limiter_remembers_are_bounded() -> None:
     assert limiter.admit("a") is None  # forgotten: a full budget again
 
 
+def test_the_default_bounds_are_20_sessions_an_identity_and_100_sign_ins_a_minute() -> None:
+    sessions = Sessions()
+    for _ in range(21):
+        sessions.open(Grant("reader"), DIGEST)
+    assert sessions.of("reader") == 20
+    limiter = SignInLimiter(clock=lambda: 0.0)
+    assert [limiter.admit(f"peer-{i}") for i in range(100)] == [None] * 100
+    assert limiter.admit("peer-100") == Limited("overall", 1, first=True)  # 0.6 s, rounded up
+
+
+async def test_sign_ins_over_the_servers_budget_say_so() -> None:
+    limiter = SignInLimiter(per_peer=(10, 60.0), overall=(1, 60.0), clock=lambda: 0.0)
+    async with harness(sign_ins=limiter) as h:
+        await sign_in(h.http, TOKENS["admin"])
+        async with h.browser() as other:
+            form = {"token": TOKENS["reader"]}
+            async with other.post("/ui/signin", data=form, allow_redirects=False) as answer:
+                assert (answer.status, answer.headers["Retry-After"]) == (429, "60")
+                assert "too many sign-in attempts on this server: try again in 60 s" in (
+                    await answer.text()
+                )
+
+
 async def test_a_flood_of_sign_ins_is_refused_429_and_ends_no_other_session(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

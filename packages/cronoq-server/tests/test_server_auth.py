@@ -818,9 +818,10 @@ async def test_a_file_of_another_owner_may_be_read_through_its_group_not_by_ever
     for mode, warned in ((0o440, False), (0o640, False), (0o644, True)):
         tokens.chmod(mode)
         caplog.clear()
-        CredentialFiles(None, settings)
+        files = CredentialFiles(None, settings)
+        files.reload("SIGHUP")  # each load: the start's and a reload's
         lines = [r for r in caplog.records if r.getMessage() == EXPOSED]
-        assert len(lines) == int(warned), oct(mode)
+        assert len(lines) == 2 * int(warned), oct(mode)
     assert lines[0].__dict__["readable_by"] == "every user"
     assert "defaultMode: 0440" in lines[0].__dict__["fix"]
 
