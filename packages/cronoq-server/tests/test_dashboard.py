@@ -27,7 +27,7 @@ from cronoq_server._http import Readiness
 from cronoq_server._replica import Replica, Role
 from cronoq_server._ui import Dashboard
 from cronoq_server._ui._samples import Sample, chart, rates
-from cronoq_server._ui._sessions import Sessions
+from cronoq_server._ui._sessions import Limited, Sessions, SessionsFull, SignInLimiter
 from cronoq_server._ui._views import PREVIEW_BYTES, TaskQuery, duration, preview
 
 TOKENS = {"admin": secrets.token_urlsafe(32), "reader": secrets.token_urlsafe(32)}
@@ -51,6 +51,11 @@ class Harness:
     http: aiohttp.ClientSession
     replica: Replica
     guard: Guard | None
+    url: str
+
+    def browser(self) -> aiohttp.ClientSession:
+        """Another browser: a client with cookies of its own."""
+        return aiohttp.ClientSession(self.url, cookie_jar=aiohttp.CookieJar(unsafe=True))
 
 
 async def _memory() -> Store:
@@ -59,7 +64,12 @@ async def _memory() -> Store:
 
 @asynccontextmanager
 async def harness(
-    *, auth: bool = True, lead: bool = True, closed: str | None = None
+    *,
+    auth: bool = True,
+    lead: bool = True,
+    closed: str | None = None,
+    sessions: Sessions | None = None,
+    sign_ins: SignInLimiter | None = None,
 ) -> AsyncIterator[Harness]:
     replica = Replica(
         _memory,
@@ -81,6 +91,8 @@ async def harness(
         workers=list,
         guard=guard,
         closed=closed,
+        sessions=sessions,
+        sign_ins=sign_ins,
     )
     app = web.Application()
     dashboard.install(app)
@@ -94,8 +106,9 @@ async def harness(
             async with asyncio.timeout(10):
                 await leading.wait()
         jar = aiohttp.CookieJar(unsafe=True)  # cookies of 127.0.0.1
-        async with aiohttp.ClientSession(str(server.make_url("")), cookie_jar=jar) as http:
-            yield Harness(http, replica, guard)
+        url = str(server.make_url(""))
+        async with aiohttp.ClientSession(url, cookie_jar=jar) as http:
+            yield Harness(http, replica, guard, url)
     finally:
         await server.close()
         if running is not None:
@@ -294,11 +307,84 @@ async def test_an_action_needs_the_sessions_csrf_token_and_a_same_origin_form() 
             data={**form, "csrf": csrf, "back": "//evil.example/"},
             allow_redirects=False,
         ) as answer:
+            assert answer.status == 400  # never another site, and nothing applied
+        assert (await sched.get(task_id)).status is Status.READY
+        async with h.http.post(
+            "/ui/act/cancel", data={**form, "csrf": csrf}, allow_redirects=False
+        ) as answer:
             assert answer.status == 303
-            assert answer.headers["Location"] == "/ui/tasks"  # never another site
+            assert answer.headers["Location"] == "/ui/tasks"
         assert (await sched.get(task_id)).status is Status.CANCELLED
         page = await text(h.http, "/ui/tasks")
         assert f"task {task_id}: cancel requested, it is cancelled" in page
+
+
+BAD_TARGETS = [
+    "/ui/tasks\r\nSet-Cookie: x=1",  # CR LF: a header of the attacker's
+    "/ui/tasks\n",
+    "/ui/tasks\x00",
+    "/ui/tasks\x7f",
+    "/ui/tasks\u2028",
+    "/ui/\u202etasks",  # a bidirectional override
+    "//evil.example/ui/",
+    "https://evil.example/ui/",
+    "/ui\\evil.example",
+    "/elsewhere",
+    "/ui/" + "x" * 2048,
+]
+
+
+@pytest.mark.parametrize("back", BAD_TARGETS)
+async def test_an_action_with_a_bad_return_address_is_a_400_and_applies_nothing(
+    back: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 29 item 4: the action used to be applied and the browser left without an answer
+    (aiohttp refused the header, with a 2 KB traceback in the log)."""
+    caplog.set_level(logging.DEBUG)
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        task_id = await sched.submit("k", None)
+        csrf = await csrf_of(h.http)
+        form = {"task": str(task_id), "csrf": csrf, "back": back}
+        async with h.http.post("/ui/act/cancel", data=form, allow_redirects=False) as answer:
+            assert answer.status == 400
+            body = await answer.text()
+        message = "back must be a page of this dashboard: a path under /ui/, without control"
+        assert message in body
+        assert (await sched.get(task_id)).status is Status.READY
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("target", BAD_TARGETS)
+async def test_a_sign_in_with_a_bad_next_page_is_a_400_and_opens_no_session(
+    target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    async with harness() as h:
+        async with h.http.get(f"/ui/signin?next={quote(target, safe='')}") as answer:
+            assert answer.status == 400
+            assert "next must be a page of this dashboard" in await answer.text()
+        form = {"token": TOKENS["admin"], "next": target}
+        async with h.http.post("/ui/signin", data=form, allow_redirects=False) as answer:
+            assert answer.status == 400
+            assert "Set-Cookie" not in answer.headers
+        assert list(h.http.cookie_jar) == []
+        await text(h.http, "/ui/tasks", 303)  # not signed in
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+
+
+async def test_a_return_address_with_other_characters_is_sent_percent_encoded() -> None:
+    """A page's own address (``request.path_qs``, its query decoded) goes back as it came,
+    with what a header must not carry raw percent-encoded."""
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        task_id = await sched.submit("k", None)
+        csrf = await csrf_of(h.http)
+        form = {"task": str(task_id), "csrf": csrf, "back": "/ui/tasks?kind=é x<y>&tag=a%26b"}
+        async with h.http.post("/ui/act/cancel", data=form, allow_redirects=False) as answer:
+            assert answer.status == 303
+            assert answer.headers["Location"] == "/ui/tasks?kind=%C3%A9%20x<y>&tag=a%26b"
+        assert (await sched.get(task_id)).status is Status.CANCELLED
 
 
 async def test_a_refused_action_says_why_and_a_bad_target_is_a_400() -> None:
@@ -458,12 +544,151 @@ def test_a_task_query_keeps_its_filters_across_pages() -> None:
     assert query.page(9) == "status=ready&pool=p&limit=20&after=9"
 
 
-def test_sessions_expire_and_are_bounded() -> None:
+def test_sessions_expire_and_anonymous_ones_are_bounded() -> None:
     now = [0.0]
     sessions = Sessions(limit=2, lifetime=10.0, clock=lambda: now[0])
-    first, _ = sessions.open(Grant("a"), None)
-    second, _ = sessions.open(Grant("b"), None)
-    sessions.open(Grant("c"), None)
-    assert sessions.get(first) is None and sessions.get(second) is not None  # oldest dropped
+    anonymous = Grant("anonymous", frozenset({"admin"}))
+    first, _ = sessions.open(anonymous, None)
+    second, _ = sessions.open(anonymous, None)
+    sessions.open(anonymous, None)
+    # Authentication off: every browser's session is the one anonymous identity's, whose
+    # share is the whole limit: the oldest is dropped.
+    assert sessions.get(first) is None and sessions.get(second) is not None
     now[0] = 10.0
     assert sessions.get(second) is None and len(sessions) == 1
+
+
+# --- issue 29 item 5: sessions per identity, a limit that refuses, sign-ins rate limited ------
+
+DIGEST = b"\0" * 32
+
+
+def test_an_identity_past_its_share_ends_its_own_oldest_session_only() -> None:
+    sessions = Sessions(limit=100, per_identity=3)
+    admin, _ = sessions.open(Grant("admin"), DIGEST)
+    readers = [sessions.open(Grant("reader"), DIGEST)[0] for _ in range(5)]
+    assert [sessions.get(r) is not None for r in readers] == [False, False, True, True, True]
+    assert sessions.get(admin) is not None
+    assert (sessions.of("reader"), sessions.of("admin"), len(sessions)) == (3, 1, 4)
+
+
+def test_past_the_overall_limit_a_sign_in_is_refused_and_nobody_is_evicted() -> None:
+    now = [0.0]
+    sessions = Sessions(limit=3, per_identity=2, lifetime=100.0, clock=lambda: now[0])
+    admin, _ = sessions.open(Grant("admin"), DIGEST)  # until 100
+    now[0] = 10.0
+    readers = [sessions.open(Grant("reader"), DIGEST)[0] for _ in range(2)]  # until 110
+    with pytest.raises(SessionsFull) as raised:
+        sessions.open(Grant("other"), DIGEST)
+    assert raised.value.retry_after == 90.0  # when the oldest session ends
+    assert "already keeps 3 sessions, its limit" in str(raised.value)
+    assert all(sessions.get(s) is not None for s in (admin, *readers))
+    # An identity at its share still replaces its own oldest, full or not.
+    sessions.open(Grant("reader"), DIGEST)
+    assert sessions.get(readers[0]) is None and sessions.get(admin) is not None
+    sessions.close(admin)
+    now[0] = 50.0
+    other, _ = sessions.open(Grant("other"), DIGEST)  # until 150
+    with pytest.raises(SessionsFull):
+        sessions.open(Grant("admin"), DIGEST)
+    now[0] = 110.0  # the readers' sessions expired: their places are free
+    assert sessions.open(Grant("admin"), DIGEST) and sessions.get(other) is not None
+    assert sessions.of("reader") == 0
+
+
+def test_sign_in_attempts_are_limited_per_peer_and_over_all_peers() -> None:
+    now = [0.0]
+    limiter = SignInLimiter(per_peer=(3, 30.0), overall=(5, 10.0), clock=lambda: now[0])
+    assert [limiter.admit("a") for _ in range(3)] == [None, None, None]
+    assert limiter.admit("a") == Limited("peer", 10, first=True)  # one back every 10 s
+    assert limiter.admit("a") == Limited("peer", 10, first=False)  # logged once
+    assert [limiter.admit("b") for _ in range(2)] == [None, None]
+    assert limiter.admit("c") == Limited("overall", 2, first=True)  # one back every 2 s
+    now[0] = 2.0
+    assert limiter.admit("c") is None
+    assert limiter.admit("a") == Limited("peer", 8, first=False)
+    now[0] = 10.0
+    assert limiter.admit("a") is None
+    assert limiter.admit("a") == Limited("peer", 10, first=True)  # a new spell: logged again
+
+
+def test_the_peers_a_limiter_remembers_are_bounded() -> None:
+    limiter = SignInLimiter(per_peer=(1, 60.0), overall=(1000, 1.0), max_peers=2)
+    for peer in ("a", "b", "c"):
+        assert limiter.admit(peer) is None
+    assert limiter.admit("c") is not None and limiter.admit("b") is not None
+    assert limiter.admit("a") is None  # forgotten: a full budget again
+
+
+def test_the_default_bounds_are_20_sessions_an_identity_and_100_sign_ins_a_minute() -> None:
+    sessions = Sessions()
+    for _ in range(21):
+        sessions.open(Grant("reader"), DIGEST)
+    assert sessions.of("reader") == 20
+    limiter = SignInLimiter(clock=lambda: 0.0)
+    assert [limiter.admit(f"peer-{i}") for i in range(100)] == [None] * 100
+    assert limiter.admit("peer-100") == Limited("overall", 1, first=True)  # 0.6 s, rounded up
+
+
+async def test_sign_ins_over_the_servers_budget_say_so() -> None:
+    limiter = SignInLimiter(per_peer=(10, 60.0), overall=(1, 60.0), clock=lambda: 0.0)
+    async with harness(sign_ins=limiter) as h:
+        await sign_in(h.http, TOKENS["admin"])
+        async with h.browser() as other:
+            form = {"token": TOKENS["reader"]}
+            async with other.post("/ui/signin", data=form, allow_redirects=False) as answer:
+                assert (answer.status, answer.headers["Retry-After"]) == (429, "60")
+                assert "too many sign-in attempts on this server: try again in 60 s" in (
+                    await answer.text()
+                )
+
+
+async def test_a_flood_of_sign_ins_is_refused_429_and_ends_no_other_session(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 29 item 5: 10,000 sign-ins of a read-only token used to evict the admin's
+    session. The limiter's clock stands still: no attempt is earned back meanwhile."""
+    caplog.set_level(logging.DEBUG)
+    limiter = SignInLimiter(clock=lambda: 0.0)
+    async with harness(sign_ins=limiter) as h:
+        await sign_in(h.http, TOKENS["admin"])
+        answers = []
+        # A script that keeps no cookie: each of its sign-ins is a new session.
+        async with aiohttp.ClientSession(h.url, cookie_jar=aiohttp.DummyCookieJar()) as flood:
+            for _ in range(30):
+                form = {"token": TOKENS["reader"]}
+                async with flood.post("/ui/signin", data=form, allow_redirects=False) as answer:
+                    answers.append((answer.status, answer.headers.get("Retry-After")))
+                    body = await answer.text()
+        # Ten attempts a minute from one address, the admin's among them.
+        assert answers == [(303, None)] * 9 + [(429, "6")] * 21
+        assert "too many sign-in attempts from this address: try again in 6 s" in body
+        await text(h.http, "/ui/tasks")  # the admin is still signed in
+    limited = [r for r in caplog.records if r.getMessage() == "dashboard sign-ins limited"]
+    assert len(limited) == 1
+
+
+async def test_many_sign_ins_of_one_identity_end_only_its_own_sessions() -> None:
+    generous = SignInLimiter(per_peer=(100, 60.0), overall=(100, 60.0), clock=lambda: 0.0)
+    async with harness(sessions=Sessions(limit=5, per_identity=3), sign_ins=generous) as h:
+        await sign_in(h.http, TOKENS["admin"])
+        async with aiohttp.ClientSession(h.url, cookie_jar=aiohttp.DummyCookieJar()) as flood:
+            for _ in range(10):
+                form = {"token": TOKENS["reader"]}
+                async with flood.post("/ui/signin", data=form, allow_redirects=False) as answer:
+                    assert answer.status == 303
+        await text(h.http, "/ui/tasks")  # the admin's session outlived them
+
+
+async def test_a_sign_in_past_the_session_limit_is_a_503_and_evicts_nobody() -> None:
+    async with harness(sessions=Sessions(limit=2, per_identity=2)) as h:
+        await sign_in(h.http, TOKENS["admin"])
+        async with h.browser() as reader, h.browser() as second:
+            await sign_in(reader, TOKENS["reader"])
+            form = {"token": TOKENS["admin"]}
+            async with second.post("/ui/signin", data=form, allow_redirects=False) as answer:
+                assert answer.status == 503
+                assert int(answer.headers["Retry-After"]) > 0
+                assert "already keeps 2 sessions, its limit" in await answer.text()
+            await text(reader, "/ui/tasks")
+        await text(h.http, "/ui/tasks")

@@ -434,6 +434,12 @@ def test_authentication_is_on_by_default_with_an_identity_per_role(
         "key": "/var/run/cronoq/tls/tls.key",
     }
     assert document["auth"]["tokens_file"] == "/var/run/cronoq/tokens/tokens"
+    # The key and the tokens readable by root and the pod's group (fsGroup) only: the server
+    # warns about such a file that every user may read (Kubernetes' default mode is 0644).
+    pod = rendered.get("Deployment")["spec"]["template"]["spec"]
+    modes = {v["name"]: v["secret"].get("defaultMode") for v in pod["volumes"] if "secret" in v}
+    assert modes == {"tls": 0o440, "tokens": 0o440}
+    assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
 
 
 def test_client_certificates_and_auth_off_render_as_the_server_takes_them(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import secrets
 import signal
 import socket
@@ -28,10 +29,12 @@ from grpc_reflection.v1alpha import reflection_pb2
 from server_process import AttachStream, ServerProcess, config_toml, running_server
 from tls_material import Authority
 
-from cronoq import AttemptToken, BytesCodec, LeasedAttempt, TaskRequest
+from cronoq import AttemptToken, BytesCodec, CancelRequested, LeasedAttempt, TaskRequest
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb
 from cronoq_server import ConfigError, load_config
+from cronoq_server._config import AuthSettings, IdentitySettings
+from cronoq_server._credentials import CredentialFiles
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -389,6 +392,216 @@ async def test_a_worker_of_pool_a_never_gets_an_attempt_of_pool_b(
     assert done.output == b"mine"
 
 
+# --- issue 29: keys, Attach's running attempts, one log line per refused call ----------------
+
+
+def _stub(channel: grpc.aio.Channel) -> wire.pb_grpc.SchedulerServiceAsyncStub:
+    return wire.pb_grpc.SchedulerServiceStub(channel)
+
+
+async def _tagged(channel: grpc.aio.Channel, tag: str) -> list[tuple[int, str, str | None]]:
+    """The tasks of this tag, as the admin lists them: (id, pool, key)."""
+    reply = await _stub(channel).List(
+        wire.list_request(tag=tag), metadata=metadata(TOKENS["admin"]), timeout=TIMEOUT
+    )
+    return [(t.task_id, t.pool, t.key if t.HasField("key") else None) for t in reply.tasks]
+
+
+async def test_a_key_held_outside_the_grant_is_refused_without_naming_its_task(
+    channel: grpc.aio.Channel,
+) -> None:
+    """Issue 29 item 1: a submitter limited to pools matrix and pool-a that names the key of
+    a live or finished task of pool-b (or, limited to kinds, of another kind) is refused
+    PERMISSION_DENIED, never answered with that task's id, and nothing is created."""
+    tag = f"keys-{uuid.uuid4().hex}"
+    codec = BytesCodec()
+    stub = _stub(channel)
+    as_admin = metadata(TOKENS["admin"])
+
+    async def admin_submit(kind: str, pool: str, key: str) -> int:
+        request = wire.submit_request(TaskRequest(kind, pool=pool, key=key, tags=[tag]), codec)
+        return (await stub.Submit(request, metadata=as_admin, timeout=TIMEOUT)).task_id
+
+    live = await admin_submit("k", "pool-b", f"{tag}-live")
+    done = await admin_submit("k", "pool-b", f"{tag}-done")
+    await stub.Cancel(wire.cancel_request(done), metadata=as_admin, timeout=TIMEOUT)
+    other_kind = await admin_submit("other", "matrix", f"{tag}-kind")
+    own = await admin_submit("k", "pool-a", f"{tag}-own")
+    before = await _tagged(channel, tag)
+
+    def submission(key: str | None, pool: str = "pool-a") -> pb.SubmitRequest:
+        return wire.submit_request(TaskRequest("k", pool=pool, key=key, tags=[tag]), codec)
+
+    for key, holder in ((f"{tag}-live", live), (f"{tag}-done", done)):
+        err = await call(channel, "Submit", TOKENS["submitter"], submission(key))
+        assert err is not None and err.code() is Code.PERMISSION_DENIED, err
+        assert err.details() == (
+            f"identity 'submitter' may not submit with this key: the key {key!r} is held by a "
+            "task outside the pools and kinds this submission may use (give each tenant keys "
+            "of its own, with a prefix)"
+        )
+        assert str(holder) not in (err.details() or "")
+        assert getattr(wire.error_from_rpc(err), "permission", None) == "submit"
+        # Whole: the other task of the batch is not created either.
+        many = pb.SubmitManyRequest(tasks=[submission(None).task, submission(key).task])
+        err = await call(channel, "SubmitMany", TOKENS["submitter"], many)
+        assert err is not None and err.code() is Code.PERMISSION_DENIED, err
+    # Each alone: the one with the key is refused, the others are submitted.
+    each = pb.SubmitEachRequest(
+        submissions=[submission(None), submission(f"{tag}-live"), submission(f"{tag}-new")]
+    )
+    reply = await stub.SubmitEach(each, metadata=metadata(TOKENS["submitter"]), timeout=TIMEOUT)
+    first, refused, new = reply.results
+    assert refused.refused.reason == "PERMISSION_DENIED"
+    assert str(live) not in refused.refused.message
+    # Limited to kinds: a key held by a task of another kind (in a pool it may use).
+    kind_limited = wire.submit_request(
+        TaskRequest("k", pool="matrix", key=f"{tag}-kind", tags=[tag]), codec
+    )
+    err = await call(channel, "Submit", TOKENS["kind-limited"], kind_limited)
+    assert err is not None and err.code() is Code.PERMISSION_DENIED, err
+    assert str(other_kind) not in (err.details() or "")
+    # A key held inside the grant is deduplicated as ever, and an admin's key as before.
+    again = await stub.Submit(
+        submission(f"{tag}-own"), metadata=metadata(TOKENS["submitter"]), timeout=TIMEOUT
+    )
+    assert again.task_id == own
+    theirs = await stub.Submit(submission(f"{tag}-live"), metadata=as_admin, timeout=TIMEOUT)
+    assert theirs.task_id == live
+    # Nothing was created by a refusal: only SubmitEach's two accepted submissions are new.
+    after = await _tagged(channel, tag)
+    assert after == [
+        *before,
+        (first.task_id, "pool-a", None),
+        (new.task_id, "pool-a", f"{tag}-new"),
+    ]
+
+
+async def test_attach_refuses_a_running_attempt_of_a_pool_it_may_not_work_on(
+    channel: grpc.aio.Channel,
+) -> None:
+    """Issue 29 item 2: worker-a (pool-a) re-attaching with pool-b's attempt and its lease id
+    among its running attempts is refused PERMISSION_DENIED, and nothing moves: the attempt
+    stays on pool-b's worker's link, which still receives its cancellation."""
+    in_b = await _submit(channel, "pool-b")
+    admin = await _attach(channel, TOKENS["admin"], ["pool-b"])
+    try:
+        theirs = await _leased(admin, in_b)
+        running = [(theirs.token, theirs.lease_id)]
+        request = wire.attach_request("w", ["pool-a"], 2, running=running)
+        err = await call(channel, "Attach", TOKENS["worker-a"], request)
+        assert err is not None and err.code() is Code.PERMISSION_DENIED, err
+        assert err.details() == "identity 'worker-a' lacks the permission 'work' on pool 'pool-b'"
+        stub = _stub(channel)
+        await stub.Cancel(
+            wire.cancel_request(in_b), metadata=metadata(TOKENS["admin"]), timeout=TIMEOUT
+        )
+        async with asyncio.timeout(TIMEOUT):
+            cancel = await admin.event()
+        assert isinstance(cancel, CancelRequested) and cancel.token == theirs.token
+        # A running attempt this scheduler never leased (a guessed token) is no refusal: it is
+        # held as an unproven claim, which moves nothing and learns nothing.
+        guessed = [(AttemptToken(theirs.token.epoch, 2**40, 1), bytes(16))]
+        request = wire.attach_request("w", ["pool-a"], 2, running=guessed)
+        assert await call(channel, "Attach", TOKENS["worker-a"], request) is None
+        report = wire.report_request(theirs.token, theirs.lease_id, wire.ReportFailure("stop"))
+        await wire.pb_grpc.WorkerServiceStub(channel).Report(
+            report, metadata=metadata(TOKENS["admin"]), timeout=TIMEOUT
+        )
+    finally:
+        admin.cancel()
+
+
+async def _leased(stream: AttachStream, task_id: int) -> LeasedAttempt:
+    """The attempt of ``task_id`` from this stream (others that come first are skipped)."""
+    async with asyncio.timeout(TIMEOUT):
+        while True:
+            event = await stream.event()
+            if isinstance(event, LeasedAttempt) and event.token.task_id == task_id:
+                return event
+
+
+def _denied_total(body: str, permission: str) -> float:
+    prefix = f'cronoq_permission_denied_total{{permission="{permission}"}} '
+    found = [float(line[len(prefix) :]) for line in body.splitlines() if line.startswith(prefix)]
+    return found[0] if found else 0.0
+
+
+async def _metrics(server: ServerProcess) -> str:
+    status, body = await asyncio.to_thread(_get, f"{server.http}/metrics", TOKENS["watcher"])
+    assert status == 200
+    return body
+
+
+async def test_a_refused_batch_call_is_logged_in_one_line_with_its_count(
+    server: ServerProcess, channel: grpc.aio.Channel
+) -> None:
+    """Issue 29 item 3: a SubmitEach of 1,000 refused submissions (and a SubmitMany of 1,000
+    tasks outside the grant, a HeartbeatMany and a ReportMany of 500 refused entries) logs one
+    ``permission denied`` line per call, with the number of items it refused. The metric
+    counts each refused item of a batch answered item by item, and a SubmitMany once."""
+    start = len(server.lines)
+    earlier = {id(line) for line in server.lines}
+    metrics_before = await _metrics(server)
+    codec = BytesCodec()
+    as_submitter = metadata(TOKENS["submitter"])
+    refused = wire.submit_request(TaskRequest("k", pool="pool-b"), codec)
+    each = await _stub(channel).SubmitEach(
+        pb.SubmitEachRequest(submissions=[refused] * 1000), metadata=as_submitter, timeout=TIMEOUT
+    )
+    assert {r.refused.reason for r in each.results} == {"PERMISSION_DENIED"}
+    many = wire.submit_many_request(
+        [TaskRequest("k", pool="pool-b", key=f"many-{i}") for i in range(1000)], codec
+    )
+    err = await call(channel, "SubmitMany", TOKENS["submitter"], many)
+    assert err is not None and err.code() is Code.PERMISSION_DENIED
+    in_b = await _submit(channel, "pool-b")
+    admin = await _attach(channel, TOKENS["admin"], ["pool-b"])
+    try:
+        theirs = await _leased(admin, in_b)
+        as_worker = metadata(TOKENS["worker-a"])
+        worker_stub = wire.pb_grpc.WorkerServiceStub(channel)
+        stolen = wire.heartbeat_request(theirs.token, theirs.lease_id)
+        beats = await worker_stub.HeartbeatMany(
+            pb.HeartbeatManyRequest(heartbeats=[stolen] * 500), metadata=as_worker
+        )
+        assert {r.refused.reason for r in beats.results} == {"PERMISSION_DENIED"}
+        report = wire.report_request(theirs.token, theirs.lease_id, wire.ReportSuccess(None))
+        reports = await worker_stub.ReportMany(
+            pb.ReportManyRequest(reports=[report] * 500), metadata=as_worker
+        )
+        assert {r.reason for r in reports.results} == {"PERMISSION_DENIED"}
+        await worker_stub.Report(report, metadata=metadata(TOKENS["admin"]), timeout=TIMEOUT)
+    finally:
+        admin.cancel()
+    # A last refused call: once its line is in, so is every line of the calls before it.
+    await call(channel, "Get", TOKENS["watcher"])
+    await server.wait_line(
+        lambda line: (
+            id(line) not in earlier
+            and line.get("msg") == "permission denied"
+            and line.get("identity") == "watcher"
+        ),
+        "the last refusal's line",
+    )
+    denials = [
+        (line["method"].rsplit("/", 1)[-1], line.get("refused"))
+        for line in server.lines[start:]
+        if line.get("msg") == "permission denied" and line.get("identity") != "watcher"
+    ]
+    assert sorted(denials) == [
+        ("HeartbeatMany", "500"),
+        ("ReportMany", "500"),
+        ("SubmitEach", "1000"),
+        ("SubmitMany", "1000"),
+    ]
+    metrics_after = await _metrics(server)
+    assert _denied_total(metrics_after, "submit") - _denied_total(metrics_before, "submit") == (
+        1000 + 1
+    )
+    assert _denied_total(metrics_after, "work") - _denied_total(metrics_before, "work") == 1000
+
+
 async def test_health_is_open_and_reflection_needs_an_identity(
     channel: grpc.aio.Channel,
 ) -> None:
@@ -494,6 +707,123 @@ async def test_a_token_revoked_by_a_reload_is_refused(tmp_path: Path) -> None:
         await server.wait_for("credentials_reload_failed")
         assert await call(channel, "List", third) is None
         assert not [line for line in server.raw if any(t in line for t in (first, second, third))]
+
+
+async def _next_reload(server: ServerProcess, earlier: set[int]) -> dict[str, str]:
+    """The first ``credentials_reloaded`` or ``credentials_reload_failed`` line not among
+    ``earlier`` (the ids of lines seen before), waiting for it; it joins ``earlier``."""
+    line = await server.wait_line(
+        lambda line: (
+            id(line) not in earlier
+            and line.get("msg") in ("credentials_reloaded", "credentials_reload_failed")
+        ),
+        "a reload",
+    )
+    earlier.update(id(seen) for seen in server.lines)
+    return line
+
+
+async def test_an_empty_missing_or_broken_tokens_file_on_reload_keeps_the_tokens(
+    tmp_path: Path,
+) -> None:
+    """Issue 29 item 6: a tokens file read empty on reload (an editor that truncates, then
+    writes) revoked every token in it. Empty (or blank), missing, or unparsable, a reload
+    now keeps the tokens read before and says so in one line; a file of comments alone is a
+    deliberate "no tokens" and revokes them."""
+    token = secrets.token_urlsafe(32)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"rotating {sha256(token)}\n")
+    tokens.chmod(0o600)
+    tables = (
+        f"[auth]\ntokens_file = {json.dumps(str(tokens))}\nreload_interval_s = 600\n"
+        + identities_toml({"rotating": {"permissions": ["read"]}}, {})
+    )
+    async with (
+        running_server(tmp_path, config_toml(MEMORY, tables=tables)) as server,
+        grpc.aio.insecure_channel(server.target) as channel,
+    ):
+        await server.leading()
+        earlier = {id(line) for line in server.lines}
+        assert await call(channel, "List", token) is None
+        damages: dict[str, str | None] = {  # the file's new text; None: removed
+            "empty": "",
+            "blank": "\n  \n",
+            "missing": None,
+            "unparsable": "rotating not-a-digest\n",
+        }
+        for what, damaged in damages.items():
+            if damaged is None:
+                tokens.unlink()
+            else:
+                tokens.write_text(damaged)
+            server.signal(signal.SIGHUP)
+            failed = await _next_reload(server, earlier)
+            assert failed["msg"] == "credentials_reload_failed", (what, failed)
+            assert failed["kept"].startswith("the previous credentials keep serving"), what
+            assert await call(channel, "List", token) is None, what
+        assert "is empty, as a file caught in the middle of a write is" in " ".join(server.raw)
+        assert "cannot read it: No such file or directory" in " ".join(server.raw)
+        tokens.write_text("# every token revoked\n")
+        server.signal(signal.SIGHUP)
+        assert (await _next_reload(server, earlier))["msg"] == "credentials_reloaded"
+        err = await call(channel, "List", token)
+        assert err is not None and err.code() is Code.UNAUTHENTICATED
+
+
+EXPOSED = "a credentials file is readable by others"
+
+
+async def test_a_tokens_file_or_private_key_readable_by_others_is_warned_about_at_load(
+    tmp_path: Path,
+) -> None:
+    """Issue 29 item 6: one warning line per such file at each load, naming it and the fix."""
+    cert, key = Authority().server().write(tmp_path, "server")
+    token = secrets.token_urlsafe(32)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"reader {sha256(token)}\n")
+    for path, mode in ((key, 0o644), (tokens, 0o640), (cert, 0o644)):
+        path.chmod(mode)
+    tables = (
+        f"[tls]\ncert = {json.dumps(str(cert))}\nkey = {json.dumps(str(key))}\n"
+        f"[auth]\ntokens_file = {json.dumps(str(tokens))}\nreload_interval_s = 600\n"
+        + identities_toml({"reader": {"permissions": ["read"]}}, {})
+    )
+    async with running_server(tmp_path, config_toml(MEMORY, tables=tables)) as server:
+        await server.leading()
+        warned = {line["setting"]: line for line in server.events(EXPOSED)}
+        assert sorted(warned) == ["auth.tokens_file", "tls.key"]  # not the certificate
+        assert warned["tls.key"]["file"] == str(key) and warned["tls.key"]["mode"] == "0644"
+        assert warned["tls.key"]["fix"] == f"chmod 600 {key}"
+        assert warned["auth.tokens_file"]["readable_by"] == "its group or other users"
+        # Fixed, a reload warns no more.
+        earlier = {id(line) for line in server.lines}
+        key.chmod(0o600)
+        tokens.chmod(0o600)
+        server.signal(signal.SIGHUP)
+        assert (await _next_reload(server, earlier))["msg"] == "credentials_reloaded"
+        new = [line.get("msg") for line in server.lines if id(line) not in earlier]
+        assert EXPOSED not in new
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives a file to another user: needs root")
+async def test_a_file_of_another_owner_may_be_read_through_its_group_not_by_everyone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a Kubernetes Secret volume is mounted: root's, with the pod's fsGroup."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"reader {sha256(WRONG_TOKEN)}\n")
+    os.chown(tokens, 12345, 12345)
+    identities = (IdentitySettings("reader", frozenset({"read"})),)
+    settings = AuthSettings(identities=identities, tokens_file=str(tokens))
+    for mode, warned in ((0o440, False), (0o640, False), (0o644, True)):
+        tokens.chmod(mode)
+        caplog.clear()
+        files = CredentialFiles(None, settings)
+        files.reload("SIGHUP")  # each load: the start's and a reload's
+        lines = [r for r in caplog.records if r.getMessage() == EXPOSED]
+        assert len(lines) == 2 * int(warned), oct(mode)
+    assert lines[0].__dict__["readable_by"] == "every user"
+    assert "defaultMode: 0440" in lines[0].__dict__["fix"]
 
 
 # --- client certificates ------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,6 +16,7 @@ from cronoq import (
     JsonCodec,
     MemoryStore,
     Pool,
+    RemotePool,
     RetryPolicy,
     Scheduler,
     SchedulerError,
@@ -24,6 +26,7 @@ from cronoq import (
     TaskError,
     TaskRequest,
 )
+from cronoq.errors import InvalidArgument, PermissionDenied
 
 FAST_RETRY = RetryPolicy.exponential(3, initial=0.01, maximum=0.05, jitter=0.0)
 
@@ -105,6 +108,50 @@ async def test_non_retryable_and_unexpected_errors(sched: Scheduler) -> None:
     assert "not retryable" in fatal_info.message
     assert boom_info.status is Status.FAILED
     assert "RuntimeError: unexpected" in boom_info.message
+
+
+async def test_a_key_scope_refuses_a_key_held_outside_it_and_applies_nothing() -> None:
+    """``submit_specs(key_pools=, key_kinds=)``: a key held by a live or finished task of
+    another pool or kind refuses the whole call without naming that task (issue 29)."""
+    pools = [RemotePool("a"), RemotePool("b")]
+    async with Scheduler(pools, seed=7) as sched:
+        now = time.time_ns()
+        held = await sched.submit("k", None, pool="b", key="in-b")
+        done = await sched.submit("k", None, pool="b", key="done-in-b")
+        await sched.cancel(done)
+        own = await sched.submit("k", None, pool="a", key="in-a")
+        scope = {"key_pools": ["a"], "key_kinds": ["k"]}
+        for key in ("in-b", "done-in-b"):
+            batch = [
+                sched.task_spec(now, "k", pool="a"),
+                sched.task_spec(now, "k", key=key, pool="a"),
+            ]
+            with pytest.raises(PermissionDenied) as raised:
+                await sched.submit_specs(batch, **scope)
+            assert raised.value.permission == "submit"
+            message = str(raised.value)
+            assert f"the key {key!r} is held by a task outside" in message
+            assert str(held) not in message and str(done) not in message and "'b'" not in message
+        # Of another kind in an allowed pool: outside too.
+        other_kind = await sched.submit("other", None, pool="a", key="other-kind")
+        with pytest.raises(PermissionDenied):
+            await sched.submit_specs(
+                [sched.task_spec(now, "k", pool="a", key="other-kind")], **scope
+            )
+        listed = [t.task_id for t in await sched.list(pool="a")]
+        assert listed == [own, other_kind]  # nothing applied
+        # A key inside the scope, or held by nobody, or no scope at all: deduplicated as ever.
+        mine = [sched.task_spec(now, "k", pool="a", key="in-a")]
+        assert await sched.submit_specs(mine, **scope) == [own]
+        theirs = [sched.task_spec(now, "k", pool="a", key="in-b")]
+        assert await sched.submit_specs(theirs) == [held]
+        assert await sched.submit_specs(theirs, key_pools=["a", "b"]) == [held]
+        [fresh] = await sched.submit_specs(
+            [sched.task_spec(now, "k", pool="a", key="new")], **scope
+        )
+        assert fresh > own
+        with pytest.raises(InvalidArgument):
+            await sched.submit_specs(mine, key_pools=[""])
 
 
 async def test_dependency_runs_after_its_parent(sched: Scheduler, recorder: Recorder) -> None:

@@ -214,6 +214,9 @@ insecure = true
 - name: tls
   secret:
     secretName: {{ .Values.tls.existingSecret }}
+    # 0440: the private key readable by root and the pod's fsGroup only (the server warns
+    # about a key or tokens file that every user may read).
+    defaultMode: 288
 {{- end }}
 {{- if .Values.tls.clientCaSecret }}
 - name: client-ca
@@ -224,6 +227,7 @@ insecure = true
 - name: tokens
   secret:
     secretName: {{ .Values.auth.tokensSecret }}
+    defaultMode: 288  # 0440, as the TLS key's
 {{- end }}
 {{- end -}}
 

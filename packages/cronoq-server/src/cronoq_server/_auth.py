@@ -15,10 +15,12 @@ without an early exit (``hmac.compare_digest``), and are never logged.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import inspect
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -46,8 +48,12 @@ __all__ = [
     "TokenTable",
     "authorize_attempt",
     "authorize_pool",
+    "authorize_tasks",
     "caller_identity",
+    "key_refused",
+    "key_scope",
     "parse_tokens_file",
+    "refusals_tallied",
 ]
 
 log = logging.getLogger("cronoq.server.auth")
@@ -182,6 +188,85 @@ def authorize_pool(permission: str, pool: str, kind: str | None = None) -> None:
         raise
 
 
+def authorize_tasks(tasks: Iterable[tuple[str, str]], copies: int = 1) -> None:
+    """A SubmitMany's tasks, as (pool, kind) pairs (each standing for ``copies`` tasks: the
+    compact form's common request stands for its payloads): refused whole, with the first
+    refusal, if one is outside the grant. One refusal: counted once, logged in one line with
+    the number of tasks outside the grant."""
+    caller = _caller.get()
+    if caller is None:
+        return
+    first: PermissionDenied | None = None
+    refused = 0
+    for (pool, kind), count in Counter(tasks).items():
+        try:
+            caller.grant.check_pool("submit", pool, kind)
+        except PermissionDenied as exc:
+            first = first or exc
+            refused += count * copies
+    if first is not None:
+        caller.guard.deny(first, caller.grant, caller.method, refused=refused)
+        raise first
+
+
+def key_scope() -> dict[str, frozenset[str] | None]:
+    """The arguments of ``Scheduler.submit_specs`` that keep a submission's key from
+    answering with a task outside the caller's grant (its submit pools and kinds): none for
+    an admin, an unrestricted identity, or when authentication is off."""
+    caller = _caller.get()
+    grant = None if caller is None else caller.grant
+    if grant is None or "admin" in grant.permissions:
+        return {}
+    if grant.submit_pools is None and grant.submit_kinds is None:
+        return {}
+    return {"key_pools": grant.submit_pools, "key_kinds": grant.submit_kinds}
+
+
+def key_refused(exc: PermissionDenied) -> PermissionDenied:
+    """The scheduler's refusal of a key held by a task outside ``key_scope()``, as the
+    caller's: naming its identity (never the task), counted and logged as a refusal."""
+    caller = _caller.get()
+    if caller is None:  # no scope was given: the scheduler does not refuse a key then
+        return exc
+    refused = PermissionDenied(
+        f"identity {caller.grant.name!r} may not submit with this key: {exc} (give each "
+        "tenant keys of its own, with a prefix)",
+        exc.permission,
+    )
+    caller.guard.deny(refused, caller.grant, caller.method)
+    return refused
+
+
+@dataclass(slots=True)
+class _Tally:
+    """The permission refusals of the items of one batch call (``refusals_tallied``)."""
+
+    count: int = 0
+    permission: str = ""
+
+
+_tally: ContextVar[_Tally | None] = ContextVar("cronoq_refusals", default=None)
+
+
+@contextlib.contextmanager
+def refusals_tallied() -> Iterator[None]:
+    """Around a batch call whose items are authorized one by one (SubmitEach, HeartbeatMany,
+    ReportMany): the items refused are logged in one line with their count, however many
+    there are, rather than a line each (a call of 1,000 refused items would write 1,000).
+    Each still counts in ``cronoq_permission_denied_total``, as each is answered
+    PERMISSION_DENIED. The items' own tasks (``asyncio.gather``'s) copy this context, and
+    with it the tally."""
+    caller = _caller.get()
+    tally = _Tally()
+    reset = _tally.set(tally)
+    try:
+        yield
+    finally:
+        _tally.reset(reset)
+        if caller is not None and tally.count:
+            caller.guard.logged(caller.grant, tally.permission, caller.method, tally.count)
+
+
 def authorize_attempt(sched: Scheduler, token: AttemptToken, lease_id: bytes) -> None:
     """A heartbeat or report of an attempt of a pool the identity works on. The token names
     no pool: the attempt's, as the scheduler leased it with that lease id, unless the identity
@@ -302,12 +387,29 @@ class Guard:
         )
         return Unauthenticated(_MISSING if reason == "missing" else _REFUSED)
 
-    def deny(self, exc: PermissionDenied, grant: Grant, method: str) -> None:
+    def deny(
+        self, exc: PermissionDenied, grant: Grant, method: str, *, refused: int | None = None
+    ) -> None:
+        """Count a refusal and log it, or leave the line to the batch call it is an item of
+        (``refusals_tallied``). ``refused``: how many items of the call it refuses."""
         self.collector.denied[exc.permission] = self.collector.denied.get(exc.permission, 0) + 1
-        log.warning(
-            "permission denied",
-            extra={"identity": grant.name, "permission": exc.permission, "method": method},
-        )
+        tally = _tally.get()
+        if tally is not None:
+            tally.count += 1
+            tally.permission = tally.permission or exc.permission
+            return
+        self.logged(grant, exc.permission, method, refused)
+
+    def logged(self, grant: Grant, permission: str, method: str, refused: int | None) -> None:
+        """The one log line of a refused call (``refused``: the items it refused, if a batch)."""
+        extra: dict[str, object] = {
+            "identity": grant.name,
+            "permission": permission,
+            "method": method,
+        }
+        if refused is not None:
+            extra["refused"] = refused
+        log.warning("permission denied", extra=extra)
 
     def authenticate(
         self, authorization: str | None, certificate: Mapping[str, Iterable[bytes]], method: str,

@@ -12,8 +12,10 @@ version it last handed out. Connections already open keep the certificate they s
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
@@ -26,6 +28,8 @@ from cronoq_server._errors import CronoqServerError
 from cronoq_server._logging import lifecycle
 
 __all__ = ["CredentialFiles", "CredentialsError"]
+
+log = logging.getLogger("cronoq.server.auth")
 
 
 class CredentialsError(CronoqServerError):
@@ -46,6 +50,34 @@ def _read(path: str, what: str) -> bytes:
             return file.read()
     except OSError as exc:
         raise CredentialsError(f"{what} {path}: cannot read it: {exc.strerror}") from None
+
+
+def _check_private(path: str, what: str) -> None:
+    """One warning line if a secret file (the tokens file, the TLS private key) can be read
+    by users other than the server's. A file the server's user owns should be mode 600 (its
+    group needs no access); a file of another owner (a Kubernetes Secret volume: root's,
+    shared with the pod's fsGroup) may be read through its group, but never by every user."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return  # reading it says why
+    mode = stat.S_IMODE(info.st_mode)
+    owned = info.st_uid == os.geteuid()
+    if owned and mode & 0o077:
+        who, fix = "its group or other users", f"chmod 600 {path}"
+    elif not owned and mode & 0o007:
+        who = "every user"
+        fix = (
+            f"chmod 600 {path} (or 640 if the server reads it through its group; for a "
+            "Kubernetes Secret volume, defaultMode: 0440)"
+        )
+    else:
+        return
+    log.warning(
+        "a credentials file is readable by others",
+        extra={"setting": what, "file": path, "mode": f"{mode:04o}", "readable_by": who,
+               "fix": fix},
+    )  # fmt: skip
 
 
 def _signature(path: str) -> tuple[int, int, int] | None:
@@ -75,16 +107,27 @@ class CredentialFiles:
         ]
         self._signatures = self._sign()
         self.version = 0
-        self.current = self._load()
+        self.current = self._load(reloading=False)
 
     def _sign(self) -> list[tuple[int, int, int] | None]:
         return [_signature(path) for path in self._paths]
 
-    def _load(self) -> _Loaded:
+    def _load(self, *, reloading: bool) -> _Loaded:
         tls = self._tls
         extra: list[tuple[str, str]] = []
-        if self._auth.tokens_file is not None:
-            text = _read(self._auth.tokens_file, "auth.tokens_file").decode("utf-8", "replace")
+        tokens_file = self._auth.tokens_file
+        if tokens_file is not None:
+            _check_private(tokens_file, "auth.tokens_file")
+            text = _read(tokens_file, "auth.tokens_file").decode("utf-8", "replace")
+            if reloading and not text.strip():
+                # Most likely caught mid-write (an editor that truncates, then writes): taken
+                # at its word, it would revoke every token it held. A deliberate "no tokens"
+                # is a file with a comment in it.
+                raise CredentialsError(
+                    f"auth.tokens_file {tokens_file} is empty, as a file caught in the middle "
+                    "of a write is: write the whole file and rename it into place (to revoke "
+                    "every token it held, leave a comment line in it)"
+                )
             names = [identity.name for identity in self._auth.identities]
             try:
                 extra = parse_tokens_file(text, names)
@@ -95,6 +138,7 @@ class CredentialFiles:
         tokens = TokenTable.build(self._auth.identities, extra)
         if tls is None:
             return _Loaded(b"", b"", None, tokens)
+        _check_private(tls.key, "tls.key")
         cert, key = _read(tls.cert, "tls.cert"), _read(tls.key, "tls.key")
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         try:
@@ -120,10 +164,16 @@ class CredentialFiles:
         credentials changed."""
         signatures = self._sign()
         try:
-            loaded = self._load()
+            loaded = self._load(reloading=True)
         except CredentialsError as exc:
             self._signatures = signatures  # judged: not retried until it changes again
-            lifecycle("credentials_reload_failed", why=why, error=str(exc))
+            lifecycle(
+                "credentials_reload_failed",
+                why=why,
+                error=str(exc),
+                kept="the previous credentials keep serving: fix the file (it is read again "
+                "when it changes, and on SIGHUP)",
+            )
             return False
         self._signatures = signatures
         self.current = loaded

@@ -21,6 +21,7 @@ from google.protobuf.message import Message
 
 from cronoq import (
     CancelRequested,
+    CheckedTask,
     LeasedAttempt,
     LeaseRenewed,
     Scheduler,
@@ -29,10 +30,18 @@ from cronoq import (
     TraceContext,
     preview,
 )
-from cronoq.errors import CronoqError, InvalidArgument, WaitTimedOut
+from cronoq.errors import CronoqError, InvalidArgument, PermissionDenied, WaitTimedOut
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
-from cronoq_server._auth import authorize_attempt, authorize_pool, caller_identity
+from cronoq_server._auth import (
+    authorize_attempt,
+    authorize_pool,
+    authorize_tasks,
+    caller_identity,
+    key_refused,
+    key_scope,
+    refusals_tallied,
+)
 from cronoq_server._links import Links
 from cronoq_server._replica import NotServing, Replica
 
@@ -204,11 +213,13 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         sched = self._leader()
         trace = TraceContext.from_metadata(context.invocation_metadata())
         # Each submission is a Scheduler call of its own, all queued before the driver's next
-        # step runs: those accepted are applied in one step and committed together.
-        outcomes = await asyncio.gather(
-            *(self._authorized_submit(sched, s, trace) for s in submissions),
-            return_exceptions=True,
-        )
+        # step runs: those accepted are applied in one step and committed together. Those
+        # refused for their pool, kind or key are logged in one line, not one each.
+        with refusals_tallied():
+            outcomes = await asyncio.gather(
+                *(self._authorized_submit(sched, s, trace) for s in submissions),
+                return_exceptions=True,
+            )
         # Every failure is that submission's own answer, not the call's: once one was applied
         # the call cannot fail as a whole without the client repeating it (a scheduler that
         # stops within the step may still refuse the next with STOPPING).
@@ -229,20 +240,22 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         """A Submit's task, decoded, checked and submitted: its id."""
         task = wire.task_spec_from_pb(request.task, sched, time.time_ns(), trace)
         wire.check_attempts_fit(request, [task.spec], self._max_message_bytes)
-        [task_id] = await sched.submit_specs([task])
+        [task_id] = await _submit_specs(sched, [task])
         return task_id
 
     @_unary
     async def SubmitMany(
         self, request: pb.SubmitManyRequest, context: Any
     ) -> pb.SubmitManyResponse:
-        for pool, kind in dict.fromkeys(map(wire.pool_and_kind, wire.submit_many_tasks(request))):
-            authorize_pool("submit", pool, kind)
+        tasks = wire.submit_many_tasks(request)
+        # The compact form's one common request stands for each of its payloads.
+        copies = max(1, len(request.payloads)) if request.HasField("common") else 1
+        authorize_tasks(map(wire.pool_and_kind, tasks), copies)
         sched = self._leader()
         trace = TraceContext.from_metadata(context.invocation_metadata())
-        tasks = wire.submit_many_specs(request, sched, time.time_ns(), trace)
-        wire.check_attempts_fit(request, [t.spec for t in tasks], self._max_message_bytes)
-        return pb.SubmitManyResponse(task_ids=await sched.submit_specs(tasks))
+        specs = wire.submit_many_specs(request, sched, time.time_ns(), trace)
+        wire.check_attempts_fit(request, [t.spec for t in specs], self._max_message_bytes)
+        return pb.SubmitManyResponse(task_ids=await _submit_specs(sched, specs))
 
     def _task(
         self, info: TaskInfo, request: pb.GetRequest | pb.GetByKeyRequest | pb.WaitRequest
@@ -451,6 +464,12 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
             options = wire.attach_kwargs(request)
             for pool in options["pools"]:
                 authorize_pool("work", pool)
+            # And the attempts it says it runs: one of a pool it may not work on would move
+            # to this link, with its cancellation. Checked before anything moves, as a
+            # heartbeat of each would be (an attempt this scheduler did not lease is left to
+            # it: it becomes a claim that moves nothing until a heartbeat proves it).
+            for token, lease_id in options["running"]:
+                authorize_attempt(sched, token, lease_id)
             worker_limit = wire.attach_message_limit(request)
             if worker_limit is not None and worker_limit < self._max_message_bytes:
                 # An attempt as large as the server takes would break this worker's stream,
@@ -520,9 +539,11 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
         sched = self._leader(reporting=True)
         # Each heartbeat is a Scheduler call of its own, queued before the driver's next step
         # runs: those of one call are applied in one step (a heartbeat commits nothing).
-        outcomes = await asyncio.gather(
-            *(_heartbeat(sched, heartbeat) for heartbeat in heartbeats), return_exceptions=True
-        )
+        with refusals_tallied():
+            outcomes = await asyncio.gather(
+                *(_heartbeat(sched, heartbeat) for heartbeat in heartbeats),
+                return_exceptions=True,
+            )
         return pb.HeartbeatManyResponse(results=map(wire.heartbeat_result, _each(outcomes)))
 
     @_unary
@@ -538,10 +559,21 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
         reports = wire.report_many_from_pb(request)
         # Each report is a Scheduler call of its own; those that arrive together are judged
         # in one step and committed together.
-        outcomes = await asyncio.gather(
-            *(_report(sched, report) for report in reports), return_exceptions=True
-        )
+        with refusals_tallied():
+            outcomes = await asyncio.gather(
+                *(_report(sched, report) for report in reports), return_exceptions=True
+            )
         return pb.ReportManyResponse(results=map(wire.report_result, _each(outcomes)))
+
+
+async def _submit_specs(sched: Scheduler, tasks: list[CheckedTask]) -> list[int]:
+    """``sched.submit_specs``, whose keys answer only with tasks inside the caller's grant:
+    a key held by another pool's (or kind's) task refuses the call, applying nothing and
+    naming no task (docs/security.md, "Keys")."""
+    try:
+        return await sched.submit_specs(tasks, **key_scope())
+    except PermissionDenied as exc:
+        raise key_refused(exc) from None
 
 
 def _each(outcomes: Sequence[_Outcome | BaseException]) -> list[_Outcome | CronoqError]:

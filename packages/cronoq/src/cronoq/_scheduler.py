@@ -149,6 +149,16 @@ def _lease_id(value: object) -> bytes:
     return value
 
 
+def _names(value: Iterable[str] | None, what: str) -> frozenset[str] | None:
+    """A set of pool or kind names (``submit_specs``'s key scope); None stays None."""
+    if value is None:
+        return None
+    names = check.bounded(
+        value, what, "an iterable of names", 100_000, lambda item: check.text(item, what)
+    )
+    return frozenset(names)
+
+
 def _running_attempt(value: object) -> tuple[AttemptToken, bytes]:
     if not isinstance(value, tuple) or len(value) != 2:
         raise InvalidArgument(
@@ -684,31 +694,63 @@ class Scheduler:
             )
         return await self._submit_all(specs)
 
-    async def submit_specs(self, tasks: builtins.list[CheckedTask]) -> builtins.list[int]:
+    async def submit_specs(
+        self,
+        tasks: builtins.list[CheckedTask],
+        *,
+        key_pools: Iterable[str] | None = None,
+        key_kinds: Iterable[str] | None = None,
+    ) -> builtins.list[int]:
         """Submit tasks made by this scheduler's :meth:`task_spec` or :meth:`payload_specs`
         in one step, as :meth:`submit_many` does (all or none; at most ``MAX_BATCH``), without
-        checking their fields again; anything else is refused with ``InvalidArgument``."""
+        checking their fields again; anything else is refused with ``InvalidArgument``.
+
+        ``key_pools``, ``key_kinds``: the pools and kinds whose tasks a key may be answered
+        with (None: any). A key held by a task of another pool or kind refuses the call with
+        ``PermissionDenied`` (permission ``submit``), before anything is applied and without
+        naming that task: a server gives its caller's grant, so that a caller limited to some
+        pools cannot learn the ids of other pools' tasks by submitting their keys."""
         if type(tasks) is not list:
             raise InvalidArgument(f"expected a list of tasks, got {type(tasks).__name__}")
         if len(tasks) > check.MAX_BATCH:
             raise InvalidArgument(f"at most {check.MAX_BATCH} tasks per call, got {len(tasks)}")
-        return await self._submit_all([self._issued(task).spec for task in tasks])
+        specs = [self._issued(task).spec for task in tasks]
+        pools = _names(key_pools, "key_pools")
+        kinds = _names(key_kinds, "key_kinds")
+        if not specs:
+            return []
+        return [r.task_id for r in await self._submit_specs(specs, pools, kinds)]
 
     async def _submit_all(self, specs: builtins.list[TaskSpec]) -> builtins.list[int]:
         if not specs:
             return []
         return [r.task_id for r in await self._submit_specs(specs)]
 
-    async def _submit_specs(self, specs: builtins.list[TaskSpec]) -> builtins.list[SubmitResult]:
+    async def _submit_specs(
+        self,
+        specs: builtins.list[TaskSpec],
+        key_pools: frozenset[str] | None = None,
+        key_kinds: frozenset[str] | None = None,
+    ) -> builtins.list[SubmitResult]:
         if self._tracing is not None:
-            return await self._traced_submit(self._tracing, specs)
-        result: builtins.list[SubmitResult] = await self._call(lambda f: SubmitTasks(specs, f))
+            return await self._traced_submit(self._tracing, specs, key_pools, key_kinds)
+        result: builtins.list[SubmitResult] = await self._call(
+            lambda f: SubmitTasks(specs, f, key_pools, key_kinds)
+        )
         return result
 
-    async def _traced_submit(self, tracing: Tracing, specs: list[TaskSpec]) -> list[SubmitResult]:
+    async def _traced_submit(
+        self,
+        tracing: Tracing,
+        specs: list[TaskSpec],
+        key_pools: frozenset[str] | None,
+        key_kinds: frozenset[str] | None,
+    ) -> list[SubmitResult]:
         if all(spec.trace_context is not None for spec in specs):
             # A server's, carrying its client's submission span: the call's span covers it.
-            result: list[SubmitResult] = await self._call(lambda f: SubmitTasks(specs, f))
+            result: list[SubmitResult] = await self._call(
+                lambda f: SubmitTasks(specs, f, key_pools, key_kinds)
+            )
             return result
         with tracing.submit([spec.pool for spec in specs], len(specs)) as span:
             context = tracing.context_of(span)  # None when the span is not sampled
@@ -719,7 +761,7 @@ class Scheduler:
                     else dataclasses.replace(spec, trace_context=context)
                     for spec in specs
                 ]
-            result = await self._call(lambda f: SubmitTasks(specs, f))
+            result = await self._call(lambda f: SubmitTasks(specs, f, key_pools, key_kinds))
             tracing.submitted(span, [r.task_id for r in result])
         return result
 

@@ -20,7 +20,9 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import time
+import unicodedata
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -50,7 +52,14 @@ from cronoq_server._auth import METHOD_PERMISSIONS, Grant, Guard
 from cronoq_server._http import Readiness
 from cronoq_server._replica import NotServing, Replica, Role
 from cronoq_server._ui._samples import SAMPLE_INTERVAL_S, WINDOW_S, Sample, chart, rates
-from cronoq_server._ui._sessions import SESSION_LIFETIME_S, Session, Sessions
+from cronoq_server._ui._sessions import (
+    SESSION_LIFETIME_S,
+    Limited,
+    Session,
+    Sessions,
+    SessionsFull,
+    SignInLimiter,
+)
 from cronoq_server._ui._views import TaskQuery, attempt_rows, parse_id
 from cronoq_server._ui._views import preview as data_preview
 
@@ -246,17 +255,39 @@ _SECURITY_HEADERS = {
 }
 
 
+_LOCATION_SAFE = "".join(chr(c) for c in range(0x21, 0x7F) if chr(c) != "\\")
+"""What a Location header carries as it is: printable ASCII (a page's own query, as
+``request.path_qs`` gives it, may hold any other character: those are percent-encoded)."""
+_MAX_TARGET = 2048
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+"""Control and format characters, surrogates, line and paragraph separators: never in a
+redirect (CR LF would end the Location header inside it)."""
+
+
 def _redirect(location: str) -> web.Response:
-    return web.Response(status=303, headers={"Location": location})
+    return web.Response(status=303, headers={"Location": quote(location, safe=_LOCATION_SAFE)})
 
 
-def _back(value: str | None, default: str) -> str:
-    """A page of the dashboard to return to: never another site (``//host``, a scheme)."""
-    if not value or len(value) > 2048 or not value.startswith(f"{PREFIX}/"):
+def _target(value: object, field: str, default: str) -> str:
+    """The page of this dashboard to go to after a form (an action's ``back``, the sign-in's
+    ``next``), ``default`` when the form names none. Anything else is a 400 before anything
+    is applied: a control character (CR LF would split the redirect's header), or a place
+    that is not a path of this dashboard (another site: ``//host``, a scheme, a backslash)."""
+    if value is None or value == "":
         return default
+    refused = _Refused(
+        400, f"{field} must be a page of this dashboard: a path under {PREFIX}/, without "
+        "control characters, of at most 2,048 characters",
+    )  # fmt: skip
+    if not isinstance(value, str) or len(value) > _MAX_TARGET:
+        raise refused
+    if not value.startswith(f"{PREFIX}/") or "\\" in value:
+        raise refused
+    if any(unicodedata.category(c) in _UNSAFE_CATEGORIES for c in value):
+        raise refused
     parts = urlsplit(value)
-    if parts.scheme or parts.netloc or "\\" in value:
-        return default
+    if parts.scheme or parts.netloc:
+        raise refused
     return value
 
 
@@ -295,15 +326,20 @@ class Dashboard:
         workers: Callable[[], list[WorkerInfo]],
         guard: Guard | None,
         closed: str | None = None,
+        sessions: Sessions | None = None,
+        sign_ins: SignInLimiter | None = None,
     ) -> None:
         """``workers``: the worker links of the replica's leading server object. ``closed``:
-        why the dashboard serves nothing (authentication off on a non-loopback port)."""
+        why the dashboard serves nothing (authentication off on a non-loopback port).
+        ``sessions``, ``sign_ins``: the sessions and the sign-in rate limits (the defaults of
+        ``_sessions`` unless given)."""
         self._replica = replica
         self._readiness = readiness
         self._workers = workers
         self._guard = guard
         self._closed = closed
-        self._sessions = Sessions()
+        self._sessions = Sessions() if sessions is None else sessions
+        self._sign_ins = SignInLimiter() if sign_ins is None else sign_ins
         self._templates = _environment()
         self._assets = _static()
         self._samples: deque[Sample] = deque(maxlen=int(WINDOW_S / SAMPLE_INTERVAL_S) + 1)
@@ -560,8 +596,7 @@ class Dashboard:
         if not isinstance(raw, str) or not raw or len(raw) > 255:
             raise _Refused(400, f"the form needs a {action.target} (at most 255 characters)")
         target: int | str = parse_id(raw, "task id") if action.target == "task" else raw
-        back_field = visit.form.get("back")
-        back = _back(back_field if isinstance(back_field, str) else None, _BACK[action.target])
+        back = _target(visit.form.get("back"), "back", _BACK[action.target])
         sched = self._replica.leader()
         self._pools_seen = None  # the next page shows the pool as the action left it
         try:
@@ -577,27 +612,49 @@ class Dashboard:
 
     async def _signin_page(self, visit: _Visit) -> web.Response:
         next_page = visit.request.query.get("next", "")
+        _target(next_page, "next", "")  # refused now, not once a token was typed
         return self._render(visit, "signin.html", title="Sign in", next=next_page, failed=False)
 
     async def _signin(self, visit: _Visit) -> web.Response:
         assert self._guard is not None  # with authentication off, every browser has a session
         request = visit.request
+        peer = request.remote or ""
+        # Every attempt counts, failed or not, before its token is even looked at.
+        limited = self._sign_ins.admit(peer)
+        if limited is not None:
+            return self._limited(visit, limited, peer)
         form = await request.post()
-        token, target = form.get("token"), form.get("next")
-        next_page = _back(target if isinstance(target, str) else None, f"{PREFIX}/")
+        token = form.get("token")
+        next_page = _target(form.get("next"), "next", f"{PREFIX}/")
         try:
             if not isinstance(token, str) or len(token) > _MAX_TOKEN:
                 raise Unauthenticated("the credentials were not accepted")
-            grant, token_digest = self._guard.sign_in(token, request.remote or "")
+            grant, token_digest = self._guard.sign_in(token, peer)
         except Unauthenticated:
             return self._render(
                 visit, "signin.html", 401, title="Sign in", next=next_page, failed=True
             )
-        session_id, _ = self._sessions.open(grant, token_digest)
+        try:
+            session_id, _ = self._sessions.open(grant, token_digest)
+        except SessionsFull as exc:
+            log.warning("dashboard sign-in refused: sessions full", extra={"identity": grant.name})
+            return _retry_after(self._error(visit, 503, str(exc)), exc.retry_after)
         response = _redirect(next_page)
         _set_cookie(request, response, session_id)
         log.info("dashboard sign-in", extra={"identity": grant.name})
         return response
+
+    def _limited(self, visit: _Visit, limited: Limited, peer: str) -> web.Response:
+        """A sign-in refused for its rate: 429, with when to try again. Logged once per
+        spell of refusals (a flood of attempts is one line, not one each)."""
+        if limited.first:
+            log.warning(
+                "dashboard sign-ins limited",
+                extra={"peer": peer, "scope": limited.scope, "retry_after_s": limited.retry_after},
+            )
+        whose = "from this address" if limited.scope == "peer" else "on this server"
+        message = f"too many sign-in attempts {whose}: try again in {limited.retry_after} s"
+        return _retry_after(self._error(visit, 429, message), limited.retry_after)
 
     async def _signout(self, visit: _Visit) -> web.Response:
         self._sessions.close(visit.request.cookies.get(COOKIE, ""))
@@ -652,6 +709,11 @@ def _status_of(exc: CronoqError) -> int:
     if isinstance(exc, InvalidArgument):
         return 400
     return 409
+
+
+def _retry_after(response: web.Response, seconds: float) -> web.Response:
+    response.headers["Retry-After"] = str(max(1, math.ceil(seconds)))
+    return response
 
 
 def _check_origin(request: web.Request) -> None:

@@ -1,15 +1,29 @@
-"""The dashboard's sessions: what a signed-in browser's cookie stands for.
+"""The dashboard's sessions, what a signed-in browser's cookie stands for, and the bounds on
+signing in.
 
 The cookie holds a random session id, never the token: the server keeps, under the id's
 SHA-256 digest, the identity's grant, the token's digest (so that a token revoked by a reload
 of the tokens file ends its sessions at the next request), the session's CSRF token and its
-expiry. Memory is bounded: past ``limit`` sessions the oldest is dropped (its browser signs in
-again).
+expiry.
+
+Memory is bounded without letting one identity end another's sessions (issue 29 item 5):
+
+- each identity holds at most ``per_identity`` sessions: its next sign-in ends its own oldest
+  one (a person signing in from another browser), never another identity's;
+- over all identities at most ``limit``: past it a sign-in is refused (``SessionsFull``)
+  until a session ends, rather than dropping someone else's;
+- sign-in attempts are rate limited per peer address and over all peers (``SignInLimiter``),
+  failures and successes alike, so that neither a token guesser nor a flood of sign-ins of a
+  valid token gets far.
+
+The anonymous sessions of a dashboard without authentication (one per browser, for its CSRF
+token) all belong to one identity: they share the overall ``limit``, the oldest dropped.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 import time
 from collections import OrderedDict
@@ -18,11 +32,32 @@ from dataclasses import dataclass
 
 from cronoq_server._auth import Grant
 
-__all__ = ["SESSION_LIFETIME_S", "Session", "Sessions"]
+__all__ = [
+    "MAX_SESSIONS",
+    "MAX_SESSIONS_PER_IDENTITY",
+    "SESSION_LIFETIME_S",
+    "SIGN_INS_OVERALL",
+    "SIGN_INS_PER_PEER",
+    "Limited",
+    "Session",
+    "Sessions",
+    "SessionsFull",
+    "SignInLimiter",
+]
 
 SESSION_LIFETIME_S = 12 * 3600.0
 """A session ends this long after sign-in, whatever its use: a working day."""
 MAX_SESSIONS = 10_000
+"""Sessions over all identities; past it a sign-in is refused until one ends."""
+MAX_SESSIONS_PER_IDENTITY = 20
+"""Sessions of one identity (its browsers and devices); its next sign-in ends its oldest."""
+SIGN_INS_PER_PEER = (10, 60.0)
+"""Sign-in attempts from one peer address: 10 at once, then one every 6 s (10 a minute)."""
+SIGN_INS_OVERALL = (100, 60.0)
+"""Sign-in attempts from all peers together: 100 at once, then 100 a minute."""
+MAX_PEERS_TRACKED = 10_000
+"""Peer addresses whose sign-in budget is remembered; the least recently seen is forgotten
+first (it starts again with a full budget: the overall limit still holds)."""
 
 
 @dataclass(slots=True)
@@ -34,10 +69,23 @@ class Session:
     expires: float
     notice: tuple[str, str] | None = None
     """What the last action did, (``ok`` or ``error``, text), shown once by the next page."""
+    owner: str = ""
+    """The identity it was opened for: the one whose sessions it counts among."""
 
     def take_notice(self) -> tuple[str, str] | None:
         notice, self.notice = self.notice, None
         return notice
+
+
+class SessionsFull(Exception):
+    """Every session the server keeps is taken: a sign-in waits until one ends."""
+
+    def __init__(self, limit: int, retry_after: float) -> None:
+        super().__init__(
+            f"the dashboard already keeps {limit:,} sessions, its limit: sign in again once "
+            "some have ended (signed out, or expired)"
+        )
+        self.retry_after = retry_after
 
 
 def _key(session_id: str) -> bytes:
@@ -49,35 +97,150 @@ class Sessions:
         self,
         *,
         limit: int = MAX_SESSIONS,
+        per_identity: int = MAX_SESSIONS_PER_IDENTITY,
         lifetime: float = SESSION_LIFETIME_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._limit = limit
+        self._per_identity = per_identity
         self._lifetime = lifetime
         self._clock = clock
+        # Oldest first: every session lives as long, so this is also the order of expiry.
         self._open: OrderedDict[bytes, Session] = OrderedDict()
+        self._by_owner: dict[str, OrderedDict[bytes, None]] = {}
 
     def __len__(self) -> int:
         return len(self._open)
 
+    def of(self, identity: str) -> int:
+        """How many sessions ``identity`` holds."""
+        return len(self._by_owner.get(identity, ()))
+
     def open(self, grant: Grant, token_digest: bytes | None) -> tuple[str, Session]:
-        """A new session: its id (the cookie's value) and itself."""
+        """A new session: its id (the cookie's value) and itself. Ends the identity's own
+        oldest session if it holds its share already; raises SessionsFull if every session
+        is taken by others."""
+        now = self._clock()
+        self._expire(now)
+        owner = grant.name
+        # The anonymous sessions (no token) are one identity's: they share the whole limit.
+        share = self._per_identity if token_digest is not None else self._limit
+        mine = self._by_owner.get(owner)
+        if mine is not None and len(mine) >= share:
+            while len(mine) >= share:
+                self._drop(next(iter(mine)))
+        elif len(self._open) >= self._limit:
+            oldest = next(iter(self._open.values()))
+            raise SessionsFull(self._limit, max(oldest.expires - now, 1.0))
         session_id = secrets.token_urlsafe(32)
         session = Session(
-            grant, token_digest, secrets.token_urlsafe(32), self._clock() + self._lifetime
+            grant, token_digest, secrets.token_urlsafe(32), now + self._lifetime, owner=owner
         )
-        self._open[_key(session_id)] = session
-        while len(self._open) > self._limit:
-            self._open.popitem(last=False)
+        key = _key(session_id)
+        self._open[key] = session
+        self._by_owner.setdefault(owner, OrderedDict())[key] = None
         return session_id, session
 
     def get(self, session_id: str) -> Session | None:
         key = _key(session_id)
         session = self._open.get(key)
         if session is not None and session.expires <= self._clock():
-            del self._open[key]
+            self._drop(key)
             return None
         return session
 
     def close(self, session_id: str) -> None:
-        self._open.pop(_key(session_id), None)
+        self._drop(_key(session_id))
+
+    def _drop(self, key: bytes) -> None:
+        session = self._open.pop(key, None)
+        if session is None:
+            return
+        owned = self._by_owner[session.owner]
+        del owned[key]
+        if not owned:
+            del self._by_owner[session.owner]
+
+    def _expire(self, now: float) -> None:
+        while self._open:
+            key, oldest = next(iter(self._open.items()))
+            if oldest.expires > now:
+                return
+            self._drop(key)
+
+
+@dataclass(slots=True)
+class _Bucket:
+    tokens: float
+    at: float
+    warned: bool = False
+    """Its refusals were logged (once, until it admits an attempt again)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limited:
+    """A sign-in attempt refused for its rate: retry after ``retry_after`` seconds."""
+
+    scope: str
+    """``peer`` (this address's budget) or ``overall`` (every address's)."""
+    retry_after: int
+    first: bool
+    """The first refusal since this budget last admitted an attempt: worth a log line."""
+
+
+class SignInLimiter:
+    """Token buckets on sign-in attempts: one per peer address, one over all of them. An
+    attempt takes a token from both, or is refused (taking none) with the time until both
+    have one."""
+
+    def __init__(
+        self,
+        *,
+        per_peer: tuple[int, float] = SIGN_INS_PER_PEER,
+        overall: tuple[int, float] = SIGN_INS_OVERALL,
+        max_peers: int = MAX_PEERS_TRACKED,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``per_peer``, ``overall``: (attempts at once, seconds to earn them all back)."""
+        self._per_peer = per_peer
+        self._overall_rate = overall
+        self._max_peers = max_peers
+        self._clock = clock
+        self._peers: OrderedDict[str, _Bucket] = OrderedDict()
+        self._overall = _Bucket(float(overall[0]), clock())
+
+    def admit(self, peer: str) -> Limited | None:
+        """None if an attempt from ``peer`` may go on now (it is counted), else why not."""
+        now = self._clock()
+        bucket = self._peers.pop(peer, None)
+        if bucket is None:
+            bucket = _Bucket(float(self._per_peer[0]), now)
+        self._peers[peer] = bucket  # the most recently seen last
+        while len(self._peers) > self._max_peers:
+            self._peers.popitem(last=False)
+        waits = [
+            (scope, _wait(b, rate, now))
+            for scope, b, rate in (
+                ("peer", bucket, self._per_peer),
+                ("overall", self._overall, self._overall_rate),
+            )
+        ]
+        scope, wait = max(waits, key=lambda item: item[1])
+        if wait > 0:
+            limiting = bucket if scope == "peer" else self._overall
+            first = not limiting.warned
+            limiting.warned = True
+            return Limited(scope, max(1, math.ceil(wait)), first)
+        for taken in (bucket, self._overall):
+            taken.tokens -= 1
+            taken.warned = False
+        return None
+
+
+def _wait(bucket: _Bucket, rate: tuple[int, float], now: float) -> float:
+    """Refill ``bucket`` to ``now``; the seconds until it holds a token (0: it does)."""
+    burst, period = rate
+    per_second = burst / period
+    bucket.tokens = min(float(burst), bucket.tokens + (now - bucket.at) * per_second)
+    bucket.at = now
+    return 0.0 if bucket.tokens >= 1 else (1 - bucket.tokens) / per_second

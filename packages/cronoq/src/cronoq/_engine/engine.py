@@ -174,7 +174,7 @@ class Engine:
             case AttemptReport():
                 self._attempts.report(item)
             case SubmitTasks():
-                reply(item.reply_to, tasks.submit(item.specs))
+                reply(item.reply_to, tasks.submit(item.specs, item.key_pools, item.key_kinds))
             case CancelTask():
                 reply(item.reply_to, tasks.cancel(item.task_id, item.message))
             case Heartbeat():

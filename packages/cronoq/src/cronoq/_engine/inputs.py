@@ -114,6 +114,12 @@ class AttemptFailed:
 class SubmitTasks:
     specs: Sequence[TaskSpec]
     reply_to: object
+    key_pools: frozenset[str] | None = None
+    """When set (or ``key_kinds``): a key of ``specs`` held by a task of another pool (or
+    kind) refuses the whole input with PermissionDenied before anything is applied, instead
+    of answering with that task's id (a server's identity limited to some pools must not
+    learn the tasks of the others by their keys)."""
+    key_kinds: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

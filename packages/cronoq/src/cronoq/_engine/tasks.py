@@ -18,6 +18,7 @@ from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
     NotRetryable,
+    PermissionDenied,
     SchedulerError,
     TaskNotFound,
     UnknownDependency,
@@ -89,8 +90,14 @@ class Tasks:
 
     # --- submission -----------------------------------------------------------------------
 
-    def submit(self, specs: Sequence[TaskSpec]) -> list[SubmitResult] | CronoqError:
+    def submit(
+        self,
+        specs: Sequence[TaskSpec],
+        key_pools: frozenset[str] | None = None,
+        key_kinds: frozenset[str] | None = None,
+    ) -> list[SubmitResult] | CronoqError:
         shared = self.shared
+        scoped = key_pools is not None or key_kinds is not None
         # Validate the whole batch before applying any of it: nothing is half-applied.
         new_per_pool: dict[str, int] = {}
         batch_keys: set[str] = set()
@@ -103,7 +110,17 @@ class Tasks:
                         f"task {spec.kind!r} depends on task {parent}, which was never submitted"
                     )
             if spec.key is not None:
-                if spec.key in self.keys or spec.key in batch_keys:
+                existing = self.keys.get(spec.key)
+                if existing is not None:
+                    if scoped and not self._within(existing, key_pools, key_kinds):
+                        # Neither the task's id, pool nor status: only that the key is taken.
+                        return PermissionDenied(
+                            f"the key {spec.key[:255]!r} is held by a task outside the pools "
+                            "and kinds this submission may use",
+                            "submit",
+                        )
+                    continue
+                if spec.key in batch_keys:
                     continue
                 batch_keys.add(spec.key)
             new_per_pool[spec.pool] = new_per_pool.get(spec.pool, 0) + 1
@@ -120,6 +137,21 @@ class Tasks:
                 continue
             results.append(SubmitResult(self.create(spec).id, created=True))
         return results
+
+    def _within(
+        self, task_id: int, pools: frozenset[str] | None, kinds: frozenset[str] | None
+    ) -> bool:
+        """Whether the task holding a key is of these pools and kinds (None: any)."""
+        task = self.shared.tasks.get(task_id)
+        if task is not None:
+            pool, kind = task.spec.pool, task.spec.kind
+        elif (quarantined := self.quarantined.get(task_id)) is not None:
+            pool, kind = quarantined.spec.pool, quarantined.spec.kind
+        elif (done := self.finished.get(task_id)) is not None:
+            pool, kind = done.pool, done.kind
+        else:
+            return False  # not known: not shown either
+        return (pools is None or pool in pools) and (kinds is None or kind in kinds)
 
     def ids_exhausted(self) -> SchedulerError:
         # Refused before anything was created: the caller may retry as it is (elsewhere).
