@@ -678,16 +678,22 @@ async def test_no_secret_in_any_log_line_or_error(
 # --- tokens reloaded from a file --------------------------------------------------------------
 
 
+def _rotating(tokens: Path, *, reload_interval_s: float) -> str:
+    """A server whose identity ``rotating`` (read) has its tokens in the file ``tokens``."""
+    tables = (
+        f"[auth]\ntokens_file = {json.dumps(str(tokens))}\n"
+        f"reload_interval_s = {reload_interval_s}\n"
+        + identities_toml({"rotating": {"permissions": ["read"]}}, {})
+    )
+    return config_toml(MEMORY, tables=tables)
+
+
 async def test_a_token_revoked_by_a_reload_is_refused(tmp_path: Path) -> None:
     first, second, third = (secrets.token_urlsafe(32) for _ in range(3))
     tokens = tmp_path / "tokens"
     tokens.write_text(f"# rotation\nrotating {sha256(first)}\n")
-    tables = (
-        f"[auth]\ntokens_file = {json.dumps(str(tokens))}\nreload_interval_s = 0.1\n"
-        + identities_toml({"rotating": {"permissions": ["read"]}}, {})
-    )
     async with (
-        running_server(tmp_path, config_toml(MEMORY, tables=tables)) as server,
+        running_server(tmp_path, _rotating(tokens, reload_interval_s=0.1)) as server,
         grpc.aio.insecure_channel(server.target) as channel,
     ):
         await server.leading()
@@ -734,12 +740,8 @@ async def test_an_empty_missing_or_broken_tokens_file_on_reload_keeps_the_tokens
     tokens = tmp_path / "tokens"
     tokens.write_text(f"rotating {sha256(token)}\n")
     tokens.chmod(0o600)
-    tables = (
-        f"[auth]\ntokens_file = {json.dumps(str(tokens))}\nreload_interval_s = 600\n"
-        + identities_toml({"rotating": {"permissions": ["read"]}}, {})
-    )
     async with (
-        running_server(tmp_path, config_toml(MEMORY, tables=tables)) as server,
+        running_server(tmp_path, _rotating(tokens, reload_interval_s=600)) as server,
         grpc.aio.insecure_channel(server.target) as channel,
     ):
         await server.leading()
