@@ -99,12 +99,14 @@ async def test_a_slow_answer_of_a_live_replica_is_waited_for(tmp_path: Path) -> 
     async with (
         two_servers(tmp_path) as (first, second),
         AsyncClient(
-            [first.target, second.target], timeout=CLIENT_TIMEOUT_S, stall_timeout=0.2
+            [first.target, second.target], timeout=CLIENT_TIMEOUT_S, stall_timeout=STALL_S
         ) as client,
     ):
         task_id = await client.submit("job", b"never runs")  # no worker: it waits
+        # Held three stall timeouts: a connection cut meanwhile would send the wait to the
+        # other server, which does not know the task (TaskNotFound, not WaitTimedOut).
         with pytest.raises(WaitTimedOut):
-            await client.wait(task_id, timeout=1.5)
+            await client.wait(task_id, timeout=3 * STALL_S)
 
 
 @pytest.mark.parametrize("value", [0, -1.0, True, "2", float("nan"), float("inf")])

@@ -177,16 +177,20 @@ def check(records: Records) -> Verdict:
 
 def _check_availability(verdict: Verdict, records: Records) -> dict[str, list[float]]:
     """Per fault kind, the seconds from each fault to the first acknowledgement of a
-    submission begun at or after it (a fault never followed by one counts to the end of the
-    records, and always violates its limit)."""
+    submission begun at or after it. A fault never followed by one counts to the end of the
+    records and violates its limit, unless the submitters stopped within its limit after it
+    (a fault injected as the run ended: not measured)."""
     acks = sorted((s.begun, s.ended) for s in records.submissions if s.task_id is not None)
     end = max((s.ended for s in records.submissions), default=0.0)
+    last_begun = max((s.begun for s in records.submissions), default=0.0)
     gaps: dict[str, list[float]] = defaultdict(list)
     for fault in records.faults:
         first = min((ended for begun, ended in acks if begun >= fault.at), default=None)
+        limit = records.availability_limits.get(fault.kind)
+        if first is None and limit is not None and fault.at + limit > last_begun:
+            continue
         gap = (end if first is None else first) - fault.at
         gaps[fault.kind].append(gap)
-        limit = records.availability_limits.get(fault.kind)
         if first is None or (limit is not None and gap > limit):
             verdict.unavailable.append(
                 f"{fault.kind} at {fault.at:.3f}: the first acknowledgement of a submission "

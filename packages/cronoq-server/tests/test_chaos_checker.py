@@ -216,6 +216,19 @@ def test_unavailable_when_no_submission_after_a_fault_was_acknowledged() -> None
     ]
 
 
+def test_a_fault_as_the_submitters_stopped_is_not_measured() -> None:
+    """Injected within its limit of the last submission: nothing could be acknowledged."""
+    late = Fault("sigkill", 23.0, 23.0)  # the last submission began at 22.5, limit 3 s
+    verdict = check(_with(faults=(*CLEAN.faults, late)))
+    assert verdict.failures() == {}, verdict.report()
+    assert verdict.figures["availability_max_s"] == {"sigkill": 2.21, "sigterm": 1.31}
+    # Submissions went on past its limit, none acknowledged: measured, and unavailable.
+    refused = _failed("refused-after", "not_applied", at=26.5)
+    verdict = check(_with(faults=(*CLEAN.faults, late), submissions=(*CLEAN.submissions, refused)))
+    assert set(verdict.failures()) == {"unavailable"}
+    assert verdict.unavailable[0].startswith("sigkill at 23.000"), verdict.unavailable
+
+
 def test_executions_from_sink_lines() -> None:
     lines = [
         {"ev": "start", "task": 1, "attempt": 1, "pid": W1, "t": 1.0},

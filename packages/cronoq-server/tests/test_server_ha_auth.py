@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import asyncpg
 import grpc
 import pytest
 from chaos import SHORT, Access
-from server_cluster import QUICK_RETRY, Balancer, pg_store, sqlite_store
+from server_cluster import QUICK_RETRY, Balancer, log_time, pg_store, sqlite_store
 from server_pg import PG_DSN, pg_schema
 from server_process import ServerProcess, config_toml, running_server, start_server
 from test_server_auth import REQUIRED, TOKENS, call, identities_toml
@@ -169,15 +170,15 @@ WARM_ACKS = 50
 async def _submit_loop(
     client: AsyncClient, out: list[_Sent], warm: asyncio.Event, stop: asyncio.Event
 ) -> None:
-    loop = asyncio.get_running_loop()
+    # Wall-clock times: they are compared with the servers' log lines.
     while not stop.is_set():
-        begun = loop.time()
+        begun = time.time()
         try:
             task_id: int | None = await client.submit("k", b"", pool="matrix")
             applied: bool | None = True
         except SchedulerError as err:
             task_id, applied = None, err.applied
-        out.append(_Sent(begun, loop.time(), task_id, applied))
+        out.append(_Sent(begun, time.time(), task_id, applied))
         if sum(s.task_id is not None for s in out) >= WARM_ACKS:
             warm.set()
         with contextlib.suppress(TimeoutError):
@@ -190,8 +191,14 @@ async def test_a_frozen_leader_costs_a_client_about_one_store_lease(
 ) -> None:
     """A 20 s SIGSTOP of the leader, with TLS and tokens, clients listing both replicas and
     others going through a balancer: the first acknowledgement of a submission sent after the
-    signal comes within the store's lease and 2 s, and only what was in flight on the frozen
-    connection (sent before the clients left it) is answered "outcome unknown"."""
+    signal comes within 2 s of the standby serving as leader, and so within the store's lease
+    and 2 s of the signal; only what was in flight on the frozen connection (sent before the
+    clients left it) is answered "outcome unknown".
+
+    On SQLite a leader frozen inside a commit holds the file's write lock, and no other process
+    can lead until it resumes (docs/stores/sqlite.md, "Limits"): at this test's commit rate that
+    happens in some runs, and then only the client's share (2 s after the new leader serves) is
+    checked."""
     access = Access.make(tmp_path)
     config = config_toml(section, pools=POOLS, tables=access.tables)
     first = await start_server(tmp_path, config)
@@ -221,15 +228,16 @@ async def test_a_frozen_leader_costs_a_client_about_one_store_lease(
                 for client in clients
                 for _ in range(LOOPS_PER_CLIENT)
             ]
-            loop = asyncio.get_running_loop()
             try:
                 await asyncio.wait_for(warm.wait(), TIMEOUT_S)
-                frozen_at = loop.time()
+                frozen_at = time.time()
                 first.signal(signal.SIGSTOP)
+                takeover = asyncio.ensure_future(second.leading(FREEZE_S + TIMEOUT_S))
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(FREEZE_S):
                         await stop.wait()  # timed: the freeze lasts FREEZE_S
                 first.signal(signal.SIGCONT)
+                led = log_time(await takeover) - frozen_at
                 stop.set()
                 await asyncio.gather(*loops)
             finally:
@@ -246,12 +254,15 @@ async def test_a_frozen_leader_costs_a_client_about_one_store_lease(
         late_unknown = [s for s in unknown if s.begun > frozen_at + STALL_S]
         refused = [s for s in after if s.task_id is None and s.applied is False]
         print(
-            f"\nfrozen leader: first acknowledgement after {first_ack:.3f} s; "
+            f"\nfrozen leader: the standby served as leader after {led:.3f} s, "
+            f"first acknowledgement after {first_ack:.3f} s; "
             f"{len(after)} submissions sent during the freeze, {len(unknown)} unknown "
             f"(all sent before {max((s.begun for s in unknown), default=frozen_at) - frozen_at:.3f}"
             f" s), {len(refused)} refused"
         )
-        assert first_ack <= STORE_LEASE_S + 2.0, first_ack
+        assert first_ack <= led + 2.0, (first_ack, led)  # the client's share
+        if "postgres" in section or led < FREEZE_S:  # see the docstring for SQLite's case
+            assert first_ack <= STORE_LEASE_S + 2.0, (first_ack, led)
         # Whatever the clients sent once they had left the frozen connection was answered.
         assert not late_unknown, [(s.begun - frozen_at, s.ended - frozen_at) for s in late_unknown]
         assert not refused, len(refused)

@@ -392,6 +392,23 @@ async def test_a_new_leader_adopts_a_remote_attempt_whose_worker_proves_its_leas
         assert (await _attempt(back)).kind == "other"  # its slot came back with the report
 
 
+async def test_the_pool_of_an_adopted_attempt_is_known_to_the_worker_that_proves_its_lease() -> (
+    None
+):
+    # Issue 29 review: a server authorizes a heartbeat, report or re-Attach by the attempt's
+    # pool; the new leader knew only the pools of the attempts it leased itself, so any
+    # identity holding an adopted attempt's lease id passed.
+    async with _failover() as (second, task_id, attempt):
+        assert second.remote_attempt_pool(attempt.token, lease_id=attempt.lease_id) == "remote"
+        assert second.remote_attempt_pool(attempt.token, lease_id=bytes(16)) is None
+        stranger = AttemptToken(attempt.token.epoch, task_id + 1000, 1)
+        assert second.remote_attempt_pool(stranger, lease_id=attempt.lease_id) is None
+        await second.cancel(task_id)  # stopped, not reported: it still holds its lease
+        assert second.remote_attempt_pool(attempt.token, lease_id=attempt.lease_id) == "remote"
+        await second.report_failure(attempt.token, "cancelled", lease_id=attempt.lease_id)
+        assert second.remote_attempt_pool(attempt.token, lease_id=attempt.lease_id) is None
+
+
 async def test_an_impostor_cannot_speak_for_an_adopted_attempt() -> None:
     # Issue 19, item 2: a token is visible through List/Get; the lease id is not.
     async with _failover() as (second, task_id, attempt):

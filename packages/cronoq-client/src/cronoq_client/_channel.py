@@ -10,17 +10,19 @@ answer for half the stall timeout, a health check goes on it, and if that is not
 within the other half, the connection is abandoned: closed at once, so that its calls end
 (``closed_under_call``) and are judged as cut mid-call, and replaced, so that the next call and
 every call that never left go to a new connection. A connection that never answered anything
-and never finished its handshake carried nothing: its calls end as never sent (``Connection.
-carried_nothing``), so that a retry is safe even without a key.
+and whose channel never went past its first CONNECTING (no transport was ever up: a frozen
+process's kernel took the TCP connection and nothing answered the handshake) carried nothing:
+its calls end as never sent (``Connection.carried_nothing``), so that a retry is safe even
+without a key.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from grpc import aio
@@ -79,6 +81,9 @@ class _Liveness:
     """Loop time at which each watched call in flight began, by a serial number."""
     answered_at: float | None = None
     """Loop time of the last answer the server sent on it (None: never)."""
+    past_connecting: bool = False
+    """The channel's state went past its first CONNECTING (to READY, or anything else that a
+    transport may have been up for): a call may have been sent on it."""
     abandoned: bool = False
     carried_nothing: bool = False
     watchdog: asyncio.Task[None] | None = None
@@ -142,6 +147,8 @@ class Channels:
         self._targets = targets
         self._stall_timeout = stall_timeout
         self._serial = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Watchdogs and state observers, cancelled by ``close``."""
         self._credentials = credentials
         self._options = [
             ("grpc.max_send_message_length", max_message_bytes),
@@ -184,7 +191,29 @@ class Channels:
                 )
             stub = pb_grpc.SchedulerServiceStub(channel)
             self._current = Connection(channel, stub, self._generation)
+            if self._stall_timeout is not None:
+                self._spawn(self._observe(self._current), "cronoq-client-connection-state")
         return self._current
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    @staticmethod
+    async def _observe(connection: Connection) -> None:
+        """Note when the channel's state goes past its first CONNECTING. Any change counts,
+        not only to READY: a transport that came up and went at once (a GOAWAY) may have
+        carried a call, and a change seen late may already have passed through READY."""
+        channel, live = connection.channel, connection.liveness
+        state = channel.get_state()
+        if state is grpc.ChannelConnectivity.IDLE:
+            await channel.wait_for_state_change(state)
+            state = channel.get_state()
+        if state is grpc.ChannelConnectivity.CONNECTING:
+            await channel.wait_for_state_change(state)
+        live.past_connecting = True
 
     async def watched(self, connection: Connection, call: Awaitable[_R]) -> _R:
         """Await ``call``, one made on ``connection``, under its watchdog (see the module's
@@ -197,8 +226,8 @@ class Channels:
         serial = self._serial
         live.began[serial] = loop.time()
         if live.watchdog is None and not live.abandoned:
-            live.watchdog = loop.create_task(
-                self._watch(connection, self._stall_timeout), name="cronoq-client-watchdog"
+            live.watchdog = self._spawn(
+                self._watch(connection, self._stall_timeout), "cronoq-client-watchdog"
             )
         try:
             result = await call
@@ -227,21 +256,26 @@ class Channels:
                 if wait > 0:
                     await asyncio.sleep(wait)
                     continue
-                if await self._answers(connection.channel, half):
-                    live.answered_at = loop.time()
+                probed = loop.time()
+                answered = await self._answers(connection.channel, half)
+                if answered or (live.answered_at is not None and live.answered_at >= probed):
+                    # The server answered the probe, or a call while the probe waited: alive.
+                    live.answered_at = max(probed, live.answered_at or probed)
                     continue
-                live.carried_nothing = live.answered_at is None and (
-                    connection.channel.get_state() is not grpc.ChannelConnectivity.READY
-                )
-                live.abandoned = True
+                if answered is None and loop.time() < quiet_since + stall_timeout:
+                    # A retired channel, closing in its grace, takes no probe: its calls get
+                    # the whole stall timeout to be answered.
+                    await asyncio.sleep(quiet_since + stall_timeout - loop.time())
+                    continue
                 await self._abandon(connection)
                 return
         finally:
             live.watchdog = None
 
     @staticmethod
-    async def _answers(channel: aio.Channel, seconds: float) -> bool:
-        """Whether the server at the other end of ``channel`` answers a health check."""
+    async def _answers(channel: aio.Channel, seconds: float) -> bool | None:
+        """Whether the server at the other end of ``channel`` answers a health check; None if
+        none can be sent (the channel is closing)."""
         check = channel.unary_unary(
             _HEALTH_CHECK, request_serializer=_identity, response_deserializer=_identity
         )
@@ -249,13 +283,15 @@ class Channels:
             await check(_HEALTH_ANY_SERVICE, timeout=seconds)
         except aio.AioRpcError as err:
             return err.code() not in _NO_ANSWER
-        except aio.UsageError:  # closed meanwhile: nothing left to watch
-            return True
+        except aio.UsageError:
+            return None
         return True
 
     async def _abandon(self, connection: Connection) -> None:
         """Close a stalled connection now (its calls end), and open a new one for what
         comes next, unless another call did already."""
+        live = connection.liveness
+        live.abandoned = True
         if self._current is not None and self._current.generation == connection.generation:
             self._current = None
         for task, channel in list(self._retired.items()):
@@ -263,6 +299,13 @@ class Channels:
                 task.cancel()  # its grace would keep the calls waiting
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        # Judged just before the close, with no await between: a handshake that completes in
+        # between (the replica resuming in that instant) is the one case this cannot rule out.
+        live.carried_nothing = (
+            live.answered_at is None
+            and not live.past_connecting
+            and connection.channel.get_state() is grpc.ChannelConnectivity.CONNECTING
+        )
         await connection.channel.close()
 
     def replace(self, failed: Connection) -> None:
@@ -281,6 +324,9 @@ class Channels:
 
     async def close(self) -> None:
         self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         current, self._current = self._current, None
         if current is not None:
             await current.channel.close()

@@ -52,12 +52,12 @@ __all__ = ["DEFAULT_STALL_TIMEOUT", "WAIT_MARGIN", "AsyncClient"]
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 DEFAULT_STALL_TIMEOUT = 2.0
+"""Seconds a connection may carry calls without any answer, a health check's included, before
+the client leaves it (see ``_channel``)."""
 RETRY_PAUSE_MAX = 0.5
 """The longest pause between two tries of a call (full jitter below it): a failover is over
 within the store's lease, and a client that backed off further would only add its pause to it.
 A standby refuses a call for the cost of its authentication check."""
-"""Seconds a connection may carry calls without any answer, a health check's included, before
-the client leaves it (see ``_channel``)."""
 WAIT_MARGIN = 5.0
 """Seconds a ``wait`` call's gRPC deadline runs past its wait, so that the server's
 WaitTimedOut (a definite answer) arrives before the transport's DEADLINE_EXCEEDED."""

@@ -269,11 +269,10 @@ def refusals_tallied() -> Iterator[None]:
 
 def authorize_attempt(sched: Scheduler, token: AttemptToken, lease_id: bytes) -> None:
     """A heartbeat or report of an attempt of a pool the identity works on. The token names
-    no pool: the attempt's, as the scheduler leased it with that lease id, unless the identity
-    is an admin. Any other caller is left to the scheduler, which answers StaleAttempt
-    "unknown" and changes nothing, whatever the task is: a permission refusal would tell a
-    guessed token's pool. (An attempt adopted from an earlier leader, which this one did not
-    lease, is checked by its lease id alone: only the worker it was sent to knows that id.)"""
+    no pool: the attempt's, as the scheduler (or the leader it adopted the attempt from)
+    leased it with that lease id, unless the identity is an admin. Any other caller is left to
+    the scheduler, which answers StaleAttempt "unknown" and changes nothing, whatever the task
+    is: a permission refusal would tell a guessed token's pool."""
     caller = _caller.get()
     if caller is None or "admin" in caller.grant.permissions:
         return

@@ -1022,11 +1022,17 @@ class Scheduler:
         return pool
 
     def remote_attempt_pool(self, token: AttemptToken, *, lease_id: bytes) -> str | None:
-        """The pool of a remote attempt this scheduler leased with ``lease_id`` and that is
-        not reported yet, without a step (a server checks a worker's permission with it).
-        None for any other caller or attempt, whatever it is: a guessed token learns nothing,
-        and the scheduler's own answer to that caller is "unknown"."""
-        return self._remote.pool_of(_token(token), _lease_id(lease_id))
+        """The pool of a remote attempt leased with ``lease_id`` and not reported yet, by
+        this scheduler or by an earlier leader (an attempt it adopted), without a step (a
+        server checks a worker's permission with it). None for any other caller or attempt,
+        whatever it is: a guessed token learns nothing, and the scheduler's own answer to that
+        caller is "unknown"."""
+        token, lease_id = _token(token), _lease_id(lease_id)
+        pool = self._remote.pool_of(token, lease_id)
+        engine = self._driver.engine
+        if pool is None and engine is not None:
+            pool = engine.attempt_pool(token, lease_id)
+        return pool
 
     async def heartbeat(self, token: AttemptToken, *, lease_id: bytes) -> LeaseRenewed:
         """Extend the lease of a remote attempt; learn whether it should stop.

@@ -619,7 +619,8 @@ class Dashboard:
         assert self._guard is not None  # with authentication off, every browser has a session
         request = visit.request
         peer = request.remote or ""
-        # Every attempt counts, failed or not, before its token is even looked at.
+        # An address that failed too often lately is refused before its token is looked at;
+        # only failures are charged, so a valid token is never locked out by others' failures.
         limited = self._sign_ins.admit(peer)
         if limited is not None:
             return self._limited(visit, limited, peer)
@@ -631,6 +632,13 @@ class Dashboard:
                 raise Unauthenticated("the credentials were not accepted")
             grant, token_digest = self._guard.sign_in(token, peer)
         except Unauthenticated:
+            alarm = self._sign_ins.failed(peer)
+            if alarm is not None and alarm.first:
+                log.warning(
+                    "dashboard sign-in failures over all addresses past their budget: someone "
+                    "may be guessing tokens; addresses are still limited one by one",
+                    extra={"peer": peer},
+                )
             return self._render(
                 visit, "signin.html", 401, title="Sign in", next=next_page, failed=True
             )
@@ -652,8 +660,10 @@ class Dashboard:
                 "dashboard sign-ins limited",
                 extra={"peer": peer, "scope": limited.scope, "retry_after_s": limited.retry_after},
             )
-        whose = "from this address" if limited.scope == "peer" else "on this server"
-        message = f"too many sign-in attempts {whose}: try again in {limited.retry_after} s"
+        message = (
+            "too many failed sign-in attempts from this address: try again in "
+            f"{limited.retry_after} s"
+        )
         return _retry_after(self._error(visit, 429, message), limited.retry_after)
 
     async def _signout(self, visit: _Visit) -> web.Response:

@@ -12,9 +12,11 @@ Memory is bounded without letting one identity end another's sessions (issue 29 
   one (a person signing in from another browser), never another identity's;
 - over all identities at most ``limit``: past it a sign-in is refused (``SessionsFull``)
   until a session ends, rather than dropping someone else's;
-- sign-in attempts are rate limited per peer address and over all peers (``SignInLimiter``),
-  failures and successes alike, so that neither a token guesser nor a flood of sign-ins of a
-  valid token gets far.
+- failed sign-in attempts are rate limited per peer address (``SignInLimiter``): a token
+  guesser gets ten tries a minute. A valid token is never charged, and failures over all
+  peers only raise an alarm (a log line), so that nobody, from however many addresses, can
+  lock the operators out by failing on purpose; a flood of sign-ins of a valid token is
+  bounded by its identity's own share of sessions.
 
 The anonymous sessions of a dashboard without authentication (one per browser, for its CSRF
 token) all belong to one identity: they share the overall ``limit``, the oldest dropped.
@@ -52,12 +54,13 @@ MAX_SESSIONS = 10_000
 MAX_SESSIONS_PER_IDENTITY = 20
 """Sessions of one identity (its browsers and devices); its next sign-in ends its oldest."""
 SIGN_INS_PER_PEER = (10, 60.0)
-"""Sign-in attempts from one peer address: 10 at once, then one every 6 s (10 a minute)."""
+"""Failed sign-ins from one peer address: 10 at once, then one every 6 s (10 a minute)."""
 SIGN_INS_OVERALL = (100, 60.0)
-"""Sign-in attempts from all peers together: 100 at once, then 100 a minute."""
+"""Failed sign-ins from all peers together before the alarm: 100 at once, then 100 a
+minute."""
 MAX_PEERS_TRACKED = 10_000
 """Peer addresses whose sign-in budget is remembered; the least recently seen is forgotten
-first (it starts again with a full budget: the overall limit still holds)."""
+first (it starts again with a full budget)."""
 
 
 @dataclass(slots=True)
@@ -189,9 +192,8 @@ class Limited:
 
 
 class SignInLimiter:
-    """Token buckets on sign-in attempts: one per peer address, one over all of them. An
-    attempt takes a token from both, or is refused (taking none) with the time until both
-    have one."""
+    """Token buckets on failed sign-ins: one per peer address, which refuses that address's
+    next attempts while it is empty, and one over all peers, which only raises an alarm."""
 
     def __init__(
         self,
@@ -201,7 +203,7 @@ class SignInLimiter:
         max_peers: int = MAX_PEERS_TRACKED,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``per_peer``, ``overall``: (attempts at once, seconds to earn them all back)."""
+        """``per_peer``, ``overall``: (failures at once, seconds to earn them all back)."""
         self._per_peer = per_peer
         self._overall_rate = overall
         self._max_peers = max_peers
@@ -210,7 +212,22 @@ class SignInLimiter:
         self._overall = _Bucket(float(overall[0]), clock())
 
     def admit(self, peer: str) -> Limited | None:
-        """None if an attempt from ``peer`` may go on now (it is counted), else why not."""
+        """None if an attempt from ``peer`` may be checked now, else why not (its address
+        failed too often lately). Takes nothing: only a failure is charged."""
+        bucket = self._peers.get(peer)
+        if bucket is None:
+            return None
+        wait = _wait(bucket, self._per_peer, self._clock())
+        if wait <= 0:
+            bucket.warned = False
+            return None
+        first = not bucket.warned
+        bucket.warned = True
+        return Limited("peer", max(1, math.ceil(wait)), first)
+
+    def failed(self, peer: str) -> Limited | None:
+        """Charge a failed attempt from ``peer``; an ``overall`` Limited (logged once a spell,
+        refusing nobody) when failures over all peers outran their budget."""
         now = self._clock()
         bucket = self._peers.pop(peer, None)
         if bucket is None:
@@ -218,23 +235,16 @@ class SignInLimiter:
         self._peers[peer] = bucket  # the most recently seen last
         while len(self._peers) > self._max_peers:
             self._peers.popitem(last=False)
-        waits = [
-            (scope, _wait(b, rate, now))
-            for scope, b, rate in (
-                ("peer", bucket, self._per_peer),
-                ("overall", self._overall, self._overall_rate),
-            )
-        ]
-        scope, wait = max(waits, key=lambda item: item[1])
-        if wait > 0:
-            limiting = bucket if scope == "peer" else self._overall
-            first = not limiting.warned
-            limiting.warned = True
-            return Limited(scope, max(1, math.ceil(wait)), first)
-        for taken in (bucket, self._overall):
-            taken.tokens -= 1
-            taken.warned = False
-        return None
+        _wait(bucket, self._per_peer, now)
+        bucket.tokens -= 1
+        wait = _wait(self._overall, self._overall_rate, now)
+        if wait <= 0:
+            self._overall.tokens -= 1
+            self._overall.warned = False
+            return None
+        first = not self._overall.warned
+        self._overall.warned = True
+        return Limited("overall", max(1, math.ceil(wait)), first)
 
 
 def _wait(bucket: _Bucket, rate: tuple[int, float], now: float) -> float:

@@ -115,6 +115,20 @@ class Attempts:
             return StaleAttempt(message, "epoch")
         return StaleAttempt(f"{name} has already ended ({now})", "attempt")
 
+    def pool_of(self, token: AttemptToken, lease_id: bytes) -> str | None:
+        """The pool of the remote attempt ``token`` names if ``lease_id`` proves it (its
+        running lease, or the lease its stopped attempt holds); None otherwise, whatever the
+        attempt is, so that a guess learns nothing."""
+        task = self.shared.tasks.get(token.task_id)
+        if task is not None and task.token() == token and task.status is Status.RUNNING:
+            running = self.shared.lease_hashes.get(token.task_id)
+            if running is not None and lease_matches(lease_id, running):
+                return task.spec.pool
+        zombie = self.zombies.get(token.task_id)
+        if zombie is not None and zombie.token == token and zombie.lease is not None:
+            return zombie.pool if lease_matches(lease_id, zombie.lease.id_hash) else None
+        return None
+
     def _proves(self, token: AttemptToken, lease_id: bytes | None) -> bool:
         """Whether ``lease_id`` is the one ``token``'s attempt was leased with: its running
         lease, the lease a stopped attempt holds, or one that ended lately (so that its worker

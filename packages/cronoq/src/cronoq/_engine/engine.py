@@ -100,6 +100,11 @@ class Engine:
     def running_tokens(self) -> set[AttemptToken]:
         return self._attempts.running_tokens()
 
+    def attempt_pool(self, token: AttemptToken, lease_id: bytes) -> str | None:
+        """The pool of a remote attempt whose lease ``lease_id`` proves, this leader's or one
+        it adopted from an earlier one; None for anything else (see ``Attempts.pool_of``)."""
+        return self._attempts.pool_of(token, lease_id)
+
     def take_waiters(self) -> list[tuple[int, object]]:
         """Remove and return every registered waiter as (task id, reply_to)."""
         return self._tasks.take_waiters()
