@@ -139,7 +139,8 @@ def fuzz(session: nox.Session) -> None:
     the ordinary test run uses) or `probe` (no shrinking).
     """
     cronoq = MEMBERS["cronoq"].path
-    _install_locked(session, "-e", str(cronoq), "pytest", "pytest-asyncio", "hypothesis")
+    # With the crypto extra: EncryptedCodec's entry points are fuzzed too.
+    _install_locked(session, "-e", f"{cronoq}[crypto]", "pytest", "pytest-asyncio", "hypothesis")
     profile = os.environ.get("CRONOQ_FUZZ_PROFILE", "fuzz")
     session.run(
         "pytest",
