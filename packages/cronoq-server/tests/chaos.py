@@ -91,17 +91,28 @@ class Profile:
     """How long a store keeps a vanished leader's leadership: the SQLite lease's ttl, the
     PostgreSQL session timeout (``server_cluster.pg_store``)."""
 
-    @property
-    def availability_limits(self) -> dict[str, float]:
+    def availability_limits(self, store_kind: str) -> dict[str, float]:
         """The longest each fault kind may keep new submissions unacknowledged: the store's
-        lease and 2 s when the leader vanishes or freezes; the drain and 2 s for a SIGTERM."""
+        lease and 2 s when the leader vanishes or freezes; the drain and 2 s for a SIGTERM.
+        Not a SIGSTOP on SQLite: a leader frozen inside a commit holds the file's write lock,
+        and no replica can lead until it resumes (docs/stores/sqlite.md, "Limits"); the
+        clients' share (``client_share_s``) still holds there."""
         vanished = self.store_lease_s + 2.0
-        return {
+        limits = {
             "sigkill": vanished,
             "sigstop": vanished,
             "pg_terminate": vanished,
             "sigterm": self.drain_timeout_s + 2.0,
         }
+        if store_kind == "sqlite":
+            del limits["sigstop"]
+        return limits
+
+    @property
+    def client_share_s(self) -> float:
+        """What the clients may add to a failover: leave a stalled connection, then a retry
+        pause and a new connection or two while the new leader's server takes its port."""
+        return self.stall_timeout_s + 2.0
 
 
 SHORT = Profile("short", duration_s=50.0, fault_every_s=(2.0, 4.0), settle_s=30.0)
@@ -579,7 +590,8 @@ async def run_chaos(
         submissions=tuple(submissions),
         faults=tuple(faults),
         final=final,
-        availability_limits=profile.availability_limits,
+        availability_limits=profile.availability_limits(store_kind),
+        client_share_limit=profile.client_share_s,
     )
 
 

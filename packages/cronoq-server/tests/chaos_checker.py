@@ -25,8 +25,10 @@ those into :class:`Verdict`: the figures, and one list of violations per invaria
 - ``phantom_successes``: a task the store says succeeded with no execution that returned.
 - ``unavailable``: after a fault, no submission begun at or after it was acknowledged within
   the fault kind's limit (``Records.availability_limits``: about the store's lease and 2 s for
-  a kill or a freeze, the drain timeout and 2 s for a SIGTERM, whose leader drains first). The
-  figure ``availability_max_s`` is that time to the first acknowledgement, by fault kind.
+  a kill or a freeze, the drain timeout and 2 s for a SIGTERM, whose leader drains first), or
+  within ``Records.client_share_limit`` of a replica leading again (what the clients add to a
+  failover: leaving a frozen connection, finding the new leader). The figure
+  ``availability_max_s`` is that time to the first acknowledgement, by fault kind.
 """
 
 from __future__ import annotations
@@ -116,6 +118,9 @@ class Records:
     availability_limits: Mapping[str, float] = field(default_factory=dict)
     """Per fault kind, the longest a fault may keep every new submission unacknowledged
     (a kind not named has no limit)."""
+    client_share_limit: float | None = None
+    """The longest from a replica leading after a fault to the first acknowledgement of a
+    submission sent after the fault (None: no limit)."""
 
 
 @dataclass
@@ -191,6 +196,14 @@ def _check_availability(verdict: Verdict, records: Records) -> dict[str, list[fl
             continue
         gap = (end if first is None else first) - fault.at
         gaps[fault.kind].append(gap)
+        share = records.client_share_limit
+        led = fault.failover_s
+        if first is not None and share is not None and led is not None and gap - led > share:
+            verdict.unavailable.append(
+                f"{fault.kind} at {fault.at:.3f}: a replica led after {led:.3f} s, the first "
+                f"acknowledgement of a submission sent after the fault came {gap:.3f} s after "
+                f"it (the clients' share limit is {share} s)"
+            )
         if first is None or (limit is not None and gap > limit):
             verdict.unavailable.append(
                 f"{fault.kind} at {fault.at:.3f}: the first acknowledgement of a submission "

@@ -216,6 +216,19 @@ def test_unavailable_when_no_submission_after_a_fault_was_acknowledged() -> None
     ]
 
 
+def test_unavailable_past_the_clients_share_after_a_replica_led() -> None:
+    """Whatever the store's failover took, the clients add at most their share to it: the
+    SIGKILL's replica led 1.2 s after it, its first acknowledgement came 2.21 s after it."""
+    assert check(_with(client_share_limit=1.1)).failures() == {}
+    verdict = check(_with(client_share_limit=1.0))
+    assert set(verdict.failures()) == {"unavailable"}
+    assert verdict.unavailable == [
+        "sigkill at 20.300: a replica led after 1.200 s, the first acknowledgement of a "
+        "submission sent after the fault came 2.210 s after it (the clients' share limit is "
+        "1.0 s)"
+    ]
+
+
 def test_a_fault_as_the_submitters_stopped_is_not_measured() -> None:
     """Injected within its limit of the last submission: nothing could be acknowledged."""
     late = Fault("sigkill", 23.0, 23.0)  # the last submission began at 22.5, limit 3 s
