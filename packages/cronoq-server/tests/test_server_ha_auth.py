@@ -196,9 +196,9 @@ async def test_a_frozen_leader_costs_a_client_about_one_store_lease(
     clients left it) is answered "outcome unknown".
 
     On SQLite a leader frozen inside a commit holds the file's write lock, and no other process
-    can lead until it resumes (docs/stores/sqlite.md, "Limits"): at this test's commit rate that
-    happens in some runs, and then only the client's share (2 s after the new leader serves) is
-    checked."""
+    can lead until it resumes (docs/stores/sqlite.md, "Limits"; then either replica may lead):
+    under this test's load that happens in some runs, and then only the clients' share (2 s
+    after a leader serves again) is checked."""
     access = Access.make(tmp_path)
     config = config_toml(section, pools=POOLS, tables=access.tables)
     first = await start_server(tmp_path, config)
@@ -232,12 +232,17 @@ async def test_a_frozen_leader_costs_a_client_about_one_store_lease(
                 await asyncio.wait_for(warm.wait(), TIMEOUT_S)
                 frozen_at = time.time()
                 first.signal(signal.SIGSTOP)
-                takeover = asyncio.ensure_future(second.leading(FREEZE_S + TIMEOUT_S))
+                takeover = asyncio.ensure_future(second.leading(FREEZE_S + 3 * TIMEOUT_S))
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(FREEZE_S):
                         await stop.wait()  # timed: the freeze lasts FREEZE_S
                 first.signal(signal.SIGCONT)
-                led = log_time(await takeover) - frozen_at
+                resumed = time.time() - frozen_at
+                # After a freeze that caught it inside a SQLite commit, the resumed leader may
+                # keep its lease (nobody could take it): the standby then never leads.
+                await asyncio.wait({takeover}, timeout=TIMEOUT_S)
+                led = log_time(takeover.result()) - frozen_at if takeover.done() else None
+                takeover.cancel()
                 stop.set()
                 await asyncio.gather(*loops)
             finally:
@@ -253,21 +258,23 @@ async def test_a_frozen_leader_costs_a_client_about_one_store_lease(
         unknown = [s for s in sent if s.task_id is None and s.applied is None]
         late_unknown = [s for s in unknown if s.begun > frozen_at + STALL_S]
         refused = [s for s in after if s.task_id is None and s.applied is False]
+        # When a leader served again: the standby, or else the frozen leader once resumed.
+        serving = led if led is not None and led < resumed else resumed
         print(
-            f"\nfrozen leader: the standby served as leader after {led:.3f} s, "
-            f"first acknowledgement after {first_ack:.3f} s; "
+            f"\nfrozen leader: the standby served as leader after {led} s (resumed after "
+            f"{resumed:.3f} s), first acknowledgement after {first_ack:.3f} s; "
             f"{len(after)} submissions sent during the freeze, {len(unknown)} unknown "
             f"(all sent before {max((s.begun for s in unknown), default=frozen_at) - frozen_at:.3f}"
             f" s), {len(refused)} refused"
         )
-        assert first_ack <= led + 2.0, (first_ack, led)  # the client's share
-        if "postgres" in section or led < FREEZE_S:  # see the docstring for SQLite's case
-            assert first_ack <= STORE_LEASE_S + 2.0, (first_ack, led)
+        assert first_ack <= serving + 2.0, (first_ack, led, resumed)  # the clients' share
+        if "postgres" in section or serving < resumed:  # see the docstring for SQLite's case
+            assert first_ack <= STORE_LEASE_S + 2.0, (first_ack, led, resumed)
         # Whatever the clients sent once they had left the frozen connection was answered.
         assert not late_unknown, [(s.begun - frozen_at, s.ended - frozen_at) for s in late_unknown]
         assert not refused, len(refused)
         acknowledged = {s.task_id for s in sent if s.task_id is not None}
-        async with access.client(f"localhost:{second.grpc_port}", SHORT) as reader:
+        async with access.client(listed, SHORT) as reader:  # whichever leads now
             missing = [t for t in acknowledged if not await _exists(reader, t)]
         assert not missing, missing
     finally:
