@@ -717,14 +717,17 @@ class Scheduler:
         specs = [self._issued(task).spec for task in tasks]
         pools = _names(key_pools, "key_pools")
         kinds = _names(key_kinds, "key_kinds")
-        if not specs:
-            return []
-        return [r.task_id for r in await self._submit_specs(specs, pools, kinds)]
+        return await self._submit_all(specs, pools, kinds)
 
-    async def _submit_all(self, specs: builtins.list[TaskSpec]) -> builtins.list[int]:
+    async def _submit_all(
+        self,
+        specs: builtins.list[TaskSpec],
+        key_pools: frozenset[str] | None = None,
+        key_kinds: frozenset[str] | None = None,
+    ) -> builtins.list[int]:
         if not specs:
             return []
-        return [r.task_id for r in await self._submit_specs(specs)]
+        return [r.task_id for r in await self._submit_specs(specs, key_pools, key_kinds)]
 
     async def _submit_specs(
         self,
