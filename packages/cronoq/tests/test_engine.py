@@ -527,6 +527,30 @@ def test_list_page_examines_tasks_from_after_not_every_task(
     assert summarised == ids[1000:1010]
 
 
+def test_list_newest_first_pages_down_from_before_with_every_filter() -> None:
+    """Newest first is the reverse of the ascending order: the same tasks, bounded by
+    ``after`` and ``before`` (ids excluded), the last id of a page the next page's ``before``."""
+    engine = make_engine(default=0)
+    ids = submit(engine, T0, *(spec("a" if i % 2 else "b") for i in range(9)))
+    cancel(engine, T0, ids[4])
+
+    def listed(**query: Any) -> list[int]:
+        value, _ = call(engine, T0 + 1, lambda to: ListTasks(to, newest_first=True, **query))
+        assert isinstance(value, list)
+        return [s.task_id for s in value]
+
+    assert listed() == ids[::-1]
+    assert listed(kind="a") == ids[1::2][::-1]
+    assert listed(statuses=frozenset({Status.CANCELLED})) == [ids[4]]
+    assert listed(before=ids[5], after=ids[1]) == [ids[4], ids[3], ids[2]]
+    pages: list[list[int]] = []
+    before = None
+    while page := listed(limit=4, before=before):
+        pages.append(page)
+        before = page[-1]
+    assert pages == [ids[8:4:-1], ids[4:0:-1], ids[0:1]]
+
+
 def test_list_after_a_recovery_pages_in_id_order_and_forgets_pruned_tasks() -> None:
     """A recovery adds finished rows in the order they finished, then the quarantined, then
     the live ones: pages still come in id order, and a pruned task is never listed."""
@@ -552,6 +576,8 @@ def test_list_after_a_recovery_pages_in_id_order_and_forgets_pruned_tasks() -> N
     assert listed(now + HOUR - 5 * MINUTE) == [EPOCH1 | 2, EPOCH1 | 3, EPOCH1 | 5, new]
     assert listed(now + HOUR + 1) == [EPOCH1 | 2, EPOCH1 | 5, new]
     assert listed(now + HOUR + 1, after=EPOCH1 | 2, limit=1) == [EPOCH1 | 5]
+    newest = listed(now + HOUR + 1, newest_first=True)
+    assert newest == [new, EPOCH1 | 5, EPOCH1 | 2]
 
 
 def test_list_keeps_finished_tasks_in_the_retention_when_most_were_pruned() -> None:

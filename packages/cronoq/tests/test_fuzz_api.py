@@ -675,6 +675,9 @@ def test_fuzz_list(harness: Harness) -> None:
         "kind": st.sampled_from([None, "job"]),
         "tag": st.sampled_from([None, "a"]),
         "limit": st.sampled_from([None, 1, 100]),
+        "after": st.sampled_from([None, 0, 5]),
+        "before": st.sampled_from([None, 0, 2**63 - 1]),
+        "newest_first": st.booleans(),
     }
     bad: dict[str, st.SearchStrategy[object]] = {
         # Not None (no filter) and not an empty collection (a filter that matches nothing).
@@ -687,6 +690,9 @@ def test_fuzz_list(harness: Harness) -> None:
         "kind": bad_text(optional=True),
         "tag": bad_text(optional=True),
         "limit": bad_int(1, 1 << 40, optional=True),
+        "after": bad_int(0, 2**63 - 1, optional=True),
+        "before": bad_int(0, 2**63 - 1, optional=True),
+        "newest_first": st.one_of(st.none(), st.integers(0, 1), st.text(max_size=3)),
     }
 
     @FUZZ
@@ -935,16 +941,33 @@ def test_fuzz_remote_pools(harness: Harness) -> None:
         message=st.one_of(st.just("failed"), bad_text(65_536)),
         retryable=st.one_of(st.just(True), wrong_types(none=True, numbers=False)),
         retry_after=st.one_of(st.none(), bad_duration(optional=True)),
+        traceback=st.one_of(
+            st.just(""),
+            st.text(max_size=30),
+            st.integers(65_537, 65_540).map(lambda n: "x" * n),
+            wrong_types(none=True, strings=False),
+        ),
     )
     def check_report_failure(
-        token: Any, lease: Any, message: Any, retryable: Any, retry_after: Any
+        token: Any, lease: Any, message: Any, retryable: Any, retry_after: Any, traceback: Any
     ) -> None:
-        good = message == "failed" and retryable is True and retry_after is None
+        good = (
+            message == "failed"
+            and retryable is True
+            and retry_after is None
+            and isinstance(traceback, str)
+            and len(traceback) <= 65_536
+        )
         want = expected(token, lease) if good else (InvalidArgument,)
         harness.refuses(
             "report_failure",
             lambda: sched.report_failure(
-                token, message, lease_id=lease, retryable=retryable, retry_after=retry_after
+                token,
+                message,
+                lease_id=lease,
+                retryable=retryable,
+                retry_after=retry_after,
+                traceback=traceback,
             ),
             want,
         )

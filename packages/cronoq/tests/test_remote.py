@@ -355,6 +355,12 @@ async def test_list_pages_through_ascending_ids(sched: Scheduler) -> None:
         pages.append([t.task_id for t in page])
         after = page[-1].task_id
     assert pages == [ids[0:3], ids[3:6], ids[6:7]]
+    pages = []
+    before = None
+    while page := await sched.list(pool="other", limit=3, before=before, newest_first=True):
+        pages.append([t.task_id for t in page])
+        before = page[-1].task_id
+    assert pages == [ids[6:3:-1], ids[3:0:-1], ids[0:1]]
 
 
 @contextlib.asynccontextmanager

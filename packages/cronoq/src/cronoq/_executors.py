@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cronoq._codecs import Codec, CodecContext, binds_context, decode_payload, encode_with
 from cronoq._engine import AttemptFailed, AttemptSucceeded, AttemptToken, Dispatch
 from cronoq._model import NS_PER_S
+from cronoq._tracebacks import format_traceback
 from cronoq.errors import InvalidArgument, TaskError
 
 if TYPE_CHECKING:  # the otel extra, imported only when tracing is on
@@ -216,7 +217,7 @@ class LocalExecutor:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            return AttemptFailed(f"{type(exc).__name__}: {exc}")
+            return AttemptFailed(f"{type(exc).__name__}: {exc}", traceback=format_traceback(exc))
         if result is None:
             return AttemptSucceeded(None)
         try:

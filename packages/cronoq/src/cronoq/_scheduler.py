@@ -52,6 +52,7 @@ from cronoq._engine import (
     SubmitTasks,
     TaskSummary,
     TriggerSchedule,
+    error_of,
 )
 from cronoq._executors import Executor, LocalExecutor, TaskFunction
 from cronoq._frozen import quick_init
@@ -70,6 +71,7 @@ from cronoq._model import (
     TraceContext,
 )
 from cronoq._remote import LeaseRenewed, RemoteExecutor, RemotePool, WorkerLink
+from cronoq._tracebacks import MAX_TRACEBACK, split_traceback, stored_traceback
 from cronoq.errors import (
     InvalidArgument,
     PayloadError,
@@ -265,6 +267,20 @@ class TaskInfo:
     task). None before the first attempt, and for a live task between attempts (retrying:
     ``attempts`` has the last one's start). Not carried by the gRPC API yet."""
 
+    @property
+    def error(self) -> str | None:
+        """Why it failed, was cancelled or is retrying: its message's first line (the list's
+        ``TaskSummary.error``); None in any other status."""
+        return error_of(self.status, self.message)
+
+    @property
+    def traceback(self) -> str | None:
+        """Where the exception of its last failed attempt was raised, as Python prints it,
+        bounded (see docs/concepts.md): kept after the first line of ``message``. None when
+        that attempt raised no exception a traceback was kept of (a TaskError, a timeout, a
+        lost worker)."""
+        return split_traceback(self.message)[1]
+
 
 @dataclass(frozen=True, slots=True)
 class AttemptInfo:
@@ -275,6 +291,11 @@ class AttemptInfo:
     ended_at: datetime
     message: str
     """The task's message as the attempt's end left it (why it failed, and what followed)."""
+
+    @property
+    def traceback(self) -> str | None:
+        """Where the attempt's exception was raised (see ``TaskInfo.traceback``)."""
+        return split_traceback(self.message)[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -907,9 +928,13 @@ class Scheduler:
         tag: str | None = None,
         limit: int | None = None,
         after: int | None = None,
+        before: int | None = None,
+        newest_first: bool = False,
     ) -> list[TaskSummary]:
         """Tasks in memory (live, and finished within the retention), filtered, in ascending
-        id (submission) order. Page with ``after``: only ids above it, ``limit`` at most."""
+        id (submission) order, or the newest first with ``newest_first``. Only ids above
+        ``after`` and below ``before``, ``limit`` at most: the last id of a page is the
+        ``after`` of the next one oldest first, and its ``before`` newest first."""
         statuses: frozenset[Status] | None = None
         if status is not None:
             items = [status] if isinstance(status, str) else status
@@ -925,8 +950,11 @@ class Scheduler:
             check.integer(limit, "limit", 1, 1 << 40)
         if after is not None:
             check.integer(after, "after", 0, 2**63 - 1)
+        if before is not None:
+            check.integer(before, "before", 0, 2**63 - 1)
+        check.flag(newest_first, "newest_first")
         result: list[TaskSummary] = await self._call(
-            lambda f: ListTasks(f, statuses, pool, kind, tag, limit, after)
+            lambda f: ListTasks(f, statuses, pool, kind, tag, limit, after, before, newest_first)
         )
         return result
 
@@ -1084,17 +1112,29 @@ class Scheduler:
         lease_id: bytes,
         retryable: bool = True,
         retry_after: float | Any = None,
+        traceback: str = "",
     ) -> None:
-        """A remote attempt failed; ``retryable`` and ``retry_after`` as for TaskError.
-        Returns once committed; StaleAttempt if it is not current (nothing changes)."""
+        """A remote attempt failed; ``retryable`` and ``retry_after`` as for TaskError, and
+        the ``traceback`` of its exception ("": none), bounded as a local one is. Returns
+        once committed; StaleAttempt if it is not current (nothing changes)."""
         _token(token)
         _lease_id(lease_id)
         if isinstance(message, str) and len(message) > MAX_REPORT_MESSAGE:
             raise InvalidArgument(
                 f"message is {len(message)} characters long; the limit is {MAX_REPORT_MESSAGE}"
             )
+        if not isinstance(traceback, str):
+            raise InvalidArgument(f"traceback must be a str, got {type(traceback).__name__}")
+        if len(traceback) > MAX_REPORT_MESSAGE:
+            raise InvalidArgument(
+                f"traceback is {len(traceback)} characters long; the limit is "
+                f"{MAX_REPORT_MESSAGE} (it is kept to {MAX_TRACEBACK})"
+            )
         error = TaskError(message, retryable=retryable, retry_after=retry_after)  # validates
-        await self._report(token, AttemptFailed(message, retryable, error.retry_after_ns), lease_id)
+        failed = AttemptFailed(
+            message, retryable, error.retry_after_ns, stored_traceback(traceback)
+        )
+        await self._report(token, failed, lease_id)
 
     async def _report(
         self, token: AttemptToken, outcome: AttemptSucceeded | AttemptFailed, lease_id: bytes

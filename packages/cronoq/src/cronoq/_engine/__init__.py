@@ -43,6 +43,7 @@ from cronoq._engine.outputs import (
     StepResult,
     SubmitResult,
     TaskSummary,
+    error_of,
 )
 from cronoq.errors import StaleAttempt
 
@@ -84,6 +85,7 @@ __all__ = [
     "TriggerSchedule",
     "WaitTask",
     "WithdrawAttempts",
+    "error_of",
     "lease_hash",
     "lease_matches",
 ]

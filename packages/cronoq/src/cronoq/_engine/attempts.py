@@ -176,7 +176,13 @@ class Attempts:
         elif task.cancel_requested:
             self.tasks.finish(task, Status.CANCELLED, task.message)
         else:
-            self.failed(task, outcome.message, outcome.retryable, outcome.retry_after_ns)
+            self.failed(
+                task,
+                outcome.message,
+                outcome.retryable,
+                outcome.retry_after_ns,
+                traceback=outcome.traceback,
+            )
         shared.reply(item.reply_to, None)
 
     def heartbeat(self, item: Heartbeat) -> None:
@@ -219,22 +225,25 @@ class Attempts:
         reason: str,
         retryable: bool,
         retry_after_ns: int | None,
+        *,
+        traceback: str = "",
     ) -> None:
         """The running attempt of ``task`` ended without success (its slot is already freed):
         retry after the backoff, or dead-letter it. An attempt the engine stopped may still
         run: the task's row keeps its lease (``shared.held_leases``), retrying or finished, so
-        that a new leader waits for it too."""
+        that a new leader waits for it too. A traceback follows the message's first line."""
+        after = f"\n{traceback}" if traceback else ""
         shared = self.shared
         counters = shared.counters
         spec = task.spec
         attempt = task.attempt
         if not retryable:
             bump(counters.dead_lettered, spec.pool)
-            message = f"attempt {attempt} failed (not retryable): {reason}"
+            message = f"attempt {attempt} failed (not retryable): {reason}{after}"
             self.tasks.finish(task, Status.FAILED, message)
             return
         if attempt >= spec.retry.max_attempts:
-            message = f"attempt {attempt} failed: {reason}; no attempts left"
+            message = f"attempt {attempt} failed: {reason}; no attempts left{after}"
             bump(counters.dead_lettered, spec.pool)
             self.tasks.finish(task, Status.FAILED, message)
             return
@@ -243,12 +252,15 @@ class Attempts:
             delay = spec.retry.delay_ns(attempt, self.rng.random())
         due = shared.now + delay
         if spec.deadline_ns is not None and due >= spec.deadline_ns:
-            message = f"attempt {attempt} failed: {reason}; the next would start after the deadline"
+            message = (
+                f"attempt {attempt} failed: {reason}; the next would start after the deadline"
+                f"{after}"
+            )
             bump(counters.dead_lettered, spec.pool)
             self.tasks.finish(task, Status.FAILED, message)
             return
         bump(counters.retries, spec.pool)
-        message = f"attempt {attempt} failed: {reason}; retrying in {seconds(delay)}"
+        message = f"attempt {attempt} failed: {reason}; retrying in {seconds(delay)}{after}"
         self.tasks.transition(task, Status.RETRYING, message)
         shared.out.mutations.append(
             TaskUpdated(

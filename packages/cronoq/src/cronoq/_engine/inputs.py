@@ -108,6 +108,9 @@ class AttemptFailed:
     message: str
     retryable: bool = True
     retry_after_ns: int | None = None
+    traceback: str = ""
+    """Where it was raised, as ``_tracebacks.stored_traceback`` bounds it ("": none): the
+    task's message keeps it after its first line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +268,11 @@ class ListTasks:
     tag: str | None = None
     limit: int | None = None
     after: int | None = None
-    """Only tasks with a larger id (paging); results come in ascending id order."""
+    """Only tasks with a larger id (paging oldest first)."""
+    before: int | None = None
+    """Only tasks with a smaller id (paging newest first)."""
+    newest_first: bool = False
+    """Descending id (submission) order; otherwise ascending."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from cronoq._engine.inputs import AttemptToken
 from cronoq._frozen import quick_init
 from cronoq._model import Status, TaskSpec
+from cronoq._tracebacks import error_line
 from cronoq.store import Mutation
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "StepResult",
     "SubmitResult",
     "TaskSummary",
+    "error_of",
 ]
 
 
@@ -40,6 +42,33 @@ class TaskSummary:
     key: str | None
     tags: tuple[str, ...]
     finished_ns: int | None
+    error: str | None = None
+    """Why it failed, was cancelled, or is retrying: its message's first line, bounded (see
+    ``summarize``); None in any other status."""
+
+    @classmethod
+    def summarize(
+        cls,
+        task_id: int,
+        status: Status,
+        attempt: int,
+        spec: TaskSpec,
+        finished_ns: int | None,
+        message: str,
+    ) -> TaskSummary:
+        error = error_of(status, message)
+        return cls(
+            task_id, status, attempt, spec.pool, spec.kind, spec.key, spec.tags, finished_ns, error
+        )
+
+
+_ERROR_STATUSES = frozenset({Status.FAILED, Status.CANCELLED, Status.RETRYING})
+
+
+def error_of(status: Status, message: str) -> str | None:
+    """A task's error as its summary shows it: the first line of the message of a failed,
+    cancelled or retrying task, bounded; None in any other status."""
+    return error_line(message) if status in _ERROR_STATUSES else None
 
 
 @dataclass(frozen=True, slots=True)

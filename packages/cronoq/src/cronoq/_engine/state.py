@@ -73,8 +73,8 @@ class Task:
     def summary(self) -> TaskSummary:
         spec = self.spec
         finished = self.updated_ns if self.status.is_terminal else None
-        return TaskSummary(
-            self.id, self.status, self.attempt, spec.pool, spec.kind, spec.key, spec.tags, finished
+        return TaskSummary.summarize(
+            self.id, self.status, self.attempt, spec, finished, self.message
         )
 
     def token(self) -> AttemptToken:

@@ -5,7 +5,7 @@ reads of tasks (get, wait, list)."""
 from __future__ import annotations
 
 import dataclasses
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 from cronoq._engine.inputs import ListTasks
@@ -484,15 +484,8 @@ class Tasks:
     def add_finished(self, row: TaskRecord) -> None:
         self.index(row.task_id)
         spec = row.spec
-        self.finished[row.task_id] = TaskSummary(
-            row.task_id,
-            row.status,
-            row.attempt,
-            spec.pool,
-            spec.kind,
-            spec.key,
-            spec.tags,
-            row.updated_ns,
+        self.finished[row.task_id] = TaskSummary.summarize(
+            row.task_id, row.status, row.attempt, spec, row.updated_ns, row.message
         )
         if spec.key is not None:
             self.keys[spec.key] = row.task_id
@@ -500,10 +493,13 @@ class Tasks:
     def add_quarantined(self, task_id: int, reason: str) -> None:
         now = self.shared.now
         self.index(task_id)
-        self.finished[task_id] = TaskSummary(task_id, Status.FAILED, 0, "", "", None, (), now)
+        message = quarantine_message(reason)
+        self.finished[task_id] = TaskSummary.summarize(
+            task_id, Status.FAILED, 0, NO_TASK.spec, now, message
+        )
         # Lookups answer with what is known: failed, and why, not a decoding error.
         self.quarantined[task_id] = TaskRecord(
-            task_id, NO_TASK.spec, Status.FAILED, 0, quarantine_message(reason), now, now
+            task_id, NO_TASK.spec, Status.FAILED, 0, message, now, now
         )
 
     def add_live(self, row: TaskRecord) -> None:
@@ -561,19 +557,22 @@ class Tasks:
             self.shared.reply(reply_to, self.get(task_id))
 
     def list(self, query: ListTasks) -> list[TaskSummary]:
-        """The matching tasks in ascending id (submission) order, so that ``after`` pages
-        through a stable order: from the first id above ``after``, filters applied to each in
-        turn until ``limit`` matched."""
+        """The matching tasks between ``after`` and ``before`` (ids excluded), in ascending id
+        (submission) order, or descending with ``newest_first``, so that either bound pages
+        through a stable order: filters applied to each id in turn until ``limit`` matched."""
         listed = self.listed
         if not self.listed_sorted:
             listed.sort()  # a recovery's rows; a duplicate is skipped below
             self.listed_sorted = True
+        low = bisect_right(listed, query.after) if query.after is not None else 0
+        high = bisect_left(listed, query.before) if query.before is not None else len(listed)
+        ids = range(high - 1, low - 1, -1) if query.newest_first else range(low, high)
         tasks = self.shared.tasks
         finished = self.finished
         limit = query.limit
         found: list[TaskSummary] = []
-        previous = query.after if query.after is not None else 0
-        for index in range(bisect_right(listed, previous), len(listed)):
+        previous = -1
+        for index in ids:
             task_id = listed[index]
             if task_id == previous:
                 continue
