@@ -181,10 +181,15 @@ async def test_submit_many_and_list_pages(client: AsyncClient) -> None:
         seen.extend(t.task_id for t in page)
         after = page[-1].task_id
     assert (seen, pages) == (ids, 3)
+    newest = [t.task_id for t in await client.list(kind="page", newest_first=True)]
+    assert newest == ids[::-1]
+    below = await client.list(kind="page", newest_first=True, before=ids[4], limit=3)
+    assert [t.task_id for t in below] == ids[3:0:-1]
     others = await client.list(pool="other")
     assert [t.task_id for t in others] == ids[1::2]
     await client.cancel(ids[0])
-    assert [t.task_id for t in await client.list(status="cancelled")] == [ids[0]]
+    [cancelled] = await client.list(status="cancelled")
+    assert (cancelled.task_id, cancelled.error) == (ids[0], "cancelled by request")
     ready_default = await client.list(status=[Status.READY], pool="default")
     assert [t.task_id for t in ready_default] == ids[2::2]
 

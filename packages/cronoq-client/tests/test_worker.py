@@ -554,7 +554,12 @@ async def test_boom_message_names_the_exception_type(server: Real) -> None:
         task_id = await server.sched.submit("boom", retry=RetryPolicy(max_attempts=1))
         info = await server.sched.wait(task_id, timeout=WAIT_S)
         assert info.status is Status.FAILED
-        assert "failed: KeyError: 'missing'" in info.message
+        assert info.error == "attempt 1 failed: KeyError: 'missing'; no attempts left"
+        # The worker's traceback travelled in its report: the frame that raised is in it.
+        assert info.traceback is not None
+        assert info.traceback.startswith("Traceback (most recent call last):\n")
+        assert 'raise KeyError("missing")' in info.traceback
+        assert info.traceback.endswith("KeyError: 'missing'")
     finally:
         await running.finish()
 

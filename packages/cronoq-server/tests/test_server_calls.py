@@ -325,6 +325,16 @@ async def test_a_list_page_ends_at_the_servers_page_limit(api: Api) -> None:
         token = first.next_page_token
         rest = await api.tasks.List(pb.ListRequest(kind=kind, page_size=asked, page_token=token))
         assert [t.task_id for t in rest.tasks] == ids[wire.MAX_LIST_PAGE :]
+    newest = ids[::-1]
+    first = await api.tasks.List(pb.ListRequest(kind=kind, newest_first=True))
+    assert [t.task_id for t in first.tasks] == newest[: wire.MAX_LIST_PAGE]
+    token = first.next_page_token
+    assert token == str(newest[wire.MAX_LIST_PAGE - 1])
+    rest = await api.tasks.List(pb.ListRequest(kind=kind, newest_first=True, page_token=token))
+    assert [t.task_id for t in rest.tasks] == newest[wire.MAX_LIST_PAGE :]
+    # The request's own bounds hold with the token: only ids between them.
+    bounded = pb.ListRequest(kind=kind, newest_first=True, after=ids[2], before=ids[7])
+    assert [t.task_id for t in (await api.tasks.List(bounded)).tasks] == newest[-7:-3]
     for task_id in ids:
         await api.tasks.Cancel(pb.CancelRequest(task_id=task_id))
 

@@ -410,20 +410,34 @@ class AsyncClient:
         tag: str | None = None,
         limit: int | None = None,
         after: int | None = None,
+        before: int | None = None,
+        newest_first: bool = False,
     ) -> builtins.list[TaskSummary]:
-        """Tasks in ascending id order: ids above ``after``, ``limit`` at most (None: all). The
-        server sends long lists in pages (``MAX_LIST_PAGE`` tasks, or fewer when they would
-        not fit in a message): this asks for the next page until it has them all."""
+        """Tasks in ascending id order, or the newest first: ids above ``after`` and below
+        ``before``, ``limit`` at most (None: all). The server sends long lists in pages
+        (``MAX_LIST_PAGE`` tasks, or fewer when they would not fit in a message): this asks
+        for the next page until it has them all."""
         found: builtins.list[TaskSummary] = []
         while True:
             left = None if limit is None else limit - len(found)
             message = wire.list_request(
-                status=status, pool=pool, kind=kind, tag=tag, limit=left, after=after
+                status=status,
+                pool=pool,
+                kind=kind,
+                tag=tag,
+                limit=left,
+                after=after,
+                before=before,
+                newest_first=newest_first,
             )
-            tasks, after = wire.list_response(await self._list_page(message))
+            tasks, cursor = wire.list_response(await self._list_page(message))
             found.extend(tasks)
-            if after is None or (limit is not None and len(found) >= limit):
+            if cursor is None or (limit is not None and len(found) >= limit):
                 return found
+            if newest_first:
+                before = cursor
+            else:
+                after = cursor
 
     async def _list_page(self, message: pb.ListRequest) -> pb.ListResponse:
         return await self._call(

@@ -227,9 +227,20 @@ class Client:
         tag: str | None = None,
         limit: int | None = None,
         after: int | None = None,
+        before: int | None = None,
+        newest_first: bool = False,
     ) -> builtins.list[TaskSummary]:
         return self._run(
-            self._async.list(status=status, pool=pool, kind=kind, tag=tag, limit=limit, after=after)
+            self._async.list(
+                status=status,
+                pool=pool,
+                kind=kind,
+                tag=tag,
+                limit=limit,
+                after=after,
+                before=before,
+                newest_first=newest_first,
+            )
         )
 
     @_mirrors(AsyncClient.cancel)

@@ -862,6 +862,8 @@ def task_summary_to_pb(summary: TaskSummary) -> pb.TaskSummary:
         message.key = summary.key
     if summary.finished_ns is not None:
         message.finished_at.CopyFrom(_timestamp_of_ns(summary.finished_ns))
+    if summary.error is not None:
+        message.error = summary.error
     return message
 
 
@@ -879,6 +881,7 @@ def task_summary_from_pb(message: pb.TaskSummary) -> TaskSummary:
             if message.HasField("finished_at")
             else None
         ),
+        error=message.error if message.HasField("error") else None,
     )
 
 
@@ -957,7 +960,7 @@ def cancel_kwargs(message: pb.CancelRequest) -> dict[str, Any]:
     return kwargs
 
 
-_LIST_OPTIONS = ("status", "pool", "kind", "tag", "after", "limit")
+_LIST_OPTIONS = ("status", "pool", "kind", "tag", "after", "before", "newest_first", "limit")
 
 
 def list_request(**options: object) -> pb.ListRequest:
@@ -978,9 +981,13 @@ def list_request(**options: object) -> pb.ListRequest:
         value = options.get(name)
         if value is not None:
             setattr(message, name, _text(value, name))
-    after = options.get("after")
-    if after is not None:
-        message.page_token = str(_int64(after, "after"))
+    for name in ("after", "before"):
+        bound = options.get(name)
+        if bound is not None:
+            setattr(message, name, _int64(bound, name))
+    newest_first = options.get("newest_first")
+    if newest_first is not None:
+        message.newest_first = _flag(newest_first, "newest_first")
     limit = options.get("limit")
     if limit is not None:
         message.page_size = _int64(limit, "limit")
@@ -1002,8 +1009,8 @@ def _after_of_token(token: str, what: str) -> int | None:
 
 
 def list_kwargs(message: pb.ListRequest) -> dict[str, Any]:
-    """The arguments of ``Scheduler.list``: a page is ``after`` the token's id, at most
-    ``page_size`` long."""
+    """The arguments of ``Scheduler.list``: a page is ``after`` the token's id (``before``
+    it, newest first) and within the request's own bounds, at most ``page_size`` long."""
     kwargs: dict[str, Any] = {}
     if message.HasField("statuses"):
         kwargs["status"] = frozenset(
@@ -1012,9 +1019,18 @@ def list_kwargs(message: pb.ListRequest) -> dict[str, Any]:
     for name in ("pool", "kind", "tag"):
         if message.HasField(name):
             kwargs[name] = getattr(message, name)
-    after = _after_of_token(message.page_token, "page_token")
-    if after is not None:
-        kwargs["after"] = after
+    bounds = {
+        name: getattr(message, name) for name in ("after", "before") if message.HasField(name)
+    }
+    cursor = _after_of_token(message.page_token, "page_token")
+    if cursor is not None:  # the id the previous page ended at, in the list's direction
+        if message.newest_first:
+            bounds["before"] = min(bounds.get("before", cursor), cursor)
+        else:
+            bounds["after"] = max(bounds.get("after", cursor), cursor)
+    kwargs.update(bounds)
+    if message.newest_first:
+        kwargs["newest_first"] = True
     if message.HasField("page_size"):
         kwargs["limit"] = message.page_size
     return kwargs
@@ -1265,6 +1281,8 @@ class ReportFailure:
     retryable: bool = True
     retry_after: float | timedelta | None = None
     """Seconds before the next attempt (as ``TaskError.retry_after``); None: the backoff."""
+    traceback: str = ""
+    """Where the exception was raised (``cronoq.format_traceback``); "": none."""
 
 
 def token_to_pb(token: AttemptToken, lease_id: bytes = b"") -> pb.AttemptToken:
@@ -1543,6 +1561,9 @@ def report_request(
     message.failure.retryable = _flag(outcome.retryable, "retryable")
     if outcome.retry_after is not None:
         message.failure.retry_after.CopyFrom(_duration(outcome.retry_after, "retry_after"))
+    if not isinstance(outcome.traceback, str):
+        raise InvalidArgument(f"traceback must be a str, got {type(outcome.traceback).__name__}")
+    message.failure.traceback = outcome.traceback.encode("utf-8", "backslashreplace").decode()
     return message
 
 
@@ -1581,6 +1602,7 @@ def report_from_pb(
                 _seconds(failure.retry_after, "retry_after")
                 if failure.HasField("retry_after")
                 else None,
+                failure.traceback,
             ),
         )
     raise InvalidArgument("a report needs an outcome: success or failure")

@@ -46,6 +46,7 @@ from cronoq import (
     binds_context,
     decode_with,
     encode_with,
+    format_traceback,
 )
 from cronoq.errors import (
     InvalidArgument,
@@ -480,7 +481,9 @@ class Worker:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            return ReportFailure(_truncate(f"{type(exc).__name__}: {exc}"))
+            # Formatted here, where the frames are: the server only bounds it again.
+            traceback = format_traceback(exc)
+            return ReportFailure(_truncate(f"{type(exc).__name__}: {exc}"), traceback=traceback)
         if result is None:
             return ReportSuccess(None)
         try:

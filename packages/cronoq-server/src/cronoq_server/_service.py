@@ -610,6 +610,7 @@ async def _report(sched: Scheduler, request: pb.ReportRequest) -> None:
             lease_id=lease_id,
             retryable=outcome.retryable,
             retry_after=outcome.retry_after,
+            traceback=outcome.traceback,
         )
 
 

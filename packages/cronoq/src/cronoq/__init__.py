@@ -44,6 +44,7 @@ from cronoq._scheduler import (
     TaskRequest,
     preview,
 )
+from cronoq._tracebacks import MAX_TRACEBACK, format_traceback
 from cronoq._validate import MAX_BATCH, unix_ns
 from cronoq.errors import (
     AdmissionRejected,
@@ -63,6 +64,7 @@ from cronoq.errors import (
 __all__ = [
     "LEASE_ID_BYTES",
     "MAX_BATCH",
+    "MAX_TRACEBACK",
     "AdmissionRejected",
     "AttemptInfo",
     "AttemptToken",
@@ -109,6 +111,7 @@ __all__ = [
     "binds_context",
     "decode_with",
     "encode_with",
+    "format_traceback",
     "preview",
     "unix_ns",
 ]

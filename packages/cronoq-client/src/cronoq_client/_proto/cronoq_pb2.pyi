@@ -450,7 +450,7 @@ Global___TaskInfo: _TypeAlias = TaskInfo  # noqa: Y015
 
 @_typing.final
 class TaskSummary(_message.Message):
-    """What List returns for each task (cronoq.TaskSummary): no payload, output or message."""
+    """What List returns for each task (cronoq.TaskSummary): no payload, output or whole message."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -462,12 +462,17 @@ class TaskSummary(_message.Message):
     KEY_FIELD_NUMBER: _builtins.int
     TAGS_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     task_id: _builtins.int
     status: Global___Status.ValueType
     attempt: _builtins.int
     pool: _builtins.str
     kind: _builtins.str
     key: _builtins.str
+    error: _builtins.str
+    """A failed, cancelled or retrying task's error: its message's first line (at most 200
+    characters). Absent in any other status.
+    """
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -485,13 +490,19 @@ class TaskSummary(_message.Message):
         key: _builtins.str | None = ...,
         tags: _abc.Iterable[_builtins.str] | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
+        error: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "finished_at", b"finished_at", "key", b"key"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "_key", b"_key", "error", b"error", "finished_at", b"finished_at", "key", b"key"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "attempt", b"attempt", "finished_at", b"finished_at", "key", b"key", "kind", b"kind", "pool", b"pool", "status", b"status", "tags", b"tags", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "_key", b"_key", "attempt", b"attempt", "error", b"error", "finished_at", b"finished_at", "key", b"key", "kind", b"kind", "pool", b"pool", "status", b"status", "tags", b"tags", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
+    _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
     _WhichOneofReturnType__key: _TypeAlias = _typing.Literal["key"]  # noqa: Y015
     _WhichOneofArgType__key: _TypeAlias = _typing.Literal["_key", b"_key"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__key) -> _WhichOneofReturnType__key | None: ...
 
 Global___TaskSummary: _TypeAlias = TaskSummary  # noqa: Y015
@@ -1166,6 +1177,9 @@ class ListRequest(_message.Message):
     TAG_FIELD_NUMBER: _builtins.int
     PAGE_SIZE_FIELD_NUMBER: _builtins.int
     PAGE_TOKEN_FIELD_NUMBER: _builtins.int
+    NEWEST_FIRST_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    BEFORE_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     kind: _builtins.str
     tag: _builtins.str
@@ -1177,8 +1191,14 @@ class ListRequest(_message.Message):
     page_token: _builtins.str
     """Empty: from the first task. Otherwise the `next_page_token` of the previous page, which is
     the decimal id of the last task it returned: this page has the tasks of higher ids
-    (Scheduler.list(after=id)).
+    (Scheduler.list(after=id)), or of lower ids when `newest_first`
+    (Scheduler.list(before=id)).
     """
+    newest_first: _builtins.bool
+    """Descending id (submission) order: the newest first. Otherwise ascending."""
+    after: _builtins.int
+    """Only tasks of ids above `after` and below `before`, in either order (with the page token)."""
+    before: _builtins.int
     @_builtins.property
     def statuses(self) -> Global___StatusFilter:
         """Tasks in one of these statuses. Absent: any status."""
@@ -1192,11 +1212,18 @@ class ListRequest(_message.Message):
         tag: _builtins.str | None = ...,
         page_size: _builtins.int | None = ...,
         page_token: _builtins.str = ...,
+        newest_first: _builtins.bool = ...,
+        after: _builtins.int | None = ...,
+        before: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_kind", b"_kind", "_page_size", b"_page_size", "_pool", b"_pool", "_tag", b"_tag", "kind", b"kind", "page_size", b"page_size", "pool", b"pool", "statuses", b"statuses", "tag", b"tag"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after", b"_after", "_before", b"_before", "_kind", b"_kind", "_page_size", b"_page_size", "_pool", b"_pool", "_tag", b"_tag", "after", b"after", "before", b"before", "kind", b"kind", "page_size", b"page_size", "pool", b"pool", "statuses", b"statuses", "tag", b"tag"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_kind", b"_kind", "_page_size", b"_page_size", "_pool", b"_pool", "_tag", b"_tag", "kind", b"kind", "page_size", b"page_size", "page_token", b"page_token", "pool", b"pool", "statuses", b"statuses", "tag", b"tag"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after", b"_after", "_before", b"_before", "_kind", b"_kind", "_page_size", b"_page_size", "_pool", b"_pool", "_tag", b"_tag", "after", b"after", "before", b"before", "kind", b"kind", "newest_first", b"newest_first", "page_size", b"page_size", "page_token", b"page_token", "pool", b"pool", "statuses", b"statuses", "tag", b"tag"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__after: _TypeAlias = _typing.Literal["after"]  # noqa: Y015
+    _WhichOneofArgType__after: _TypeAlias = _typing.Literal["_after", b"_after"]  # noqa: Y015
+    _WhichOneofReturnType__before: _TypeAlias = _typing.Literal["before"]  # noqa: Y015
+    _WhichOneofArgType__before: _TypeAlias = _typing.Literal["_before", b"_before"]  # noqa: Y015
     _WhichOneofReturnType__kind: _TypeAlias = _typing.Literal["kind"]  # noqa: Y015
     _WhichOneofArgType__kind: _TypeAlias = _typing.Literal["_kind", b"_kind"]  # noqa: Y015
     _WhichOneofReturnType__page_size: _TypeAlias = _typing.Literal["page_size"]  # noqa: Y015
@@ -1205,6 +1232,10 @@ class ListRequest(_message.Message):
     _WhichOneofArgType__pool: _TypeAlias = _typing.Literal["_pool", b"_pool"]  # noqa: Y015
     _WhichOneofReturnType__tag: _TypeAlias = _typing.Literal["tag"]  # noqa: Y015
     _WhichOneofArgType__tag: _TypeAlias = _typing.Literal["_tag", b"_tag"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after) -> _WhichOneofReturnType__after | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__before) -> _WhichOneofReturnType__before | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__kind) -> _WhichOneofReturnType__kind | None: ...
     @_typing.overload
@@ -1992,9 +2023,14 @@ class Failure(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     RETRYABLE_FIELD_NUMBER: _builtins.int
     RETRY_AFTER_FIELD_NUMBER: _builtins.int
+    TRACEBACK_FIELD_NUMBER: _builtins.int
     message: _builtins.str
     retryable: _builtins.bool
     """Absent: true, as for any exception but a TaskError(retryable=False)."""
+    traceback: _builtins.str
+    """Where the exception was raised, as Python prints it (empty: none, as for a TaskError). The
+    server keeps 8 KiB of it (its first and last lines) after the message's first line.
+    """
     @_builtins.property
     def retry_after(self) -> _duration_pb2.Duration:
         """Overrides the backoff before the next attempt. Absent: the retry policy's backoff."""
@@ -2005,10 +2041,11 @@ class Failure(_message.Message):
         message: _builtins.str = ...,
         retryable: _builtins.bool | None = ...,
         retry_after: _duration_pb2.Duration | None = ...,
+        traceback: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_retryable", b"_retryable", "retry_after", b"retry_after", "retryable", b"retryable"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_retryable", b"_retryable", "message", b"message", "retry_after", b"retry_after", "retryable", b"retryable"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_retryable", b"_retryable", "message", b"message", "retry_after", b"retry_after", "retryable", b"retryable", "traceback", b"traceback"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__retryable: _TypeAlias = _typing.Literal["retryable"]  # noqa: Y015
     _WhichOneofArgType__retryable: _TypeAlias = _typing.Literal["_retryable", b"_retryable"]  # noqa: Y015
