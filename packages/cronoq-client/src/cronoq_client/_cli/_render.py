@@ -80,7 +80,7 @@ def task_record(info: TaskInfo) -> dict[str, Any]:
     record = _records(info)
     traceback = info.traceback
     if traceback is not None:  # kept after the message's first line: shown as its own field
-        record["message"] = info.message[: -len(traceback) - 1]
+        record["message"] = info.description
         record["traceback"] = traceback
     return record
 
