@@ -149,8 +149,14 @@ def test_failed_tasks_list_the_newest_first_with_their_error_and_get_shows_the_t
             int(run(env, "submit", "cli-fail", str(n), "-p", "other", "--max-attempts", "1").stdout)
             for n in range(3)
         ]
-        for task_id in ids:
-            run(env, "tasks", "wait", str(task_id), "--timeout", "30", code=ExitCode.TASK_FAILED)
+        for n, task_id in enumerate(ids):
+            ended = run(
+                env, "tasks", "wait", str(task_id), "--timeout", "30", code=ExitCode.TASK_FAILED
+            )
+            assert ended.stderr == (  # one line, the traceback left to the record above it
+                f"error: task {task_id} ended failed: attempt 1 failed: LookupError: "
+                f"no customer {n}; no attempts left\n"
+            )
     finally:
         worker.stop()
         server.call(asyncio.wait_for(asyncio.shield(working), 30))

@@ -141,7 +141,9 @@ def wait_task(task_id: int, seconds: float | None, output: str) -> None:
     emit(output, record, lambda: fields(record))
     if info.status is not Status.SUCCEEDED:
         raise CommandFailed(
-            f"task {task_id} ended {info.status.value}: {info.message}", ExitCode.TASK_FAILED
+            # One line: the traceback, if any, is in the record printed above.
+            f"task {task_id} ended {info.status.value}: {info.error}",
+            ExitCode.TASK_FAILED,
         )
 
 
