@@ -20,6 +20,7 @@ __all__ = [
     "CommitSqlSeededPgStore",
     "GenerationBlindPgStore",
     "NewTaskLeaseDroppedPgStore",
+    "PoolsMixedUpPgStore",
     "UnfencedPrunePgStore",
 ]
 
@@ -68,6 +69,25 @@ class NewTaskLeaseDroppedPgStore(PgStore):
         ) -> tuple[Shape, list[object]]:
             for task in rows.new_tasks:
                 task.lease = None
+            return arguments(rows, epoch, unix)
+
+        commit.arguments = seeded  # type: ignore[method-assign]
+
+
+class PoolsMixedUpPgStore(PgStore):
+    """A batch's pool names are sent sorted (say, to write them in one order) but their flags
+    in the batch's order: a batch that pauses some pools and resumes others swaps them."""
+
+    def __init__(self, dsn: str, pool: asyncpg.Pool, config: PgStoreConfig) -> None:
+        super().__init__(dsn, pool, config)
+        commit = self._sql.commit
+        arguments = commit.arguments
+
+        def seeded(
+            rows: CollapsedBatch, epoch: int, unix: Callable[[int], int]
+        ) -> tuple[Shape, list[object]]:
+            flags = list(rows.paused_pools.values())
+            rows.paused_pools = dict(zip(sorted(rows.paused_pools), flags, strict=True))
             return arguments(rows, epoch, unix)
 
         commit.arguments = seeded  # type: ignore[method-assign]
