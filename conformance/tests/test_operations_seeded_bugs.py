@@ -187,7 +187,7 @@ CASES: list[tuple[Check, Bug, str]] = [
         "get_task must return the trace context a task was submitted with",
     ),
     (
-        StoreSuite.test_a_pool_pause_in_a_batch_that_fails_midway_is_not_applied,
+        StoreSuite.test_a_batch_that_fails_midway_leaves_nothing_behind,
         Bug.PAUSES_OUTSIDE_THE_BATCH,
         "a batch that fails midway must leave no pause or resume behind",
     ),

@@ -284,6 +284,18 @@ class PgHarness(StoreHarness):
             await drop_schema(schema)
 
 
+async def create_at_version(conn: asyncpg.Connection, schema: str, version: int) -> None:
+    """Create ``schema`` at ``version``, empty, as cronoq-store-postgres of that version did:
+    the store's own first ``version`` migration steps."""
+    s = quote_ident(schema)
+    await conn.execute(f"CREATE SCHEMA {s}")
+    await conn.execute(f"CREATE TABLE {s}.cronoq_schema_version (version integer NOT NULL)")
+    await conn.execute(f"INSERT INTO {s}.cronoq_schema_version VALUES ($1)", version)
+    for step in cronoq_store_postgres._schema._migrations(s)[:version]:
+        for statement in step:
+            await conn.execute(statement)
+
+
 async def schema_at_version(schema: str, version: int, rows: ClusterRows) -> ClusterRows:
     """A schema as cronoq-store-postgres of schema ``version`` left it, holding ``rows``: that
     version's migrations (the store's own first ``version`` steps), and the rows written in
@@ -292,12 +304,7 @@ async def schema_at_version(schema: str, version: int, rows: ClusterRows) -> Clu
     conn = await asyncpg.connect(DSN)
     try:
         async with conn.transaction():
-            await conn.execute(f"CREATE SCHEMA {s}")
-            await conn.execute(f"CREATE TABLE {s}.cronoq_schema_version (version integer NOT NULL)")
-            await conn.execute(f"INSERT INTO {s}.cronoq_schema_version VALUES ($1)", version)
-            for step in cronoq_store_postgres._schema._migrations(s)[:version]:
-                for statement in step:
-                    await conn.execute(statement)
+            await create_at_version(conn, schema, version)
             tables = {
                 r[0]
                 for r in await conn.fetch(
