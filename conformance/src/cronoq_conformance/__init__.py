@@ -17,12 +17,20 @@ See docs/stores/writing-a-store.md.
 
 from cronoq_conformance._engine_suite import EngineSuite
 from cronoq_conformance._faults import CommitFault, FaultyStore
-from cronoq_conformance._harness import Capability, DatabaseCondition, StoreHarness, run_in_python
+from cronoq_conformance._harness import (
+    Capability,
+    ClusterRows,
+    DatabaseCondition,
+    StoreHarness,
+    run_in_python,
+    task_row,
+)
 from cronoq_conformance._protocol_suite import StoreSuite
 from cronoq_conformance._simulation import SimulationSuite
 
 __all__ = [
     "Capability",
+    "ClusterRows",
     "CommitFault",
     "DatabaseCondition",
     "EngineSuite",
@@ -32,6 +40,7 @@ __all__ = [
     "StoreHarness",
     "StoreSuite",
     "run_in_python",
+    "task_row",
 ]
 
 

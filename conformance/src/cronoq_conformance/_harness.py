@@ -14,11 +14,19 @@ import subprocess
 import sys
 import textwrap
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from cronoq.store import Store
+from cronoq.store import AttemptEnded, ScheduleRecord, Store, TaskRecord, encode_task_options
 
-__all__ = ["Capability", "DatabaseCondition", "StoreHarness", "run_in_python"]
+__all__ = [
+    "Capability",
+    "ClusterRows",
+    "DatabaseCondition",
+    "StoreHarness",
+    "run_in_python",
+    "task_row",
+]
 
 
 class Capability(enum.Enum):
@@ -62,6 +70,12 @@ class Capability(enum.Enum):
     other programs that the store could take for its own (another application's database
     of the same engine) and returns their paths. For stores that keep files: the kit points
     ``open_at`` at things the store does not own and checks it refuses them untouched."""
+    EARLIER_SCHEMAS = "earlier_schemas"
+    """``open_upgraded_from(version, rows)`` creates a new cluster of its own whose database
+    is at an earlier schema ``version`` (one of ``earlier_schema_versions``), holding ``rows``
+    as the store of that version wrote them, and opens an instance of this build on it (which
+    upgrades it). For stores that migrate a schema: the kit checks that nothing written
+    before an upgrade is lost by it."""
     DATABASE_CONDITIONS = "database_conditions"
     """``meet_condition(instance, condition)`` makes every later commit of the instance meet
     the error the real database raises for ``condition`` (one of ``conditions``), until
@@ -85,6 +99,69 @@ class DatabaseCondition(enum.Enum):
         self.reason = reason
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterRows:
+    """What a cluster holds, row by row, in Unix nanoseconds: what the kit has a harness write
+    at an earlier schema version (``open_upgraded_from``), and what it then expects to read
+    back after the upgrade."""
+
+    epoch: int
+    """The epoch of the last leader (a new one's is larger)."""
+    max_task_id: int
+    """The id high-water mark, above every row's id (rows since pruned)."""
+    tasks: tuple[TaskRecord, ...]
+    """In id order, with their outputs."""
+    schedules: tuple[ScheduleRecord, ...]
+    pools: tuple[tuple[str, bool], ...]
+    """Each pool an operator paused or resumed, and whether it is paused."""
+    attempts: tuple[AttemptEnded, ...]
+
+    def keeping(self, *, leases: bool, starts: bool, pools: bool, attempts: bool) -> ClusterRows:
+        """These rows as a schema keeps them that has a place for leases, attempt starts,
+        pools and attempts or not: what it lacks reads as absent (no lease, no start, no
+        pool paused, no attempt)."""
+        return replace(
+            self,
+            tasks=tuple(
+                replace(
+                    t,
+                    lease=t.lease if leases else None,
+                    started_ns=t.started_ns if starts else None,
+                )
+                for t in self.tasks
+            ),
+            pools=self.pools if pools else (),
+            attempts=self.attempts if attempts else (),
+        )
+
+
+def task_row(record: TaskRecord) -> dict[str, object]:
+    """The columns of ``record`` in the row format cronoq's SQL stores share (the names of
+    ``cronoq.store.TASK_COLUMNS``, and ``finished_ns``): what a SQL store's harness writes
+    for ``open_upgraded_from``, keeping the columns its schema version has."""
+    lease = record.lease
+    return {
+        "id": record.task_id,
+        "pool": record.spec.pool,
+        "kind": record.spec.kind,
+        "key": record.spec.key,
+        "payload": record.spec.payload,
+        "options": encode_task_options(record.spec),
+        "status": record.status.value,
+        "attempt": record.attempt,
+        "message": record.message,
+        "submitted_ns": record.submitted_ns,
+        "updated_ns": record.updated_ns,
+        "due_ns": record.due_ns,
+        "finished_ns": record.finished_ns,
+        "cancel_requested": record.cancel_requested,
+        "output": record.output,
+        "lease_epoch": None if lease is None else lease.epoch,
+        "lease_hash": None if lease is None else lease.id_hash,
+        "started_ns": record.started_ns,
+    }
+
+
 class StoreHarness(ABC):
     """Opens store instances on ONE cluster that starts empty for each test.
 
@@ -95,6 +172,8 @@ class StoreHarness(ABC):
     capabilities: frozenset[Capability] = frozenset()
     conditions: frozenset[DatabaseCondition] = frozenset()
     """With ``DATABASE_CONDITIONS``: the conditions ``meet_condition`` can produce."""
+    earlier_schema_versions: tuple[int, ...] = ()
+    """With ``EARLIER_SCHEMAS``: every schema version the store still upgrades from."""
     leadership_timeout: float = 5.0
     """Upper bound, in seconds, on how long a takeover may take after a crash (tests fail
     beyond it). Harnesses should configure their stores with short timings."""
@@ -167,6 +246,17 @@ class StoreHarness(ABC):
         return []
 
     async def meet_condition(self, instance: Store, condition: DatabaseCondition) -> None:
+        raise NotImplementedError
+
+    async def open_upgraded_from(
+        self, version: int, rows: ClusterRows
+    ) -> tuple[Store, ClusterRows]:
+        """A new cluster (not the harness's own: the kit calls this once per version) whose
+        database is at schema ``version`` and holds ``rows`` as the store of that version wrote
+        them, its own SQL or code, and an instance of this build opened on it, which upgrades
+        it; returns the instance and ``rows`` as that version keeps them
+        (``rows.keeping(...)``: only what it has no place for left out). ``close_all``
+        releases it."""
         raise NotImplementedError
 
     async def lift_condition(self, instance: Store) -> None:

@@ -48,7 +48,7 @@ from cronoq.store import (
     TimeBase,
 )
 from cronoq_conformance._footprint import changes, footprint
-from cronoq_conformance._harness import Capability, DatabaseCondition, StoreHarness
+from cronoq_conformance._harness import Capability, ClusterRows, DatabaseCondition, StoreHarness
 
 __all__ = ["StoreSuite"]
 
@@ -189,6 +189,80 @@ def _varied_batch(rng: random.Random, first_id: int, at: int, names: list[str]) 
             )
             batch.append(ScheduleSaved(record))
     return batch
+
+
+def earlier_rows(at: int) -> ClusterRows:
+    """Rows of every kind, each column set in one at least (a lease on a running and on a
+    finished row, a start, a due time, an output, a cancellation request, a paused and a
+    resumed pool, ended attempts), around ``at`` (Unix ns): what the kit has a store write
+    under an earlier schema version."""
+    epoch, second = 6, 1_000_000_000
+    running = AttemptLease(epoch, hashlib.sha256(b"running before the upgrade").digest())
+    stopped = AttemptLease(epoch - 1, hashlib.sha256(b"stopped before the upgrade").digest())
+    traced = TraceContext("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "v=1")
+    tasks = (
+        TaskRecord(
+            1, replace(FULL_SPEC, after=()), Status.RUNNING, 2, "attempt 2 started",
+            at - 50 * second, at - 10 * second, lease=running, started_ns=at - 10 * second,
+        ),
+        TaskRecord(
+            2, TaskSpec("default", "job", b"", trace_context=traced), Status.READY, 0,
+            "submitted", at - 40 * second, at - 40 * second,
+        ),
+        TaskRecord(
+            3, TaskSpec("mail", "send", b"\x00x", key="k3", tags=("t",)), Status.RETRYING, 1,
+            "attempt 1 failed: \ufffd", at - 30 * second, at - 20 * second,
+            due_ns=at + 5 * second, started_ns=at - 25 * second,
+        ),
+        TaskRecord(
+            4, TaskSpec("default", "job", b"p"), Status.SUCCEEDED, 1, "done", at - 30 * second,
+            at - 5 * second, output=bytes(range(256)), started_ns=at - 6 * second,
+        ),
+        TaskRecord(
+            5, TaskSpec("default", "job", b"", key="k5"), Status.CANCELLED, 1, "cancelled",
+            at - 30 * second, at - 4 * second, cancel_requested=True, lease=stopped,
+            started_ns=at - 8 * second,
+        ),
+        TaskRecord(
+            6, TaskSpec("default", "job", b"", after=(3,)), Status.WAITING, 0, "submitted",
+            at - 3 * second, at - 3 * second,
+        ),
+    )  # fmt: skip
+    return ClusterRows(
+        epoch=epoch,
+        max_task_id=9,  # rows 7 to 9 were pruned
+        tasks=tasks,
+        schedules=(
+            ScheduleRecord(SCHEDULE, at + HOUR_NS, paused=True, last_task_id=4),
+            ScheduleRecord(replace(SCHEDULE, name="hourly", cron="0 * * * *"), at + second),
+        ),
+        pools=(("mail", True), ("ünï", True), ("sms", False)),
+        attempts=(
+            AttemptEnded(1, 1, at - 49 * second, at - 45 * second, "attempt 1 timed out"),
+            AttemptEnded(3, 1, at - 25 * second, at - 20 * second, "failed: \ufffd"),
+            AttemptEnded(5, 1, at - 9 * second, at - 8 * second, "lost with its worker"),
+        ),
+    )
+
+
+def _kept_is_what_a_schema_can_lack(written: ClusterRows, kept: ClusterRows, version: int) -> None:
+    """A harness's ``open_upgraded_from`` may leave out of the rows only what a schema version
+    can lack, and all of it: every lease, every start, the pools, the attempts."""
+    lacking = f"version {version}'s rows, as its harness says it keeps them, "
+
+    def bare(rows: ClusterRows) -> list[TaskRecord]:
+        return [replace(t, lease=None, started_ns=None) for t in rows.tasks]
+
+    assert (kept.epoch, kept.max_task_id, kept.schedules, bare(kept)) == (
+        written.epoch, written.max_task_id, written.schedules, bare(written)
+    ), f"{lacking}differ from what the kit wrote"  # fmt: skip
+    for field in ("lease", "started_ns"):
+        values = [getattr(t, field) for t in kept.tasks]
+        assert values in ([getattr(t, field) for t in written.tasks], [None] * len(values)), (
+            f"{lacking}leave out some {field} values only: all or none"
+        )
+    assert kept.pools in (written.pools, ()), f"{lacking}leave out some pools only"
+    assert kept.attempts in (written.attempts, ()), f"{lacking}leave out some attempts only"
 
 
 class StoreSuite:
@@ -366,19 +440,27 @@ class StoreSuite:
         store = await cluster.open()
         epoch, _ = await self.lead(store)
         at = now_ns()
-        await store.commit(epoch, [submitted(1, at)])
+        await store.commit(epoch, [submitted(1, at), PoolPaused("push", True)])
         await cluster.fail_next_commit_midway(store)
-        batch: list[Mutation] = [submitted(i, at) for i in range(2, 12)]
+        # Pauses and a resume before and after the rows (a store may write its pools first or
+        # last); the fault meets the rows.
+        batch: list[Mutation] = [PoolPaused("mail", True), PoolPaused("push", False)]
+        batch += [submitted(i, at) for i in range(2, 12)]
         batch += [finished(1, at), ScheduleSaved(ScheduleRecord(SCHEDULE, at))]
+        batch += [PoolPaused("sms", True)]
         with pytest.raises(StoreError):
             await store.commit(epoch, batch)
-        await store.commit(epoch, [submitted(20, at)])
+        await store.commit(epoch, [submitted(20, at), PoolPaused("web", True)])
         await cluster.crash(store)
         _, state = await self.lead(await cluster.open())
         assert sorted(by_id(state)) == [1, 20]
         assert by_id(state)[1].status is Status.READY
         assert list(state.schedules) == []
         assert state.max_task_id == 20
+        assert state.paused_pools == {"push", "web"}, (
+            "a batch that fails midway must leave no pause or resume behind: a PoolPaused is "
+            "written in its batch's transaction, all or nothing with it"
+        )
 
     async def test_a_batch_applied_twice_leaves_the_state_of_once(
         self, cluster: StoreHarness
@@ -601,6 +683,148 @@ class StoreSuite:
         assert record is not None and record.status is Status.READY, (
             "a retried task is live: pruning must not delete it (clear its finish time)"
         )
+
+    # --- every mutation is held to its batch's rules (issue 34) ----------------------------
+    # A pause, a resume and an ended attempt are writes of their batch like a task's row: all
+    # or nothing with it, fenced with it; a pause lands on its own pool only; a retry clears
+    # even the lease a finished row kept for a stopped attempt.
+
+    async def replaced_leader_commits(
+        self, cluster: StoreHarness, before: Sequence[Mutation], batch: Sequence[Mutation]
+    ) -> tuple[Store, int, RecoveredState]:
+        """A leader commits ``before``, is replaced behind its back (``SUPERSEDE`` or
+        ``PAUSE``), and commits ``batch``, which must raise ``Fenced``; returns the leader that
+        replaced it (opened here, if the harness supersedes), its epoch and its recovery."""
+        first = await cluster.open()
+        epoch, _ = await self.lead(first)
+        await first.commit(epoch, before)
+        replaced = await self.replaced_without_knowing(cluster, first)
+        with pytest.raises(StoreError) as raised:
+            await first.commit(epoch, batch)
+        assert isinstance(raised.value, Fenced), (
+            f"a leader replaced behind its back must be told it is fenced when it commits, "
+            f"not {raised.value!r}"
+        )
+        if replaced is None:
+            await cluster.crash(first)
+            successor = await cluster.open()
+            successor_epoch, state = await self.lead(successor)
+            return successor, successor_epoch, state
+        successor, successor_epoch = replaced
+        return (
+            successor,
+            successor_epoch,
+            await successor.recover(successor_epoch, TimeBase(), HOUR_NS),
+        )
+
+    async def test_a_pool_pause_by_a_replaced_leader_does_not_land(
+        self, cluster: StoreHarness
+    ) -> None:
+        at = now_ns()
+        late: list[Mutation] = [PoolPaused("mail", True), PoolPaused("push", False)]
+        successor, epoch, state = await self.replaced_leader_commits(
+            cluster, [submitted(1, at), PoolPaused("push", True)], late
+        )
+        assert state.paused_pools == {"push"}, (
+            "a pause or resume committed by a leader replaced behind its back landed: a "
+            "PoolPaused is fenced like the rest of its batch, in the commit's transaction"
+        )
+        # The check can fail: the same batch of the leader lands.
+        await successor.commit(epoch, late)
+        again = await successor.recover(epoch, TimeBase(), HOUR_NS)
+        assert again.paused_pools == {"mail"}
+
+    async def test_a_replaced_leader_that_has_not_noticed_writes_no_attempt(
+        self, cluster: StoreHarness
+    ) -> None:
+        at = now_ns()
+        ended = AttemptEnded(1, 1, at + 1, at + 2, "attempt 1 failed")
+        late: list[Mutation] = [
+            ended,
+            TaskUpdated(1, Status.RETRYING, 1, "attempt 1 failed", at + 2, due_ns=at + 3),
+        ]
+        successor, epoch, state = await self.replaced_leader_commits(
+            cluster, [submitted(1, at), started(1, 1, at + 1, None)], late
+        )
+        assert list(await successor.get_attempts(1)) == [], (
+            "a commit by a leader replaced behind its back wrote its AttemptEnded: gate the "
+            "attempts' insert on the fence, as the rows' are"
+        )
+        assert by_id(state)[1].status is Status.RUNNING, "the fenced commit's update landed"
+        # The check can fail: the same batch of the leader writes it.
+        await successor.commit(epoch, late)
+        assert list(await successor.get_attempts(1)) == [ended]
+
+    async def test_pauses_and_resumes_of_many_pools_land_each_on_its_own_pool(
+        self, cluster: StoreHarness
+    ) -> None:
+        """Batches that pause some pools and resume others, with names that differ only in
+        case, accents, a trailing space or length, come back as ``MemoryStore`` keeps them:
+        a store that pairs a batch's names with the wrong flags (or compares names loosely)
+        passes every check whose batches pause, or resume, alone."""
+        rng = random.Random(20261206)
+        names = ["mail", "Mail", "mail ", "ünï", "uni", "sms", "p" * 200, "a.b"]
+        reference = MemoryStore()
+        reference_epoch, _ = await self.lead(reference)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        for number in range(8):
+            pools = rng.sample(names, rng.randint(3, len(names)))
+            flags = [i % 2 == 0 for i in range(len(pools))]
+            rng.shuffle(flags)
+            batch: list[Mutation] = [PoolPaused(n, f) for n, f in zip(pools, flags, strict=True)]
+            # A pool's second word in the batch wins.
+            batch.append(PoolPaused(pools[0], not flags[0]))
+            await store.commit(epoch, batch)
+            await reference.commit(reference_epoch, batch)
+            expected = await reference.recover(reference_epoch, TimeBase(), HOUR_NS)
+            state = await store.recover(epoch, TimeBase(), HOUR_NS)
+            assert state.paused_pools == expected.paused_pools, (
+                f"after batch {number} ({batch}), each PoolPaused must pause or resume its own "
+                "pool, and no other"
+            )
+        _, state = await self.lead_after_crash(cluster, store)
+        assert state.paused_pools == expected.paused_pools, "(recovered by a new instance)"
+
+    async def test_a_retry_clears_the_lease_a_finished_row_kept(
+        self, cluster: StoreHarness
+    ) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        held = lease(epoch, "a stopped attempt that may still run")
+        spec = TaskSpec("default", "job", b"p")
+        await store.commit(epoch, [submitted(i, at) for i in (1, 2, 3)])
+        await store.commit(epoch, [started(i, 1, at + 1, held) for i in (1, 2, 3)])
+
+        def stopped(task_id: int) -> TaskUpdated:
+            """The engine cancelled the attempt; its worker may still run it: the row keeps
+            its lease."""
+            return TaskUpdated(task_id, Status.CANCELLED, 1, "cancelled", at + 2, lease=held)
+
+        def retried(task_id: int) -> TaskRetried:
+            return TaskRetried(task_id, spec, Status.READY, 1, "retried", at + 3)
+
+        # Task 1: retried in a commit of its own; task 2: stopped and retried in one batch;
+        # task 3: retried, and its lease written again after (the engine still waits for
+        # the attempt), in one batch.
+        await store.commit(epoch, [stopped(1), stopped(3)])
+        await store.commit(epoch, [retried(1)])
+        await store.commit(epoch, [stopped(2), retried(2)])
+        await store.commit(
+            epoch,
+            [retried(3), TaskUpdated(3, Status.READY, 1, "retried", at + 3, lease=held)],
+        )
+        cleared = (
+            "a TaskRetried must clear the row's lease, also one a finished row kept for a "
+            "stopped attempt (a TaskUpdated after it sets it again)"
+        )
+        assert await leases_looked_up(store, [1, 2, 3]) == [None, None, held], cleared
+        _, state = await self.lead_after_crash(cluster, store)
+        rows = by_id(state)
+        assert [(rows[i].status, rows[i].lease) for i in (1, 2, 3)] == [
+            (Status.READY, None), (Status.READY, None), (Status.READY, held)
+        ], f"{cleared} (recovered)"  # fmt: skip
 
     # --- attempt history (issue 22) -------------------------------------------------------
     # An attempt that ended without success leaves an AttemptEnded: written once per (task,
@@ -1150,6 +1374,68 @@ class StoreSuite:
         # Quarantine is durable: the row is failed now, so it is no longer live.
         _, again = await self.lead_after_crash(cluster, second)
         assert 2 not in {r.task_id for r in again.tasks if not r.status.is_terminal}
+
+    async def test_what_an_earlier_schema_holds_reads_back_the_same_after_the_upgrade(
+        self, cluster: StoreHarness
+    ) -> None:
+        """For every schema version the store still upgrades from: rows of every kind, each
+        column set, written as that version's store wrote them, read back after the upgrade
+        (recovery, lookups, attempts, pauses, schedules, the id high-water mark) as they were
+        written; only what that version had no place for reads as absent."""
+        self.require(cluster, Capability.EARLIER_SCHEMAS)
+        versions = cluster.earlier_schema_versions
+        assert versions, "a harness declaring EARLIER_SCHEMAS names its earlier_schema_versions"
+        written = earlier_rows(now_ns())
+        for version in versions:
+            store, kept = await cluster.open_upgraded_from(version, written)
+            _kept_is_what_a_schema_can_lack(written, kept, version)
+            try:
+                await self.reads_back(store, kept, f"after the upgrade from version {version}")
+            finally:
+                await store.close()
+
+    @staticmethod
+    async def reads_back(store: Store, kept: ClusterRows, when: str) -> None:
+        """``store``, opened on a cluster holding ``kept``, leads and reads it all back; and
+        its upgraded schema takes every mutation."""
+        epoch = (await store.acquire_leadership()).epoch
+        assert epoch > kept.epoch, (
+            f"{when}: a new leader's epoch ({epoch}) must be above the last one ({kept.epoch})"
+        )
+        state = await store.recover(epoch, TimeBase(), HOUR_NS)
+        assert list(state.quarantined) == [], f"{when}: recovery quarantined rows"
+        assert list(state.tasks) == [replace(t, output=None) for t in kept.tasks], (
+            f"{when}: recover() must return every row as it was written"
+        )
+        looked_up = [await store.get_task(t.task_id) for t in kept.tasks]
+        assert looked_up == list(kept.tasks), f"{when}: get_task must return every row as written"
+        for record in kept.tasks:
+            if record.spec.key is not None:
+                by_key = await store.get_task_by_key(record.spec.key)
+                assert by_key == record, f"{when}: get_task_by_key({record.spec.key!r})"
+        attempts = [a for t in kept.tasks for a in await store.get_attempts(t.task_id)]
+        assert attempts == list(kept.attempts), (
+            f"{when}: get_attempts must return every ended attempt as written"
+        )
+        assert state.paused_pools == {name for name, paused in kept.pools if paused}, (
+            f"{when}: recover() must return the pools paused before it"
+        )
+        assert sorted(state.schedules, key=_name) == sorted(kept.schedules, key=_name), (
+            f"{when}: recover() must return every schedule as written"
+        )
+        assert state.max_task_id == kept.max_task_id, f"{when}: the id high-water mark changed"
+        # The upgraded schema takes leases, starts, pauses and attempts like a new one.
+        at = now_ns()
+        fresh = lease(epoch, "after the upgrade")
+        ended = AttemptEnded(3, 2, at, at + 1, "attempt 2 failed")
+        await store.commit(epoch, [started(2, 1, at, fresh), ended, PoolPaused("sms", True)])
+        updated = await store.get_task(2)
+        assert updated is not None and (updated.lease, updated.started_ns) == (fresh, at), (
+            f"{when}: the upgraded schema must keep a new lease and start"
+        )
+        assert ended in await store.get_attempts(3), f"{when}: an attempt was not written"
+        again = await store.recover(epoch, TimeBase(), HOUR_NS)
+        assert "sms" in again.paused_pools, f"{when}: a pause was not written"
 
     async def test_a_newer_schema_is_refused_with_a_clear_error(
         self, cluster: StoreHarness

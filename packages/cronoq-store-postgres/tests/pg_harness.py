@@ -15,8 +15,16 @@ import asyncpg
 import pytest
 from pg_proxy import Link, PgProxy, upstream_of, writes_a_batch
 
-from cronoq.store import Store
-from cronoq_conformance import Capability, DatabaseCondition, StoreHarness, run_in_python
+import cronoq_store_postgres._schema
+from cronoq.store import Store, encode_schedule_spec
+from cronoq_conformance import (
+    Capability,
+    ClusterRows,
+    DatabaseCondition,
+    StoreHarness,
+    run_in_python,
+    task_row,
+)
 from cronoq_store_postgres import PgStore, PgStoreConfig
 from cronoq_store_postgres._schema import quote_ident
 
@@ -88,6 +96,8 @@ class PgHarness(StoreHarness):
         Capability.FOREIGN_PATHS,
     }
     conditions = frozenset(DatabaseCondition)
+    # Every version a schema of an earlier cronoq-store-postgres may still be at.
+    earlier_schema_versions = tuple(range(1, cronoq_store_postgres._schema.SCHEMA_VERSION))
     leadership_timeout = 3.0
     handover_timeout = 0.5
 
@@ -100,6 +110,8 @@ class PgHarness(StoreHarness):
         self.opened: list[PgStore] = []
         self.proxies: dict[PgStore, PgProxy] = {}
         self._blocker: asyncpg.Connection | None = None
+        self._upgraded: list[str] = []
+        """The schemas of ``open_upgraded_from``, dropped by ``close_all``."""
 
     async def open(self) -> Store:
         upstream = upstream_of(DSN)
@@ -242,6 +254,16 @@ class PgHarness(StoreHarness):
     async def prune(self, instance: Store, horizon_unix_ns: int) -> None:
         await self._pg(instance).prune(horizon_unix_ns)
 
+    async def open_upgraded_from(
+        self, version: int, rows: ClusterRows
+    ) -> tuple[Store, ClusterRows]:
+        schema = f"{self.schema}_from_{version}"
+        self._upgraded.append(schema)
+        kept = await schema_at_version(schema, version, rows)
+        store = await self.store_class.connect(DSN, dataclasses.replace(self.config, schema=schema))
+        self.opened.append(store)
+        return store, kept
+
     async def run_in_other_process(self, code: str) -> str:
         return await run_in_python(
             "from cronoq_store_postgres import PgStore, PgStoreConfig\n"
@@ -258,3 +280,81 @@ class PgHarness(StoreHarness):
             await store.close()
         for proxy in self.proxies.values():
             await proxy.close()
+        for schema in self._upgraded:
+            await drop_schema(schema)
+
+
+async def create_at_version(conn: asyncpg.Connection, schema: str, version: int) -> None:
+    """Create ``schema`` at ``version``, empty, as cronoq-store-postgres of that version did:
+    the store's own first ``version`` migration steps."""
+    s = quote_ident(schema)
+    await conn.execute(f"CREATE SCHEMA {s}")
+    await conn.execute(f"CREATE TABLE {s}.cronoq_schema_version (version integer NOT NULL)")
+    await conn.execute(f"INSERT INTO {s}.cronoq_schema_version VALUES ($1)", version)
+    for step in cronoq_store_postgres._schema._migrations(s)[:version]:
+        for statement in step:
+            await conn.execute(statement)
+
+
+async def schema_at_version(schema: str, version: int, rows: ClusterRows) -> ClusterRows:
+    """A schema as cronoq-store-postgres of schema ``version`` left it, holding ``rows``: that
+    version's migrations (the store's own first ``version`` steps), and the rows written in
+    the tables and columns they made; returns the rows as that version keeps them."""
+    s = quote_ident(schema)
+    conn = await asyncpg.connect(DSN)
+    try:
+        async with conn.transaction():
+            await create_at_version(conn, schema, version)
+            tables = {
+                r[0]
+                for r in await conn.fetch(
+                    "SELECT table_name FROM information_schema.tables WHERE table_schema = $1",
+                    schema,
+                )
+            }
+            columns = {
+                r[0]
+                for r in await conn.fetch(
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_schema = $1 AND table_name = 'cronoq_tasks'",
+                    schema,
+                )
+            }
+            await conn.execute(
+                f"UPDATE {s}.cronoq_leader SET epoch = $1, max_task_id = $2",
+                rows.epoch,
+                rows.max_task_id,
+            )
+            for record in rows.tasks:
+                row = task_row(record) | {"after_ids": list(record.spec.after)}
+                values = {name: v for name, v in row.items() if name in columns}
+                numbers = ", ".join(f"${i}" for i in range(1, len(values) + 1))
+                await conn.execute(
+                    f"INSERT INTO {s}.cronoq_tasks ({', '.join(values)}) VALUES ({numbers})",
+                    *values.values(),
+                )
+            await conn.executemany(
+                f"INSERT INTO {s}.cronoq_schedules VALUES ($1, $2, $3, $4, $5)",
+                [
+                    (r.spec.name, encode_schedule_spec(r.spec), r.next_ns, r.paused, r.last_task_id)
+                    for r in rows.schedules
+                ],
+            )
+            if "cronoq_pools" in tables:
+                await conn.executemany(f"INSERT INTO {s}.cronoq_pools VALUES ($1, $2)", rows.pools)
+            if "cronoq_attempts" in tables:
+                await conn.executemany(
+                    f"INSERT INTO {s}.cronoq_attempts VALUES ($1, $2, $3, $4, $5)",
+                    [
+                        (a.task_id, a.attempt, a.started_ns, a.ended_ns, a.message)
+                        for a in rows.attempts
+                    ],
+                )
+    finally:
+        await conn.close()
+    return rows.keeping(
+        leases="lease_hash" in columns,
+        starts="started_ns" in columns,
+        pools="cronoq_pools" in tables,
+        attempts="cronoq_attempts" in tables,
+    )

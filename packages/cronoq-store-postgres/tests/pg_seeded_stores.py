@@ -20,6 +20,7 @@ __all__ = [
     "CommitSqlSeededPgStore",
     "GenerationBlindPgStore",
     "NewTaskLeaseDroppedPgStore",
+    "PoolsMixedUpPgStore",
     "UnfencedPrunePgStore",
 ]
 
@@ -54,9 +55,9 @@ class UnfencedPrunePgStore(PgStore):
             SELECT 1 AS leading, (SELECT count(*) FROM pruned) AS pruned"""
 
 
-class NewTaskLeaseDroppedPgStore(PgStore):
-    """A task submitted and started in one batch is inserted without its lease (the insert's
-    column list was not extended); updates of existing rows keep theirs."""
+class RowsSeededPgStore(PgStore):
+    """The commit's collapsed batch rewritten by ``seed`` before its arguments are made (a
+    subclass overrides it): a store that sends the batch's rows wrongly."""
 
     def __init__(self, dsn: str, pool: asyncpg.Pool, config: PgStoreConfig) -> None:
         super().__init__(dsn, pool, config)
@@ -66,11 +67,31 @@ class NewTaskLeaseDroppedPgStore(PgStore):
         def seeded(
             rows: CollapsedBatch, epoch: int, unix: Callable[[int], int]
         ) -> tuple[Shape, list[object]]:
-            for task in rows.new_tasks:
-                task.lease = None
+            self.seed(rows)
             return arguments(rows, epoch, unix)
 
         commit.arguments = seeded  # type: ignore[method-assign]
+
+    def seed(self, rows: CollapsedBatch) -> None:
+        raise NotImplementedError
+
+
+class NewTaskLeaseDroppedPgStore(RowsSeededPgStore):
+    """A task submitted and started in one batch is inserted without its lease (the insert's
+    column list was not extended); updates of existing rows keep theirs."""
+
+    def seed(self, rows: CollapsedBatch) -> None:
+        for task in rows.new_tasks:
+            task.lease = None
+
+
+class PoolsMixedUpPgStore(RowsSeededPgStore):
+    """A batch's pool names are sent sorted (say, to write them in one order) but their flags
+    in the batch's order: a batch that pauses some pools and resumes others swaps them."""
+
+    def seed(self, rows: CollapsedBatch) -> None:
+        flags = list(rows.paused_pools.values())
+        rows.paused_pools = dict(zip(sorted(rows.paused_pools), flags, strict=True))
 
 
 class CancelClearsLeasePgStore(PgStore):

@@ -10,7 +10,7 @@ import time
 import asyncpg
 import pytest
 from pg_fault_helpers import config, query
-from pg_harness import DSN
+from pg_harness import DSN, create_at_version
 
 from cronoq.store import (
     AttemptEnded,
@@ -22,7 +22,7 @@ from cronoq.store import (
     TimeBase,
 )
 from cronoq_store_postgres import PgStore
-from cronoq_store_postgres._schema import SCHEMA_VERSION, _migrations, quote_ident
+from cronoq_store_postgres._schema import SCHEMA_VERSION, quote_ident
 
 LEASE = AttemptLease(7, hashlib.sha256(b"lease id").digest())
 HOUR_NS = 3600 * 10**9
@@ -35,11 +35,7 @@ async def version_2_schema(schema: str, now: int) -> None:
     conn = await asyncpg.connect(DSN)
     try:
         async with conn.transaction():
-            await conn.execute(f"CREATE SCHEMA {s}")
-            await conn.execute(f"CREATE TABLE {s}.cronoq_schema_version (version integer NOT NULL)")
-            await conn.execute(f"INSERT INTO {s}.cronoq_schema_version VALUES (2)")
-            for statement in [*_migrations(s)[0], *_migrations(s)[1]]:
-                await conn.execute(statement)
+            await create_at_version(conn, schema, 2)
             await conn.execute(f"UPDATE {s}.cronoq_leader SET epoch = 3, max_task_id = 2")
             for task_id, status, attempt in ((1, "running", 1), (2, "ready", 0)):
                 await conn.execute(

@@ -1,6 +1,7 @@
-"""The conformance kit's checks of issues 25 and 19 fail on PgStore with the matching bug seeded
-(pg_seeded_stores), and pass on PgStore itself (test_pg_conformance): a check that cannot fail
-proves nothing. Each runs one check of the kit as a store author's test module would."""
+"""The conformance kit's checks of issues 25, 19, 21 and 34 fail on PgStore with the matching
+bug seeded (pg_seeded_stores), and pass on PgStore itself (test_pg_conformance): a check that
+cannot fail proves nothing. Each runs one check of the kit as a store author's test module
+would."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from pg_seeded_stores import (
     CommitSqlSeededPgStore,
     GenerationBlindPgStore,
     NewTaskLeaseDroppedPgStore,
+    PoolsMixedUpPgStore,
     UnfencedPrunePgStore,
 )
 
+import cronoq_store_postgres._schema
 from cronoq_conformance import StoreHarness, StoreSuite
 from cronoq_store_postgres import PgStore
 
@@ -106,6 +109,21 @@ class RetryKeepsFinishPgStore(CommitSqlSeededPgStore):
     old, new = "THEN t.finished_ns", "THEN t.finished_ns WHEN t.finished_ns IS NOT NULL THEN 1"
 
 
+# --- issue 34: pauses and ended attempts not gated on the fence --------------------------
+
+
+class PausesUnfencedPgStore(CommitSqlSeededPgStore):
+    old = """WHERE EXISTS (SELECT FROM fence)
+                ON CONFLICT (name) DO UPDATE SET paused"""
+    new = "ON CONFLICT (name) DO UPDATE SET paused"
+
+
+class AttemptsUnfencedPgStore(CommitSqlSeededPgStore):
+    old = """WHERE EXISTS (SELECT FROM fence)
+                ON CONFLICT (task_id, attempt)"""
+    new = "ON CONFLICT (task_id, attempt)"
+
+
 @pytest.mark.parametrize(
     ("store_class", "check", "message"),
     [
@@ -134,6 +152,21 @@ class RetryKeepsFinishPgStore(CommitSqlSeededPgStore):
             StoreSuite.test_a_retried_task_is_not_pruned,
             "pruning must not delete it",
         ),
+        (
+            PausesUnfencedPgStore,
+            StoreSuite.test_a_pool_pause_by_a_replaced_leader_does_not_land,
+            "committed by a leader replaced behind its back landed",
+        ),
+        (
+            PoolsMixedUpPgStore,
+            StoreSuite.test_pauses_and_resumes_of_many_pools_land_each_on_its_own_pool,
+            "each PoolPaused must pause or resume its own pool",
+        ),
+        (
+            AttemptsUnfencedPgStore,
+            StoreSuite.test_a_replaced_leader_that_has_not_noticed_writes_no_attempt,
+            "wrote its AttemptEnded",
+        ),
     ],
     ids=lambda value: getattr(value, "__name__", ""),
 )
@@ -142,3 +175,43 @@ async def test_each_operation_check_fails_on_its_seeded_bug(
 ) -> None:
     with pytest.raises(AssertionError, match=message):
         await run_check(check, PgHarness(schema, store_class=store_class))
+
+
+async def test_the_fenced_attempt_check_of_issue_22_lets_unfenced_attempts_through(
+    schema: str,
+) -> None:
+    """Why the replaced-leader check exists: PgStore refuses a stale epoch before it sends
+    anything, so the older check never reaches the statement whose attempts are unfenced."""
+    check = StoreSuite.test_a_fenced_commit_writes_no_attempt
+    await run_check(check, PgHarness(schema, store_class=AttemptsUnfencedPgStore))
+
+
+# --- the kit's upgrade check (issue 34) fails on PgStore whose last migration loses data ----
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+async def test_the_upgrade_check_fails_on_a_migration_that_drops_the_leases(
+    schema: str, monkeypatch: pytest.MonkeyPatch, seeded: bool
+) -> None:
+    """The upgrade to the latest version clears the lease columns (as a table rebuilt without
+    them would): the schemas of every earlier version with leases lose them."""
+    if seeded:
+        migrations = cronoq_store_postgres._schema._migrations
+
+        def dropping(s: str) -> list[list[str]]:
+            steps = migrations(s)
+            steps[-1] = [
+                *steps[-1],
+                f"UPDATE {s}.cronoq_tasks SET lease_epoch = NULL, lease_hash = NULL",
+            ]
+            return steps
+
+        monkeypatch.setattr(cronoq_store_postgres._schema, "_migrations", dropping)
+    check = StoreSuite.test_what_an_earlier_schema_holds_reads_back_the_same_after_the_upgrade
+    if not seeded:
+        await run_check(check, PgHarness(schema))
+        return
+    with pytest.raises(
+        AssertionError, match=r"after the upgrade from version 3: recover\(\) must return"
+    ):
+        await run_check(check, PgHarness(schema))

@@ -9,8 +9,16 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from cronoq.store import Store
-from cronoq_conformance import Capability, DatabaseCondition, StoreHarness, run_in_python
+import cronoq_store_sqlite._schema
+from cronoq.store import Store, encode_schedule_spec
+from cronoq_conformance import (
+    Capability,
+    ClusterRows,
+    DatabaseCondition,
+    StoreHarness,
+    run_in_python,
+    task_row,
+)
 from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig
 
 # Short timings: a crashed leader's lease runs out in 1 s; a held write lock is reported as
@@ -29,6 +37,8 @@ class SqliteHarness(StoreHarness):
     conditions = frozenset(
         {DatabaseCondition.READ_ONLY, DatabaseCondition.PERMISSION_DENIED, DatabaseCondition.BUSY}
     )
+    # Every version a file of an earlier cronoq-store-sqlite may still be at.
+    earlier_schema_versions = tuple(range(1, cronoq_store_sqlite._schema.SCHEMA_VERSION))
     leadership_timeout = FAST.lease_ttl + FAST.lock_poll + 2.0
     # Well under the lease: a release that leaves the lease to run out takes about 1 s.
     handover_timeout = 0.5
@@ -190,6 +200,13 @@ class SqliteHarness(StoreHarness):
         self._foreign.append(running)
         return [plain, live]
 
+    async def open_upgraded_from(
+        self, version: int, rows: ClusterRows
+    ) -> tuple[Store, ClusterRows]:
+        path = self.path.with_name(f"{self.path.stem}-from-version-{version}.db")
+        kept = await asyncio.to_thread(database_at_version, path, version, rows)
+        return await self.open_at(path), kept
+
     async def run_in_other_process(self, code: str) -> str:
         return await run_in_python(
             "from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig\n"
@@ -209,3 +226,53 @@ class SqliteHarness(StoreHarness):
         for conn in self._foreign:
             conn.close()
         self._foreign.clear()
+
+
+def database_at_version(path: Path, version: int, rows: ClusterRows) -> ClusterRows:
+    """A file as cronoq-store-sqlite of schema ``version`` left it, holding ``rows``: that
+    version's migrations (the store's own first ``version`` steps), and the rows written in
+    the tables and columns they made; returns the rows as that version keeps them."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("BEGIN")
+        conn.execute("CREATE TABLE cronoq_schema_version (version INTEGER NOT NULL)")
+        conn.execute("INSERT INTO cronoq_schema_version VALUES (?)", (version,))
+        for step in cronoq_store_sqlite._schema._MIGRATIONS[:version]:
+            for statement in step.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(cronoq_tasks)")}
+        conn.execute(
+            "UPDATE cronoq_leader SET epoch = ?, max_task_id = ?", (rows.epoch, rows.max_task_id)
+        )
+        for record in rows.tasks:
+            values = {name: v for name, v in task_row(record).items() if name in columns}
+            conn.execute(
+                f"INSERT INTO cronoq_tasks ({', '.join(values)}) "
+                f"VALUES ({', '.join('?' * len(values))})",
+                tuple(values.values()),
+            )
+        conn.executemany(
+            "INSERT INTO cronoq_schedules VALUES (?, ?, ?, ?, ?)",
+            [
+                (r.spec.name, encode_schedule_spec(r.spec), r.next_ns, r.paused, r.last_task_id)
+                for r in rows.schedules
+            ],
+        )
+        if "cronoq_pools" in tables:
+            conn.executemany("INSERT INTO cronoq_pools VALUES (?, ?)", rows.pools)
+        if "cronoq_attempts" in tables:
+            conn.executemany(
+                "INSERT INTO cronoq_attempts VALUES (?, ?, ?, ?, ?)",
+                [
+                    (a.task_id, a.attempt, a.started_ns, a.ended_ns, a.message)
+                    for a in rows.attempts
+                ],
+            )
+        conn.execute("COMMIT")
+    return rows.keeping(
+        leases="lease_hash" in columns,
+        starts="started_ns" in columns,
+        pools="cronoq_pools" in tables,
+        attempts="cronoq_attempts" in tables,
+    )

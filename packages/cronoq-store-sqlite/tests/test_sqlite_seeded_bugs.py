@@ -164,6 +164,16 @@ OPERATION_BUGS = [
         "a TaskRetried must make the row live",
         id="a-retry-keeps-the-cancellation-request",
     ),
+    # Issue 34: a finished row's kept lease outlives the retry (the lease columns are kept
+    # whenever the options are rewritten).
+    pytest.param(
+        "_CHANGE_TASK",
+        ":status IS NULL THEN lease_",
+        ":status IS NULL OR :options IS NOT NULL THEN lease_",
+        StoreSuite.test_a_retry_clears_the_lease_a_finished_row_kept,
+        "a TaskRetried must clear the row's lease",
+        id="a-retry-keeps-a-kept-lease",
+    ),
     pytest.param(
         "_CHANGE_TASK",
         "ELSE :finished END",
@@ -212,6 +222,33 @@ async def test_each_operation_check_fails_on_its_seeded_bug(
             await check(StoreSuite(), harness)
             return
         with pytest.raises(AssertionError, match=message):
+            await check(StoreSuite(), harness)
+    finally:
+        await harness.close_all()
+
+
+# --- the kit's upgrade check (issue 34) fails on SqliteStore whose last migration loses data --
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+async def test_the_upgrade_check_fails_on_a_migration_that_drops_the_leases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seeded: bool
+) -> None:
+    """The upgrade to the latest version clears the lease columns (as a table rebuilt without
+    them would): the files of every earlier version with leases lose them."""
+    if seeded:
+        steps = cronoq_store_sqlite._schema._MIGRATIONS
+        dropped = steps[-1] + "UPDATE cronoq_tasks SET lease_epoch = NULL, lease_hash = NULL;"
+        monkeypatch.setattr(cronoq_store_sqlite._schema, "_MIGRATIONS", [*steps[:-1], dropped])
+    harness = SqliteHarness(tmp_path / "cronoq.db")
+    check = StoreSuite.test_what_an_earlier_schema_holds_reads_back_the_same_after_the_upgrade
+    try:
+        if not seeded:
+            await check(StoreSuite(), harness)
+            return
+        with pytest.raises(
+            AssertionError, match=r"after the upgrade from version 2: recover\(\) must return"
+        ):
             await check(StoreSuite(), harness)
     finally:
         await harness.close_all()

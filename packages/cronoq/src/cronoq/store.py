@@ -9,6 +9,9 @@ Obligations of every store (each one is checked by the conformance kit):
 
 - ``commit`` applies a whole batch atomically, or nothing of it. A commit whose call failed
   has landed by the time a later ``recover`` of the same instance returns, or never lands.
+  Every mutation is part of its batch, the operator's ``PoolPaused`` and the history's
+  ``AttemptEnded`` as much as a task's row: a batch that fails midway leaves no pause, resume
+  or attempt behind, and a fenced commit writes none.
 - A ``TaskUpdated`` replaces the row's ``lease`` with its own (None clears it); a
   ``CancelRequested`` keeps it; ``recover`` and lookups return it in ``TaskRecord.lease``.
 - A ``TaskUpdated`` to running sets the row's ``started_ns`` to its ``at_ns`` (its attempt's
@@ -17,15 +20,21 @@ Obligations of every store (each one is checked by the conformance kit):
 - A ``TaskRetried`` makes a finished row live again: status, message and update time as
   given, attempt kept, the spec's options rewritten (its retry policy may allow more attempts),
   finish time, due time, output, lease and cancellation request cleared; it is no longer
-  finished, so it is not pruned.
+  finished, so it is not pruned. The lease is cleared even when the finished row kept it for
+  an attempt the engine stopped that may still run: the engine writes a ``TaskUpdated`` with
+  that lease after the retry (in the same batch) when it still waits for the attempt.
 - A ``PoolPaused`` is kept by pool name (a pause replaces the pool's earlier one, a resume
-  clears it); ``recover`` returns the paused pools' names in ``RecoveredState.paused_pools``.
+  clears it), names compared exactly: it pauses or resumes that pool and no other, whatever
+  else its batch pauses or resumes. ``recover`` returns the paused pools' names in
+  ``RecoveredState.paused_pools``.
 - An ``AttemptEnded`` is written once per (task id, attempt): a repeated one (a commit
   retried after it landed) changes nothing. A store keeps the latest ``ATTEMPTS_KEPT`` of a
   task (by attempt number), returns them from ``get_attempts`` in attempt order, and deletes
   them with the task's row when it prunes it.
 - ``commit`` with an epoch other than the current leader's raises :class:`Fenced` and changes
-  nothing. Transient failures raise :class:`Unavailable`; anything else :class:`StoreFatal`.
+  nothing, also when the instance does not know yet that it was replaced (the fence is read
+  in the commit's transaction, for every mutation of the batch). Transient failures raise
+  :class:`Unavailable`; anything else :class:`StoreFatal`.
 - Times are engine nanoseconds; convert them with the :class:`TimeBase` given to ``recover``.
 - NUL in messages is stored as U+FFFD.
 - ``recover`` returns live tasks, terminal tasks finished within ``retention_ns``, terminal tasks
@@ -36,6 +45,11 @@ Obligations of every store (each one is checked by the conformance kit):
   worker) is returned by ``recover`` however long ago it finished, and not pruned, until an
   update clears the lease: the engine writes that update when the attempt ends, and a new
   leader must see the lease to wait for the attempt.
+- A store that upgrades a schema of an earlier version of itself keeps everything written
+  under it: after the upgrade, every row (its lease and start included), pause, schedule,
+  ended attempt and the id high-water mark read back as they were written; only what the
+  earlier version had no place for reads as absent (no lease, no start, no attempts, no
+  paused pool).
 """
 
 from __future__ import annotations
