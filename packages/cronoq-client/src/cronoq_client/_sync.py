@@ -78,6 +78,7 @@ class Client:
         tls: grpc.ChannelCredentials | Tls | bool | None = None,
         token: str | None = None,
         timeout: float = 30.0,
+        connect_timeout: float | None = None,
         stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         tracing: bool | TracerProvider = False,
@@ -90,6 +91,7 @@ class Client:
             tls=tls,
             token=token,
             timeout=timeout,
+            connect_timeout=connect_timeout,
             stall_timeout=stall_timeout,
             max_message_bytes=max_message_bytes,
             # A call runs on the loop in a copy of its caller's context (run_coroutine_threadsafe
