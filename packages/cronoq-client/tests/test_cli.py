@@ -13,12 +13,14 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
+import typing
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,11 +30,24 @@ import pytest
 from click.testing import CliRunner, Result
 from server_thread import ThreadedServer, threaded_server
 
-from cronoq import JsonCodec, RetryPolicy, Status, TaskContext, TaskError
+from cronoq import (
+    JsonCodec,
+    RetryPolicy,
+    ScheduleInfo,
+    Status,
+    TaskContext,
+    TaskError,
+    TaskInfo,
+    WorkerInfo,
+)
 from cronoq_client import Client, Worker
 from cronoq_client._cli import cli
 from cronoq_client._cli._errors import ConfigError, ExitCode
+from cronoq_client._cli._pools import POOL_COLUMNS
+from cronoq_client._cli._schedules import SCHEDULE_COLUMNS
 from cronoq_client._cli._settings import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TARGET, Flags, resolve
+from cronoq_client._cli._tasks import TASK_COLUMNS
+from cronoq_client._cli._workers import WORKER_COLUMNS
 
 CRONOQ = str(Path(sys.executable).parent / "cronoq")
 TOKENS = {"app": secrets.token_urlsafe(24), "reader": secrets.token_urlsafe(24)}
@@ -241,6 +256,47 @@ def test_a_closed_port_is_reported_within_the_connect_timeout(env: dict[str, str
                     code=ExitCode.UNAVAILABLE)  # fmt: skip
         assert "--connect-timeout" in quick.stderr
         assert time.monotonic() - started < DEFAULT_CONNECT_TIMEOUT, args
+
+
+_TIME = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d\S*( \S+)?")
+
+
+def test_every_time_printed_carries_its_zone(env: dict[str, str]) -> None:
+    task_id = run(env, "submit", "cli-zone", "--start-at", "+3600").stdout.strip()
+    run(env, "schedules", "add", "cli-zone", "0 3 * * *", "-k", "cli-zone", "-z", "Asia/Tokyo")
+    try:
+        shown = {
+            "tasks get": run(env, "tasks", "get", task_id).stdout,
+            "schedules add": run(
+                env, "schedules", "add", "cli-zone", "0 4 * * *", "-k", "z", "--replace"
+            ).stdout,
+            "schedules preview": run(
+                env, "schedules", "preview", "0 3 * * *", "-z", "Asia/Tokyo"
+            ).stdout,
+        }
+    finally:
+        run(env, "schedules", "remove", "cli-zone")
+    for command, text in shown.items():
+        times = [m.group() for m in _TIME.finditer(text)]
+        assert times, (command, text)
+        for time_shown in times:
+            # " UTC" after a time of a record; an ISO offset on the preview's times.
+            assert time_shown.endswith(" UTC") or re.search(r"[+-]\d\d:\d\d$", time_shown), (
+                command,
+                time_shown,
+            )
+    assert len(_TIME.findall(shown["tasks get"])) >= 2  # submitted_at, updated_at
+    # A listing's times are in UTC, which each time column's title says.
+    model_times = {
+        name
+        for model in (TaskInfo, ScheduleInfo, WorkerInfo)
+        for name, hint in typing.get_type_hints(model).items()
+        if datetime in (hint, *typing.get_args(hint))
+    } | {"finished_at"}  # TaskSummary's finished_ns, shown as a time
+    for columns in (TASK_COLUMNS, SCHEDULE_COLUMNS, WORKER_COLUMNS, POOL_COLUMNS):
+        for key, title in columns:
+            if key in model_times:
+                assert title.endswith("(UTC)"), (key, title)
 
 
 # --- schedules ----------------------------------------------------------------------------
