@@ -524,3 +524,37 @@ def test_the_package_readmes_link_absolutely_to_pages_that_exist() -> None:
             for found in re.findall(r"(?<![/\w])docs/[\w/.-]+\.md", prose)
         ]
     assert not wrong
+
+
+# --- docstrings as the API reference renders them ----------------------------------------------
+
+# Sphinx roles: mkdocstrings renders Markdown, where ":meth:`close`" stays as written.
+_SPHINX_ROLE = re.compile(r":(?:meth|class|func|attr|data|mod|exc|obj):`")
+
+
+def docstrings(path: Path) -> Iterator[tuple[int, str]]:
+    """Every docstring of a module (its own, its classes' and functions', and the string
+    after an assignment that documents an attribute): its line and text."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            yield node.lineno, node.value.value
+
+
+def test_no_docstring_uses_a_sphinx_role() -> None:
+    sources = [
+        path
+        for path in [*ROOT.glob("packages/*/src/**/*.py"), *ROOT.glob("conformance/src/**/*.py")]
+        if "_proto" not in path.parts
+    ]
+    assert len(sources) > 100
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {role.group()}..."
+        for path in sources
+        for line, text in docstrings(path)
+        for role in _SPHINX_ROLE.finditer(text)
+    ]
+    assert not found, "write ``name`` instead:\n" + "\n".join(found)

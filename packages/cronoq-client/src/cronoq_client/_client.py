@@ -87,12 +87,12 @@ _SUBMIT_MANY = "/cronoq.v1.SchedulerService/SubmitMany"
 
 
 class AsyncClient:
-    """A client of cronoq-server with the calls of :class:`cronoq.Scheduler`: same names,
+    """A client of cronoq-server with the calls of ``cronoq.Scheduler``: same names,
     arguments, return values and exceptions.
 
     ``target`` is ``"host:port"`` or a list of replicas (tried in turn). ``timeout`` bounds
     every call, its retries included. ``tls``: False for plaintext, True for TLS with the
-    system's roots, :class:`cronoq_client.Tls` (PEM files: the server's CA, a client certificate
+    system's roots, ``cronoq_client.Tls`` (PEM files: the server's CA, a client certificate
     for mTLS) or ``grpc.ChannelCredentials``; None: from ``CRONOQ_TLS_*``, else plaintext.
     ``token``: the bearer token sent with every call (None: ``CRONOQ_TOKEN`` or the file named
     by ``CRONOQ_TOKEN_FILE``, else none). Credentials the server refuses fail the call at once

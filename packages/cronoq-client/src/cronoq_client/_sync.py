@@ -63,7 +63,7 @@ class Client:
     exceptions, each call blocking its thread until answered. Safe to share between threads.
 
     A background thread (``cronoq-client``, a daemon) runs the event loop that owns the
-    ``AsyncClient``; :meth:`close` (or leaving a ``with`` block) closes the connection and ends
+    ``AsyncClient``; ``close()`` (or leaving a ``with`` block) closes the connection and ends
     the thread, and later calls raise ``SchedulerStopped``. A call made from a thread that runs
     an event loop raises ``RuntimeError`` instead of blocking that loop: use ``AsyncClient``
     there. A Client belongs to the process that made it: after a fork (a pre-forking web server

@@ -2,9 +2,9 @@
 permissions, checked on every call by one server interceptor.
 
 The interceptor authenticates the call and checks the permission its method needs (the table
-:data:`METHOD_PERMISSIONS`); a check that needs the request's content (the pool and kind of a
+``METHOD_PERMISSIONS``); a check that needs the request's content (the pool and kind of a
 submitted task, the pools of an Attach, the pool of a reported attempt) is the service's, through
-:func:`authorize_pool` and :func:`authorize_attempt`, which read the caller that the interceptor
+``authorize_pool()`` and ``authorize_attempt()``, which read the caller that the interceptor
 put in a context variable (each call runs in its own asyncio task, so the variable is the call's).
 Without authentication configured no interceptor is installed and both helpers allow everything.
 

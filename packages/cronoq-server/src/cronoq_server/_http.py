@@ -52,7 +52,7 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 class HttpServer:
     """``async with HttpServer(address, readiness=..., registry=...) as http:`` serves until
-    the block ends; :attr:`port` is the bound port (useful with port 0)."""
+    the block ends; ``port`` is the bound port (useful with port 0)."""
 
     def __init__(
         self,

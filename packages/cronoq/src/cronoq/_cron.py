@@ -1,6 +1,6 @@
 """Cron schedules evaluated in an IANA time zone, mapped to UTC instants.
 
-A :class:`CronSchedule` pairs a cron expression with a time zone. Occurrences
+A ``CronSchedule`` pairs a cron expression with a time zone. Occurrences
 are computed in the zone's local wall-clock time and then mapped to UTC
 instants, expressed as Unix nanoseconds (``int``). The module is pure: it never
 reads the clock and does no I/O beyond loading the zone's rules once.
@@ -61,7 +61,7 @@ Daylight-saving semantics
 Occurrences are whole seconds. An input with a sub-second part yields the first
 whole matching second strictly after it. Inputs must lie in ``[0, 2**63 - 1]``
 (the int64 nanosecond range) and so must results: an occurrence after
-2262-04-11T23:47:16Z raises :class:`InvalidArgument` instead of wrapping.
+2262-04-11T23:47:16Z raises ``InvalidArgument`` instead of wrapping.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ class CronSchedule:
     def parse(cls, expression: str, timezone: str = "UTC") -> CronSchedule:
         """Validate and build a schedule.
 
-        Raises :class:`InvalidCron` or :class:`UnknownTimeZone` naming the bad input.
+        Raises ``InvalidCron`` or ``UnknownTimeZone`` naming the bad input.
         """
         return cls(expression, timezone)
 
