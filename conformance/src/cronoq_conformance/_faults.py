@@ -1,13 +1,13 @@
 """Uncertain commits for any store: a wrapper that makes a commit land and still fail.
 
 A commit that times out or loses its reply may have landed (Temporal's "execute and timeout").
-:class:`FaultyStore` wraps a store instance and, when armed, makes its next commit
+``FaultyStore`` wraps a store instance and, when armed, makes its next commit
 
 - ``LANDS_THEN_UNAVAILABLE``: apply the batch, then raise ``Unavailable`` (a lost reply);
 - ``LANDS_AFTER_TIMEOUT``: hang until the caller gives up (cancels), then apply the batch
   before the cancellation propagates (a slow commit that lands after the driver's timeout);
 - ``UNAVAILABLE``: raise ``Unavailable`` without applying anything;
-- ``HELD``: wait until :meth:`FaultyStore.release_held`, then apply the batch and succeed (a
+- ``HELD``: wait until ``FaultyStore.release_held()``, then apply the batch and succeed (a
   slow commit that the caller waits for: what else happens meanwhile is the test).
 
 After one of the first three, every later commit raises ``Unavailable`` without landing until

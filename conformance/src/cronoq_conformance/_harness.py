@@ -1,4 +1,4 @@
-"""What a store author supplies: a :class:`StoreHarness` that opens instances of one cluster.
+"""What a store author supplies: a ``StoreHarness`` that opens instances of one cluster.
 
 Required methods open instances and crash them. Optional hooks are backdoors into the backend
 (like zarr's ``get``/``set`` test helpers) that the kit uses to test faults; a harness declares

@@ -145,7 +145,7 @@ def _column(rng: random.Random, rows: int, values: Sequence[object]) -> list[Any
 
 def _varied_batch(rng: random.Random, first_id: int, at: int, names: list[str]) -> list[Mutation]:
     """New tasks, updates of earlier ones (and of the new ones) and schedule writes, each
-    field drawn by :func:`_column`."""
+    field drawn by ``_column()``."""
     batch: list[Mutation] = []
     n = rng.randint(1, 6)
     keys = _column(rng, n, ["k1", "k2", "k3"])
@@ -267,7 +267,7 @@ def _kept_is_what_a_schema_can_lack(written: ClusterRows, kept: ClusterRows, ver
 
 class StoreSuite:
     """Every store passes these. Subclass it (or ``StoreConformance``) and provide a ``harness``
-    fixture returning your :class:`StoreHarness`."""
+    fixture returning your ``StoreHarness``."""
 
     # --- fixtures and helpers -------------------------------------------------------------
 

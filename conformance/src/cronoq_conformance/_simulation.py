@@ -3,7 +3,7 @@ that land and still fail, closed in the middle of things, and checked against a 
 
 Crashes happen before a step's commit reaches the store, after the store committed it but
 before any caller was answered, or between steps. Uncertain commits come from
-:class:`~cronoq_conformance.FaultyStore` around the harness's instance: applied and then
+``FaultyStore`` around the harness's instance: applied and then
 reported ``Unavailable``, hung past the driver's ``commit_timeout`` and then applied, or not
 applied; attempts finish, are cancelled and time out while such a commit fails. Graceful closes
 come during a dispatching commit, with attempts that ignore cancellation, and while the store

@@ -13,11 +13,14 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
 import subprocess
 import sys
+import time
+import typing
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,11 +30,24 @@ import pytest
 from click.testing import CliRunner, Result
 from server_thread import ThreadedServer, threaded_server
 
-from cronoq import JsonCodec, RetryPolicy, Status, TaskContext, TaskError
+from cronoq import (
+    JsonCodec,
+    RetryPolicy,
+    ScheduleInfo,
+    Status,
+    TaskContext,
+    TaskError,
+    TaskInfo,
+    WorkerInfo,
+)
 from cronoq_client import Client, Worker
 from cronoq_client._cli import cli
-from cronoq_client._cli._errors import ExitCode
-from cronoq_client._cli._settings import DEFAULT_TARGET, Flags, resolve
+from cronoq_client._cli._errors import ConfigError, ExitCode
+from cronoq_client._cli._pools import POOL_COLUMNS
+from cronoq_client._cli._schedules import SCHEDULE_COLUMNS
+from cronoq_client._cli._settings import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TARGET, Flags, resolve
+from cronoq_client._cli._tasks import TASK_COLUMNS
+from cronoq_client._cli._workers import WORKER_COLUMNS
 
 CRONOQ = str(Path(sys.executable).parent / "cronoq")
 TOKENS = {"app": secrets.token_urlsafe(24), "reader": secrets.token_urlsafe(24)}
@@ -242,12 +258,91 @@ def test_errors_are_one_line_with_their_exit_code(env: dict[str, str]) -> None:
     run(env, "tasks", "get", "abc", code=ExitCode.USAGE)
     run(env, "submit", "k", "--start-at", "2026-01-01T00:00:00", code=ExitCode.USAGE)
     run(env, "submit", code=ExitCode.USAGE)
-    with socket.socket() as probe:  # nothing listens once the probe is closed
-        probe.bind(("127.0.0.1", 0))
-        closed = f"127.0.0.1:{probe.getsockname()[1]}"
+    closed = _closed_port()
     down = run(env, "--target", closed, "--timeout", "0.3", "tasks", "list",
                code=ExitCode.UNAVAILABLE)  # fmt: skip
     assert "nothing was applied: run the command again" in down.stderr
+
+
+def _closed_port() -> str:
+    with socket.socket() as probe:  # nothing listens once the probe is closed
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+def test_a_closed_port_is_reported_within_the_connect_timeout(env: dict[str, str]) -> None:
+    # The console script in its own process, with the default timeouts (30 s per call, 2 s
+    # to connect): what a person at a terminal runs.
+    closed = _closed_port()
+    started = time.monotonic()
+    down = subprocess.run(
+        [CRONOQ, "tasks", "list"],
+        env={**os.environ, **env, "CRONOQ_TARGET": closed},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    elapsed = time.monotonic() - started
+    assert (down.returncode, down.stdout) == (ExitCode.UNAVAILABLE, ""), down.stderr
+    assert down.stderr.startswith(f"error: no cronoq server answered at {closed} ("), down.stderr
+    assert "Connection refused" in down.stderr and "is cronoq-server running there?" in (
+        down.stderr
+    )
+    assert down.stderr.count("\n") == 1, down.stderr
+    # 2 s of tries and the interpreter's start; the 30 s timeout would take 30.
+    assert DEFAULT_CONNECT_TIMEOUT <= elapsed < 15, elapsed
+
+    # Shorter or longer: the flag, the environment.
+    for args, extra in (
+        (["--connect-timeout", "0.2"], {}),
+        ([], {"CRONOQ_CONNECT_TIMEOUT": "0.2"}),
+    ):
+        started = time.monotonic()
+        quick = run({**env, **extra, "CRONOQ_TARGET": closed}, *args, "pools", "list",
+                    code=ExitCode.UNAVAILABLE)  # fmt: skip
+        assert "--connect-timeout" in quick.stderr
+        assert time.monotonic() - started < DEFAULT_CONNECT_TIMEOUT, args
+
+
+_TIME = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d\S*( \S+)?")
+
+
+def test_every_time_printed_carries_its_zone(env: dict[str, str]) -> None:
+    task_id = run(env, "submit", "cli-zone", "--start-at", "+3600").stdout.strip()
+    run(env, "schedules", "add", "cli-zone", "0 3 * * *", "-k", "cli-zone", "-z", "Asia/Tokyo")
+    try:
+        shown = {
+            "tasks get": run(env, "tasks", "get", task_id).stdout,
+            "schedules add": run(
+                env, "schedules", "add", "cli-zone", "0 4 * * *", "-k", "z", "--replace"
+            ).stdout,
+            "schedules preview": run(
+                env, "schedules", "preview", "0 3 * * *", "-z", "Asia/Tokyo"
+            ).stdout,
+        }
+    finally:
+        run(env, "schedules", "remove", "cli-zone")
+    for command, text in shown.items():
+        times = [m.group() for m in _TIME.finditer(text)]
+        assert times, (command, text)
+        for time_shown in times:
+            # " UTC" after a time of a record; an ISO offset on the preview's times.
+            assert time_shown.endswith(" UTC") or re.search(r"[+-]\d\d:\d\d$", time_shown), (
+                command,
+                time_shown,
+            )
+    assert len(_TIME.findall(shown["tasks get"])) >= 2  # submitted_at, updated_at
+    # A listing's times are in UTC, which each time column's title says.
+    model_times = {
+        name
+        for model in (TaskInfo, ScheduleInfo, WorkerInfo)
+        for name, hint in typing.get_type_hints(model).items()
+        if datetime in (hint, *typing.get_args(hint))
+    } | {"finished_at"}  # TaskSummary's finished_ns, shown as a time
+    for columns in (TASK_COLUMNS, SCHEDULE_COLUMNS, WORKER_COLUMNS, POOL_COLUMNS):
+        for key, title in columns:
+            if key in model_times:
+                assert title.endswith("(UTC)"), (key, title)
 
 
 # --- schedules ----------------------------------------------------------------------------
@@ -473,6 +568,16 @@ def test_settings_come_from_flags_then_environment_then_context(tmp_path: Path) 
     assert not isinstance(found.tls, bool | None) and found.tls.ca == "/env.pem"
     flagged = resolve(Flags(target=("e:5",), tls=False, timeout=1.0), env)
     assert (flagged.target, flagged.tls, flagged.timeout) == (("e:5",), False, 1.0)
+    # The connect timeout: the flag, CRONOQ_CONNECT_TIMEOUT, the context, the default.
+    assert prod.connect_timeout == DEFAULT_CONNECT_TIMEOUT
+    config.write_text(config.read_text().replace("timeout = 5", "timeout = 5\nconnect-timeout = 7"))
+    assert resolve(Flags(), none).connect_timeout == 7.0
+    assert resolve(Flags(), {**none, "CRONOQ_CONNECT_TIMEOUT": "0.5"}).connect_timeout == 0.5
+    given = Flags(connect_timeout=9.0)
+    assert resolve(given, {**none, "CRONOQ_CONNECT_TIMEOUT": "0.5"}).connect_timeout == 9.0
+    for bad in ("soon", "0", "-1"):
+        with pytest.raises(ConfigError, match=r"(CRONOQ_CONNECT_TIMEOUT|connect-timeout) must be"):
+            resolve(Flags(), {**none, "CRONOQ_CONNECT_TIMEOUT": bad})
     # Nothing anywhere: the server's default address, plaintext unless CRONOQ_TLS_* says.
     bare = resolve(Flags(), {"XDG_CONFIG_HOME": str(tmp_path / "none")})
     assert (bare.target, bare.tls, bare.token, bare.context) == (

@@ -39,7 +39,7 @@ from cronoq.errors import (
     WaitTimedOut,
 )
 from cronoq_client import AsyncClient
-from cronoq_client._client import WAIT_MARGIN
+from cronoq_client._client import WAIT_MARGIN, Unreachable
 from cronoq_client.protocol import Reason, pb, pb_grpc, rich_status
 
 Code = grpc.StatusCode
@@ -597,6 +597,40 @@ async def test_a_refused_connection_is_retried_until_the_deadline() -> None:
     assert found is not None and int(found.group(1)) >= 2, str(caught.value)
     assert "no connection could be made" in str(caught.value)
     assert elapsed < 0.5 + MARGIN, elapsed
+
+
+async def test_the_connect_timeout_ends_the_tries_while_no_server_answers() -> None:
+    closed = [_closed_port(), _closed_port()]
+    async with AsyncClient(closed, timeout=60.0, connect_timeout=0.5) as client:
+        started = time.monotonic()
+        with pytest.raises(Unreachable) as caught:
+            await client.list()
+        elapsed = time.monotonic() - started
+    assert caught.value.applied is False
+    message = str(caught.value)
+    assert message.startswith(f"no cronoq server answered at {closed[0]}, {closed[1]} ("), message
+    assert message.endswith("; last error: Connection refused)"), message
+    # Far below the call's timeout: the connect timeout ended it.
+    assert 0.5 <= elapsed < 0.5 + MARGIN, elapsed
+
+
+async def test_once_a_server_answered_the_connect_timeout_no_longer_applies(
+    scripted: Start,
+) -> None:
+    # A standby answers (it refuses): a failover is under way, worth the call's whole timeout.
+    servicer, target = await scripted(STANDBY)
+    async with AsyncClient(target, timeout=1.0, connect_timeout=0.1) as client:
+        with pytest.raises(SchedulerError) as caught:
+            await client.list()
+    assert not isinstance(caught.value, Unreachable)
+    assert "in 1 s)" in str(caught.value) and caught.value.applied is False, str(caught.value)
+    assert len(servicer.requests) >= 2
+
+
+@pytest.mark.parametrize("value", [0, -1.0, True, "2", float("inf")])
+def test_a_bad_connect_timeout_is_refused(value: object) -> None:
+    with pytest.raises(InvalidArgument, match="connect_timeout must be a positive number"):
+        AsyncClient("127.0.0.1:1", connect_timeout=value)  # type: ignore[arg-type]
 
 
 async def test_wait_deadline_covers_the_wait(scripted: Start) -> None:

@@ -27,9 +27,12 @@ from __future__ import annotations
 import ast
 import asyncio
 import re
+import shutil
+import subprocess
 import sys
 import textwrap
 import tomllib
+import zipfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -449,3 +452,109 @@ def test_every_package_is_licensed_and_classified_for_the_pythons_nox_tests() ->
         ]
         assert sorted(versions) == sorted(pythons), member
         assert project["requires-python"] == f">={oldest}", member
+
+
+# --- what a package index shows: metadata and READMEs ------------------------------------------
+
+DOCS_SITE = "https://cronoq.github.io/cronoq/"
+REPOSITORY = "https://github.com/cronoq/cronoq"
+PROJECT_URLS = {
+    "Homepage": REPOSITORY,
+    "Documentation": DOCS_SITE,
+    "Repository": REPOSITORY,
+    "Changelog": f"{REPOSITORY}/blob/main/CHANGELOG.md",
+    "Issues": f"{REPOSITORY}/issues",
+}
+
+
+def workspace_members() -> list[Path]:
+    members = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["uv"]["workspace"]
+    return [ROOT / member for member in members["members"]]
+
+
+def test_every_package_names_its_authors_and_the_projects_urls() -> None:
+    site = dict(
+        re.findall(r"^(site_url|repo_url): (\S+)$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    )
+    assert site == {"site_url": DOCS_SITE, "repo_url": REPOSITORY}
+    for member in workspace_members():
+        project = tomllib.loads((member / "pyproject.toml").read_text())["project"]
+        assert project["authors"] == [{"name": "The cronoq authors"}], member
+        assert project["urls"] == PROJECT_URLS, member
+
+
+def test_a_built_wheel_carries_the_authors_and_project_urls(tmp_path: Path) -> None:
+    uv = shutil.which("uv")
+    if uv is None:
+        pytest.skip("uv is not on PATH: the pyproject test above checks the same fields")
+    subprocess.run(
+        [uv, "build", "--package", "cronoq-store-sqlite", "--wheel", "-o", str(tmp_path), "-q"],
+        cwd=ROOT,
+        check=True,
+        timeout=300,
+    )
+    [wheel] = tmp_path.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        [name] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = archive.read(name).decode()
+    lines = metadata.split("\n\n", 1)[0].splitlines()
+    assert "Author: The cronoq authors" in lines
+    assert [line for line in lines if line.startswith("Project-URL: ")] == [
+        f"Project-URL: {label}, {url}" for label, url in PROJECT_URLS.items()
+    ]
+
+
+def test_the_package_readmes_link_absolutely_to_pages_that_exist() -> None:
+    # A package index shows a README alone: a relative link there leads nowhere.
+    readmes = [member / "README.md" for member in workspace_members()]
+    assert len(readmes) == 6
+    wrong = []
+    for readme in readmes:
+        prose = re.sub(r"```.*?```", "", readme.read_text(encoding="utf-8"), flags=re.S)
+        for link in _LINK.findall(prose):
+            if not link.startswith("https://"):
+                wrong.append(f"{readme.relative_to(ROOT)}: {link} is not absolute")
+            elif link.startswith(DOCS_SITE):
+                page = link.removeprefix(DOCS_SITE).split("#")[0].rstrip("/") or "index"
+                if not (ROOT / "docs" / f"{page}.md").exists():
+                    wrong.append(f"{readme.relative_to(ROOT)}: {link} is no page of docs/")
+        # "docs/x.md of the repository" in prose is a link a reader cannot follow either.
+        wrong += [
+            f"{readme.relative_to(ROOT)}: {found}"
+            for found in re.findall(r"(?<![/\w])docs/[\w/.-]+\.md", prose)
+        ]
+    assert not wrong
+
+
+# --- docstrings as the API reference renders them ----------------------------------------------
+
+# Sphinx roles: mkdocstrings renders Markdown, where ":meth:`close`" stays as written.
+_SPHINX_ROLE = re.compile(r":(?:meth|class|func|attr|data|mod|exc|obj):`")
+
+
+def docstrings(path: Path) -> Iterator[tuple[int, str]]:
+    """Every docstring of a module (its own, its classes' and functions', and the string
+    after an assignment that documents an attribute): its line and text."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            yield node.lineno, node.value.value
+
+
+def test_no_docstring_uses_a_sphinx_role() -> None:
+    sources = [
+        path
+        for path in [*ROOT.glob("packages/*/src/**/*.py"), *ROOT.glob("conformance/src/**/*.py")]
+        if "_proto" not in path.parts
+    ]
+    assert len(sources) > 100
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {role.group()}..."
+        for path in sources
+        for line, text in docstrings(path)
+        for role in _SPHINX_ROLE.finditer(text)
+    ]
+    assert not found, "write ``name`` instead:\n" + "\n".join(found)

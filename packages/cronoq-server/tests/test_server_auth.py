@@ -643,8 +643,19 @@ async def test_metrics_need_a_metrics_token_and_count_refusals(
 ) -> None:
     await call(channel, "Get", WRONG_TOKEN)
     await call(channel, "Cancel", TOKENS["reader"])
-    assert (await asyncio.to_thread(_get, f"{server.http}/metrics", None))[0] == 401
-    assert (await asyncio.to_thread(_get, f"{server.http}/metrics", TOKENS["reader"]))[0] == 401
+    # No token, or one nobody holds: 401, as UNAUTHENTICATED.
+    for token in (None, WRONG_TOKEN):
+        status, body = await asyncio.to_thread(_get, f"{server.http}/metrics", token)
+        assert status == 401, (token, status, body)
+        assert json.loads(body)["error"].endswith(
+            "; /metrics needs a bearer token of the metrics permission"
+        )
+    # A valid token without the permission: 403 naming it, as PERMISSION_DENIED does.
+    status, body = await asyncio.to_thread(_get, f"{server.http}/metrics", TOKENS["reader"])
+    assert (status, json.loads(body)) == (
+        403,
+        {"error": "identity 'reader' lacks the permission 'metrics'", "permission": "metrics"},
+    )
     status, body = await asyncio.to_thread(_get, f"{server.http}/metrics", TOKENS["watcher"])
     assert status == 200
     values = {

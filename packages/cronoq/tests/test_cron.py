@@ -296,18 +296,62 @@ def test_replace_revalidates() -> None:
         ("* * * * *\x00", "cron expression '* * * * *\\x00' contains a NUL character"),
         ("* * * *", "cron expression '* * * *' has 4 fields; expected 5"),
         ("0 0 0 1 1 * 2026", "cron expression '0 0 0 1 1 * 2026' has 7 fields"),
-        ("0\u00a0* * * * *", "invalid cron expression '0\\xa0* * * * *'"),
-        ("61 * * * *", "invalid cron expression '61 * * * *'"),
-        ("* 24 * * *", "invalid cron expression '* 24 * * *'"),
-        ("60 * * * * *", "invalid cron expression '60 * * * * *'"),
-        ("*/0 * * * *", "invalid cron expression '*/0 * * * *'"),
-        ("* * * foo *", "invalid cron expression '* * * foo *'"),
-        ("0 0 * * mon#6", "invalid cron expression '0 0 * * mon#6'"),
-        ("5-1/x * * * *", "invalid cron expression '5-1/x * * * *'"),
+        (
+            "0\u00a0* * * * *",
+            "invalid cron expression '0\\xa0* * * * *': minute '0\\xa0*' is not accepted; use 0-59",
+        ),
+        (
+            "61 * * * *",
+            "invalid cron expression '61 * * * *': minute '61' is outside 0-59; use 0-59",
+        ),
+        ("* 24 * * *", "invalid cron expression '* 24 * * *': hour '24' is outside 0-23"),
+        ("60 * * * * *", "invalid cron expression '60 * * * * *': second '60' is outside 0-59"),
+        (
+            "*/0 * * * *",
+            "invalid cron expression '*/0 * * * *': minute '*/0' has step '0'; "
+            "a step is a whole number from 1",
+        ),
+        (
+            "* * * foo *",
+            "invalid cron expression '* * * foo *': month 'foo' is not accepted; "
+            "use 1-12 or jan-dec",
+        ),
+        (
+            "0 0 * * mon#6",
+            "invalid cron expression '0 0 * * mon#6': day-of-week 'mon#6' asks "
+            "for week 6 of the month; k in d#k is 1-5",
+        ),
+        (
+            "5-1/x * * * *",
+            "invalid cron expression '5-1/x * * * *': minute '5-1/x' has step "
+            "'x'; a step is a whole number from 1",
+        ),
+        # Day and month names are three letters (croniter said "[...] is not acceptable").
+        (
+            "0 8 * * monday",
+            "invalid cron expression '0 8 * * monday': day-of-week 'monday' is "
+            "not accepted; use 0-7 (0 and 7 are Sunday) or sun-sat, d#k (the k-th weekday d of "
+            "the month, k 1-5) or Ld (the last weekday d)",
+        ),
+        ("0 8 * * Mon-Friday", "day-of-week 'Mon-Friday' is not accepted; use 0-7"),
+        ("0 8 * January *", "month 'January' is not accepted; use 1-12 or jan-dec"),
+        ("0 8 * * 8", "day-of-week '8' is outside 0-7; use 0-7 (0 and 7 are Sunday)"),
+        ("0 8 * * L8", "day-of-week 'L8' has 8, outside 0-7; use 0-7"),
+        ("0 8 * 13 *", "month '13' is outside 1-12; use 1-12 or jan-dec"),
+        ("0 8 * * sun-", "day-of-week 'sun-' is not accepted"),
+        (
+            "0 8 32 * *",
+            "day-of-month '32' is outside 1-31; use 1-31, L (the last day), a-L, "
+            "or nW (the weekday nearest day n)",
+        ),
+        ("0 8 1W-3 * *", "day-of-month '1W-3' is not accepted; use 1-31, L"),
+        ("0 8 ?/2 * *", "day-of-month '?/2' has a step after ?; ? means * and takes no step"),
+        ("a b c d e", "invalid cron expression 'a b c d e': minute 'a' is not accepted; use 0-59"),
+        ("0 x * * *", "invalid cron expression '0 x * * *': hour 'x' is not accepted; use 0-23"),
         # croniter lets these through (it does not check a range's low end); cronoq does not.
-        ("* * 0-0 * *", "day-of-month element '0-0' has 0, outside 1-31"),
-        ("* * 2-0 * 1", "day-of-month element '2-0' has 0, outside 1-31"),
-        ("0 0 0 * 7-0 *", "month element '7-0' has 0, outside 1-12"),
+        ("* * 0-0 * *", "day-of-month '0-0' has 0, outside 1-31"),
+        ("* * 2-0 * 1", "day-of-month '2-0' has 0, outside 1-31"),
+        ("0 0 0 * 7-0 *", "month '7-0' has 0, outside 1-12"),
         ("0 0 30 2 *", "cron expression '0 0 30 2 *' never matches"),
         ("0 0 31 4,6,9,11 *", "cron expression '0 0 31 4,6,9,11 *' never matches"),
         ("0 0 0 31 2 *", "cron expression '0 0 0 31 2 *' never matches"),
@@ -325,6 +369,7 @@ def test_invalid_expressions(expression: object, message: str) -> None:
         CronSchedule.parse(expression, "UTC")  # type: ignore[arg-type]
     assert isinstance(info.value, InvalidArgument)
     assert isinstance(info.value, ValueError)
+    assert "is not acceptable" not in str(info.value)  # croniter's echo of the expression
 
 
 def test_invalid_expression_checked_before_zone() -> None:

@@ -2,7 +2,7 @@
 same calls for synchronous code) and ``Worker`` (runs remote attempts with the same executor
 contract as a local Pool). The ``cronoq`` command is ``cronoq_client._cli``.
 
-The wire protocol is :mod:`cronoq_client.protocol`.
+The wire protocol is ``cronoq_client.protocol``.
 """
 
 from cronoq_client._client import AsyncClient

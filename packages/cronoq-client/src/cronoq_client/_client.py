@@ -48,7 +48,7 @@ from cronoq_client._retry import Backoff, Verdict, judge, never_handled, never_s
 from cronoq_client._status import Outcome, error_from_rpc, outcome
 from cronoq_client._submits import Submits
 
-__all__ = ["DEFAULT_STALL_TIMEOUT", "WAIT_MARGIN", "AsyncClient"]
+__all__ = ["DEFAULT_STALL_TIMEOUT", "WAIT_MARGIN", "AsyncClient", "Unreachable"]
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 DEFAULT_STALL_TIMEOUT = 2.0
@@ -64,6 +64,16 @@ WaitTimedOut (a definite answer) arrives before the transport's DEADLINE_EXCEEDE
 
 _R = TypeVar("_R")
 
+
+class Unreachable(SchedulerError):
+    """No server could be reached within the client's ``connect_timeout``: every try of the
+    call failed before any connection carried it (refused, a name that does not resolve, a
+    handshake nobody answered). Nothing was applied (``applied=False``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, applied=False)
+
+
 if TYPE_CHECKING:
     # Only in the generated stubs (.pyi): the type of a stub made on an aio channel.
     Stub = pb_grpc.SchedulerServiceAsyncStub
@@ -77,12 +87,12 @@ _SUBMIT_MANY = "/cronoq.v1.SchedulerService/SubmitMany"
 
 
 class AsyncClient:
-    """A client of cronoq-server with the calls of :class:`cronoq.Scheduler`: same names,
+    """A client of cronoq-server with the calls of ``cronoq.Scheduler``: same names,
     arguments, return values and exceptions.
 
     ``target`` is ``"host:port"`` or a list of replicas (tried in turn). ``timeout`` bounds
     every call, its retries included. ``tls``: False for plaintext, True for TLS with the
-    system's roots, :class:`cronoq_client.Tls` (PEM files: the server's CA, a client certificate
+    system's roots, ``cronoq_client.Tls`` (PEM files: the server's CA, a client certificate
     for mTLS) or ``grpc.ChannelCredentials``; None: from ``CRONOQ_TLS_*``, else plaintext.
     ``token``: the bearer token sent with every call (None: ``CRONOQ_TOKEN`` or the file named
     by ``CRONOQ_TOKEN_FILE``, else none). Credentials the server refuses fail the call at once
@@ -97,6 +107,14 @@ class AsyncClient:
     ``applied=None`` at once. After any unknown outcome the next call goes on a new connection
     (to the next target; behind a balancer, a new pick), so that a client does not stay on a
     frozen replica; calls in flight on the old one may still finish there.
+
+    ``connect_timeout``: seconds a call keeps trying while no server has answered it at all
+    (every connection refused, a name that does not resolve, a handshake nobody answers);
+    past them it raises ``SchedulerError`` with ``applied=False`` naming the targets tried.
+    None (the default) lets ``timeout`` bound these retries too, so that a program or worker
+    rides out a server's restart; the ``cronoq`` command sets a few seconds, so that a person
+    learns at once that nothing listens there. Once a server answered a try (a standby's
+    refusal, a connection broken mid-call), the call is retried until ``timeout``.
 
     ``stall_timeout``: a connection that carries calls and answers nothing, not even a health
     check, for this many seconds (a frozen or cut-off replica) is left: its calls in flight end
@@ -121,19 +139,31 @@ class AsyncClient:
         tls: grpc.ChannelCredentials | Tls | bool | None = None,
         token: str | None = None,
         timeout: float = 30.0,
+        connect_timeout: float | None = None,
         stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         tracing: bool | TracerProvider = False,
     ) -> None:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
             raise InvalidArgument(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if connect_timeout is not None and (
+            isinstance(connect_timeout, bool)
+            or not isinstance(connect_timeout, int | float)
+            or not 0 < connect_timeout < 1e9
+        ):
+            raise InvalidArgument(
+                "connect_timeout must be a positive number of seconds or None, "
+                f"got {connect_timeout!r}"
+            )
+        self._connect_timeout = None if connect_timeout is None else float(connect_timeout)
         max_message_bytes = message_limit(max_message_bytes)
         secrets = credentials(tls, token)
         self._codec: Codec = BytesCodec() if codec is None else codec
         self._timeout = float(timeout)
         self._backoff = Backoff(cap=RETRY_PAUSE_MAX)
+        self._targets = targets_of(target)
         self._channels = Channels(
-            targets_of(target),
+            self._targets,
             secrets,
             max_message_bytes,
             timeout,
@@ -183,7 +213,10 @@ class AsyncClient:
         result, or raises), within the seconds left: the error may be that try's trace."""
         loop = asyncio.get_running_loop()
         budget = self._timeout if seconds == "client" else seconds
-        deadline = None if budget is None else loop.time() + budget
+        began = loop.time()
+        deadline = None if budget is None else began + budget
+        # Until a server answers some try, the connect timeout bounds the retries too.
+        connect_by = None if self._connect_timeout is None else began + self._connect_timeout
         attempt = 0
         unknown = False  # once a try may have applied, no later answer can say it did not
         while True:
@@ -210,6 +243,8 @@ class AsyncClient:
                 unknown = unknown or (
                     outcome(err) is Outcome.UNKNOWN and not (never_sent(err) or never_handled(err))
                 )
+                if not never_sent(err):
+                    connect_by = None  # a server answered: only the call's deadline now
                 failed = err
             except asyncio.CancelledError:
                 if not closed_under_call():
@@ -223,7 +258,10 @@ class AsyncClient:
                             applied=None if unknown else False,
                         ) from None
                     attempt += 1
+                    if connect_by is not None and loop.time() >= connect_by:
+                        raise self._unreachable(began, attempt, _cut_off(connection)) from None
                     continue
+                connect_by = None
                 # Another call's reconnect retired this channel, or it stalled and was
                 # abandoned: the request may have been applied, as for a connection broken
                 # mid-call.
@@ -241,9 +279,21 @@ class AsyncClient:
             self._channels.replace(connection)
             pause = self._backoff.delay(attempt)
             attempt += 1
+            if connect_by is not None and failed is not None:
+                if loop.time() >= connect_by:
+                    raise self._unreachable(began, attempt, _reason(failed)) from failed
+                pause = min(pause, connect_by - loop.time())  # one last try at the limit
             if deadline is not None and loop.time() + pause >= deadline:
                 raise _answer(_final(failed, attempt, budget), unknown) from failed
             await asyncio.sleep(pause)
+
+    def _unreachable(self, began: float, attempts: int, reason: str) -> Unreachable:
+        took = asyncio.get_running_loop().time() - began
+        tries = "1 try" if attempts == 1 else f"{attempts} tries"
+        return Unreachable(
+            f"no cronoq server answered at {', '.join(self._targets)} "
+            f"({tries} in {took:.1f} s; last error: {reason})"
+        )
 
     async def _submit_call(
         self,
@@ -655,6 +705,14 @@ def _cut_off(connection: Connection) -> str:
             "so the client left it (a frozen or cut-off replica)"
         )
     return CLOSED_UNDER_CALL
+
+
+def _reason(err: aio.AioRpcError) -> str:
+    """The last clause of a connect failure's text ("Connection refused", "Domain name not
+    found"): gRPC core's prefixes ("failed to connect to all addresses; last error: UNKNOWN:
+    ipv4:...: Failed to connect to remote host:") say nothing more to a person."""
+    details = (err.details() or "").strip()
+    return details.rsplit(": ", 1)[-1].strip("[] ") or details or err.code().name
 
 
 def _final(err: aio.AioRpcError | None, attempts: int, budget: float | None) -> CronoqError:

@@ -32,8 +32,8 @@ None: may have been applied                                       ``stopped`` = 
 any other exception (a bug)                 INTERNAL              INTERNAL
 ==========================================  ====================  ==============================
 
-:func:`error_from_rpc` turns a failed call back into the exception the embedded Scheduler
-raises; :func:`outcome` says whether the call may have been applied, which is what a client's
+``error_from_rpc()`` turns a failed call back into the exception the embedded Scheduler
+raises; ``outcome()`` says whether the call may have been applied, which is what a client's
 retry depends on.
 """
 
@@ -424,7 +424,7 @@ def error_from_rpc(err: grpc.RpcError) -> CronoqError:
     With a cronoq ErrorInfo: the class of its reason, with the server's message (and
     StaleAttempt's ``reason``, SchedulerError's ``applied``). Without one, by code:
     INVALID_ARGUMENT is InvalidArgument, a message over the size limit PayloadError; every
-    other code a SchedulerError whose ``applied`` follows :func:`outcome` (False for a definite
+    other code a SchedulerError whose ``applied`` follows ``outcome()`` (False for a definite
     answer, since nothing was applied; None when unknown), its message naming the code.
     """
     info = error_info(err)

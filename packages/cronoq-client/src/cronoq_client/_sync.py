@@ -63,7 +63,7 @@ class Client:
     exceptions, each call blocking its thread until answered. Safe to share between threads.
 
     A background thread (``cronoq-client``, a daemon) runs the event loop that owns the
-    ``AsyncClient``; :meth:`close` (or leaving a ``with`` block) closes the connection and ends
+    ``AsyncClient``; ``close()`` (or leaving a ``with`` block) closes the connection and ends
     the thread, and later calls raise ``SchedulerStopped``. A call made from a thread that runs
     an event loop raises ``RuntimeError`` instead of blocking that loop: use ``AsyncClient``
     there. A Client belongs to the process that made it: after a fork (a pre-forking web server
@@ -78,6 +78,7 @@ class Client:
         tls: grpc.ChannelCredentials | Tls | bool | None = None,
         token: str | None = None,
         timeout: float = 30.0,
+        connect_timeout: float | None = None,
         stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         tracing: bool | TracerProvider = False,
@@ -90,6 +91,7 @@ class Client:
             tls=tls,
             token=token,
             timeout=timeout,
+            connect_timeout=connect_timeout,
             stall_timeout=stall_timeout,
             max_message_bytes=max_message_bytes,
             # A call runs on the loop in a copy of its caller's context (run_coroutine_threadsafe

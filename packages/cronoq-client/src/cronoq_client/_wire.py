@@ -6,7 +6,7 @@ arguments of a ``Scheduler`` that uses ``BytesCodec`` (a payload is the raw byte
 codec made, or None) and encodes its replies; a submitted task's fields go straight into
 ``Scheduler.task_spec``, which checks them once into the engine's input.
 
-Encoding (Python to message) raises :class:`~cronoq.errors.InvalidArgument` for a value that has
+Encoding (Python to message) raises ``InvalidArgument`` for a value that has
 no wire form: a wrong type, a str with a lone surrogate, an int beyond int64, a naive datetime,
 a non-finite float, an endless iterable. Any other value, even one the Scheduler will refuse (an
 empty kind, a negative timeout, a NUL in a key), is sent as it is, so that the Scheduler refuses

@@ -163,13 +163,13 @@ class Worker:
     ``AsyncClient``). ``pools`` maps each remote pool's name to its function. ``codec`` decodes
     payloads and encodes outputs, as the submitting client's codec does (default
     ``BytesCodec``). ``tls`` and ``token``: the credentials, as for ``AsyncClient`` (also from
-    the environment); credentials the server refuses make :meth:`run` raise ``Unauthenticated``
+    the environment); credentials the server refuses make ``run()`` raise ``Unauthenticated``
     or ``PermissionDenied`` at once. ``worker_id`` names the
     worker in the server's logs (default ``host:pid``). ``max_message_bytes``: the largest
     message its channel takes (default 4 MiB, as the server's); a server whose limit is higher
     refuses the worker (INVALID_ARGUMENT), since an attempt could be too large for it.
 
-    ``await run()`` works until :meth:`stop` (or SIGTERM, when run in the main thread): the first
+    ``await run()`` works until ``stop()`` (or SIGTERM, when run in the main thread): the first
     stop drains (no new attempt; the running ones finish and report), a second one cancels the
     running attempts, which are then lost and retried after their lease.
 

@@ -2,7 +2,7 @@
 
 ``pb`` and ``pb_grpc`` are the modules generated from ``proto/cronoq/v1/cronoq.proto``; the
 functions convert between them and cronoq's public values, and between cronoq's exceptions and
-gRPC statuses (both directions). Applications use :class:`cronoq_client.AsyncClient` instead.
+gRPC statuses (both directions). Applications use ``cronoq_client.AsyncClient`` instead.
 """
 
 from cronoq_client._proto import cronoq_pb2 as pb

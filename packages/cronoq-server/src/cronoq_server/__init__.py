@@ -1,7 +1,7 @@
 """cronoq-server: a cronoq scheduler as a service.
 
 The ``cronoq-server`` command (``check-config``, ``migrate``, ``serve``); its configuration
-(:func:`load_config`), HTTP endpoints, Prometheus metrics and structured logs.
+(``load_config()``), HTTP endpoints, Prometheus metrics and structured logs.
 """
 
 from cronoq_server._config import (

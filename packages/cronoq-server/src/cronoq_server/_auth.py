@@ -2,9 +2,9 @@
 permissions, checked on every call by one server interceptor.
 
 The interceptor authenticates the call and checks the permission its method needs (the table
-:data:`METHOD_PERMISSIONS`); a check that needs the request's content (the pool and kind of a
+``METHOD_PERMISSIONS``); a check that needs the request's content (the pool and kind of a
 submitted task, the pools of an Attach, the pool of a reported attempt) is the service's, through
-:func:`authorize_pool` and :func:`authorize_attempt`, which read the caller that the interceptor
+``authorize_pool()`` and ``authorize_attempt()``, which read the caller that the interceptor
 put in a context variable (each call runs in its own asyncio task, so the variable is the call's).
 Without authentication configured no interceptor is installed and both helpers allow everything.
 
@@ -445,10 +445,21 @@ class Guard:
         name = self.tokens.find_digest(token_digest)
         return None if name is None else self._grants[name]
 
-    def allows_metrics(self, authorization: str) -> bool:
+    def metrics_refusal(self, authorization: str) -> Unauthenticated | PermissionDenied | None:
+        """Why the ``Authorization`` header may not read /metrics, as a call would be refused:
+        ``Unauthenticated`` (no bearer token, or one nobody holds), ``PermissionDenied``
+        naming the ``metrics`` permission (a valid token without it); None: it may."""
+        if not authorization.strip():
+            return Unauthenticated(_MISSING)
         scheme, _, token = authorization.partition(" ")
         name = self.tokens.find(token.strip()) if scheme.lower() == "bearer" else None
-        return name is not None and self._grants[name].allows("metrics")
+        if name is None:
+            return Unauthenticated(_REFUSED)
+        try:
+            self._grants[name].check("metrics")
+        except PermissionDenied as exc:
+            return exc
+        return None
 
     async def admit(
         self, rule: str, method: str, context: grpc.aio.ServicerContext[Any, Any]

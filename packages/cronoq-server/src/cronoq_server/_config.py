@@ -7,12 +7,12 @@ as one JSON list in ``CRONOQ_POOLS``, which replaces the file's ``[[pools]]`` as
 
 Every key of the file is known or an error, and so is every key under a known section in the
 environment. A ``CRONOQ_`` variable without a double underscore that names no top-level setting
-is ignored (listed in :attr:`ServerConfig.ignored_env`): Kubernetes defines ``CRONOQ_PORT``,
+is ignored (listed in ``ServerConfig.ignored_env``): Kubernetes defines ``CRONOQ_PORT``,
 ``CRONOQ_SERVICE_HOST`` ... in every pod of a namespace with a service called ``cronoq``, and a
 server that refused to start on them would not run in its own Helm chart.
 
 Every duration is in seconds and its key ends in ``_s``. The stores' own settings are the fields
-of :class:`~cronoq_store_sqlite.SqliteStoreConfig` and :class:`~cronoq_store_postgres.PgStoreConfig`
+of ``SqliteStoreConfig`` and ``PgStoreConfig``
 (with ``_s`` on the durations), so a setting a store adds is configurable here at once.
 """
 
@@ -96,7 +96,7 @@ class SqliteStoreSettings:
 @dataclass(frozen=True, slots=True, repr=False)
 class PostgresStoreSettings:
     dsn: str
-    """A ``postgresql://`` URI; shown masked everywhere (see :func:`mask_dsn`)."""
+    """A ``postgresql://`` URI; shown masked everywhere (see ``mask_dsn()``)."""
     options: PgStoreConfig = field(default_factory=PgStoreConfig)
     """The store's settings (``schema`` among them); ``keep_finished`` is the top-level one."""
     kind: Literal["postgres"] = "postgres"
@@ -114,7 +114,7 @@ StoreSettings: TypeAlias = MemoryStoreSettings | SqliteStoreSettings | PostgresS
 
 @dataclass(frozen=True, slots=True)
 class PoolSettings:
-    """A pool run by remote workers (a :class:`cronoq.RemotePool`)."""
+    """A pool run by remote workers (a ``cronoq.RemotePool``)."""
 
     name: str
     concurrency: int = 1000
@@ -172,7 +172,7 @@ class IdentitySettings:
 
     name: str
     permissions: frozenset[str]
-    """Names from :data:`PERMISSIONS`."""
+    """Names from ``PERMISSIONS``."""
     submit_pools: frozenset[str] | None = None
     """With ``submit``: the pools it may submit to (None: any)."""
     submit_kinds: frozenset[str] | None = None
@@ -209,7 +209,7 @@ EventLoop: TypeAlias = Literal["auto", "uvloop", "asyncio"]
 class LoggingSettings:
     format: LogFormat = "keyvalue"
     level: str = "info"
-    """One of :data:`LOG_LEVELS`."""
+    """One of ``LOG_LEVELS``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +233,7 @@ class TracingSettings:
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """Everything ``cronoq-server`` is configured with; :func:`load_config` builds it."""
+    """Everything ``cronoq-server`` is configured with; ``load_config()`` builds it."""
 
     store: StoreSettings = SqliteStoreSettings()
     pools: tuple[PoolSettings, ...] = (PoolSettings("default"),)
@@ -487,7 +487,7 @@ def load_config(
     path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> ServerConfig:
     """The configuration from the TOML file at ``path`` (none: defaults only) and ``environ``
-    (default: ``os.environ``), validated; :class:`ConfigError` lists every problem."""
+    (default: ``os.environ``), validated; ``ConfigError`` lists every problem."""
     loader = _Loader()
     if path is not None:
         loader.read_file(Path(path))
@@ -1011,7 +1011,7 @@ async def open_store(config: ServerConfig) -> Store:
 
 
 def remote_pools(config: ServerConfig) -> list[RemotePool]:
-    """The configured pools, as the Scheduler's :class:`cronoq.RemotePool` list."""
+    """The configured pools, as the Scheduler's ``cronoq.RemotePool`` list."""
     return [
         RemotePool(pool.name, pool.concurrency, pool.max_live, pool.lease_s)
         for pool in config.pools

@@ -90,7 +90,7 @@ def _signature(path: str) -> tuple[int, int, int] | None:
 
 
 class CredentialFiles:
-    """The current credentials, read from their files; :meth:`reload` reads them again."""
+    """The current credentials, read from their files; ``reload()`` reads them again."""
 
     def __init__(self, tls: TlsSettings | None, auth: AuthSettings) -> None:
         self._tls = tls

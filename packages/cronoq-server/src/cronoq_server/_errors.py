@@ -1,4 +1,4 @@
-"""The exceptions of cronoq-server, all rooted in :class:`CronoqServerError`."""
+"""The exceptions of cronoq-server, all rooted in ``CronoqServerError``."""
 
 from __future__ import annotations
 

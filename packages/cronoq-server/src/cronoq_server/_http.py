@@ -21,6 +21,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from cronoq.errors import PermissionDenied, Unauthenticated
 from cronoq_server._config import Address
 
 __all__ = ["IDLE_TIMEOUT_S", "HttpServer", "Readiness"]
@@ -51,7 +52,7 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 class HttpServer:
     """``async with HttpServer(address, readiness=..., registry=...) as http:`` serves until
-    the block ends; :attr:`port` is the bound port (useful with port 0)."""
+    the block ends; ``port`` is the bound port (useful with port 0)."""
 
     def __init__(
         self,
@@ -60,7 +61,7 @@ class HttpServer:
         readiness: Callable[[], Readiness],
         registry: CollectorRegistry,
         idle_timeout: float = IDLE_TIMEOUT_S,
-        metrics_auth: Callable[[str], bool] | None = None,
+        metrics_auth: Callable[[str], Unauthenticated | PermissionDenied | None] | None = None,
         routes: Callable[[web.Application], None] | None = None,
     ) -> None:
         """``routes`` adds more to the application (the dashboard, ``_ui``)."""
@@ -69,7 +70,8 @@ class HttpServer:
         self._registry = registry
         self._idle_timeout = idle_timeout
         self._metrics_auth = metrics_auth
-        """None: /metrics is open; else it judges the Authorization header's value."""
+        """None: /metrics is open; else it judges the Authorization header's value (None:
+        allowed; else why not)."""
         self._routes = routes
         self._runner: web.AppRunner | None = None
 
@@ -131,10 +133,20 @@ class HttpServer:
         return _json(200 if readiness.ready else 503, body)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        if self._metrics_auth is not None and not self._metrics_auth(
-            request.headers.get("Authorization", "")
-        ):
-            response = _json(401, {"error": "a bearer token of the metrics permission is required"})
+        refusal = (
+            None
+            if self._metrics_auth is None
+            else self._metrics_auth(request.headers.get("Authorization", ""))
+        )
+        if isinstance(refusal, PermissionDenied):
+            # Authenticated, lacking the permission: 403 names it, as gRPC's PERMISSION_DENIED
+            # does (a 401 would send the scraper's owner looking for a wrong token).
+            return _json(403, {"error": str(refusal), "permission": refusal.permission})
+        if refusal is not None:
+            response = _json(
+                401,
+                {"error": f"{refusal}; /metrics needs a bearer token of the metrics permission"},
+            )
             response.headers["WWW-Authenticate"] = 'Bearer realm="cronoq"'
             return response
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))

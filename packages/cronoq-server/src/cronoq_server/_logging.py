@@ -1,7 +1,7 @@
 """The server's logs: one line per record, as ``key=value`` pairs or as a JSON object.
 
 ``logger.info("msg", extra={"k": v})`` puts ``k=v`` on the line. Lifecycle events (the server
-leads, waits as a standby, steps down, drains) go through :func:`lifecycle`, one line each, on
+leads, waits as a standby, steps down, drains) go through ``lifecycle()``, one line each, on
 the logger ``cronoq_server.lifecycle``, with the event as the message::
 
     ts=2025-01-31T12:00:00.123Z level=info logger=cronoq_server.lifecycle msg="leading" epoch=7

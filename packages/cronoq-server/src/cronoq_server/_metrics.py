@@ -1,8 +1,8 @@
 """The server's Prometheus metrics, read from ``Scheduler.metrics()`` at every scrape.
 
-A server process goes through several :class:`cronoq.Scheduler` objects: a standby's, which
+A server process goes through several ``cronoq.Scheduler`` objects: a standby's, which
 starts leading (or not), and a new one each time it leads again after stepping down. Each counts
-from zero, so :class:`SchedulerCollector` adds in what the schedulers it watched before counted
+from zero, so ``SchedulerCollector`` adds in what the schedulers it watched before counted
 (read live while they still run, as a draining leader does, then kept once they stopped):
 counters and histograms never go down while the process lives. Gauges (queue depth, running
 attempts, leadership) are the current scheduler's alone.
@@ -111,7 +111,7 @@ class _Totals:
 
 
 class SchedulerCollector(Collector):
-    """Metrics of the scheduler being :meth:`watch`-ed, with the counts of those before it."""
+    """Metrics of the scheduler being ``watch()``-ed, with the counts of those before it."""
 
     def __init__(self, workers_connected: Callable[[], int], pools: Iterable[str]) -> None:
         self._workers_connected = workers_connected

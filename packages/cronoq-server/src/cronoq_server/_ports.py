@@ -38,7 +38,7 @@ class PortBusy(CronoqServerError, OSError):
 
 
 def check_alone(setting: str, address: Address, *, bound: bool) -> None:
-    """Raise :class:`PortBusy` if another process listens on ``address``'s port (on an address
+    """Raise ``PortBusy`` if another process listens on ``address``'s port (on an address
     that overlaps it). ``bound``: this process already listens there itself."""
     if address.port == 0:
         return  # the OS picks a free port (``bound``: pass the one it picked)

@@ -9,7 +9,7 @@ workers' heartbeats and reports still are, until the scheduler closes.
 A store that fails with ``StoreFatal`` (a wrong role, a permission denied, a damaged file) will
 not recover by itself: the replica says so once, with the store's words and what to do, tries
 again with a growing pause (someone may be fixing it), and after ``fatal_attempts`` such
-failures in a row without leading in between, ``run`` raises :class:`StoreFailed` so that the
+failures in a row without leading in between, ``run`` raises ``StoreFailed`` so that the
 process exits and its supervisor restarts it or alerts. A transient error (``Unavailable``) is
 retried for as long as it lasts, as a standby waits for leadership.
 """
@@ -115,7 +115,7 @@ class Replica:
 
     async def run(self) -> None:
         """Lead whenever possible until ``shutdown()``; returns once the scheduler closed.
-        Raises :class:`StoreFailed` after ``fatal_attempts`` permanent store errors in a row."""
+        Raises ``StoreFailed`` after ``fatal_attempts`` permanent store errors in a row."""
         try:
             await self._run()
         finally:

@@ -31,6 +31,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from cronoq import WorkerInfo
+from cronoq.errors import PermissionDenied, Unauthenticated
 from cronoq_client.protocol import SERVICE_NAMES
 from cronoq_server._auth import AuthCollector, AuthInterceptor, Guard
 from cronoq_server._config import Address, ServerConfig, loopback, open_store, remote_pools
@@ -242,11 +243,13 @@ class _Security:
     def interceptors(self) -> tuple[grpc.aio.ServerInterceptor, ...]:
         return () if self.guard is None else (AuthInterceptor(self.guard),)
 
-    def metrics_auth(self, open_metrics: bool) -> Callable[[str], bool] | None:
+    def metrics_auth(
+        self, open_metrics: bool
+    ) -> Callable[[str], Unauthenticated | PermissionDenied | None] | None:
         """Who may read /metrics: everyone, or the holders of a ``metrics`` token."""
         if self.guard is None or open_metrics:
             return None
-        return self.guard.allows_metrics
+        return self.guard.metrics_refusal
 
     def reload(self, why: str) -> None:
         if self.files.reload(why) and self.guard is not None:

@@ -64,12 +64,28 @@ class LockSession:
         self._keepalive: asyncio.Task[None] | None = None
         self.lost = LeadershipLoss()
 
-    async def acquire(self) -> None:
-        """Block until this session holds the lock; then watch the session."""
+    async def acquire(self) -> float | None:
+        """Block until this session holds the lock; then watch the session. Returns the
+        seconds it waited behind another holder (None: the lock was free)."""
+        # One INFO line per holder waited on, never one per poll.
+        waiting_on: str | None = None
+        since = time.monotonic()
         while True:
             try:
                 if await self._try_lock():
                     break
+                try:
+                    holder = await self._holder()
+                except CLASSIFIED as exc:  # only a log line's detail: the lock decides
+                    holder = f"another session (not shown: {exc!r})"
+                if holder is not None and holder != waiting_on:
+                    waiting_on = holder
+                    log.info(
+                        "standby: the leadership lock of schema %r is held by %s; waiting, "
+                        "and taking over when that session unlocks or ends",
+                        self._config.schema,
+                        holder,
+                    )
             except CLASSIFIED as exc:
                 self._drop_connection()
                 if rejects_startup_parameters(exc):
@@ -78,6 +94,31 @@ class LockSession:
             await asyncio.sleep(self._config.lock_poll)
         self.lost = LeadershipLoss()
         self._keepalive = asyncio.get_running_loop().create_task(self._watch())
+        return None if waiting_on is None else time.monotonic() - since
+
+    async def _holder(self) -> str | None:
+        """The session holding the lock, for a standby's log line (None: nobody now). A role
+        that may not see other sessions' details (pg_read_all_stats) gets their pid."""
+        assert self._conn is not None
+        # A bigint advisory lock is (classid, objid) = its high and low 32 bits, objsubid 1.
+        row = await self._conn.fetchrow(
+            "SELECT a.pid, a.usename, host(a.client_addr) AS client, a.backend_start "
+            "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND l.database = ("
+            "SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "AND l.classid::bigint = $1 AND l.objid::bigint = $2 AND l.objsubid = 1",
+            (self._key >> 32) & 0xFFFFFFFF,
+            self._key & 0xFFFFFFFF,
+        )
+        if row is None:
+            return None
+        details = [
+            f"user {row['usename']}" if row["usename"] else "",
+            f"from {row['client']}" if row["client"] else "",
+            f"since {row['backend_start']:%Y-%m-%d %H:%M:%S %Z}" if row["backend_start"] else "",
+        ]
+        shown = ", ".join(d for d in details if d)
+        return f"PostgreSQL session pid {row['pid']}" + (f" ({shown})" if shown else "")
 
     async def _try_lock(self) -> bool:
         if self._conn is None or self._conn.is_closed():

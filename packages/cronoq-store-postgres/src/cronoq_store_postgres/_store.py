@@ -231,7 +231,7 @@ class PgStore:
     async def acquire_leadership(self) -> Lease:
         while True:
             self._check_open()
-            await self._lock_session.acquire()
+            waited = await self._lock_session.acquire()
             # The epoch is bumped, and committed, before this leader reads anything.
             try:
                 epoch = await shielded(self._bump_epoch())
@@ -242,6 +242,15 @@ class PgStore:
                 await asyncio.sleep(self._config.lock_poll)
         self._epoch = epoch
         self._pruning = asyncio.get_running_loop().create_task(self._prune_regularly())
+        if waited is None:
+            log.info("leading schema %r (epoch %d)", self._config.schema, epoch)
+        else:
+            log.info(
+                "leading schema %r (epoch %d): took the lock after %.1f s as a standby",
+                self._config.schema,
+                epoch,
+                waited,
+            )
         return Lease(epoch)
 
     async def _bump_epoch(self) -> int:

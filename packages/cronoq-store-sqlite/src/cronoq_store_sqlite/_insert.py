@@ -13,7 +13,7 @@ them) warn when they are bound from a sequence (DeprecationWarning, cpython gh-1
 binding every column.
 
 A statement depends on which columns vary (the batch's shape) and on its row count; the
-rows go in chunks of :data:`CHUNKS` rows, so each shape needs at most five statements, which
+rows go in chunks of ``CHUNKS`` rows, so each shape needs at most five statements, which
 SQLite's statement cache (``STATEMENT_CACHE_SIZE``) keeps prepared. A chunk never binds more
 variables than the connection allows (SQLite before 3.32 allowed 999 by default, and a build
 may set its own limit): a wide shape takes the smaller chunks.

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import sqlite3
 import time
 import uuid
@@ -141,7 +142,10 @@ class SqliteStore:
         self._path = path
         self._config = config
         self._insert = NewTaskInsert()
-        self._holder = uuid.uuid4().hex
+        # Unique, and telling a standby's log who leads: "host/pid/random".
+        self._holder = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex}"
+        self._held_by: str | None = None
+        """The other holder the last look at the lease found (None: free, or not looked)."""
         self._epoch: int | None = None
         self._lost = LeadershipLoss()
         self._time_base = TimeBase()
@@ -295,6 +299,10 @@ class SqliteStore:
     # --- leadership -----------------------------------------------------------------------
 
     async def acquire_leadership(self) -> Lease:
+        # One INFO line per change: waiting behind a holder (again if another takes over
+        # meanwhile), then leading. A standby polls every lock_poll: never a line per poll.
+        waiting_on: str | None = None
+        waited_since = time.monotonic()
         while True:
             try:
                 epoch = await shielded(self._try_take_lease())
@@ -306,7 +314,26 @@ class SqliteStore:
                 self._lost = LeadershipLoss()
                 self._renewal = asyncio.get_running_loop().create_task(self._renew_lease())
                 self._pruning = asyncio.get_running_loop().create_task(self._prune_regularly())
+                if waiting_on is None:
+                    log.info("leading %s (epoch %d)", self._path, epoch)
+                else:
+                    log.info(
+                        "leading %s (epoch %d): took over the lease after %.1f s as a standby",
+                        self._path,
+                        epoch,
+                        time.monotonic() - waited_since,
+                    )
                 return Lease(epoch)
+            holder = self._held_by
+            if holder is not None and holder != waiting_on:
+                waiting_on = holder
+                log.info(
+                    "standby: the lease of %s is held by %s; waiting, and taking over when it "
+                    "is released or not renewed for lease_ttl (%g s)",
+                    self._path,
+                    describe_holder(holder),
+                    self._config.lease_ttl,
+                )
             await asyncio.sleep(self._config.lock_poll)
 
     async def _try_take_lease(self) -> int | None:
@@ -316,6 +343,7 @@ class SqliteStore:
             ).fetchone()
             now = time.time_ns()
             if holder is not None and expires_ns > now:
+                self._held_by = holder
                 return None  # another standby was quicker
             db.execute(
                 "UPDATE cronoq_leader SET epoch = ?, holder = ?, expires_ns = ? WHERE id = 1",
@@ -329,7 +357,9 @@ class SqliteStore:
             "SELECT holder, expires_ns FROM cronoq_leader WHERE id = 1", lease=True
         )
         if holder is not None and expires_ns > time.time_ns():
+            self._held_by = holder
             return None
+        self._held_by = None
         return await self._transaction("taking the lease", take, lease=True)
 
     async def _renew_lease(self) -> None:
@@ -648,3 +678,13 @@ async def _migrate_patiently(conn: Connection, config: SqliteStoreConfig, path: 
             if time.monotonic() >= give_up:
                 raise
             await asyncio.sleep(config.lock_poll)
+
+
+def describe_holder(holder: str) -> str:
+    """Who holds the lease, for a log line: ``host pid N`` from a holder of this release
+    ("host/pid/random"), else the holder as written (an older release's random hex)."""
+    host, _, rest = holder.partition("/")
+    pid, _, unique = rest.partition("/")
+    if host and pid.isdigit() and unique:
+        return f"{host} pid {pid}"
+    return f"holder {holder}"

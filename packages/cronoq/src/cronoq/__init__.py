@@ -1,7 +1,7 @@
 """cronoq: a durable task scheduler for asyncio.
 
 The public API is what this module exports; everything in ``_``-prefixed modules is private.
-Store authors also use :mod:`cronoq.store`; every exception lives in :mod:`cronoq.errors`.
+Store authors also use ``cronoq.store``; every exception lives in ``cronoq.errors``.
 """
 
 from cronoq._codecs import (

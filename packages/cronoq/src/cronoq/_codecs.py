@@ -8,7 +8,7 @@ no payload. Outputs have their own "none" (a function that returns ``None`` stor
 so they always go through the codec.
 
 A codec may also bind a value to where it belongs: one with ``encode_for(value, context)`` and
-``decode_for(data, context)`` (a :class:`ContextCodec`) is given a :class:`CodecContext` (payload
+``decode_for(data, context)`` (a ``ContextCodec``) is given a ``CodecContext`` (payload
 or output, the task's kind, pool and key, and an output's task id) wherever cronoq encodes or
 decodes a payload or an output, and may refuse a value made for another context (``EncryptedCodec``
 authenticates it). Every other codec keeps its plain ``encode`` and ``decode``.
@@ -133,7 +133,7 @@ def _field(text: str) -> bytes:
 
 @runtime_checkable
 class ContextCodec(Codec, Protocol):
-    """A codec that binds each value to its :class:`CodecContext`: cronoq calls ``encode_for``
+    """A codec that binds each value to its ``CodecContext``: cronoq calls ``encode_for``
     and ``decode_for`` instead of ``encode`` and ``decode`` where it knows the context (every
     payload and output of a task). ``decode_for`` should refuse (raise) a value made for
     another context. ``encode`` and ``decode`` remain for values outside any task."""

@@ -34,11 +34,11 @@ NEW_TASK_COLUMNS = (
     "lease_hash",
     "started",
 )
-"""The names of :func:`new_task_columns`' lists, in order (times in Unix nanoseconds)."""
+"""The names of ``new_task_columns()``' lists, in order (times in Unix nanoseconds)."""
 
 
 def new_task_columns(new: Sequence[NewTask], unix: Callable[[int], int]) -> list[list[object]]:
-    """One list per name of :data:`NEW_TASK_COLUMNS`; ``unix``: the TimeBase's ``to_unix``."""
+    """One list per name of ``NEW_TASK_COLUMNS``; ``unix``: the TimeBase's ``to_unix``."""
 
     def maybe(ns: int | None) -> int | None:
         return None if ns is None else unix(ns)

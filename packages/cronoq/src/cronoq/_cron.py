@@ -1,6 +1,6 @@
 """Cron schedules evaluated in an IANA time zone, mapped to UTC instants.
 
-A :class:`CronSchedule` pairs a cron expression with a time zone. Occurrences
+A ``CronSchedule`` pairs a cron expression with a time zone. Occurrences
 are computed in the zone's local wall-clock time and then mapped to UTC
 instants, expressed as Unix nanoseconds (``int``). The module is pure: it never
 reads the clock and does no I/O beyond loading the zone's rules once.
@@ -61,7 +61,7 @@ Daylight-saving semantics
 Occurrences are whole seconds. An input with a sub-second part yields the first
 whole matching second strictly after it. Inputs must lie in ``[0, 2**63 - 1]``
 (the int64 nanosecond range) and so must results: an occurrence after
-2262-04-11T23:47:16Z raises :class:`InvalidArgument` instead of wrapping.
+2262-04-11T23:47:16Z raises ``InvalidArgument`` instead of wrapping.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ class CronSchedule:
     def parse(cls, expression: str, timezone: str = "UTC") -> CronSchedule:
         """Validate and build a schedule.
 
-        Raises :class:`InvalidCron` or :class:`UnknownTimeZone` naming the bad input.
+        Raises ``InvalidCron`` or ``UnknownTimeZone`` naming the bad input.
         """
         return cls(expression, timezone)
 
@@ -305,35 +305,34 @@ def _parse_expression(expression: str) -> _Fields:
                 f"cron expression {expression!r}: hashed/random field {item!r} is not supported"
             )
 
-    # croniter is the parser: what it rejects is invalid, with its explanation.
+    # croniter's own expansion is not used: it widens equal ranges to the whole
+    # field, ORs the day fields even when one starts with "*", and loses a plain
+    # weekday listed next to an nth one. cronoq reads the fields itself.
+    lowered = [word.lower() for word in words]
+
+    # croniter is the parser: what it rejects is invalid. Its message only echoes the
+    # expression ("[0 8 * * monday] is not acceptable"): cronoq's reading of the fields
+    # names the element and what its field accepts.
     try:
         croniter(text, _CHECK_FROM, ret_type=datetime, second_at_beginning=len(words) == 6)
     # croniter signals most bad input with CroniterBadCronError (a ValueError), but
     # some malformed fields escape as other built-in errors.
     except (ValueError, TypeError, LookupError, ArithmeticError) as exc:
-        raise InvalidCron(f"invalid cron expression {expression!r}: {exc}") from exc
+        try:
+            _read_fields(lowered)
+        except _Unreadable as bad:
+            raise InvalidCron(_unreadable(expression, bad)) from exc
+        except (ValueError, TypeError, LookupError, ArithmeticError):
+            pass
+        said = _CRONITER_ECHO.sub("", str(exc)).lstrip(" ,.:") or "not a cron expression"
+        raise InvalidCron(f"invalid cron expression {expression!r}: {said}") from exc
 
-    # croniter's own expansion is not used: it widens equal ranges to the whole
-    # field, ORs the day fields even when one starts with "*", and loses a plain
-    # weekday listed next to an nth one. cronoq reads the fields itself.
-    lowered = [word.lower() for word in words]
-    second, rest = (lowered[0], lowered[1:]) if len(lowered) == 6 else ("0", lowered)
-    minute, hour, dom, month, dow = rest
     try:
-        fields = _Fields(
-            seconds=tuple(sorted(_expand(second, _SECOND))),
-            minutes=tuple(sorted(_expand(minute, _MINUTE))),
-            hours=tuple(sorted(_expand(hour, _HOUR))),
-            months=frozenset(_expand(month, _MONTH)),
-            month_days=_month_table(dom, dow),
-        )
+        fields = _read_fields(lowered)
     # croniter accepts a few things no field means: it does not check the low end of a
     # range, so day-of-month "0-0" and month "7-0" reach here.
     except _Unreadable as exc:
-        raise InvalidCron(
-            f"invalid cron expression {expression!r}: {exc.unit.name} element {exc.item!r} "
-            f"{exc.reason}"
-        ) from None
+        raise InvalidCron(_unreadable(expression, exc)) from None
 
     if _next_wall(fields, _CHECK_FROM) is None:
         raise InvalidCron(
@@ -343,14 +342,62 @@ def _parse_expression(expression: str) -> _Fields:
     return fields
 
 
-class _Unreadable(Exception):
-    """An element of a field that croniter accepted but that means nothing to cronoq."""
+def _read_fields(lowered: list[str]) -> _Fields:
+    second, rest = (lowered[0], lowered[1:]) if len(lowered) == 6 else ("0", lowered)
+    minute, hour, dom, month, dow = rest
+    return _Fields(
+        seconds=tuple(sorted(_expand(second, _SECOND))),
+        minutes=tuple(sorted(_expand(minute, _MINUTE))),
+        hours=tuple(sorted(_expand(hour, _HOUR))),
+        months=frozenset(_expand(month, _MONTH)),
+        month_days=_month_table(dom, dow),
+    )
 
-    def __init__(self, item: str, unit: _Unit, reason: str = "is not supported") -> None:
+
+_CRONITER_ECHO: Final = re.compile(r"^\[[^\]]*\] is not acceptable")
+"""The start of croniter's messages: the expression again, which says nothing more."""
+
+_ACCEPTED: Final[dict[str, str]] = {
+    "second": "use 0-59",
+    "minute": "use 0-59",
+    "hour": "use 0-23",
+    "day-of-month": "use 1-31, L (the last day), a-L, or nW (the weekday nearest day n)",
+    "month": "use 1-12 or jan-dec",
+    "day-of-week": (
+        "use 0-7 (0 and 7 are Sunday) or sun-sat, d#k (the k-th weekday d of the month, "
+        "k 1-5) or Ld (the last weekday d)"
+    ),
+}
+"""What each field accepts, besides ``*``, ranges ``a-b``, lists ``a,b`` and steps ``/n``."""
+
+
+class _Unreadable(Exception):
+    """An element of a field that means nothing to cronoq (``reason``), and what to do
+    instead (``advice``; None: what the field accepts)."""
+
+    def __init__(
+        self,
+        item: str,
+        unit: _Unit,
+        reason: str = "is not accepted",
+        advice: str | None = None,
+    ) -> None:
         super().__init__(item)
         self.item = item
         self.unit = unit
         self.reason = reason
+        self.advice = _ACCEPTED[unit.name] if advice is None else advice
+
+
+def _unreadable(expression: str, exc: _Unreadable) -> str:
+    """The message for a bad element, spelled as the expression spells it (fields are read
+    lower-cased)."""
+    found = re.search(re.escape(exc.item), expression, re.IGNORECASE)
+    item = exc.item if found is None else found.group()
+    return (
+        f"invalid cron expression {expression!r}: {exc.unit.name} {item!r} {exc.reason}; "
+        f"{exc.advice}"
+    )
 
 
 def _value(token: str, unit: _Unit, item: str) -> int:
@@ -361,7 +408,8 @@ def _value(token: str, unit: _Unit, item: str) -> int:
     else:
         raise _Unreadable(item, unit)
     if not unit.low <= number <= unit.high:
-        raise _Unreadable(item, unit, f"has {number}, outside {unit.low}-{unit.high}")
+        said = "is" if item == token else f"has {number},"
+        raise _Unreadable(item, unit, f"{said} outside {unit.low}-{unit.high}")
     return number
 
 
@@ -378,11 +426,13 @@ def _plain(item: str, unit: _Unit) -> set[int]:
     step = 1
     if slash:
         if not (step_text.isdigit() and step_text.isascii()) or int(step_text) == 0:
-            raise _Unreadable(item, unit)
+            raise _Unreadable(
+                item, unit, f"has step {step_text!r}", "a step is a whole number from 1"
+            )
         step = int(step_text)
     if base in ("*", "?"):
         if base == "?" and slash:
-            raise _Unreadable(item, unit)
+            raise _Unreadable(item, unit, "has a step after ?", "? means * and takes no step")
         low, high = unit.low, unit.high
     elif "-" in base:
         low_text, high_text = base.split("-", 1)
@@ -481,7 +531,7 @@ def _day_rule(dom: str, dow: str) -> _DayRule:
         elif nth:
             k = int(nth.group(2))
             if not 1 <= k <= 5:
-                raise _Unreadable(item, _DOW)
+                raise _Unreadable(item, _DOW, f"asks for week {k} of the month", "k in d#k is 1-5")
             dow_nth |= {(d, k) for d in _plain(nth.group(1), _DOW)}
         else:
             dow_days |= _plain(item, _DOW)

@@ -6,8 +6,8 @@ only then answers callers and dispatches attempts. Between turns it sleeps until
 or the engine's next due time; it never polls.
 
 A commit that fails may still have landed. The driver then rebuilds the engine from the store,
-telling it which attempts it really released (:class:`InFlight`), re-applies the reports and
-reads of the failed step, and answers its writers by what the store shows (:func:`batch_landed`).
+telling it which attempts it really released (``InFlight``), re-applies the reports and
+reads of the failed step, and answers its writers by what the store shows (``batch_landed()``).
 """
 
 from __future__ import annotations

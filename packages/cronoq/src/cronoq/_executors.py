@@ -1,4 +1,4 @@
-"""Executors run attempts. The driver only knows the :class:`Executor` seam.
+"""Executors run attempts. The driver only knows the ``Executor`` seam.
 
 A local executor runs a Python function in this process. A remote one (``_remote.py``, the
 server's workers) implements the same seam: it offers its workers' free slots, hands each

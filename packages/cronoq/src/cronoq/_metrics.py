@@ -37,7 +37,7 @@ class Histogram:
 
 
 class HistogramCounter:
-    """The mutable side of a :class:`Histogram`."""
+    """The mutable side of a ``Histogram``."""
 
     __slots__ = ("bounds", "count", "counts", "total")
 
@@ -82,7 +82,7 @@ def bump(counts: dict[K, int], key: K, by: int = 1) -> None:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerMetrics:
-    """A snapshot of :meth:`Scheduler.metrics`. Keys are pool names and status values, never
+    """A snapshot of ``Scheduler.metrics()``. Keys are pool names and status values, never
     task ids, so that a monitoring system's label sets stay small."""
 
     leading: bool

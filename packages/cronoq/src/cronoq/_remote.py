@@ -1,13 +1,13 @@
 """Remote pools: attempts leased to workers in other processes (the server's workers).
 
-A :class:`RemotePool` has no function. Workers attach with :meth:`Scheduler.attach`, which
-returns a :class:`WorkerLink`: the attempts leased to that worker, and the cancellations of
+A ``RemotePool`` has no function. Workers attach with ``Scheduler.attach()``, which
+returns a ``WorkerLink``: the attempts leased to that worker, and the cancellations of
 attempts it runs, arrive on it in order. The worker heartbeats and reports through the
-scheduler by :class:`AttemptToken`, on any link or none, so that a worker whose connection broke
+scheduler by ``AttemptToken``, on any link or none, so that a worker whose connection broke
 reports on its next one while the lease lasts.
 
 The engine starts an attempt of a remote pool only into a free worker slot that the
-:class:`RemoteExecutor` offered before the step; if the worker left before the step committed,
+``RemoteExecutor`` offered before the step; if the worker left before the step committed,
 the attempt is withdrawn, uncounted. An attempt counts as used once it left this process for
 the worker, so an attempt lost in the network is retried after its lease, as a crash would be.
 
@@ -48,7 +48,7 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class RemotePool:
-    """A pool whose attempts run on remote workers (:meth:`Scheduler.attach`)."""
+    """A pool whose attempts run on remote workers (``Scheduler.attach()``)."""
 
     name: str
     concurrency: int = 1000

@@ -1,4 +1,4 @@
-"""The public facade: :class:`Scheduler`, :class:`Pool`, :class:`TaskRequest`, :class:`TaskInfo`.
+"""The public facade: ``Scheduler``, ``Pool``, ``TaskRequest``, ``TaskInfo``.
 
 Every call validates its input here, then becomes one engine input that the driver batches into
 the next step; the call returns once that step is committed.
@@ -191,7 +191,7 @@ class Pool:
 @quick_init
 @dataclass(frozen=True, slots=True)
 class TaskRequest:
-    """One task to submit: the arguments of :meth:`Scheduler.submit`, for ``submit_many``."""
+    """One task to submit: the arguments of ``Scheduler.submit()``, for ``submit_many``."""
 
     kind: str
     payload: Any = None
@@ -341,8 +341,8 @@ def _schedule_info(record: ScheduleRecord) -> ScheduleInfo:
 
 @dataclass(frozen=True, slots=True)
 class CheckedTask:
-    """A task :meth:`Scheduler.task_spec` checked, for that scheduler's
-    :meth:`Scheduler.submit_specs`: the only way past the checks of a submission."""
+    """A task ``Scheduler.task_spec()`` checked, for that scheduler's
+    ``Scheduler.submit_specs()``: the only way past the checks of a submission."""
 
     spec: TaskSpec
     issuer: object = field(repr=False, compare=False)
@@ -603,8 +603,8 @@ class Scheduler:
         after: object = (),
         trace_context: object = None,
     ) -> CheckedTask:
-        """One task as :meth:`submit_specs` takes it, from the fields of a :class:`TaskRequest`
-        (as its constructor takes them), with every check :meth:`submit_many` makes and the
+        """One task as ``submit_specs()`` takes it, from the fields of a ``TaskRequest``
+        (as its constructor takes them), with every check ``submit_many()`` makes and the
         same errors; delays (a ``timedelta`` ``start_at`` or ``deadline``) count from
         ``now_ns`` (Unix ns).
 
@@ -661,8 +661,8 @@ class Scheduler:
         return CodecContext(role, spec.kind, spec.pool, spec.key, task_id)
 
     def payload_specs(self, template: CheckedTask, payloads: Iterable[Any]) -> list[CheckedTask]:
-        """One task per payload, each ``template`` (made by :meth:`task_spec`) with that
-        payload, checked as :meth:`task_spec` checks a payload: the tasks of a bulk submission,
+        """One task per payload, each ``template`` (made by ``task_spec()``) with that
+        payload, checked as ``task_spec()`` checks a payload: the tasks of a bulk submission,
         whose other fields are checked once for all of them (at most ``MAX_BATCH``)."""
         t = self._issued(template).spec
         codec, limit, issuer = self._codec, self._max_payload, self._issuer
@@ -693,7 +693,7 @@ class Scheduler:
     async def submit(self, kind: str, payload: Any = None, **options: Any) -> int:
         """Submit one task; return its id (the existing task's id if its key is held).
 
-        Options are the fields of :class:`TaskRequest`. ``payload=None`` means no payload, for
+        Options are the fields of ``TaskRequest``. ``payload=None`` means no payload, for
         every codec: the function receives None.
         """
         try:
@@ -732,8 +732,8 @@ class Scheduler:
         key_pools: Iterable[str] | None = None,
         key_kinds: Iterable[str] | None = None,
     ) -> builtins.list[int]:
-        """Submit tasks made by this scheduler's :meth:`task_spec` or :meth:`payload_specs`
-        in one step, as :meth:`submit_many` does (all or none; at most ``MAX_BATCH``), without
+        """Submit tasks made by this scheduler's ``task_spec()`` or ``payload_specs()``
+        in one step, as ``submit_many()`` does (all or none; at most ``MAX_BATCH``), without
         checking their fields again; anything else is refused with ``InvalidArgument``.
 
         ``key_pools``, ``key_kinds``: the pools and kinds whose tasks a key may be answered

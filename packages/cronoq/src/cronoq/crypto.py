@@ -1,4 +1,4 @@
-"""End-to-end payload encryption: :class:`EncryptedCodec` encrypts payloads and outputs with
+"""End-to-end payload encryption: ``EncryptedCodec`` encrypts payloads and outputs with
 AES-GCM (``cryptography``) on the client and worker, so that a server and a database that are not
 trusted store and forward only ciphertext. Install with ``pip install 'cronoq[crypto]'``.
 
@@ -8,15 +8,15 @@ values of any of them (rotation: add the new key, make it current, re-encrypt or
 values expire, then drop the old key).
 
 Each value is bound to where it belongs: cronoq gives the codec a
-:class:`~cronoq.CodecContext` (payload or output, the task's kind, pool and key, and an
+``CodecContext`` (payload or output, the task's kind, pool and key, and an
 output's task id), and the codec authenticates it with the ciphertext as AES-GCM associated
 data. A value copied to another task's row, to another kind, pool or key, or from an output to a
-payload, fails to decrypt with :class:`~cronoq.errors.PayloadError`, as does a value altered in
+payload, fails to decrypt with ``PayloadError``, as does a value altered in
 any byte. ``encode``/``decode`` (no context) bind a value to "no context", which no task's value
 has.
 
 Format (``CQE2``): ``b"CQE2"``, the key id's length (1 byte) and the key id (UTF-8), the first
-8 bytes of the SHA-256 of the context's :meth:`~cronoq.CodecContext.to_bytes` (empty for no
+8 bytes of the SHA-256 of the context's ``to_bytes()`` (empty for no
 context: it says which context a refused value belongs to without trying the key), the nonce
 (12 bytes), then the ciphertext and its 16-byte tag. The associated data is everything before
 the nonce followed by the context's bytes.
@@ -63,7 +63,7 @@ _NO_CONTEXT = b""
 
 class EncryptedCodec:
     """Encrypts what ``inner`` encodes (``BytesCodec`` by default) with AES-GCM, bound to the
-    value's :class:`~cronoq.CodecContext`.
+    value's ``CodecContext``.
 
     ``keys`` maps key ids (1 to 255 bytes of UTF-8) to AES keys of 16, 24 or 32 bytes; values
     are encrypted with ``keys[current]`` and decrypted with whichever key they name. Every
@@ -131,7 +131,7 @@ class EncryptedCodec:
     # --- bound to a task's payload or output (what cronoq calls) ----------------------------
 
     def encode_for(self, value: Any, context: CodecContext) -> bytes:
-        """Encrypt ``value`` bound to ``context``: only :meth:`decode_for` with an equal
+        """Encrypt ``value`` bound to ``context``: only ``decode_for()`` with an equal
         context decrypts it."""
         bound = _context_bytes(context)
         return self._seal(encode_with(self._inner, value, "value", context), bound)
@@ -146,11 +146,11 @@ class EncryptedCodec:
 
     def encode(self, value: Any) -> bytes:
         """Encrypt ``value`` bound to no context: for values outside any task. cronoq itself
-        calls :meth:`encode_for`."""
+        calls ``encode_for()``."""
         return self._seal(encode_with(self._inner, value, "value"), _NO_CONTEXT)
 
     def decode(self, data: bytes) -> Any:
-        """Decrypt a value :meth:`encode` made (or an unbound ``CQE1`` one); a value bound to a
+        """Decrypt a value ``encode()`` made (or an unbound ``CQE1`` one); a value bound to a
         task's payload or output is refused."""
         return decode_with(self._inner, self._open(data, _NO_CONTEXT, None), "decrypted value")
 

@@ -1,6 +1,6 @@
-"""The exceptions of cronoq, all rooted in :class:`CronoqError`.
+"""The exceptions of cronoq, all rooted in ``CronoqError``.
 
-Validation errors also derive from :class:`ValueError` so that callers which
+Validation errors also derive from ``ValueError`` so that callers which
 already catch ``ValueError`` for bad input keep working.
 """
 
@@ -150,7 +150,7 @@ class TaskError(CronoqError):
 
     ``retryable=False`` dead-letters the task at once; ``retry_after`` (seconds, at most ten
     years) overrides the backoff before the next attempt. Bad arguments raise
-    :class:`InvalidArgument` here, in the executor, so they fail the attempt with that message
+    ``InvalidArgument`` here, in the executor, so they fail the attempt with that message
     instead of reaching the scheduler.
     """
 

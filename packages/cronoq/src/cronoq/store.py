@@ -1,9 +1,9 @@
 """The contract between the scheduler and a durable store.
 
 A store is a write-ahead log of the engine's state transitions. It never decides anything: the
-engine computes every transition, the driver hands each step's mutations to :meth:`Store.commit`
-as ONE batch, and after a restart :meth:`Store.recover` gives back the rows the engine is rebuilt
-from. Third-party stores implement :class:`Store` and prove it with ``cronoq-conformance``.
+engine computes every transition, the driver hands each step's mutations to ``Store.commit()``
+as ONE batch, and after a restart ``Store.recover()`` gives back the rows the engine is rebuilt
+from. Third-party stores implement ``Store`` and prove it with ``cronoq-conformance``.
 
 Obligations of every store (each one is checked by the conformance kit):
 
@@ -31,11 +31,11 @@ Obligations of every store (each one is checked by the conformance kit):
   retried after it landed) changes nothing. A store keeps the latest ``ATTEMPTS_KEPT`` of a
   task (by attempt number), returns them from ``get_attempts`` in attempt order, and deletes
   them with the task's row when it prunes it.
-- ``commit`` with an epoch other than the current leader's raises :class:`Fenced` and changes
+- ``commit`` with an epoch other than the current leader's raises ``Fenced`` and changes
   nothing, also when the instance does not know yet that it was replaced (the fence is read
   in the commit's transaction, for every mutation of the batch). Transient failures raise
-  :class:`Unavailable`; anything else :class:`StoreFatal`.
-- Times are engine nanoseconds; convert them with the :class:`TimeBase` given to ``recover``.
+  ``Unavailable``; anything else ``StoreFatal``.
+- Times are engine nanoseconds; convert them with the ``TimeBase`` given to ``recover``.
 - NUL in messages is stored as U+FFFD.
 - ``recover`` returns live tasks, terminal tasks finished within ``retention_ns``, terminal tasks
   a live task depends on (however old), every schedule, and the highest task id ever committed,

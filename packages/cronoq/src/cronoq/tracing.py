@@ -1,14 +1,14 @@
 """OpenTelemetry spans of cronoq: the ``otel`` extra (``pip install cronoq[otel]``).
 
-Off unless asked for: a :class:`~cronoq.Scheduler`, ``AsyncClient`` or ``Worker`` given
+Off unless asked for: a ``Scheduler``, ``AsyncClient`` or ``Worker`` given
 ``tracing=True`` (the global tracer provider) or ``tracing=<a TracerProvider>`` makes a
-:class:`Tracing`; otherwise none exists, this module is never imported, and the only cost on
+``Tracing``; otherwise none exists, this module is never imported, and the only cost on
 the paths of a task is a ``None`` check. What the spans are, and why a task's attempts are
 children of its submission: ``docs/tracing.md``.
 
 Spans follow OpenTelemetry's semantic conventions for messaging (a task is a message, its pool
 the destination, its id the message id) and, for calls over gRPC, for RPC. A submission stores
-the W3C trace context of its span with the task (:class:`~cronoq.TraceContext`), so that an
+the W3C trace context of its span with the task (``TraceContext``), so that an
 attempt, local or on a remote worker, after any failover, joins the submitter's trace.
 """
 
@@ -55,7 +55,7 @@ def rpc_attributes(full_method: str) -> dict[str, str]:
 
 
 class Tracing:
-    """Makes cronoq's spans with one OpenTelemetry tracer. Built by :meth:`of`."""
+    """Makes cronoq's spans with one OpenTelemetry tracer. Built by ``of()``."""
 
     __slots__ = ("_tracer",)
 

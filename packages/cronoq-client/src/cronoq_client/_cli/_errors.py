@@ -11,7 +11,8 @@ code   meaning
        pool, a duplicate schedule, a payload the codec cannot take); nothing was applied
 5      the server did not accept the credentials (Unauthenticated)
 6      the credentials lack a permission (PermissionDenied)
-7      the scheduler is unavailable and nothing was applied: run the command again
+7      the scheduler is unavailable and nothing was applied: run the command again (no
+       server answered within ``--connect-timeout``: nothing listens at the target)
 8      the outcome is unknown: it may have been applied (check before running it again)
 9      ``tasks wait`` timed out: the task is still live
 10     ``tasks wait``: the task ended failed or cancelled
@@ -39,6 +40,7 @@ from cronoq.errors import (
     Unauthenticated,
     WaitTimedOut,
 )
+from cronoq_client._client import Unreachable
 
 __all__ = ["CommandFailed", "ConfigError", "ExitCode", "failure"]
 
@@ -103,6 +105,12 @@ def failure(error: CronoqError) -> CommandFailed:
         return CommandFailed(
             f"{error}; an identity with the {error.permission!r} permission is needed",
             ExitCode.PERMISSION_DENIED,
+        )
+    if isinstance(error, Unreachable):
+        return CommandFailed(
+            f"{error}; is cronoq-server running there? Check --target (CRONOQ_TARGET, the "
+            "context's target), or wait longer with --connect-timeout",
+            ExitCode.UNAVAILABLE,
         )
     if isinstance(error, SchedulerError):
         if error.applied is False:

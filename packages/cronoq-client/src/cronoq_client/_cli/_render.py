@@ -109,15 +109,18 @@ def worker_record(info: WorkerInfo) -> dict[str, Any]:
     return _records(info)
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any, zone: bool = False) -> str:
+    """A value as a table cell. A time is in UTC: a table's column title says so ("FINISHED
+    (UTC)"), a cell of ``fields`` (``zone``), which has no title, says it itself."""
     if value is None:
         return ""
     if isinstance(value, datetime):
-        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        shown = value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return f"{shown} UTC" if zone else shown
     if isinstance(value, Enum):
         return str(value.value)
     if isinstance(value, tuple | list):
-        return ",".join(_cell(v) for v in value)
+        return ",".join(_cell(v, zone) for v in value)
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, str):
@@ -163,7 +166,7 @@ def fields(record: dict[str, Any]) -> Table:
     grid.add_column(style="bold")
     grid.add_column(overflow="fold")
     for key, value in record.items():
-        grid.add_row(key, _cell(value))
+        grid.add_row(key, _cell(value, zone=True))
     return grid
 
 

@@ -10,7 +10,13 @@ import click
 
 from cronoq.errors import CronoqError
 from cronoq_client._cli._errors import CommandFailed, ExitCode, failure
-from cronoq_client._cli._settings import DEFAULT_TARGET, Flags, Settings, resolve
+from cronoq_client._cli._settings import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_TARGET,
+    Flags,
+    Settings,
+    resolve,
+)
 from cronoq_client._sync import Client
 
 __all__ = ["Session", "cli", "session"]
@@ -41,6 +47,7 @@ class Session:
                     tls=found.tls,
                     token=found.token,
                     timeout=found.timeout,
+                    connect_timeout=found.connect_timeout,
                 )
             except CronoqError as exc:  # a TLS file that cannot be read, a bad token
                 raise CommandFailed(str(exc), ExitCode.USAGE) from None
@@ -98,6 +105,12 @@ class _Group(click.Group):
     help="seconds each call may take, retries included [default 30]",
 )
 @click.option(
+    "--connect-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    help="seconds to keep trying while no server answers at all "
+    f"[env CRONOQ_CONNECT_TIMEOUT; default {DEFAULT_CONNECT_TIMEOUT:g}]",
+)
+@click.option(
     "--codec",
     metavar="json|bytes|MODULE:OBJECT",
     help="payload and output codec, as the producers' and workers' [env CRONOQ_CODEC; json]",
@@ -115,6 +128,7 @@ def cli(
     tls_cert: str | None,
     tls_key: str | None,
     timeout: float | None,
+    connect_timeout: float | None,
     codec: str | None,
 ) -> None:
     """Run, inspect and drain a cronoq deployment: its tasks, schedules, pools and workers.
@@ -125,7 +139,17 @@ def cli(
     retried, 130 interrupted.
     """
     flags = Flags(
-        config, context, target, token_file, tls, tls_ca, tls_cert, tls_key, timeout, codec
+        config,
+        context,
+        target,
+        token_file,
+        tls,
+        tls_ca,
+        tls_cert,
+        tls_key,
+        timeout,
+        codec,
+        connect_timeout,
     )
     ctx.obj = Session(flags)
     ctx.call_on_close(ctx.obj.close)

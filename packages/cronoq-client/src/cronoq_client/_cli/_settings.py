@@ -29,13 +29,36 @@ from cronoq_client._cli._errors import ConfigError
 from cronoq_client._cli._imports import load_object
 from cronoq_client._credentials import Tls
 
-__all__ = ["DEFAULT_TARGET", "Flags", "Settings", "config_path", "resolve"]
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_TARGET",
+    "Flags",
+    "Settings",
+    "config_path",
+    "resolve",
+]
 
 DEFAULT_TARGET = "127.0.0.1:50051"
 """cronoq-server's default gRPC address."""
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_CONNECT_TIMEOUT = 2.0
+"""Seconds a command tries while no server answers at all (nothing listens at the target):
+a person at a terminal learns that at once, not after the whole ``--timeout``. A refused
+connection costs a millisecond, so this is about ten tries. ``cronoq worker`` does not use
+it: a worker waits for its server as long as it takes (docs/cli.md)."""
 
 _CONTEXT_KEYS = frozenset(
-    {"target", "token-file", "tls", "tls-ca", "tls-cert", "tls-key", "timeout", "codec"}
+    {
+        "target",
+        "token-file",
+        "tls",
+        "tls-ca",
+        "tls-cert",
+        "tls-key",
+        "timeout",
+        "connect-timeout",
+        "codec",
+    }
 )
 
 
@@ -53,6 +76,7 @@ class Flags:
     tls_key: str | None = None
     timeout: float | None = None
     codec: str | None = None
+    connect_timeout: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +92,8 @@ class Settings:
     codec: Codec
     context: str | None
     """The context used, if any."""
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    """Seconds a call tries while no server answers (never more than ``timeout``)."""
 
 
 def config_path(flags: Flags, environ: Mapping[str, str]) -> Path:
@@ -226,12 +252,30 @@ def resolve(flags: Flags, environ: Mapping[str, str] | None = None) -> Settings:
         timeout = _typed(context, "timeout", (int, float), path)
     if timeout is not None and not timeout > 0:
         raise ConfigError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    connect_timeout = flags.connect_timeout
+    if connect_timeout is None and env.get("CRONOQ_CONNECT_TIMEOUT"):
+        text = env["CRONOQ_CONNECT_TIMEOUT"]
+        try:
+            connect_timeout = float(text)
+        except ValueError:
+            raise ConfigError(
+                f"CRONOQ_CONNECT_TIMEOUT must be a number of seconds, got {text!r}"
+            ) from None
+    if connect_timeout is None:
+        connect_timeout = _typed(context, "connect-timeout", (int, float), path)
+    if connect_timeout is not None and not 0 < connect_timeout < 1e9:
+        raise ConfigError(
+            f"connect-timeout must be a positive number of seconds, got {connect_timeout!r}"
+        )
     codec_name = flags.codec or env.get("CRONOQ_CODEC") or _typed(context, "codec", str, path)
     return Settings(
         target=target,
         tls=tls,
         token=token,
-        timeout=30.0 if timeout is None else float(timeout),
+        timeout=DEFAULT_TIMEOUT if timeout is None else float(timeout),
         codec=load_codec(codec_name or "json"),
         context=name,
+        connect_timeout=(
+            DEFAULT_CONNECT_TIMEOUT if connect_timeout is None else float(connect_timeout)
+        ),
     )

@@ -1,5 +1,5 @@
 """The engine, in rooms: each module owns one concern (see docs/architecture.md for the map),
-and :class:`Engine` is the facade the driver steps. This module names what the rest of cronoq
+and ``Engine`` is the facade the driver steps. This module names what the rest of cronoq
 imports."""
 
 from cronoq._engine.engine import Engine

@@ -1,15 +1,15 @@
 """The engine: a pure, synchronous, deterministic state machine holding every task rule.
 
 ``Engine.step(now_ns, inputs)`` applies a batch of inputs and the timers due at ``now_ns`` and
-returns a :class:`StepResult`: the mutations to persist (ONE store commit), the replies owed to
+returns a ``StepResult``: the mutations to persist (ONE store commit), the replies owed to
 callers and the attempts to dispatch, which the driver releases only after that commit, and the
 next time the engine needs to be stepped. It never reads a clock, awaits or touches a store, so
 tests drive it with explicit times and simulations replay it exactly.
 
 If a commit fails, the driver discards the engine and rebuilds one from the store with
-:meth:`Engine.recover`: the engine itself never has to undo a step. A failed commit may still
+``Engine.recover()``: the engine itself never has to undo a step. A failed commit may still
 have landed, so that rebuild is told which attempts this process really released
-(:class:`InFlight`): an attempt the store shows running that no executor received is put back
+(``InFlight``): an attempt the store shows running that no executor received is put back
 in its queue without counting, one that ended meanwhile keeps its slot until it stops.
 
 This class is a facade: it routes each input to the room that owns its rule (see

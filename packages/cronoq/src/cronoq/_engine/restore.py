@@ -2,7 +2,7 @@
 running attempt of a previous leader is lost, unless it is remote: its worker may still run it
 inside its lease, so the new leader waits for that worker and adopts the attempt when it proves
 itself with the lease id) or within this process's own epoch after a commit whose outcome is
-uncertain (:class:`InFlight` says which attempts really left)."""
+uncertain (``InFlight`` says which attempts really left)."""
 
 from __future__ import annotations
 
