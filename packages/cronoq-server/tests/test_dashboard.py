@@ -226,7 +226,7 @@ async def test_a_task_page_shows_its_dependants_once_the_parent_finished() -> No
 
 def attempt_table(body: str) -> list[list[str]]:
     """The cells of the attempts table of a task's page, tags stripped, a list per row."""
-    table = re.search(r'<table id="attempt-table">.*?<tbody>(.*?)</tbody>', body, re.S)
+    table = re.search(r'<table id="attempt-table"[^>]*>.*?<tbody>(.*?)</tbody>', body, re.S)
     assert table is not None, body
     rows = re.findall(r"<tr>(.*?)</tr>", table.group(1), re.S)
     cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in rows]
