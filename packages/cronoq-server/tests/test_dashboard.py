@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from urllib.parse import quote
 
 import aiohttp
@@ -27,6 +28,7 @@ from cronoq_server._config import AuthSettings, IdentitySettings
 from cronoq_server._http import Readiness
 from cronoq_server._replica import Replica, Role
 from cronoq_server._ui import Dashboard
+from cronoq_server._ui._app import _when, _when_in
 from cronoq_server._ui._samples import HEADLINE_S, Rate, Sample, Tick, chart, rates, tally
 from cronoq_server._ui._sessions import Limited, Sessions, SessionsFull, SignInLimiter
 from cronoq_server._ui._views import PREVIEW_BYTES, TaskQuery, duration, preview
@@ -284,6 +286,45 @@ async def test_a_task_page_lists_its_attempts_failed_running_and_succeeded() -> 
         assert started.endswith("UTC") and ended.endswith("UTC")
         assert took == duration((success.finished_at - success.started_at).total_seconds())
         assert message == "attempt 3 succeeded"
+
+
+def test_a_schedule_time_reads_on_its_zones_clock_with_the_zones_abbreviation() -> None:
+    summer, winter = datetime(2026, 7, 1, 1, 0, tzinfo=UTC), datetime(2026, 1, 15, 2, 0, tzinfo=UTC)
+    assert _when_in(summer, "Europe/Paris") == "2026-07-01 03:00:00 CEST"  # DST applied
+    assert _when_in(winter, "Europe/Paris") == "2026-01-15 03:00:00 CET"
+    assert _when_in(winter, "Asia/Kolkata") == "2026-01-15 07:30:00 IST"
+    assert _when_in(winter, "UTC") == _when(winter) == "2026-01-15 02:00:00 UTC"
+    assert _when_in(winter, "Nowhere/Atlantis") == "2026-01-15 02:00:00 UTC"
+
+
+async def test_the_schedules_page_shows_each_schedules_times_in_its_zone_and_in_utc() -> None:
+    async with harness() as h:
+        sched = h.replica.leader()
+        await sched.add_schedule("digest", "30 9 * * *", kind="k", timezone="Asia/Kolkata")
+        await sched.add_schedule("nightly", "0 3 * * *", kind="k")
+        csrf = await sign_in(h.http, TOKENS["admin"])
+        body = await text(h.http, "/ui/schedules")
+        digest, nightly = re.findall(r'<ul class="times">(.*?)</ul>', body, re.S)
+        # 09:30 in Kolkata (UTC+05:30, no DST) is 04:00 UTC: the zone, then each run on its
+        # clock (UTC in the title) and on UTC's.
+        assert digest.count('<li class="zone">Asia/Kolkata</li>') == 1
+        shown = re.findall(r'title="([^"]+)">([^<]+)</time>.*?<span class="help">([^<]+)<', digest)
+        assert len(shown) == 3
+        for utc_title, here, utc in shown:
+            assert here.endswith(" 09:30:00 IST") and utc.endswith(" 04:00:00 UTC")
+            assert utc_title == utc
+        # A UTC schedule: its times once, no zone line.
+        assert "zone" not in nightly and "help" not in nightly
+        assert nightly.count(" 03:00:00 UTC</time>") == 3
+        # The notice of a resume gives its next run on the zone's clock, and UTC's.
+        await sched.pause_schedule("digest")
+        async with h.http.post(
+            "/ui/act/resume-schedule", data={"schedule": "digest", "csrf": csrf}
+        ) as answer:
+            assert re.search(
+                r"schedule digest resumed: next run at \S+ 09:30:00 IST \(\S+ 04:00:00 UTC\)",
+                await answer.text(),
+            )
 
 
 # --- actions: CSRF, origin, permissions ---------------------------------------------------------

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import math
 import time
 import unicodedata
+import zoneinfo
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -161,7 +163,8 @@ async def _pause_schedule(sched: Scheduler, name: str, grant: Grant) -> str:
 
 async def _resume_schedule(sched: Scheduler, name: str, grant: Grant) -> str:
     info = await sched.resume_schedule(name)
-    return f"schedule {name} resumed: next run at {_when(info.next_run_at)}"
+    here, utc = _when_in(info.next_run_at, info.timezone), _when(info.next_run_at)
+    return f"schedule {name} resumed: next run at {here}" + (f" ({utc})" if here != utc else "")
 
 
 async def _trigger_schedule(sched: Scheduler, name: str, grant: Grant) -> str:
@@ -191,6 +194,23 @@ def _when(moment: datetime | None) -> str:
     if moment is None:
         return ""
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _when_in(moment: datetime, zone: str) -> str:
+    """``moment`` on the clock of the time zone ``zone`` (a schedule's), with the zone's
+    abbreviation at that moment: ``2026-07-01 03:00:00 CEST``."""
+    local = moment.astimezone(_zone(zone))
+    return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()}"
+
+
+@functools.lru_cache(maxsize=64)
+def _zone(name: str) -> tzinfo:
+    """A schedule's time zone (checked when the schedule was added); UTC if this host's
+    zone database lacks it."""
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return UTC
 
 
 def _ago(moment: datetime | None) -> str:
@@ -242,7 +262,9 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    environment.filters.update(when=_when, ago=_ago, finished=_finished, minutes=_minutes)
+    environment.filters.update(
+        when=_when, when_in=_when_in, ago=_ago, finished=_finished, minutes=_minutes
+    )
     environment.globals.update(
         poll_s=POLL_S,
         live=set(_LIVE),
