@@ -181,6 +181,7 @@ async def _page(browser: WebDriver, url: str) -> None:
 def _shot(browser: WebDriver, directory: Path, name: str, size: tuple[int, int]) -> None:
     """A PNG of the whole page at this width (the window grows to the page's height)."""
     browser.set_window_size(*size)
+    browser.execute_script("window.scrollTo(0, 0)")  # from its top, wherever a test scrolled
     height = browser.execute_script("return document.documentElement.scrollHeight")
     browser.set_window_size(size[0], max(size[1], min(int(height), 3000)))
     assert browser.save_screenshot(str(directory / f"{name}.png"))
@@ -447,6 +448,8 @@ async def test_every_page_fits_the_width_and_every_control_is_reachable_by_scrol
         for name, path in pages.items():
             await _page(browser, f"{base}{path}")
             problems += _fits(browser, name) + _unreachable(browser, name)
+            if size == PHONE and name in ("schedules", "pools"):
+                _shot(browser, screenshots, f"{name}-phone", PHONE)
         assert not problems, "\n".join(problems)
         # The data each page was checked with is there, its actions offered.
         await _page(browser, f"{base}/ui/tasks")
