@@ -399,6 +399,10 @@ for (const element of document.querySelectorAll(arguments[0])) {
 }
 return unreachable;
 """
+_FIRST_CELL = """
+const cell = document.querySelector("#live tbody td");
+return [getComputedStyle(cell).display, getComputedStyle(cell, "::before").content];
+"""
 _CONTROLS = "a[href]:not(.skip), button, input:not([type=hidden]), select"
 
 
@@ -459,6 +463,9 @@ async def test_every_page_fits_the_width_and_every_control_is_reachable_by_scrol
         assert {f"retry-{t}" for t in cluster.crashed} <= shown
         assert {f"cancel-{t}" for t in cluster.queued} <= shown
         statuses = {b.text for b in browser.find_elements(By.CSS_SELECTOR, "#live .badge")}
+        # On a phone a row is a card, each cell on a line of its own after its column's name.
+        cell = browser.execute_script(_FIRST_CELL)
+        assert cell == (["block", '"Id"'] if size == PHONE else ["table-cell", "none"])
         assert {"failed", "succeeded", "running", "scheduled", "ready", "waiting"} <= statuses
         await _page(browser, f"{base}/ui/schedules")
         assert {"resume-schedule-2", "trigger-schedule-2", "pause-schedule-1"} <= {
