@@ -58,16 +58,23 @@ def rates(samples: Sequence[Sample], pool: str) -> list[Rate]:
         elapsed = after.at - before.at
         if before.epoch != after.epoch or elapsed <= 0:
             continue  # counters restarted with a new leader: no rate across that
-        ended = failed = 0
-        for (name, status), count in after.finished.items():
-            if name != pool:
-                continue
-            delta = count - before.finished.get((name, status), 0)
-            ended += delta
-            if status in _FAILED:
-                failed += delta
+        ended, failed = _ended(before, after, pool)
         found.append(Rate(after.at, ended / elapsed, failed / elapsed))
     return found
+
+
+def _ended(before: Sample, after: Sample, pool: str) -> tuple[int, int]:
+    """The tasks of ``pool`` that ended between two samples of one leadership, and of those
+    the ones that failed or were cancelled."""
+    ended = failed = 0
+    for (name, status), count in after.finished.items():
+        if name != pool:
+            continue
+        delta = count - before.finished.get((name, status), 0)
+        ended += delta
+        if status in _FAILED:
+            failed += delta
+    return ended, failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,15 +104,9 @@ def tally(samples: Sequence[Sample], pool: str, now: float, window_s: float = HE
     inside = [s for s in samples if start <= s.at <= now]
     finished = failed = 0
     for before, after in itertools.pairwise(inside):
-        if before.epoch != after.epoch:
-            continue
-        for (name, status), count in after.finished.items():
-            if name != pool:
-                continue
-            delta = count - before.finished.get((name, status), 0)
-            finished += delta
-            if status in _FAILED:
-                failed += delta
+        if before.epoch == after.epoch:
+            ended, among = _ended(before, after, pool)
+            finished, failed = finished + ended, failed + among
     span = now - inside[0].at if len(inside) > 1 else 0.0
     return Tally(finished, failed, span)
 
