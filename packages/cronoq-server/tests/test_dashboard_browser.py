@@ -182,8 +182,12 @@ def _shot(browser: WebDriver, directory: Path, name: str, size: tuple[int, int])
     """A PNG of the whole page at this width (the window grows to the page's height)."""
     browser.set_window_size(*size)
     browser.execute_script("window.scrollTo(0, 0)")  # from its top, wherever a test scrolled
-    height = browser.execute_script("return document.documentElement.scrollHeight")
-    browser.set_window_size(size[0], max(size[1], min(int(height), 3000)))
+    # As tall as the page (at most 3,000 px): the window is the page and the browser's bars.
+    inner, outer, page = browser.execute_script(
+        "return [window.innerHeight, window.outerHeight, document.body.scrollHeight]"
+    )
+    if page > inner:
+        browser.set_window_size(size[0], outer - inner + min(int(page), 3000))
     assert browser.save_screenshot(str(directory / f"{name}.png"))
     browser.set_window_size(*size)
 
