@@ -403,9 +403,14 @@ for (const element of document.querySelectorAll(arguments[0])) {
 }
 return unreachable;
 """
-_FIRST_CELL = """
-const cell = document.querySelector("#live tbody td");
-return [getComputedStyle(cell).display, getComputedStyle(cell, "::before").content];
+_CELLS = """
+// Each cell of the page's tables: how it is laid out, and whether its column's name precedes
+// it (drawn by the stylesheet from data-label).
+return [...document.querySelectorAll("#live tbody td[data-label]")].map(td => {
+  const before = getComputedStyle(td, "::before").content;
+  return [getComputedStyle(td).display,
+          before === JSON.stringify(td.dataset.label) ? "label" : before];
+});
 """
 _CONTROLS = "a[href]:not(.skip), button, input:not([type=hidden]), select"
 
@@ -443,7 +448,7 @@ async def test_every_page_fits_the_width_and_every_control_is_reachable_by_scrol
     try:
         assert browser.execute_script("return window.innerWidth") == size[0]
         await _page(browser, f"{base}/ui/signin")
-        problems = _fits(browser, "signin")
+        problems = _fits(browser, "signin") + _unreachable(browser, "signin")
         await _sign_in(browser, base, TOKENS["admin"])
         pages = {
             "overview": "/ui/",
@@ -456,6 +461,12 @@ async def test_every_page_fits_the_width_and_every_control_is_reachable_by_scrol
         for name, path in pages.items():
             await _page(browser, f"{base}{path}")
             problems += _fits(browser, name) + _unreachable(browser, name)
+            # On a phone a table row is a card: each cell a block, after its column's name.
+            cells = browser.execute_script(_CELLS)
+            if name != "overview":
+                assert cells, name
+            wanted = ("block", "label") if size == PHONE else ("table-cell", "none")
+            assert {tuple(cell) for cell in cells} <= {wanted}, (name, cells)
             if size == PHONE and name in ("schedules", "pools"):
                 _shot(browser, screenshots, f"{name}-phone", PHONE)
         assert not problems, "\n".join(problems)
@@ -467,9 +478,6 @@ async def test_every_page_fits_the_width_and_every_control_is_reachable_by_scrol
         assert {f"retry-{t}" for t in cluster.crashed} <= shown
         assert {f"cancel-{t}" for t in cluster.queued} <= shown
         statuses = {b.text for b in browser.find_elements(By.CSS_SELECTOR, "#live .badge")}
-        # On a phone a row is a card, each cell on a line of its own after its column's name.
-        cell = browser.execute_script(_FIRST_CELL)
-        assert cell == (["block", '"Id"'] if size == PHONE else ["table-cell", "none"])
         assert {"failed", "succeeded", "running", "scheduled", "ready", "waiting"} <= statuses
         await _page(browser, f"{base}/ui/schedules")
         assert {"resume-schedule-2", "trigger-schedule-2", "pause-schedule-1"} <= {
