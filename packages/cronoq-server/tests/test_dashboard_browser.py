@@ -2,7 +2,8 @@
 chromium-driver) against a real ``cronoq-server`` process with real tasks run by a real
 worker: every page loads, every action clicked shows its effect through the API, a page
 updates itself without a reload, a read-only identity is offered no action and is refused one
-it forces. A screenshot of each page (1280 px wide, and the phone-width ones) goes to
+it forces, and at 1280 and 390 px no page scrolls sideways and every control is reached by
+scrolling down. A screenshot of each page (1280 px wide, and the phone-width ones) goes to
 ``CRONOQ_SCREENSHOTS`` (default: a temporary directory).
 
 Without chromium and chromium-driver these tests skip, unless ``CRONOQ_REQUIRE_BROWSER=1``
