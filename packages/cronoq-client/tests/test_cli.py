@@ -107,15 +107,21 @@ def test_submit_get_list_cancel_in_tables_and_json(env: dict[str, str]) -> None:
 
     listed = as_json(run(env, "tasks", "list", "--kind", "cli-a", "-o", "json"))
     assert [(t["task_id"], t["status"], t["pool"]) for t in listed] == [
-        (first, "ready", "default"), (second, "scheduled", "other"),
-    ]  # fmt: skip
+        (second, "scheduled", "other"),
+        (first, "ready", "default"),
+    ]  # fmt: skip  (the newest first)
+    oldest = as_json(run(env, "tasks", "list", "-k", "cli-a", "--oldest-first", "-o", "json"))
+    assert [t["task_id"] for t in oldest] == [first, second]
+    below = run(env, "tasks", "list", "-k", "cli-a", "--before", str(second), "-o", "json")
+    assert [t["task_id"] for t in as_json(below)] == [first]
     assert [t["task_id"] for t in as_json(
         run(env, "tasks", "list", "-k", "cli-a", "-s", "scheduled", "-o", "json")
     )] == [second]  # fmt: skip
     assert len(as_json(run(env, "tasks", "list", "-k", "cli-a", "-n", "1", "-o", "json"))) == 1
     table = run(env, "tasks", "list", "--kind", "cli-a").stdout.splitlines()
     assert table[0].split()[:5] == ["ID", "STATUS", "ATTEMPT", "POOL", "KIND"]
-    assert table[1].split()[:5] == [str(first), "ready", "0", "default", "cli-a"]
+    assert table[0].split()[-1] == "ERROR"
+    assert table[2].split()[:5] == [str(first), "ready", "0", "default", "cli-a"]
 
     assert run(env, "tasks", "cancel", str(first), "-r", "no").stdout == (
         f"task {first}: cancelled\n"
@@ -124,6 +130,46 @@ def test_submit_get_list_cancel_in_tables_and_json(env: dict[str, str]) -> None:
         "task_id": second, "status": "cancelled",
     }  # fmt: skip
     assert as_json(run(env, "tasks", "get", str(first), "-o", "json"))["message"] == "no"
+
+
+def test_failed_tasks_list_the_newest_first_with_their_error_and_get_shows_the_traceback(
+    server: ThreadedServer, env: dict[str, str]
+) -> None:
+    """The runbook's "a task failed" lines: the most recent failures first, each with why, and
+    the traceback the remote worker sent for the one opened."""
+
+    async def broken(ctx: TaskContext, payload: Any) -> Any:
+        raise LookupError(f"no customer {payload}")
+
+    worker = Worker(server.target, {"other": broken}, codec=JsonCodec())
+    working = server.start(worker.run())
+    server.call(worker.attached())
+    try:
+        ids = [
+            int(run(env, "submit", "cli-fail", str(n), "-p", "other", "--max-attempts", "1").stdout)
+            for n in range(3)
+        ]
+        for n, task_id in enumerate(ids):
+            ended = run(
+                env, "tasks", "wait", str(task_id), "--timeout", "30", code=ExitCode.TASK_FAILED
+            )
+            assert ended.stderr == (  # one line, the traceback left to the record above it
+                f"error: task {task_id} ended failed: attempt 1 failed: LookupError: "
+                f"no customer {n}; no attempts left\n"
+            )
+    finally:
+        worker.stop()
+        server.call(asyncio.wait_for(asyncio.shield(working), 30))
+    table = run(env, "tasks", "list", "-k", "cli-fail", "-s", "failed", "-n", "2").stdout
+    rows = table.splitlines()[1:]
+    assert [row.split()[0] for row in rows] == [str(ids[2]), str(ids[1])]
+    assert rows[0].endswith("attempt 1 failed: LookupError: no customer 2; no attempts left")
+    info = as_json(run(env, "tasks", "get", str(ids[2]), "-o", "json"))
+    assert info["message"] == "attempt 1 failed: LookupError: no customer 2; no attempts left"
+    assert info["traceback"].startswith("Traceback (most recent call last):\n")
+    assert 'raise LookupError(f"no customer {payload}")' in info["traceback"]
+    shown = run(env, "tasks", "get", str(ids[2])).stdout
+    assert "traceback" in shown and "LookupError: no customer 2" in shown
 
 
 def test_tasks_wait_exits_by_how_the_task_ended(
@@ -161,7 +207,7 @@ def test_submit_from_a_json_lines_file(env: dict[str, str], tmp_path: Path) -> N
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
     ids = as_json(run(env, "submit", "--file", str(path), "--batch-size", "3", "-o", "json"))
     assert len(ids) == 7 and ids == sorted(ids)
-    listed = as_json(run(env, "tasks", "list", "-k", "cli-file", "-o", "json"))
+    listed = as_json(run(env, "tasks", "list", "-k", "cli-file", "--oldest-first", "-o", "json"))
     assert [t["task_id"] for t in listed] == ids
     assert (listed[3]["pool"], listed[3]["tags"]) == ("other", ["t"])
     assert run(env, "submit", "-f", str(path)).stdout == "submitted 7 tasks\n"  # keys: no more

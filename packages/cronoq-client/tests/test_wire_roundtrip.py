@@ -333,6 +333,8 @@ list_options = st.fixed_dictionaries(
         "kind": optional_texts,
         "tag": optional_texts,
         "after": st.none() | int64s,
+        "before": st.none() | int64s,
+        "newest_first": st.none() | st.booleans(),
         "limit": st.none() | int64s,
     },
 )
@@ -342,7 +344,7 @@ list_options = st.fixed_dictionaries(
 @given(list_options)
 def test_list_arguments_round_trip(options: dict[str, Any]) -> None:
     decoded = w.list_kwargs(wire(w.list_request(**options)))
-    expected = {k: v for k, v in options.items() if v is not None}
+    expected = {k: v for k, v in options.items() if v is not None and v is not False}
     if "status" in expected:
         status = expected["status"]
         items = [status] if isinstance(status, str) else status
@@ -547,17 +549,22 @@ def test_success_report_round_trips(
 
 
 @ROUND_TRIPS
-@given(tokens, lease_ids, texts, st.booleans(), st.none() | durations)
+@given(tokens, lease_ids, texts, st.booleans(), st.none() | durations, texts)
 def test_failure_report_round_trips(
-    token: AttemptToken, lease_id: bytes, message: str, retryable: bool, retry_after: Any
+    token: AttemptToken,
+    lease_id: bytes,
+    message: str,
+    retryable: bool,
+    retry_after: Any,
+    traceback: str,
 ) -> None:
-    failure = w.ReportFailure(message, retryable, retry_after)
+    failure = w.ReportFailure(message, retryable, retry_after, traceback)
     got_token, got_lease_id, got = w.report_from_pb(
         wire(w.report_request(token, lease_id, failure))
     )
     assert (got_token, got_lease_id) == (token, lease_id)
     assert isinstance(got, w.ReportFailure)
-    assert (got.message, got.retryable) == (message, retryable)
+    assert (got.message, got.retryable, got.traceback) == (message, retryable, traceback)
     assert (None if got.retry_after is None else duration_ns(got.retry_after)) == (
         None if retry_after is None else duration_ns(retry_after)
     )

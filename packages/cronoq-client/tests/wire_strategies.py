@@ -128,6 +128,7 @@ task_summaries = st.builds(
     key=optional_texts,
     tags=st.lists(texts, max_size=3).map(tuple),
     finished_ns=st.none() | st.integers(-62_135_596_800 * NS_PER_S, 253_402_300_800 * NS_PER_S - 1),
+    error=optional_texts,
 )
 
 schedule_infos = st.builds(

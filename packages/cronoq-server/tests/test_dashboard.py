@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import html
 import logging
 import re
 import secrets
@@ -21,7 +22,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from cronoq import LeasedAttempt, MemoryStore, RemotePool, Status, WorkerLink
+from cronoq import (
+    InvalidArgument,
+    LeasedAttempt,
+    MemoryStore,
+    RemotePool,
+    RetryPolicy,
+    Status,
+    WorkerLink,
+)
 from cronoq.store import Store
 from cronoq_server._auth import AuthCollector, Grant, Guard, TokenTable
 from cronoq_server._config import AuthSettings, IdentitySettings
@@ -191,11 +200,21 @@ async def test_pages_list_tasks_a_page_at_a_time_with_the_schedulers_token() -> 
     async with harness(auth=False) as h:
         sched = h.replica.leader()
         ids = [await sched.submit("k", None, pool="other") for _ in range(5)]
+        # The newest first, each page's last id the next one's ``before``.
         first = await text(h.http, "/ui/tasks?limit=2")
         listed = re.findall(r'<a href="/ui/tasks/(\d+)">', first)
+        assert listed == [str(ids[4]), str(ids[3])]
+        assert f'href="/ui/tasks?limit=2&amp;before={ids[3]}"' in first
+        assert 'href="/ui/tasks?limit=2&amp;order=oldest"' in first  # the other order
+        last = await text(h.http, f"/ui/tasks?limit=2&before={ids[1]}")
+        assert re.findall(r'<a href="/ui/tasks/(\d+)">', last) == [str(ids[0])]
+        assert 'rel="next"' not in last and "First page" in last
+        # In submission order, each page's last id the next one's ``after``.
+        first = await text(h.http, "/ui/tasks?limit=2&order=oldest")
+        listed = re.findall(r'<a href="/ui/tasks/(\d+)">', first)
         assert listed == [str(i) for i in ids[:2]]
-        assert f'href="/ui/tasks?limit=2&amp;after={ids[1]}"' in first
-        last = await text(h.http, f"/ui/tasks?limit=2&after={ids[3]}")
+        assert f'href="/ui/tasks?limit=2&amp;order=oldest&amp;after={ids[1]}"' in first
+        last = await text(h.http, f"/ui/tasks?limit=2&order=oldest&after={ids[3]}")
         assert re.findall(r'<a href="/ui/tasks/(\d+)">', last) == [str(ids[4])]
         assert 'rel="next"' not in last and "First page" in last
         keyed = await sched.submit("k", None, key="the-key")
@@ -325,6 +344,33 @@ async def test_the_schedules_page_shows_each_schedules_times_in_its_zone_and_in_
                 r"schedule digest resumed: next run at \S+ 09:30:00 IST \(\S+ 04:00:00 UTC\)",
                 await answer.text(),
             )
+
+
+async def test_a_failure_shows_its_error_in_the_list_and_its_traceback_on_its_page() -> None:
+    """Why a task failed without opening it (the list's error column), and where, once opened
+    (the traceback its worker sent, escaped like any text)."""
+    async with harness(auth=False) as h:
+        sched = h.replica.leader()
+        trace = '  File "job.py", line 9, in run\n    parse(row)\nValueError: <b>bad</b> row'
+        async with sched.attach(["default"], slots=1) as link:
+            task_id = await sched.submit("parse", None, retry=RetryPolicy(max_attempts=1))
+            attempt = await leased(link)
+            await sched.report_failure(
+                attempt.token, "ValueError: <b>bad</b> row", lease_id=attempt.lease_id,
+                traceback=trace,
+            )  # fmt: skip
+            assert (await sched.wait(task_id, timeout=10)).status is Status.FAILED
+        error = "attempt 1 failed: ValueError: &lt;b&gt;bad&lt;/b&gt; row; no attempts left"
+        listing = await text(h.http, "/ui/tasks?status=failed")
+        assert f'<td data-label="Error" class="message">{error}</td>' in listing
+        page = await text(h.http, f"/ui/tasks/{task_id}")
+        assert f'<dd class="message">{error}</dd>' in page
+        shown = re.search(r'<h2 id="traceback">Traceback</h2>\s*<pre[^>]*>(.*?)</pre>', page, re.S)
+        assert shown is not None, page
+        assert html.unescape(shown.group(1)) == f"Traceback (most recent call last):\n{trace}"
+        assert "<b>bad</b>" not in page
+        [row] = attempt_table(page)
+        assert row[4].startswith(error) and "Traceback" in row[4]
 
 
 # --- actions: CSRF, origin, permissions ---------------------------------------------------------
@@ -663,9 +709,16 @@ async def test_the_overview_states_its_headlines_window_and_counts_failures_with
 
 
 def test_a_task_query_keeps_its_filters_across_pages() -> None:
-    query = TaskQuery.parse({"status": "ready", "pool": " p ", "limit": "20", "after": "7"})
-    assert (query.status, query.pool, query.after, query.limit) == (Status.READY, "p", 7, 20)
-    assert query.page(9) == "status=ready&pool=p&limit=20&after=9"
+    query = TaskQuery.parse({"status": "ready", "pool": " p ", "limit": "20", "before": "7"})
+    assert (query.status, query.pool, query.before, query.limit) == (Status.READY, "p", 7, 20)
+    assert query.page(5) == "status=ready&pool=p&limit=20&before=5"
+    assert query.reordered() == "status=ready&pool=p&limit=20&order=oldest"
+    oldest = TaskQuery.parse({"kind": "k", "order": "oldest", "after": "7"})
+    assert (oldest.oldest_first, oldest.after, oldest.paged) == (True, 7, True)
+    assert oldest.page(9) == "kind=k&order=oldest&after=9"
+    assert oldest.reordered() == "kind=k"
+    with pytest.raises(InvalidArgument, match="order must be newest or oldest"):
+        TaskQuery.parse({"order": "random"})
 
 
 def test_sessions_expire_and_anonymous_ones_are_bounded() -> None:

@@ -148,6 +148,27 @@ async def test_a_failed_local_attempt_keeps_its_traceback_and_a_task_error_none(
         assert summaries[refused].error == deliberate.error
 
 
+async def test_a_function_run_in_a_thread_keeps_its_traceback_and_its_task_error() -> None:
+    """A plain function raises in a worker thread, where its traceback is formatted."""
+
+    def work(ctx: TaskContext, payload: Any) -> None:
+        if payload == b"deliberate":
+            raise TaskError("refused", retryable=False)
+        _parse({"password": payload.decode()})
+
+    async with Scheduler([Pool("default", work)], store=MemoryStore()) as sched:
+        crashed = await sched.submit("job", b"y2", retry=ONCE)
+        refused = await sched.submit("job", b"deliberate")
+        info = await sched.wait(crashed, timeout=10)
+        assert info.traceback is not None and "in work\n" in info.traceback
+        assert info.traceback.endswith("ValueError: invalid literal for int() with base 10: 'y2'")
+        deliberate = await sched.wait(refused, timeout=10)
+        assert (deliberate.error, deliberate.traceback) == (
+            "attempt 1 failed (not retryable): refused",
+            None,
+        )
+
+
 async def test_a_remote_report_carries_its_traceback_and_an_oversized_one_is_refused() -> None:
     async with Scheduler([RemotePool("remote")], store=MemoryStore()) as sched:
         link = sched.attach(["remote"], slots=1)

@@ -108,6 +108,33 @@ def _truncate(message: str) -> str:
     return message[: MAX_MESSAGE - len(marker)] + marker
 
 
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    error: Exception
+    traceback: str
+
+
+def _in_thread(fn: Callable[..., Any], ctx: TaskContext, value: Any) -> Any:
+    """``fn(ctx, value)`` in a worker thread; what it raised comes back as a ``_Raised`` with
+    its traceback formatted there, off the event loop (0.1 to 0.3 ms of CPU)."""
+    try:
+        return fn(ctx, value)
+    except TaskError as exc:
+        return _Raised(exc, "")
+    except Exception as exc:
+        return _Raised(exc, format_traceback(exc))
+
+
+def _failure(exc: Exception, traceback: str | None) -> ReportFailure:
+    """The report of an attempt that raised ``exc``, with its traceback (formatted here,
+    where the frames are, unless already: the server only bounds it again)."""
+    if isinstance(exc, TaskError):
+        return ReportFailure(_truncate(exc.message), exc.retryable, exc.retry_after)
+    if traceback is None:
+        traceback = format_traceback(exc)
+    return ReportFailure(_truncate(f"{type(exc).__name__}: {exc}"), traceback=traceback)
+
+
 def _is_async(fn: object) -> bool:
     # A callable object with ``async def __call__`` is async too (as for a local Pool).
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
@@ -475,15 +502,15 @@ class Worker:
                 loop = asyncio.get_running_loop()
                 if self._tracing is not None:  # a thread does not inherit the attempt's span
                     fn = self._tracing.in_context(fn)
-                result = await loop.run_in_executor(self._threads, fn, attempt.ctx, value)
-        except TaskError as exc:
-            return ReportFailure(_truncate(exc.message), exc.retryable, exc.retry_after)
+                result = await loop.run_in_executor(
+                    self._threads, _in_thread, fn, attempt.ctx, value
+                )
+                if isinstance(result, _Raised):
+                    return _failure(result.error, result.traceback)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            # Formatted here, where the frames are: the server only bounds it again.
-            traceback = format_traceback(exc)
-            return ReportFailure(_truncate(f"{type(exc).__name__}: {exc}"), traceback=traceback)
+            return _failure(exc, None)
         if result is None:
             return ReportSuccess(None)
         try:

@@ -29,6 +29,33 @@ if TYPE_CHECKING:  # the otel extra, imported only when tracing is on
 __all__ = ["Executor", "LocalExecutor", "Reporter", "TaskContext", "TaskFunction"]
 
 
+@dataclass(frozen=True, slots=True)
+class _Raised:
+    error: Exception
+    traceback: str
+
+
+def _in_thread(fn: Callable[..., Any], ctx: TaskContext, value: Any) -> Any:
+    """``fn(ctx, value)`` in a worker thread; what it raised comes back as a ``_Raised`` with
+    its traceback formatted there: formatting takes 0.1 to 0.3 ms, which the event loop of
+    every other attempt should not spend."""
+    try:
+        return fn(ctx, value)
+    except TaskError as exc:
+        return _Raised(exc, "")
+    except Exception as exc:
+        return _Raised(exc, format_traceback(exc))
+
+
+def _failure(exc: Exception, traceback: str | None) -> AttemptFailed:
+    """The outcome of an attempt that raised ``exc``; its traceback, if formatted already."""
+    if isinstance(exc, TaskError):
+        return AttemptFailed(exc.message, exc.retryable, exc.retry_after_ns)
+    if traceback is None:
+        traceback = format_traceback(exc)
+    return AttemptFailed(f"{type(exc).__name__}: {exc}", traceback=traceback)
+
+
 @dataclass(slots=True)
 class TaskContext:
     """What an executor function learns about the attempt it runs."""
@@ -210,14 +237,13 @@ class LocalExecutor:
                 loop = asyncio.get_running_loop()
                 # A thread does not inherit the attempt's span unless handed its context.
                 fn = self._fn if self._tracing is None else self._tracing.in_context(self._fn)
-                result = await loop.run_in_executor(self._threads, fn, ctx, value)
-        except TaskError as exc:
-            retry_after = exc.retry_after_ns  # bounded when the TaskError was made
-            return AttemptFailed(exc.message, exc.retryable, retry_after)
+                result = await loop.run_in_executor(self._threads, _in_thread, fn, ctx, value)
+                if isinstance(result, _Raised):
+                    return _failure(result.error, result.traceback)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            return AttemptFailed(f"{type(exc).__name__}: {exc}", traceback=format_traceback(exc))
+            return _failure(exc, None)
         if result is None:
             return AttemptSucceeded(None)
         try:

@@ -274,6 +274,11 @@ class TaskInfo:
         return error_of(self.status, self.message)
 
     @property
+    def description(self) -> str:
+        """``message`` without the traceback kept after its first line: what happened."""
+        return split_traceback(self.message)[0]
+
+    @property
     def traceback(self) -> str | None:
         """Where the exception of its last failed attempt was raised, as Python prints it,
         bounded (see docs/concepts.md): kept after the first line of ``message``. None when
@@ -291,6 +296,11 @@ class AttemptInfo:
     ended_at: datetime
     message: str
     """The task's message as the attempt's end left it (why it failed, and what followed)."""
+
+    @property
+    def description(self) -> str:
+        """``message`` without its traceback (see ``TaskInfo.description``)."""
+        return split_traceback(self.message)[0]
 
     @property
     def traceback(self) -> str | None:

@@ -38,13 +38,13 @@ _HEAD_SHARE = 4  # a quarter of the bound to the outermost frames, the rest to t
 
 def format_traceback(exc: BaseException) -> str:
     """The exception's traceback as Python prints it, its chained exceptions included,
-    bounded to :data:`MAX_TRACEBACK` characters; always starting with :data:`HEADER`."""
+    bounded to ``MAX_TRACEBACK`` characters; always starting with ``HEADER``."""
     return stored_traceback("".join(traceback.format_exception(exc)))
 
 
 def stored_traceback(text: str) -> str:
     """A traceback as a task's message keeps it: without trailing newlines, starting with
-    :data:`HEADER` (split_traceback finds it by that line), bounded; "" stays "" (none)."""
+    ``HEADER`` (split_traceback finds it by that line), bounded; "" stays "" (none)."""
     text = text.rstrip("\n")
     if not text:
         return ""
@@ -70,7 +70,7 @@ def bound_traceback(text: str, limit: int = MAX_TRACEBACK) -> str:
 
 
 def error_line(message: str) -> str:
-    """The first line of a message, at most :data:`MAX_ERROR_LINE` characters."""
+    """The first line of a message, at most ``MAX_ERROR_LINE`` characters."""
     line = message.partition("\n")[0]
     return line if len(line) <= MAX_ERROR_LINE else line[: MAX_ERROR_LINE - 1] + "…"
 

@@ -77,7 +77,12 @@ def _records(info: Any) -> dict[str, Any]:
 
 
 def task_record(info: TaskInfo) -> dict[str, Any]:
-    return _records(info)
+    record = _records(info)
+    traceback = info.traceback
+    if traceback is not None:  # kept after the message's first line: shown as its own field
+        record["message"] = info.description
+        record["traceback"] = traceback
+    return record
 
 
 def summary_record(summary: TaskSummary) -> dict[str, Any]:

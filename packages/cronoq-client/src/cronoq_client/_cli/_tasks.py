@@ -28,6 +28,7 @@ TASK_COLUMNS = (
     ("key", "KEY"),
     ("tags", "TAGS"),
     ("finished_at", "FINISHED (UTC)"),
+    ("error", "ERROR"),
 )
 
 
@@ -58,6 +59,8 @@ def tasks() -> None:
 )
 @click.option("--all", "everything", is_flag=True, help="every task, whatever --limit says")
 @click.option("--after", type=click.IntRange(min=0), help="only task ids above this one")
+@click.option("--before", type=click.IntRange(min=0), help="only task ids below this one")
+@click.option("--oldest-first", is_flag=True, help="in id (submission) order, not the newest first")
 @output_option
 @watch_options
 def list_tasks(
@@ -68,11 +71,13 @@ def list_tasks(
     limit: int,
     everything: bool,
     after: int | None,
+    before: int | None,
+    oldest_first: bool,
     output: str,
     watch: bool,
     interval: float,
 ) -> None:
-    """Tasks in id order (the oldest first), live and recently finished."""
+    """Tasks live and recently finished, the newest first, with why each failed."""
     client = session().client()
 
     def fetch() -> list[dict[str, object]]:
@@ -83,6 +88,8 @@ def list_tasks(
             tag=tag,
             limit=None if everything else limit,
             after=after,
+            before=before,
+            newest_first=not oldest_first,
         )
         return [summary_record(s) for s in found]
 
@@ -134,7 +141,9 @@ def wait_task(task_id: int, seconds: float | None, output: str) -> None:
     emit(output, record, lambda: fields(record))
     if info.status is not Status.SUCCEEDED:
         raise CommandFailed(
-            f"task {task_id} ended {info.status.value}: {info.message}", ExitCode.TASK_FAILED
+            # One line: the traceback, if any, is in the record printed above.
+            f"task {task_id} ended {info.status.value}: {info.error}",
+            ExitCode.TASK_FAILED,
         )
 
 

@@ -251,6 +251,7 @@ def _summary(info: TaskInfo) -> TaskSummary:
         info.key,
         info.tags,
         None if finished is None else int(finished.timestamp() * 1e9),
+        info.error,
     )
 
 
@@ -557,6 +558,8 @@ class Dashboard:
                 tag=query.tag,
                 limit=query.limit,
                 after=query.after,
+                before=query.before,
+                newest_first=not query.oldest_first,
             )
             next_after = rows[-1].task_id if len(rows) == query.limit else None
         return self._render(
@@ -566,7 +569,8 @@ class Dashboard:
             query=query,
             rows=rows,
             next_page=None if next_after is None else query.page(next_after),
-            first_page=query.page(None) if query.after is not None else None,
+            first_page=query.page(None) if query.paged else None,
+            other_order=query.reordered(),
         )
 
     async def _task(self, visit: _Visit) -> web.Response:

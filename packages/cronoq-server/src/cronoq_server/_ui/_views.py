@@ -55,8 +55,9 @@ def _field(query: Mapping[str, str], name: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class TaskQuery:
-    """The tasks page's filters and its place: ``after`` is the scheduler's page token (the
-    last id of the previous page)."""
+    """The tasks page's filters, order and place: the newest first unless ``oldest_first``;
+    ``before`` (newest first) or ``after`` (oldest first) is the scheduler's page token, the
+    last id of the previous page."""
 
     status: Status | None = None
     pool: str | None = None
@@ -65,6 +66,8 @@ class TaskQuery:
     key: str | None = None
     after: int | None = None
     limit: int = DEFAULT_PAGE
+    before: int | None = None
+    oldest_first: bool = False
 
     @classmethod
     def parse(cls, query: Mapping[str, str]) -> TaskQuery:
@@ -74,6 +77,10 @@ class TaskQuery:
             choices = ", ".join(s.value for s in Status)
             raise InvalidArgument(f"status must be one of {choices}, got {status[:40]!r}")
         after = _field(query, "after")
+        before = _field(query, "before")
+        order = _field(query, "order")
+        if order not in (None, "newest", "oldest"):
+            raise InvalidArgument(f"order must be newest or oldest, got {order[:40]!r}")
         limit = _field(query, "limit")
         size = DEFAULT_PAGE if limit is None else parse_id(limit, "limit")
         if size > MAX_PAGE:
@@ -86,6 +93,8 @@ class TaskQuery:
             _field(query, "key"),
             None if after is None else parse_id(after, "after", 0),
             size,
+            None if before is None else parse_id(before, "before", 0),
+            order == "oldest",
         )
 
     def filters(self) -> dict[str, str]:
@@ -98,13 +107,30 @@ class TaskQuery:
         }
         if self.limit != DEFAULT_PAGE:
             fields["limit"] = str(self.limit)
+        if self.oldest_first:
+            fields["order"] = "oldest"
         return {name: value for name, value in fields.items() if value is not None}
 
-    def page(self, after: int | None) -> str:
-        """The query string of the page after ``after`` with the same filters."""
+    @property
+    def paged(self) -> bool:
+        """Not the first page: it starts after the previous page's last id."""
+        return (self.after if self.oldest_first else self.before) is not None
+
+    def page(self, last: int | None) -> str:
+        """The query string of the page that follows the id ``last`` in this order, with the
+        same filters (None: the first page)."""
         fields = self.filters()
-        if after is not None:
-            fields["after"] = str(after)
+        if last is not None:
+            fields["after" if self.oldest_first else "before"] = str(last)
+        return urlencode(fields)
+
+    def reordered(self) -> str:
+        """The query string of the first page in the other order, with the same filters."""
+        fields = self.filters()
+        if self.oldest_first:
+            del fields["order"]
+        else:
+            fields["order"] = "oldest"
         return urlencode(fields)
 
 
@@ -117,6 +143,8 @@ class AttemptRow:
     started: datetime | None
     ended: datetime | None
     message: str
+    """What happened, without the traceback."""
+    traceback: str | None = None
 
     @property
     def duration(self) -> str:
@@ -130,13 +158,17 @@ def attempt_rows(task: TaskInfo, history: Sequence[AttemptInfo]) -> list[Attempt
     scheduler's history, its latest ``ATTEMPTS_KEPT``), then the current one from the task
     itself when the history lacks it: running, or succeeded (ended at its finish), with the
     start the task keeps of its latest attempt."""
-    rows = [AttemptRow(a.attempt, a.started_at, a.ended_at, a.message) for a in history]
+    rows = [
+        AttemptRow(a.attempt, a.started_at, a.ended_at, a.description, a.traceback) for a in history
+    ]
     known = {a.attempt for a in history}
     if task.attempt > 0 and task.attempt not in known:
         if task.status is Status.RUNNING:
-            rows.append(AttemptRow(task.attempt, task.started_at, None, task.message))
+            rows.append(AttemptRow(task.attempt, task.started_at, None, task.description))
         elif task.status is Status.SUCCEEDED:
-            rows.append(AttemptRow(task.attempt, task.started_at, task.finished_at, task.message))
+            rows.append(
+                AttemptRow(task.attempt, task.started_at, task.finished_at, task.description)
+            )
     return rows
 
 
