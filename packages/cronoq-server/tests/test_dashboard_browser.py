@@ -212,6 +212,17 @@ async def _click(browser: WebDriver, element_id: str, notice: str) -> None:
     )
 
 
+_LISTED = """
+return [...document.querySelectorAll("#live tbody td.id a")].map(a => Number(a.textContent));
+"""
+
+
+def _listed(browser: WebDriver) -> list[int]:
+    """The ids of the tasks the page lists, in its order (read in one script: a snapshot)."""
+    ids: list[int] = browser.execute_script(_LISTED)
+    return ids
+
+
 async def _schedule(client: AsyncClient, name: str) -> ScheduleInfo:
     (found,) = [s for s in await client.list_schedules() if s.name == name]
     return found
@@ -249,14 +260,16 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
     await _click(browser, "resume-pool-2", "pool reports resumed")
     assert not {p.name: p.paused for p in await client.list_pools()}["reports"]
 
-    # Tasks: filtered, paged; cancel a queued one from the list.
+    # Tasks: filtered, paged the newest first; cancel a queued one from the list.
     await _page(browser, f"{base}/ui/tasks?pool=reports&status=ready&limit=2")
-    rows = browser.find_elements(By.CSS_SELECTOR, "#live tbody tr")
-    assert len(rows) == 2
+    assert _listed(browser) == [extra, cluster.queued[2]]
     _shot(browser, screenshots, "tasks", DESKTOP)
     _shot(browser, screenshots, "tasks-phone", PHONE)
     await asyncio.to_thread(browser.find_element(By.LINK_TEXT, "Next page").click)
-    await _until(browser, lambda b: f"after={cluster.queued[1]}" in b.current_url)
+    await _until(browser, lambda b: f"before={cluster.queued[2]}" in b.current_url)
+    assert _listed(browser) == [cluster.queued[1], cluster.queued[0]]
+    await asyncio.to_thread(browser.find_element(By.LINK_TEXT, "First page").click)
+    await _until(browser, lambda b: "before=" not in b.current_url)
     await _click(browser, f"cancel-{extra}", f"task {extra}: cancel requested")
     assert (await client.get(extra)).status is Status.CANCELLED
 
