@@ -10,9 +10,11 @@ import html
 import logging
 import re
 import secrets
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from urllib.parse import quote
 
 import aiohttp
@@ -35,7 +37,8 @@ from cronoq_server._config import AuthSettings, IdentitySettings
 from cronoq_server._http import Readiness
 from cronoq_server._replica import Replica, Role
 from cronoq_server._ui import Dashboard
-from cronoq_server._ui._samples import Sample, chart, rates
+from cronoq_server._ui._app import _when, _when_in
+from cronoq_server._ui._samples import HEADLINE_S, Rate, Sample, Tick, chart, rates, tally
 from cronoq_server._ui._sessions import Limited, Sessions, SessionsFull, SignInLimiter
 from cronoq_server._ui._views import PREVIEW_BYTES, TaskQuery, duration, preview
 
@@ -62,6 +65,7 @@ class Harness:
     replica: Replica
     guard: Guard | None
     url: str
+    dashboard: Dashboard
 
     def browser(self) -> aiohttp.ClientSession:
         """Another browser: a client with cookies of its own."""
@@ -80,6 +84,7 @@ async def harness(
     closed: str | None = None,
     sessions: Sessions | None = None,
     sign_ins: SignInLimiter | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> AsyncIterator[Harness]:
     replica = Replica(
         _memory,
@@ -103,6 +108,7 @@ async def harness(
         closed=closed,
         sessions=sessions,
         sign_ins=sign_ins,
+        clock=clock,
     )
     app = web.Application()
     dashboard.install(app)
@@ -118,7 +124,7 @@ async def harness(
         jar = aiohttp.CookieJar(unsafe=True)  # cookies of 127.0.0.1
         url = str(server.make_url(""))
         async with aiohttp.ClientSession(url, cookie_jar=jar) as http:
-            yield Harness(http, replica, guard, url)
+            yield Harness(http, replica, guard, url, dashboard)
     finally:
         await server.close()
         if running is not None:
@@ -245,7 +251,7 @@ async def test_a_task_page_shows_its_dependants_once_the_parent_finished() -> No
 
 def attempt_table(body: str) -> list[list[str]]:
     """The cells of the attempts table of a task's page, tags stripped, a list per row."""
-    table = re.search(r'<table id="attempt-table">.*?<tbody>(.*?)</tbody>', body, re.S)
+    table = re.search(r'<table id="attempt-table"[^>]*>.*?<tbody>(.*?)</tbody>', body, re.S)
     assert table is not None, body
     rows = re.findall(r"<tr>(.*?)</tr>", table.group(1), re.S)
     cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in rows]
@@ -301,6 +307,45 @@ async def test_a_task_page_lists_its_attempts_failed_running_and_succeeded() -> 
         assert message == "attempt 3 succeeded"
 
 
+def test_a_schedule_time_reads_on_its_zones_clock_with_the_zones_abbreviation() -> None:
+    summer, winter = datetime(2026, 7, 1, 1, 0, tzinfo=UTC), datetime(2026, 1, 15, 2, 0, tzinfo=UTC)
+    assert _when_in(summer, "Europe/Paris") == "2026-07-01 03:00:00 CEST"  # DST applied
+    assert _when_in(winter, "Europe/Paris") == "2026-01-15 03:00:00 CET"
+    assert _when_in(winter, "Asia/Kolkata") == "2026-01-15 07:30:00 IST"
+    assert _when_in(winter, "UTC") == _when(winter) == "2026-01-15 02:00:00 UTC"
+    assert _when_in(winter, "Nowhere/Atlantis") == "2026-01-15 02:00:00 UTC"
+
+
+async def test_the_schedules_page_shows_each_schedules_times_in_its_zone_and_in_utc() -> None:
+    async with harness() as h:
+        sched = h.replica.leader()
+        await sched.add_schedule("digest", "30 9 * * *", kind="k", timezone="Asia/Kolkata")
+        await sched.add_schedule("nightly", "0 3 * * *", kind="k")
+        csrf = await sign_in(h.http, TOKENS["admin"])
+        body = await text(h.http, "/ui/schedules")
+        digest, nightly = re.findall(r'<ul class="times">(.*?)</ul>', body, re.S)
+        # 09:30 in Kolkata (UTC+05:30, no DST) is 04:00 UTC: the zone, then each run on its
+        # clock (UTC in the title) and on UTC's.
+        assert digest.count('<li class="zone">Asia/Kolkata</li>') == 1
+        shown = re.findall(r'title="([^"]+)">([^<]+)</time>.*?<span class="help">([^<]+)<', digest)
+        assert len(shown) == 3
+        for utc_title, here, utc in shown:
+            assert here.endswith(" 09:30:00 IST") and utc.endswith(" 04:00:00 UTC")
+            assert utc_title == utc
+        # A UTC schedule: its times once, no zone line.
+        assert "zone" not in nightly and "help" not in nightly
+        assert nightly.count(" 03:00:00 UTC</time>") == 3
+        # The notice of a resume gives its next run on the zone's clock, and UTC's.
+        await sched.pause_schedule("digest")
+        async with h.http.post(
+            "/ui/act/resume-schedule", data={"schedule": "digest", "csrf": csrf}
+        ) as answer:
+            assert re.search(
+                r"schedule digest resumed: next run at \S+ 09:30:00 IST \(\S+ 04:00:00 UTC\)",
+                await answer.text(),
+            )
+
+
 async def test_a_failure_shows_its_error_in_the_list_and_its_traceback_on_its_page() -> None:
     """Why a task failed without opening it (the list's error column), and where, once opened
     (the traceback its worker sent, escaped like any text)."""
@@ -317,7 +362,7 @@ async def test_a_failure_shows_its_error_in_the_list_and_its_traceback_on_its_pa
             assert (await sched.wait(task_id, timeout=10)).status is Status.FAILED
         error = "attempt 1 failed: ValueError: &lt;b&gt;bad&lt;/b&gt; row; no attempts left"
         listing = await text(h.http, "/ui/tasks?status=failed")
-        assert f'<td class="message">{error}</td>' in listing
+        assert f'<td data-label="Error" class="message">{error}</td>' in listing
         page = await text(h.http, f"/ui/tasks/{task_id}")
         assert f'<dd class="message">{error}</dd>' in page
         shown = re.search(r'<h2 id="traceback">Traceback</h2>\s*<pre[^>]*>(.*?)</pre>', page, re.S)
@@ -580,9 +625,87 @@ def test_rates_skip_a_change_of_leader_and_chart_scales_to_the_peak() -> None:
     found = rates(samples, "p")
     assert [(r.at, r.finished, r.failed) for r in found] == [(105.0, 3.0, 1.0), (115.0, 2.0, 0.0)]
     drawn = chart(found, now=115.0, width=100, height=10)
-    assert drawn.peak == 3.0 and drawn.failure_ratio == 0.0
+    assert drawn.peak == 3.0
     assert drawn.finished.split(" ") == ["0.0,1.0", "100.0,3.7"]  # the peak at the top
     assert drawn.span_s == 10.0  # the ring holds 10 s so far: the axis spans them
+    # The axes: time from the span's start to now, tasks per second from 0 to the peak.
+    assert drawn.x_ticks == (Tick(0.0, "-10 s"), Tick(100.0, "now"))
+    assert drawn.y_ticks == (Tick(9.0, "0"), Tick(1.0, "3"))
+
+
+def test_the_time_axis_ticks_every_5_minutes_over_the_window_and_every_minute_below_10() -> None:
+    rate = [Rate(0.0, 1.0, 0.0)]
+    full = chart(rate, now=900.0, width=300)
+    assert [t.label for t in full.x_ticks] == ["-15 min", "-10 min", "-5 min", "now"]
+    assert [t.at for t in full.x_ticks] == [0.0, 100.0, 200.0, 300.0]
+    filling = chart([Rate(600.0, 1.0, 0.0)], now=780.0, width=300)  # 3 minutes so far
+    assert [t.label for t in filling.x_ticks] == ["-3 min", "-2 min", "-1 min", "now"]
+
+
+def _ring(*points: tuple[float, int, int, int]) -> list[Sample]:
+    """Samples of pool p: (at, epoch, succeeded so far, failed so far)."""
+    return [
+        Sample(at, epoch, {("p", "succeeded"): ok, ("p", "failed"): bad, ("q", "failed"): 7 * bad})
+        for at, epoch, ok, bad in points
+    ]
+
+
+def test_the_headline_counts_the_failures_of_its_window_not_of_the_last_sample() -> None:
+    # Issue 33: 22 tasks failed for good a minute ago, none since: the last 5-second sample
+    # said 0% failed; the headline says 22 of the 30 that finished in the last 5 minutes.
+    samples = _ring((1000.0, 1, 0, 0), (1005.0, 1, 8, 22), (1060.0, 1, 8, 22), (1065.0, 1, 8, 22))
+    assert rates(samples, "p")[-1].failed == 0.0
+    counted = tally(samples, "p", now=1066.0)
+    assert (counted.finished, counted.failed, counted.span_s) == (30, 22, 66.0)
+    assert counted.failure_ratio == pytest.approx(22 / 30)
+    # What ended before the window is left out; the span is the window's.
+    old = _ring((600.0, 1, 0, 0), (700.0, 1, 100, 50), (710.0, 1, 100, 50), (1000.0, 1, 100, 50))
+    later = tally([*old, *_ring((1005.0, 1, 101, 52))], "p", now=1005.0)
+    assert later.span_s == HEADLINE_S - 5.0
+    assert (later.finished, later.failed) == (3, 2)
+    # Nothing across a change of leader (the counters start again); nothing finished: no ratio.
+    changed = tally(_ring((1000.0, 1, 5, 5), (1005.0, 2, 1, 0), (1010.0, 2, 1, 0)), "p", 1010.0)
+    assert (changed.finished, changed.failed, changed.failure_ratio) == (0, 0, None)
+    assert tally([], "p", now=1.0).span_s == 0.0
+
+
+async def test_the_overview_states_its_headlines_window_and_counts_failures_within_it() -> None:
+    now = [1_000_000.0]  # the dashboard's clock, moved by hand
+    async with harness(clock=lambda: now[0]) as h:
+        sched = h.replica.leader()
+        await sign_in(h.http, TOKENS["admin"])
+        h.dashboard.sample()
+        now[0] += 60
+        for task_id in [await sched.submit("k", None) for _ in range(22)]:
+            await sched.cancel(task_id)
+        h.dashboard.sample()
+        now[0] += 5
+        h.dashboard.sample()  # a last interval in which nothing ended
+        now[0] += 1
+        body = await text(h.http, "/ui/")
+        assert (
+            "Failed or cancelled in the last 1.1 min (as far as the samples go): "
+            "<strong>22</strong> of 22 finished (100%)"
+        ) in body
+        assert "No task finished in the last 1.1 min" in body  # the other pool
+        # Once the samples span the window, the headline names it alone; later still, what
+        # ended before the window is no longer counted (and the samples, with a gap of 231 s
+        # between two of them, cover only the last 4.1 min of it).
+        now[0] += HEADLINE_S - 70
+        h.dashboard.sample()
+        body = await text(h.http, "/ui/")
+        assert "in the last 5 min: <strong>22</strong> of 22 finished (100%)" in body
+        now[0] += 10
+        h.dashboard.sample()
+        body = await text(h.http, "/ui/")
+        assert "No task finished in the last 4.1 min (as far as the samples go)" in body
+        assert "<strong>22</strong>" not in body
+        # The chart's legend, and its axes' titles and ticks.
+        assert "finished (any outcome), per second" in body
+        assert "failed or cancelled, per second" in body
+        assert '<text class="title" x="-38" y="-6">tasks/s</text>' in body
+        assert ">time</text>" in body
+        assert ">-4 min</text>" in body and ">now</text>" in body  # the span the rates cover
 
 
 def test_a_task_query_keeps_its_filters_across_pages() -> None:

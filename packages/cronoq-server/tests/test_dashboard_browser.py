@@ -2,7 +2,8 @@
 chromium-driver) against a real ``cronoq-server`` process with real tasks run by a real
 worker: every page loads, every action clicked shows its effect through the API, a page
 updates itself without a reload, a read-only identity is offered no action and is refused one
-it forces. A screenshot of each page (1280 px wide, and the phone-width ones) goes to
+it forces, and at 1280 and 390 px no page scrolls sideways and every control is reached by
+scrolling down. A screenshot of each page (1280 px wide, and the phone-width ones) goes to
 ``CRONOQ_SCREENSHOTS`` (default: a temporary directory).
 
 Without chromium and chromium-driver these tests skip, unless ``CRONOQ_REQUIRE_BROWSER=1``
@@ -15,6 +16,7 @@ import os
 import shutil
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -29,11 +31,11 @@ from selenium.webdriver.support.ui import WebDriverWait
 from server_process import ServerProcess, config_toml, running_server
 from test_server_auth import identities_toml
 
-from cronoq import Status, TaskContext, TaskError
+from cronoq import ScheduleInfo, Status, TaskContext, TaskError
 from cronoq_client import AsyncClient, Worker
 
 MEMORY = '[store]\nkind = "memory"\n'
-POOLS = '[[pools]]\nname = "default"\n[[pools]]\nname = "reports"\n'
+POOLS = '[[pools]]\nname = "default"\n[[pools]]\nname = "reports"\n[[pools]]\nname = "archive"\n'
 TOKENS = {"admin": "admin-" + "a" * 40, "reader": "reader-" + "r" * 40, "worker": "w" * 44}
 IDENTITIES = {
     "admin": {"permissions": ["admin"]},
@@ -93,16 +95,34 @@ class Cluster:
     failed: int
     queued: list[int]
     child: int
+    crashed: list[int]
+    """Failed for good with a long message (an unbroken address in it)."""
+
+
+LONG_MESSAGE = (
+    "the export of table orders_2026_12_daily_partitioned failed: the upstream answered 502 for "
+    "https://warehouse.internal.example/api/v2/exports/orders_2026_12_daily_partitioned?since="
+    "2026-12-01T00:00:00Z&format=parquet&page_token=c3RhcnRfYWZ0ZXJfMTIzNDU2Nzg5MDEyMzQ1Njc4OQ"
+)
+LONG_KEY = "invoice-run-" + "0123456789abcdef" * 4
+"""Keys, tags and kinds up to their limits: nothing in a row may widen the page."""
+_HELD: list[asyncio.Event] = []
+"""What a ``hold`` task waits for (one event per cluster, made in its event loop)."""
 
 
 async def _work(ctx: TaskContext, payload: bytes) -> bytes:
+    if ctx.kind == "hold":  # running until the cluster ends
+        await _HELD[-1].wait()
     if ctx.kind == "boom":
         raise TaskError("the upstream answered 502", retryable=False)
+    if ctx.kind.startswith("crash"):
+        raise TaskError(LONG_MESSAGE, retryable=False)
     return b'{"rows": 3, "source": "warehouse"}'
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
+    _HELD.append(asyncio.Event())
     tables = "[auth]\nreload_interval_s = 600\n" + identities_toml(IDENTITIES, TOKENS)
     config = config_toml(MEMORY, pools=POOLS, tables=tables)
     async with running_server(tmp_path_factory.mktemp("ui"), config) as server:
@@ -125,8 +145,25 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clu
                 ]  # fmt: skip
                 child = await client.submit("publish", b"", pool="reports", after=[queued[0]])
                 await client.add_schedule("nightly", "0 3 * * *", kind="report", pool="reports")
-                yield Cluster(server, client, succeeded, failed, queued, child)
+                crashed = [
+                    await client.submit("crash-export-orders-daily-partitioned", b"",
+                                        key=f"{LONG_KEY}-{n}", tags=["etl", "x" * 60])
+                    for n in range(3)
+                ]  # fmt: skip
+                for task_id in crashed:
+                    await client.wait(task_id, timeout=WAIT_S)
+                # Every other state a row can be in: running, scheduled, in a paused pool;
+                # and a paused schedule in a zone of its own.
+                await client.submit("hold", b"", tags=["etl"])
+                await client.submit("sync", b"", start_at=timedelta(hours=1), tags=["etl"])
+                await client.submit("compact", b"", pool="archive", key=LONG_KEY)
+                await client.pause_pool("archive")
+                await client.add_schedule("weekly-digest", "30 9 * * 1", kind="report",
+                                          pool="reports", timezone="Asia/Kolkata")  # fmt: skip
+                await client.pause_schedule("weekly-digest")
+                yield Cluster(server, client, succeeded, failed, queued, child, crashed)
         finally:
+            _HELD[-1].set()
             worker.stop()
             await asyncio.gather(working, return_exceptions=True)
 
@@ -145,8 +182,13 @@ async def _page(browser: WebDriver, url: str) -> None:
 def _shot(browser: WebDriver, directory: Path, name: str, size: tuple[int, int]) -> None:
     """A PNG of the whole page at this width (the window grows to the page's height)."""
     browser.set_window_size(*size)
-    height = browser.execute_script("return document.documentElement.scrollHeight")
-    browser.set_window_size(size[0], max(size[1], min(int(height), 3000)))
+    browser.execute_script("window.scrollTo(0, 0)")  # from its top, wherever a test scrolled
+    # As tall as the page (at most 3,000 px): the window is the page and the browser's bars.
+    inner, outer, page = browser.execute_script(
+        "return [window.innerHeight, window.outerHeight, document.body.scrollHeight]"
+    )
+    if page > inner:
+        browser.set_window_size(size[0], outer - inner + min(int(page), 3000))
     assert browser.save_screenshot(str(directory / f"{name}.png"))
     browser.set_window_size(*size)
 
@@ -168,6 +210,22 @@ async def _click(browser: WebDriver, element_id: str, notice: str) -> None:
         browser,
         lambda b: any(notice in n.text for n in b.find_elements(By.CSS_SELECTOR, ".notice")),
     )
+
+
+_LISTED = """
+return [...document.querySelectorAll("#live tbody td.id a")].map(a => Number(a.textContent));
+"""
+
+
+def _listed(browser: WebDriver) -> list[int]:
+    """The ids of the tasks the page lists, in its order (read in one script: a snapshot)."""
+    ids: list[int] = browser.execute_script(_LISTED)
+    return ids
+
+
+async def _schedule(client: AsyncClient, name: str) -> ScheduleInfo:
+    (found,) = [s for s in await client.list_schedules() if s.name == name]
+    return found
 
 
 def _actions(browser: WebDriver) -> list[str]:
@@ -202,14 +260,16 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
     await _click(browser, "resume-pool-2", "pool reports resumed")
     assert not {p.name: p.paused for p in await client.list_pools()}["reports"]
 
-    # Tasks: filtered, paged; cancel a queued one from the list.
+    # Tasks: filtered, paged the newest first; cancel a queued one from the list.
     await _page(browser, f"{base}/ui/tasks?pool=reports&status=ready&limit=2")
-    rows = browser.find_elements(By.CSS_SELECTOR, "#live tbody tr")
-    assert len(rows) == 2
+    assert _listed(browser) == [extra, cluster.queued[2]]
     _shot(browser, screenshots, "tasks", DESKTOP)
     _shot(browser, screenshots, "tasks-phone", PHONE)
     await asyncio.to_thread(browser.find_element(By.LINK_TEXT, "Next page").click)
-    await _until(browser, lambda b: f"after={cluster.queued[1]}" in b.current_url)
+    await _until(browser, lambda b: f"before={cluster.queued[2]}" in b.current_url)
+    assert _listed(browser) == [cluster.queued[1], cluster.queued[0]]
+    await asyncio.to_thread(browser.find_element(By.LINK_TEXT, "First page").click)
+    await _until(browser, lambda b: "before=" not in b.current_url)
     await _click(browser, f"cancel-{extra}", f"task {extra}: cancel requested")
     assert (await client.get(extra)).status is Status.CANCELLED
 
@@ -238,11 +298,11 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
     await _page(browser, f"{base}/ui/schedules")
     _shot(browser, screenshots, "schedules", DESKTOP)
     await _click(browser, "pause-schedule-1", "schedule nightly paused")
-    assert (await client.list_schedules())[0].paused
+    assert (await _schedule(client, "nightly")).paused
     await _click(browser, "resume-schedule-1", "schedule nightly resumed")
-    assert not (await client.list_schedules())[0].paused
+    assert not (await _schedule(client, "nightly")).paused
     await _click(browser, "trigger-schedule-1", "schedule nightly triggered")
-    (schedule,) = await client.list_schedules()
+    schedule = await _schedule(client, "nightly")
     assert schedule.last_task_id is not None
     assert (await client.get(schedule.last_task_id)).schedule == "nightly"
 
@@ -268,9 +328,11 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
 _READY_COUNT = """
 for (const card of document.querySelectorAll(".card")) {
   if (card.querySelector("h3 a").textContent.trim() !== arguments[0]) continue;
-  const headers = [...card.querySelectorAll("table.depth th")].map(th => th.textContent.trim());
-  const counts = [...card.querySelectorAll("table.depth td")].map(td => td.textContent.trim());
-  return Number(counts[headers.indexOf("ready")]);
+  for (const pair of card.querySelectorAll("dl.depth div")) {
+    if (pair.querySelector("dt").textContent.trim() === "ready") {
+      return Number(pair.querySelector("dd").textContent.trim());
+    }
+  }
 }
 return -1;
 """
@@ -308,3 +370,134 @@ async def test_a_reader_is_offered_no_action_and_is_refused_one_it_forces(
     )
     assert status == 403
     assert (await cluster.client.get(target)).status is Status.READY
+
+
+_WIDTHS = """
+return {
+  inner: window.innerWidth,
+  html: document.documentElement.scrollWidth,
+  body: document.body.scrollWidth,
+  // The outermost boxes past the window's right edge (not those inside a box that clips).
+  wide: [...document.querySelectorAll("body *")]
+    .filter(e => e.getBoundingClientRect().right > window.innerWidth + 0.5)
+    .filter(e => {
+      for (let up = e.parentElement; up !== null; up = up.parentElement) {
+        if (getComputedStyle(up).overflowX !== "visible") return false;
+      }
+      return true;
+    })
+    .slice(0, 5)
+    .map(e => e.tagName.toLowerCase() + (e.id ? "#" + e.id : "") + "." + e.className),
+};
+"""
+
+_UNREACHABLE = """
+// One script, so that a poll cannot swap the page's live part between two controls.
+const unreachable = [];
+for (const element of document.querySelectorAll(arguments[0])) {
+  if (element.getClientRects().length === 0) continue;  // not rendered
+  element.scrollIntoView({block: "center", inline: "nearest"});
+  const box = element.getBoundingClientRect();
+  const scrolled = [];
+  for (let up = element.parentElement; up !== null; up = up.parentElement) {
+    if (up.scrollLeft !== 0) scrolled.push(up.tagName.toLowerCase() + "." + up.className);
+  }
+  const first = element.getClientRects()[0];  // a link broken over two lines: its first part
+  const hit = document.elementFromPoint(first.left + first.width / 2, first.top + first.height / 2);
+  const inside = box.left >= 0 && box.right <= window.innerWidth
+    && box.top >= 0 && box.bottom <= window.innerHeight;
+  const onTop = hit !== null && (hit === element || element.contains(hit));
+  if (!inside || window.scrollX !== 0 || scrolled.length > 0 || !onTop) {
+    unreachable.push({
+      what: element.id || element.textContent.trim().slice(0, 40),
+      box: [box.left, box.top, box.right, box.bottom], scrolled: scrolled, on_top: onTop,
+      page_x: window.scrollX,
+    });
+  }
+}
+return unreachable;
+"""
+_CELLS = """
+// Each cell of the page's tables: how it is laid out, and whether its column's name precedes
+// it (drawn by the stylesheet from data-label).
+return [...document.querySelectorAll("#live tbody td[data-label]")].map(td => {
+  const before = getComputedStyle(td, "::before").content;
+  return [getComputedStyle(td).display,
+          before === JSON.stringify(td.dataset.label) ? "label" : before];
+});
+"""
+_CONTROLS = "a[href]:not(.skip), button, input:not([type=hidden]), select"
+
+
+def _fits(browser: WebDriver, page: str) -> list[str]:
+    """Why the page scrolls sideways at the window's width ([] if it does not)."""
+    widths = browser.execute_script(_WIDTHS)
+    inner = widths["inner"]
+    return [
+        f"{page}: {which} is {widths[which]} px wide in a {inner} px window: {widths['wide']}"
+        for which in ("html", "body")
+        if widths[which] > inner
+    ]
+
+
+def _unreachable(browser: WebDriver, page: str) -> list[str]:
+    """The controls of the page (actions, links, fields) that cannot be brought into view by
+    scrolling down alone: after scrollIntoView each must lie within the window, with neither
+    the page nor any box around it scrolled sideways, and nothing covering it."""
+    return [f"{page}: {place}" for place in browser.execute_script(_UNREACHABLE, _CONTROLS)]
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("size", [DESKTOP, PHONE], ids=["desktop", "phone"])
+async def test_every_page_fits_the_width_and_every_control_is_reachable_by_scrolling_down(
+    cluster: Cluster, browser: WebDriver, screenshots: Path, size: tuple[int, int]
+) -> None:
+    """At 1280 and at 390 px, with tasks in every state (failed with long messages and keys,
+    running, scheduled, waiting, in a paused pool), two schedules (one paused, in its own time
+    zone) and three pools (one paused): no page is wider than the window, and every action,
+    link and field of the pages is reached by scrolling down, never sideways."""
+    base = cluster.server.http
+    browser.delete_all_cookies()
+    browser.set_window_size(*size)
+    try:
+        assert browser.execute_script("return window.innerWidth") == size[0]
+        await _page(browser, f"{base}/ui/signin")
+        problems = _fits(browser, "signin") + _unreachable(browser, "signin")
+        await _sign_in(browser, base, TOKENS["admin"])
+        pages = {
+            "overview": "/ui/",
+            "tasks": "/ui/tasks",
+            "task": f"/ui/tasks/{cluster.crashed[0]}",
+            "schedules": "/ui/schedules",
+            "workers": "/ui/workers",
+            "pools": "/ui/pools",
+        }
+        for name, path in pages.items():
+            await _page(browser, f"{base}{path}")
+            problems += _fits(browser, name) + _unreachable(browser, name)
+            # On a phone a table row is a card: each cell a block, after its column's name.
+            cells = browser.execute_script(_CELLS)
+            if name != "overview":
+                assert cells, name
+            wanted = ("block", "label") if size == PHONE else ("table-cell", "none")
+            assert {tuple(cell) for cell in cells} <= {wanted}, (name, cells)
+            if size == PHONE and name in ("schedules", "pools"):
+                _shot(browser, screenshots, f"{name}-phone", PHONE)
+        assert not problems, "\n".join(problems)
+        # The data each page was checked with is there, its actions offered.
+        await _page(browser, f"{base}/ui/tasks")
+        shown = {
+            b.get_attribute("id") for b in browser.find_elements(By.CSS_SELECTOR, "#live button")
+        }
+        assert {f"retry-{t}" for t in cluster.crashed} <= shown
+        assert {f"cancel-{t}" for t in cluster.queued} <= shown
+        statuses = {b.text for b in browser.find_elements(By.CSS_SELECTOR, "#live .badge")}
+        assert {"failed", "succeeded", "running", "scheduled", "ready", "waiting"} <= statuses
+        await _page(browser, f"{base}/ui/schedules")
+        assert {"resume-schedule-2", "trigger-schedule-2", "pause-schedule-1"} <= {
+            b.get_attribute("id") for b in browser.find_elements(By.CSS_SELECTOR, "#live button")
+        }
+        await _page(browser, f"{base}/ui/pools")
+        assert browser.find_elements(By.ID, "resume-pool-3")
+    finally:
+        browser.set_window_size(*DESKTOP)

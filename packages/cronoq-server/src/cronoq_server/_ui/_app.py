@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import math
 import time
 import unicodedata
+import zoneinfo
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from importlib import resources
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -51,7 +53,15 @@ from cronoq_client.protocol import pb
 from cronoq_server._auth import METHOD_PERMISSIONS, Grant, Guard
 from cronoq_server._http import Readiness
 from cronoq_server._replica import NotServing, Replica, Role
-from cronoq_server._ui._samples import SAMPLE_INTERVAL_S, WINDOW_S, Sample, chart, rates
+from cronoq_server._ui._samples import (
+    HEADLINE_S,
+    SAMPLE_INTERVAL_S,
+    WINDOW_S,
+    Sample,
+    chart,
+    rates,
+    tally,
+)
 from cronoq_server._ui._sessions import (
     SESSION_LIFETIME_S,
     Limited,
@@ -153,7 +163,8 @@ async def _pause_schedule(sched: Scheduler, name: str, grant: Grant) -> str:
 
 async def _resume_schedule(sched: Scheduler, name: str, grant: Grant) -> str:
     info = await sched.resume_schedule(name)
-    return f"schedule {name} resumed: next run at {_when(info.next_run_at)}"
+    here, utc = _when_in(info.next_run_at, info.timezone), _when(info.next_run_at)
+    return f"schedule {name} resumed: next run at {here}" + (f" ({utc})" if here != utc else "")
 
 
 async def _trigger_schedule(sched: Scheduler, name: str, grant: Grant) -> str:
@@ -185,6 +196,23 @@ def _when(moment: datetime | None) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _when_in(moment: datetime, zone: str) -> str:
+    """``moment`` on the clock of the time zone ``zone`` (a schedule's), with the zone's
+    abbreviation at that moment: ``2026-07-01 03:00:00 CEST``."""
+    local = moment.astimezone(_zone(zone))
+    return f"{local:%Y-%m-%d %H:%M:%S} {local.tzname()}"
+
+
+@functools.lru_cache(maxsize=64)
+def _zone(name: str) -> tzinfo:
+    """A schedule's time zone (checked when the schedule was added); UTC if this host's
+    zone database lacks it."""
+    try:
+        return zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return UTC
+
+
 def _ago(moment: datetime | None) -> str:
     if moment is None:
         return ""
@@ -198,6 +226,13 @@ def _ago(moment: datetime | None) -> str:
     else:
         amount = f"{seconds:.0f} s"
     return f"in {amount}" if future else f"{amount} ago"
+
+
+def _minutes(seconds: float) -> str:
+    """A span of the charts: ``45 s``, ``2.5 min``, ``15 min``."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f}".removesuffix(".0") + " min"
 
 
 def _finished(summary: TaskSummary) -> datetime | None:
@@ -228,8 +263,17 @@ def _environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    environment.filters.update(when=_when, ago=_ago, finished=_finished)
-    environment.globals.update(poll_s=POLL_S, live=set(_LIVE), Status=Status)
+    environment.filters.update(
+        when=_when, when_in=_when_in, ago=_ago, finished=_finished, minutes=_minutes
+    )
+    environment.globals.update(
+        poll_s=POLL_S,
+        live=set(_LIVE),
+        Status=Status,
+        sample_s=SAMPLE_INTERVAL_S,
+        headline_s=HEADLINE_S,
+        headline_min=round(HEADLINE_S / 60),
+    )
     return environment
 
 
@@ -329,11 +373,13 @@ class Dashboard:
         closed: str | None = None,
         sessions: Sessions | None = None,
         sign_ins: SignInLimiter | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """``workers``: the worker links of the replica's leading server object. ``closed``:
         why the dashboard serves nothing (authentication off on a non-loopback port).
         ``sessions``, ``sign_ins``: the sessions and the sign-in rate limits (the defaults of
-        ``_sessions`` unless given)."""
+        ``_sessions`` unless given). ``clock``: the Unix time the charts' samples are taken
+        and read at."""
         self._replica = replica
         self._readiness = readiness
         self._workers = workers
@@ -341,6 +387,7 @@ class Dashboard:
         self._closed = closed
         self._sessions = Sessions() if sessions is None else sessions
         self._sign_ins = SignInLimiter() if sign_ins is None else sign_ins
+        self._clock = clock
         self._templates = _environment()
         self._assets = _static()
         self._samples: deque[Sample] = deque(maxlen=int(WINDOW_S / SAMPLE_INTERVAL_S) + 1)
@@ -479,11 +526,12 @@ class Dashboard:
             sched = self._replica.leader()
         except NotServing:
             return self._render(visit, "overview.html", title="Overview", readiness=readiness,
-                                pools=None, charts={}, workers=0)  # fmt: skip
+                                pools=None, charts={}, tallies={}, workers=0)  # fmt: skip
         pools = await self._list_pools(sched)
-        now = time.time()
+        now = self._clock()
         samples = list(self._samples)
         charts = {pool.name: chart(rates(samples, pool.name), now) for pool in pools}
+        tallies = {pool.name: tally(samples, pool.name, now) for pool in pools}
         return self._render(
             visit,
             "overview.html",
@@ -491,6 +539,7 @@ class Dashboard:
             readiness=readiness,
             pools=pools,
             charts=charts,
+            tallies=tallies,
             workers=len(self._workers()),
         )
 
@@ -696,11 +745,16 @@ class Dashboard:
 
     async def _sample(self) -> None:
         while time.monotonic() - self._last_view < _IDLE_STOP_S:
-            sched = self._replica.scheduler
-            if sched is not None and self._replica.role is Role.LEADING:
-                metrics = sched.metrics(gauges=False)  # the counters: no pass over tasks
-                self._samples.append(Sample(time.time(), metrics.epoch, dict(metrics.finished)))
+            self.sample()
             await asyncio.sleep(SAMPLE_INTERVAL_S)
+
+    def sample(self) -> None:
+        """Add a sample of the leader's counters to the charts' ring (none on a standby): what
+        the sampling loop does every ``SAMPLE_INTERVAL_S``."""
+        sched = self._replica.scheduler
+        if sched is not None and self._replica.role is Role.LEADING:
+            metrics = sched.metrics(gauges=False)  # the counters: no pass over tasks
+            self._samples.append(Sample(self._clock(), metrics.epoch, dict(metrics.finished)))
 
     async def _stop_sampling(self, _: web.Application) -> None:
         if self._sampling is not None:
