@@ -559,6 +559,7 @@ async def test_boom_message_names_the_exception_type(server: Real) -> None:
         assert info.traceback is not None
         assert info.traceback.startswith("Traceback (most recent call last):\n")
         assert 'raise KeyError("missing")' in info.traceback
+        assert "cronoq_client/_worker.py" not in info.traceback  # its own frame left out
         assert info.traceback.endswith("KeyError: 'missing'")
     finally:
         await running.finish()

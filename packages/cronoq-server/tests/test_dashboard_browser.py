@@ -31,7 +31,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from server_process import ServerProcess, config_toml, running_server
 from test_server_auth import identities_toml
 
-from cronoq import ScheduleInfo, Status, TaskContext, TaskError
+from cronoq import RetryPolicy, ScheduleInfo, Status, TaskContext, TaskError
 from cronoq_client import AsyncClient, Worker
 
 MEMORY = '[store]\nkind = "memory"\n'
@@ -113,8 +113,8 @@ _HELD: list[asyncio.Event] = []
 async def _work(ctx: TaskContext, payload: bytes) -> bytes:
     if ctx.kind == "hold":  # running until the cluster ends
         await _HELD[-1].wait()
-    if ctx.kind == "boom":
-        raise TaskError("the upstream answered 502", retryable=False)
+    if ctx.kind == "boom":  # a crash, not a TaskError: its page shows the traceback
+        raise ConnectionError("the upstream answered 502")
     if ctx.kind.startswith("crash"):
         raise TaskError(LONG_MESSAGE, retryable=False)
     return b'{"rows": 3, "source": "warehouse"}'
@@ -134,7 +134,9 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clu
         try:
             async with AsyncClient(server.target, token=TOKENS["admin"], timeout=10) as client:
                 succeeded = await client.submit("sync", b'{"table": "orders"}', tags=["etl"])
-                failed = await client.submit("boom", b"", key="boom-1", tags=["etl"])
+                failed = await client.submit(
+                    "boom", b"", key="boom-1", tags=["etl"], retry=RetryPolicy(max_attempts=1)
+                )
                 for task_id in (succeeded, failed):
                     await client.wait(task_id, timeout=WAIT_S)
                 # The reports pool has no worker: its tasks stay queued.
@@ -280,7 +282,11 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
     number, started, ended, took, message = (
         cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#attempt-table td")
     )
-    assert (number, message) == ("1", "attempt 1 failed (not retryable): the upstream answered 502")
+    error = "attempt 1 failed: ConnectionError: the upstream answered 502; no attempts left"
+    assert (number, message) == ("1", f"{error}\nTraceback")  # the traceback folded under it
+    traceback = browser.find_element(By.CSS_SELECTOR, "#traceback + pre").text
+    assert traceback.startswith("Traceback (most recent call last):")
+    assert 'raise ConnectionError("the upstream answered 502")' in traceback
     assert started.endswith("UTC") and ended.endswith("UTC") and took.endswith("s")
     _shot(browser, screenshots, "task-attempts", DESKTOP)
     await _page(browser, f"{base}/ui/tasks/{cluster.succeeded}")

@@ -81,6 +81,14 @@ def test_a_chain_whose_first_exception_was_never_raised_still_starts_with_the_he
     assert split_traceback(f"attempt 1 failed: KeyError: 'outer'\n{text}")[1] == text
 
 
+def test_skip_leaves_out_the_outermost_frames_but_never_the_one_that_raised() -> None:
+    exc = _raised(_parse, {"password": "x"})
+    assert "in _raised" in format_traceback(exc)
+    skipped = format_traceback(exc, skip=1)
+    assert "in _raised" not in skipped and "in _parse" in skipped
+    assert "in _parse" in format_traceback(exc, skip=99)
+
+
 def test_a_deep_recursion_is_bounded_keeping_its_first_and_last_frames() -> None:
     text = format_traceback(_raised(_recurse, 400))
     assert len(text) <= MAX_TRACEBACK
@@ -134,6 +142,8 @@ async def test_a_failed_local_attempt_keeps_its_traceback_and_a_task_error_none(
         assert info.error == first_line + "; no attempts left"
         assert info.traceback is not None
         assert info.traceback.startswith(HEADER) and "in _parse" in info.traceback
+        # It starts at the function: the executor's frame that caught it is left out.
+        assert info.traceback.startswith(f'{HEADER}\n  File "{__file__}"')
         assert info.message == f"{info.error}\n{info.traceback}"
         first, last = await sched.attempts(crashed)
         assert first.traceback is not None and "in _parse" in first.traceback
@@ -161,6 +171,7 @@ async def test_a_function_run_in_a_thread_keeps_its_traceback_and_its_task_error
         refused = await sched.submit("job", b"deliberate")
         info = await sched.wait(crashed, timeout=10)
         assert info.traceback is not None and "in work\n" in info.traceback
+        assert "_executors.py" not in info.traceback
         assert info.traceback.endswith("ValueError: invalid literal for int() with base 10: 'y2'")
         deliberate = await sched.wait(refused, timeout=10)
         assert (deliberate.error, deliberate.traceback) == (

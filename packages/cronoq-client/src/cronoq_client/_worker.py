@@ -122,7 +122,7 @@ def _in_thread(fn: Callable[..., Any], ctx: TaskContext, value: Any) -> Any:
     except TaskError as exc:
         return _Raised(exc, "")
     except Exception as exc:
-        return _Raised(exc, format_traceback(exc))
+        return _Raised(exc, format_traceback(exc, skip=1))
 
 
 def _failure(exc: Exception, traceback: str | None) -> ReportFailure:
@@ -131,7 +131,7 @@ def _failure(exc: Exception, traceback: str | None) -> ReportFailure:
     if isinstance(exc, TaskError):
         return ReportFailure(_truncate(exc.message), exc.retryable, exc.retry_after)
     if traceback is None:
-        traceback = format_traceback(exc)
+        traceback = format_traceback(exc, skip=1)
     return ReportFailure(_truncate(f"{type(exc).__name__}: {exc}"), traceback=traceback)
 
 

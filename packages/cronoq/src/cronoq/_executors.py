@@ -44,7 +44,7 @@ def _in_thread(fn: Callable[..., Any], ctx: TaskContext, value: Any) -> Any:
     except TaskError as exc:
         return _Raised(exc, "")
     except Exception as exc:
-        return _Raised(exc, format_traceback(exc))
+        return _Raised(exc, format_traceback(exc, skip=1))
 
 
 def _failure(exc: Exception, traceback: str | None) -> AttemptFailed:
@@ -52,7 +52,7 @@ def _failure(exc: Exception, traceback: str | None) -> AttemptFailed:
     if isinstance(exc, TaskError):
         return AttemptFailed(exc.message, exc.retryable, exc.retry_after_ns)
     if traceback is None:
-        traceback = format_traceback(exc)
+        traceback = format_traceback(exc, skip=1)
     return AttemptFailed(f"{type(exc).__name__}: {exc}", traceback=traceback)
 
 

@@ -36,10 +36,14 @@ MAX_ERROR_LINE = 200
 _HEAD_SHARE = 4  # a quarter of the bound to the outermost frames, the rest to the innermost
 
 
-def format_traceback(exc: BaseException) -> str:
+def format_traceback(exc: BaseException, *, skip: int = 0) -> str:
     """The exception's traceback as Python prints it, its chained exceptions included,
-    bounded to ``MAX_TRACEBACK`` characters; always starting with ``HEADER``."""
-    return stored_traceback("".join(traceback.format_exception(exc)))
+    bounded to ``MAX_TRACEBACK`` characters; always starting with ``HEADER``. ``skip``: how
+    many of its outermost frames to leave out (an executor's own, which caught it)."""
+    found = traceback.TracebackException.from_exception(exc)
+    if skip:
+        del found.stack[: min(skip, len(found.stack) - 1)]  # the frame that raised stays
+    return stored_traceback("".join(found.format()))
 
 
 def stored_traceback(text: str) -> str:
