@@ -41,12 +41,13 @@ from cronoq import (
     CodecContext,
     LeasedAttempt,
     LeaseRenewed,
+    Raised,
     TaskContext,
     TaskError,
     binds_context,
+    call_catching,
     decode_with,
     encode_with,
-    format_traceback,
 )
 from cronoq.errors import (
     InvalidArgument,
@@ -108,31 +109,13 @@ def _truncate(message: str) -> str:
     return message[: MAX_MESSAGE - len(marker)] + marker
 
 
-@dataclass(frozen=True, slots=True)
-class _Raised:
-    error: Exception
-    traceback: str
-
-
-def _in_thread(fn: Callable[..., Any], ctx: TaskContext, value: Any) -> Any:
-    """``fn(ctx, value)`` in a worker thread; what it raised comes back as a ``_Raised`` with
-    its traceback formatted there, off the event loop (0.1 to 0.3 ms of CPU)."""
-    try:
-        return fn(ctx, value)
-    except TaskError as exc:
-        return _Raised(exc, "")
-    except Exception as exc:
-        return _Raised(exc, format_traceback(exc, skip=1))
-
-
-def _failure(exc: Exception, traceback: str | None) -> ReportFailure:
-    """The report of an attempt that raised ``exc``, with its traceback (formatted here,
-    where the frames are, unless already: the server only bounds it again)."""
+def _failure(raised: Raised) -> ReportFailure:
+    """The report of an attempt that raised, with its traceback (formatted here, where the
+    frames are: the server only bounds it again)."""
+    exc = raised.error
     if isinstance(exc, TaskError):
         return ReportFailure(_truncate(exc.message), exc.retryable, exc.retry_after)
-    if traceback is None:
-        traceback = format_traceback(exc, skip=1)
-    return ReportFailure(_truncate(f"{type(exc).__name__}: {exc}"), traceback=traceback)
+    return ReportFailure(_truncate(f"{type(exc).__name__}: {exc}"), traceback=raised.traceback)
 
 
 def _is_async(fn: object) -> bool:
@@ -503,14 +486,14 @@ class Worker:
                 if self._tracing is not None:  # a thread does not inherit the attempt's span
                     fn = self._tracing.in_context(fn)
                 result = await loop.run_in_executor(
-                    self._threads, _in_thread, fn, attempt.ctx, value
+                    self._threads, call_catching, fn, attempt.ctx, value
                 )
-                if isinstance(result, _Raised):
-                    return _failure(result.error, result.traceback)
+                if isinstance(result, Raised):
+                    return _failure(result)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            return _failure(exc, None)
+            return _failure(Raised.of(exc))
         if result is None:
             return ReportSuccess(None)
         try:

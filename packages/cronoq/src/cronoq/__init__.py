@@ -44,7 +44,7 @@ from cronoq._scheduler import (
     TaskRequest,
     preview,
 )
-from cronoq._tracebacks import MAX_TRACEBACK, format_traceback
+from cronoq._tracebacks import MAX_TRACEBACK, Raised, call_catching, format_traceback
 from cronoq._validate import MAX_BATCH, unix_ns
 from cronoq.errors import (
     AdmissionRejected,
@@ -88,6 +88,7 @@ __all__ = [
     "PayloadError",
     "Pool",
     "PoolInfo",
+    "Raised",
     "RemotePool",
     "RetryPolicy",
     "ScheduleInfo",
@@ -109,6 +110,7 @@ __all__ = [
     "WorkerInfo",
     "WorkerLink",
     "binds_context",
+    "call_catching",
     "decode_with",
     "encode_with",
     "format_traceback",

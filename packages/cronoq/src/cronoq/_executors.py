@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from cronoq._codecs import Codec, CodecContext, binds_context, decode_payload, encode_with
 from cronoq._engine import AttemptFailed, AttemptSucceeded, AttemptToken, Dispatch
 from cronoq._model import NS_PER_S
-from cronoq._tracebacks import format_traceback
+from cronoq._tracebacks import Raised, call_catching
 from cronoq.errors import InvalidArgument, TaskError
 
 if TYPE_CHECKING:  # the otel extra, imported only when tracing is on
@@ -29,31 +29,11 @@ if TYPE_CHECKING:  # the otel extra, imported only when tracing is on
 __all__ = ["Executor", "LocalExecutor", "Reporter", "TaskContext", "TaskFunction"]
 
 
-@dataclass(frozen=True, slots=True)
-class _Raised:
-    error: Exception
-    traceback: str
-
-
-def _in_thread(fn: Callable[..., Any], ctx: TaskContext, value: Any) -> Any:
-    """``fn(ctx, value)`` in a worker thread; what it raised comes back as a ``_Raised`` with
-    its traceback formatted there: formatting takes 0.1 to 0.3 ms, which the event loop of
-    every other attempt should not spend."""
-    try:
-        return fn(ctx, value)
-    except TaskError as exc:
-        return _Raised(exc, "")
-    except Exception as exc:
-        return _Raised(exc, format_traceback(exc, skip=1))
-
-
-def _failure(exc: Exception, traceback: str | None) -> AttemptFailed:
-    """The outcome of an attempt that raised ``exc``; its traceback, if formatted already."""
+def _failure(raised: Raised) -> AttemptFailed:
+    exc = raised.error
     if isinstance(exc, TaskError):
         return AttemptFailed(exc.message, exc.retryable, exc.retry_after_ns)
-    if traceback is None:
-        traceback = format_traceback(exc, skip=1)
-    return AttemptFailed(f"{type(exc).__name__}: {exc}", traceback=traceback)
+    return AttemptFailed(f"{type(exc).__name__}: {exc}", traceback=raised.traceback)
 
 
 @dataclass(slots=True)
@@ -237,13 +217,13 @@ class LocalExecutor:
                 loop = asyncio.get_running_loop()
                 # A thread does not inherit the attempt's span unless handed its context.
                 fn = self._fn if self._tracing is None else self._tracing.in_context(self._fn)
-                result = await loop.run_in_executor(self._threads, _in_thread, fn, ctx, value)
-                if isinstance(result, _Raised):
-                    return _failure(result.error, result.traceback)
+                result = await loop.run_in_executor(self._threads, call_catching, fn, ctx, value)
+                if isinstance(result, Raised):
+                    return _failure(result)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            return _failure(exc, None)
+            return _failure(Raised.of(exc))
         if result is None:
             return AttemptSucceeded(None)
         try:
