@@ -34,6 +34,7 @@ from cronoq._tracebacks import (
 )
 
 ONCE = RetryPolicy(max_attempts=1)
+NOT_TEXT: Any = b"x"
 TWICE = RetryPolicy(max_attempts=2, initial_ns=0, max_ns=0, jitter=0.0)
 
 
@@ -187,13 +188,59 @@ async def test_a_remote_report_carries_its_traceback_and_an_oversized_one_is_ref
         attempt = await asyncio.wait_for(link.next(), 5)
         assert isinstance(attempt, LeasedAttempt)
         lease = attempt.lease_id
-        too_long = "x" * 65_537
-        with pytest.raises(InvalidArgument, match="traceback is 65537 characters long"):
-            await sched.report_failure(attempt.token, "E: e", lease_id=lease, traceback=too_long)
+        with pytest.raises(InvalidArgument, match="traceback must be a str, got bytes"):
+            await sched.report_failure(attempt.token, "E: e", lease_id=lease, traceback=NOT_TEXT)
         assert (await sched.get(task_id)).status is Status.RUNNING  # nothing applied
-        remote = '  File "worker.py", line 3, in work\nE: e\n'
+        # A worker in another language may send a longer stack: cut, never refused.
+        remote = '  File "worker.py", line 3, in work\n' + "  at Frame.call\n" * 20_000 + "E: e\n"
         await sched.report_failure(attempt.token, "E: e", lease_id=lease, traceback=remote)
         info = await sched.get(task_id)
         assert info.error == "attempt 1 failed: E: e; no attempts left"
-        assert info.traceback == f'{HEADER}\n  File "worker.py", line 3, in work\nE: e'
+        assert info.traceback is not None and len(info.traceback) <= MAX_TRACEBACK
+        assert info.traceback.startswith(f'{HEADER}\n  File "worker.py", line 3, in work\n')
+        assert info.traceback.endswith("  at Frame.call\nE: e")
         link.close()
+
+
+async def test_a_retrying_task_keeps_its_traceback_in_its_history_not_in_memory() -> None:
+    """A million retrying tasks must not hold 8 KiB each: the traceback is in the row and the
+    attempt's history, and the live task keeps only what happened."""
+    async with Scheduler([RemotePool("remote")], store=MemoryStore()) as sched:
+        link = sched.attach(["remote"], slots=1)
+        later = RetryPolicy(
+            max_attempts=2, initial_ns=3600 * 10**9, max_ns=3600 * 10**9, jitter=0.0
+        )
+        task_id = await sched.submit("job", pool="remote", retry=later)
+        attempt = await asyncio.wait_for(link.next(), 5)
+        assert isinstance(attempt, LeasedAttempt)
+        trace = f'{HEADER}\n  File "w.py", line 1, in f\nE: e'
+        await sched.report_failure(
+            attempt.token, "E: e", lease_id=attempt.lease_id, traceback=trace
+        )
+        live = await sched.get(task_id)
+        assert live.status is Status.RETRYING
+        assert live.message.startswith("attempt 1 failed: E: e; retrying in ")
+        assert live.traceback is None
+        [ended] = await sched.attempts(task_id)
+        assert (ended.description, ended.traceback) == (live.message, trace)
+        link.close()
+
+
+async def test_a_message_that_quotes_a_traceback_is_not_cut_there() -> None:
+    """A TaskError (or a crash) whose message carries another process's traceback keeps it
+    in what happened: only the traceback cronoq kept is split off."""
+    quoted = f'child failed:\n{HEADER}\n  File "c.py", line 2\nOSError: x'
+
+    async def work(ctx: TaskContext, payload: Any) -> None:
+        if payload == b"meant":
+            raise TaskError(quoted, retryable=False)
+        raise RuntimeError(quoted)
+
+    async with Scheduler([Pool("default", work)], store=MemoryStore()) as sched:
+        meant = await sched.wait(await sched.submit("job", b"meant"), timeout=10)
+        assert meant.traceback is None
+        assert meant.description.endswith("OSError: x") and "\n " + HEADER in meant.description
+        crashed = await sched.wait(await sched.submit("job", b"x", retry=ONCE), timeout=10)
+        assert crashed.description.endswith("OSError: x; no attempts left")
+        assert crashed.traceback is not None
+        assert crashed.traceback.startswith(f'{HEADER}\n  File "{__file__}"')

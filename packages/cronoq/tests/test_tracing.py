@@ -206,3 +206,19 @@ def test_trace_contexts_are_checked_and_round_trip_through_the_options() -> None
         decode_task_spec("p", "k", None, b"", '{"traceparent":"nope"}')
     with pytest.raises(InvalidArgument, match="tracing must be a bool or"):
         Tracing.of("yes")
+
+
+async def test_a_traced_thread_functions_traceback_starts_at_the_function(
+    provider: TracerProvider,
+) -> None:
+    """The span's context wrapper runs outside the catch: no frame of cronoq's in it."""
+
+    def crash(ctx: TaskContext, payload: bytes | None) -> None:
+        raise RuntimeError("in a thread")
+
+    once = RetryPolicy(max_attempts=1)
+    async with Scheduler([Pool("default", crash)], tracing=provider) as sched:
+        info = await sched.wait(await sched.submit("x", retry=once), timeout=10)
+    assert info.traceback is not None
+    first_frame = info.traceback.splitlines()[1]
+    assert first_frame.startswith(f'  File "{__file__}"') and first_frame.endswith("in crash")

@@ -483,11 +483,12 @@ class Worker:
                 result = await fn(attempt.ctx, value)
             else:
                 loop = asyncio.get_running_loop()
-                if self._tracing is not None:  # a thread does not inherit the attempt's span
-                    fn = self._tracing.in_context(fn)
-                result = await loop.run_in_executor(
-                    self._threads, call_catching, fn, attempt.ctx, value
-                )
+                call: Callable[..., Any] = call_catching
+                # A thread does not inherit the attempt's span; the span's wrapper goes
+                # outside the catch, so no traceback shows its frame.
+                if self._tracing is not None:
+                    call = self._tracing.in_context(call_catching)
+                result = await loop.run_in_executor(self._threads, call, fn, attempt.ctx, value)
                 if isinstance(result, Raised):
                     return _failure(result)
         except asyncio.CancelledError:

@@ -215,9 +215,12 @@ class LocalExecutor:
                 result = await self._fn(ctx, value)
             else:
                 loop = asyncio.get_running_loop()
-                # A thread does not inherit the attempt's span unless handed its context.
-                fn = self._fn if self._tracing is None else self._tracing.in_context(self._fn)
-                result = await loop.run_in_executor(self._threads, call_catching, fn, ctx, value)
+                # A thread does not inherit the attempt's span unless handed its context; the
+                # span's wrapper goes outside the catch, so no traceback shows its frame.
+                call: Callable[..., Any] = call_catching
+                if self._tracing is not None:
+                    call = self._tracing.in_context(call_catching)
+                result = await loop.run_in_executor(self._threads, call, self._fn, ctx, value)
                 if isinstance(result, Raised):
                     return _failure(result)
         except asyncio.CancelledError:

@@ -71,7 +71,7 @@ from cronoq._model import (
     TraceContext,
 )
 from cronoq._remote import LeaseRenewed, RemoteExecutor, RemotePool, WorkerLink
-from cronoq._tracebacks import MAX_TRACEBACK, split_traceback, stored_traceback
+from cronoq._tracebacks import split_traceback, stored_traceback
 from cronoq.errors import (
     InvalidArgument,
     PayloadError,
@@ -283,7 +283,8 @@ class TaskInfo:
         """Where the exception of its last failed attempt was raised, as Python prints it,
         bounded (see docs/concepts.md): kept after the first line of ``message``. None when
         that attempt raised no exception a traceback was kept of (a TaskError, a timeout, a
-        lost worker)."""
+        lost worker), and for a live task (retrying: its memory keeps none; ``attempts`` has
+        each failed attempt's)."""
         return split_traceback(self.message)[1]
 
 
@@ -1125,7 +1126,8 @@ class Scheduler:
         traceback: str = "",
     ) -> None:
         """A remote attempt failed; ``retryable`` and ``retry_after`` as for TaskError, and
-        the ``traceback`` of its exception ("": none), bounded as a local one is. Returns
+        the ``traceback`` of its exception ("": none), cut to ``MAX_TRACEBACK`` characters
+        as a local one is. Returns
         once committed; StaleAttempt if it is not current (nothing changes)."""
         _token(token)
         _lease_id(lease_id)
@@ -1135,11 +1137,8 @@ class Scheduler:
             )
         if not isinstance(traceback, str):
             raise InvalidArgument(f"traceback must be a str, got {type(traceback).__name__}")
-        if len(traceback) > MAX_REPORT_MESSAGE:
-            raise InvalidArgument(
-                f"traceback is {len(traceback)} characters long; the limit is "
-                f"{MAX_REPORT_MESSAGE} (it is kept to {MAX_TRACEBACK})"
-            )
+        # Any length is cut to MAX_TRACEBACK, not refused: a worker in another language may
+        # send a longer stack, and refusing the report would lose the attempt's outcome.
         error = TaskError(message, retryable=retryable, retry_after=retry_after)  # validates
         failed = AttemptFailed(
             message, retryable, error.retry_after_ns, stored_traceback(traceback)

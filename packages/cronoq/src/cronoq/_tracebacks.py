@@ -25,9 +25,11 @@ __all__ = [
     "bound_traceback",
     "call_catching",
     "error_line",
+    "escape_header",
     "format_traceback",
     "split_traceback",
     "stored_traceback",
+    "with_traceback",
 ]
 
 MAX_TRACEBACK = 8 * 1024
@@ -108,6 +110,18 @@ def error_line(message: str) -> str:
     """The first line of a message, at most ``MAX_ERROR_LINE`` characters."""
     line = message.partition("\n")[0]
     return line if len(line) <= MAX_ERROR_LINE else line[: MAX_ERROR_LINE - 1] + "…"
+
+
+def with_traceback(message: str, traceback: str) -> str:
+    """A message as a row keeps it: the traceback, if any, on the lines after it."""
+    return f"{message}\n{traceback}" if traceback else message
+
+
+def escape_header(text: str) -> str:
+    """``text`` with any line that ``split_traceback`` would take for the start of a kept
+    traceback indented by one space: an exception's own message may quote another process's
+    traceback, and must not be cut there."""
+    return text.replace(f"\n{HEADER}\n", f"\n {HEADER}\n")
 
 
 def split_traceback(message: str) -> tuple[str, str | None]:

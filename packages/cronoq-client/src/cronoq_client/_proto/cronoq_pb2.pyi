@@ -2029,7 +2029,7 @@ class Failure(_message.Message):
     """Absent: true, as for any exception but a TaskError(retryable=False)."""
     traceback: _builtins.str
     """Where the exception was raised, as Python prints it (empty: none, as for a TaskError). The
-    server keeps 8 KiB of it (its first and last lines) after the message's first line.
+    server keeps 8,192 characters of it (its first and last lines) after the task's message.
     """
     @_builtins.property
     def retry_after(self) -> _duration_pb2.Duration:

@@ -20,6 +20,7 @@ from cronoq._engine.state import Shared, Task, earliest, seconds
 from cronoq._engine.tasks import Tasks
 from cronoq._metrics import bump
 from cronoq._model import Status
+from cronoq._tracebacks import escape_header, with_traceback
 from cronoq.errors import SchedulerError, StaleAttempt
 from cronoq.store import AttemptLease, TaskUpdated
 
@@ -231,43 +232,41 @@ class Attempts:
         """The running attempt of ``task`` ended without success (its slot is already freed):
         retry after the backoff, or dead-letter it. An attempt the engine stopped may still
         run: the task's row keeps its lease (``shared.held_leases``), retrying or finished, so
-        that a new leader waits for it too. A traceback follows the message's first line."""
-        after = f"\n{traceback}" if traceback else ""
+        that a new leader waits for it too. A traceback follows the message in its row and
+        history, not in memory."""
+        reason = escape_header(reason)
         shared = self.shared
         counters = shared.counters
         spec = task.spec
         attempt = task.attempt
         if not retryable:
             bump(counters.dead_lettered, spec.pool)
-            message = f"attempt {attempt} failed (not retryable): {reason}{after}"
-            self.tasks.finish(task, Status.FAILED, message)
+            message = f"attempt {attempt} failed (not retryable): {reason}"
+            self.tasks.finish(task, Status.FAILED, message, traceback=traceback)
             return
         if attempt >= spec.retry.max_attempts:
-            message = f"attempt {attempt} failed: {reason}; no attempts left{after}"
+            message = f"attempt {attempt} failed: {reason}; no attempts left"
             bump(counters.dead_lettered, spec.pool)
-            self.tasks.finish(task, Status.FAILED, message)
+            self.tasks.finish(task, Status.FAILED, message, traceback=traceback)
             return
         delay = retry_after_ns
         if delay is None:
             delay = spec.retry.delay_ns(attempt, self.rng.random())
         due = shared.now + delay
         if spec.deadline_ns is not None and due >= spec.deadline_ns:
-            message = (
-                f"attempt {attempt} failed: {reason}; the next would start after the deadline"
-                f"{after}"
-            )
+            message = f"attempt {attempt} failed: {reason}; the next would start after the deadline"
             bump(counters.dead_lettered, spec.pool)
-            self.tasks.finish(task, Status.FAILED, message)
+            self.tasks.finish(task, Status.FAILED, message, traceback=traceback)
             return
         bump(counters.retries, spec.pool)
-        message = f"attempt {attempt} failed: {reason}; retrying in {seconds(delay)}{after}"
-        self.tasks.transition(task, Status.RETRYING, message)
+        message = f"attempt {attempt} failed: {reason}; retrying in {seconds(delay)}"
+        self.tasks.transition(task, Status.RETRYING, message, traceback)
         shared.out.mutations.append(
             TaskUpdated(
                 task.id,
                 Status.RETRYING,
                 attempt,
-                message,
+                with_traceback(message, traceback),
                 shared.now,
                 due_ns=due,
                 lease=shared.held_leases.get(task.id),

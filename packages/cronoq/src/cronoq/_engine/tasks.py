@@ -14,6 +14,7 @@ from cronoq._engine.state import NO_TASK, Shared, Task, earliest, seconds
 from cronoq._ids import first_id, last_id
 from cronoq._metrics import bump
 from cronoq._model import LEGAL_TRANSITIONS, MAX_ATTEMPTS, MissPolicy, Status, TaskSpec
+from cronoq._tracebacks import split_traceback, with_traceback
 from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
@@ -254,8 +255,17 @@ class Tasks:
             shared.out.cancels.append(CancelAttempt(task.token(), task.spec.pool, message))
         return Status.RUNNING
 
-    def finish(self, task: Task, status: Status, message: str, output: bytes | None = None) -> None:
+    def finish(
+        self,
+        task: Task,
+        status: Status,
+        message: str,
+        output: bytes | None = None,
+        traceback: str = "",
+    ) -> None:
         """Make ``task`` terminal, persist it, answer its waiters and settle its dependents.
+        A ``traceback`` goes into the row, the attempt's history and the waiters' answer after
+        the message (see ``transition``).
 
         A task whose stopped remote attempt may still run (``shared.held_leases``), however it
         ends (cancelled, past its deadline, out of attempts, its parent failed), keeps that
@@ -264,15 +274,16 @@ class Tasks:
         there, waits for the attempt too instead of starting another beside it."""
         shared = self.shared
         out = shared.out
-        pending = [(task, status, message, output)]
+        pending = [(task, status, message, output, traceback)]
         while pending:
-            task, status, message, output = pending.pop()
+            task, status, message, output, traceback = pending.pop()
             if task.status.is_terminal:
                 continue  # a child reached twice: it names the same parent twice in ``after``
             started_ns = task.updated_ns if task.status is Status.RUNNING else None
-            self.transition(task, status, message)
+            self.transition(task, status, message, traceback)
             task.wake_ns = None
-            update = TaskUpdated(task.id, status, task.attempt, message, shared.now, output=output)
+            stored = with_traceback(message, traceback)
+            update = TaskUpdated(task.id, status, task.attempt, stored, shared.now, output=output)
             lease = shared.held_leases.get(task.id)
             if lease is not None:
                 self.leased_finishes[task.id] = update
@@ -290,6 +301,8 @@ class Tasks:
             waiters = self.waiters.pop(task.id, None)
             if waiters:
                 record = task.record(output, started_ns)
+                if traceback:
+                    record = dataclasses.replace(record, message=stored)
                 for reply_to in waiters.values():
                     shared.reply(reply_to, record)
             children = self.dependents.pop(task.id, None)
@@ -309,7 +322,7 @@ class Tasks:
                         self.persist_status(child)
                 else:
                     child_status, child_message = _parent_verdict(task.id, status)
-                    pending.append((child, child_status, child_message, None))
+                    pending.append((child, child_status, child_message, None, ""))
 
     # --- an operator's retry of a finished task ----------------------------------------------
 
@@ -436,16 +449,20 @@ class Tasks:
             TaskUpdated(task.id, task.status, task.attempt, task.message, shared.now, lease=lease)
         )
 
-    def transition(self, task: Task, status: Status, message: str) -> None:
+    def transition(self, task: Task, status: Status, message: str, traceback: str = "") -> None:
         """Every end of an attempt but a success goes through here, whoever ends it (a report,
         a timer, a recovery): it leaves a row of the attempt's history. A running task's
-        ``updated_ns`` is its attempt's start (a cancellation request keeps it)."""
+        ``updated_ns`` is its attempt's start (a cancellation request keeps it).
+
+        A ``traceback`` is written after the message into the history (and by the caller into
+        the row), never kept in memory: a million retrying tasks must not hold 8 KiB each."""
         if status not in LEGAL_TRANSITIONS[task.status]:
             raise AssertionError(f"illegal transition {task.status} -> {status} of task {task.id}")
         now = self.shared.now
         if task.status is Status.RUNNING and status is not Status.SUCCEEDED:
+            stored = with_traceback(message, traceback)
             self.shared.out.mutations.append(
-                AttemptEnded(task.id, task.attempt, task.updated_ns, now, message)
+                AttemptEnded(task.id, task.attempt, task.updated_ns, now, stored)
             )
         task.status = status
         task.message = message
@@ -509,7 +526,7 @@ class Tasks:
         task = Task(row.task_id, row.spec, row.submitted_ns)
         task.status = row.status
         task.attempt = row.attempt
-        task.message = row.message
+        task.message = split_traceback(row.message)[0]  # memory keeps no traceback
         task.updated_ns = row.updated_ns
         task.cancel_requested = row.cancel_requested
         # A remote attempt's lease names the leader that started it; any other attempt row is
