@@ -40,7 +40,7 @@ from cronoq.errors import (
 )
 from cronoq_client import AsyncClient
 from cronoq_client._client import WAIT_MARGIN, Unreachable
-from cronoq_client.protocol import Reason, pb, pb_grpc, rich_status
+from cronoq_client.protocol import MAX_LIST_PAGE, Reason, pb, pb_grpc, rich_status
 
 Code = grpc.StatusCode
 MARGIN = 0.75  # seconds a call may overrun its timeout (scheduling, the last try in flight, a
@@ -192,6 +192,22 @@ async def test_submit_many_and_list_pages(client: AsyncClient) -> None:
     assert (cancelled.task_id, cancelled.error) == (ids[0], "cancelled by request")
     ready_default = await client.list(status=[Status.READY], pool="default")
     assert [t.task_id for t in ready_default] == ids[2::2]
+
+
+async def test_a_list_longer_than_a_server_page_is_followed_in_both_orders(
+    client: AsyncClient,
+) -> None:
+    """The server ends a page at MAX_LIST_PAGE tasks with a token: the client asks for the
+    next page with it, keeping its own bounds, in either order."""
+    many = MAX_LIST_PAGE + 5
+    ids = await client.submit_many([TaskRequest("paged-both", pool="other")] * (many - 5))
+    ids += await client.submit_many([TaskRequest("paged-both", pool="other")] * 5)
+    newest = await client.list(kind="paged-both", newest_first=True)
+    assert [t.task_id for t in newest] == ids[::-1]
+    oldest = await client.list(kind="paged-both")
+    assert [t.task_id for t in oldest] == ids
+    bounded = await client.list(kind="paged-both", newest_first=True, after=ids[2], before=ids[-2])
+    assert [t.task_id for t in bounded] == ids[-3:2:-1]
 
 
 async def test_definite_answers_raise_the_embedded_exceptions(client: AsyncClient) -> None:

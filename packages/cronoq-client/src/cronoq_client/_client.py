@@ -468,6 +468,7 @@ class AsyncClient:
         (``MAX_LIST_PAGE`` tasks, or fewer when they would not fit in a message): this asks
         for the next page until it has them all."""
         found: builtins.list[TaskSummary] = []
+        cursor: int | None = None
         while True:
             left = None if limit is None else limit - len(found)
             message = wire.list_request(
@@ -480,14 +481,14 @@ class AsyncClient:
                 before=before,
                 newest_first=newest_first,
             )
+            if cursor is not None:
+                # The page token, not a bound: a server that predates the bounds still pages
+                # on (in its own order) instead of sending the first page again and again.
+                message.page_token = str(cursor)
             tasks, cursor = wire.list_response(await self._list_page(message))
             found.extend(tasks)
             if cursor is None or (limit is not None and len(found) >= limit):
                 return found
-            if newest_first:
-                before = cursor
-            else:
-                after = cursor
 
     async def _list_page(self, message: pb.ListRequest) -> pb.ListResponse:
         return await self._call(
