@@ -44,10 +44,12 @@ from cronoq_client import Client, Worker
 from cronoq_client._cli import cli
 from cronoq_client._cli._errors import ConfigError, ExitCode
 from cronoq_client._cli._pools import POOL_COLUMNS
+from cronoq_client._cli._render import listing
 from cronoq_client._cli._schedules import SCHEDULE_COLUMNS
 from cronoq_client._cli._settings import DEFAULT_CONNECT_TIMEOUT, DEFAULT_TARGET, Flags, resolve
 from cronoq_client._cli._tasks import TASK_COLUMNS
 from cronoq_client._cli._workers import WORKER_COLUMNS
+from cronoq_client._client import Unreachable
 
 CRONOQ = str(Path(sys.executable).parent / "cronoq")
 TOKENS = {"app": secrets.token_urlsafe(24), "reader": secrets.token_urlsafe(24)}
@@ -694,6 +696,34 @@ def test_watch_prints_each_refresh_until_interrupted(
                 assert process.wait(30) == 0
             finally:
                 process.kill()
+
+
+def test_a_watch_rides_out_a_server_that_cannot_be_reached_once_it_has_shown_a_listing(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The first fetch fails fast (nothing listens: exit 7); a later one that cannot reach
+    the server (it restarts) is a warning, and the watch goes on."""
+    answers: list[object] = [[{"n": 1}], Unreachable("no cronoq server answered"), [{"n": 2}]]
+
+    def fetch() -> list[dict[str, object]]:
+        if not answers:
+            raise KeyboardInterrupt  # what Ctrl-C raises: the watch's end
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        assert isinstance(answer, list)
+        return answer
+
+    listing("json", True, 0.01, fetch, (("n", "N"),))
+    shown = capsys.readouterr()
+    assert [json.loads(line) for line in shown.out.splitlines()] == [[{"n": 1}], [{"n": 2}]]
+    assert shown.err == "warning: no cronoq server answered (still watching)\n"
+
+    def unreachable() -> list[dict[str, object]]:
+        raise Unreachable("no cronoq server answered")
+
+    with pytest.raises(Unreachable):
+        listing("json", True, 0.01, unreachable, (("n", "N"),))
 
 
 @pytest.mark.parametrize("group", ["pools", "workers"])

@@ -717,6 +717,12 @@ def test_a_task_query_keeps_its_filters_across_pages() -> None:
     assert (oldest.oldest_first, oldest.after, oldest.paged) == (True, 7, True)
     assert oldest.page(9) == "kind=k&order=oldest&after=9"
     assert oldest.reordered() == "kind=k"
+    # The bound at the far end of the order stays on every page.
+    bounded = TaskQuery.parse({"kind": "k", "after": "3", "before": "9"})
+    assert bounded.page(7) == "kind=k&after=3&before=7"
+    assert bounded.page(None) == "kind=k&after=3"
+    bounded = TaskQuery.parse({"kind": "k", "order": "oldest", "after": "3", "before": "9"})
+    assert bounded.page(5) == "kind=k&order=oldest&before=9&after=5"
     with pytest.raises(InvalidArgument, match="order must be newest or oldest"):
         TaskQuery.parse({"order": "random"})
 

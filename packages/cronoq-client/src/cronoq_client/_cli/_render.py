@@ -19,6 +19,7 @@ from rich.live import Live
 from rich.table import Table
 
 from cronoq import PoolInfo, ScheduleInfo, TaskInfo, TaskSummary, WorkerInfo
+from cronoq_client._client import Unreachable
 
 __all__ = [
     "Columns",
@@ -196,26 +197,44 @@ def listing(
     columns: Columns,
 ) -> None:
     """Print a listing once, or with ``watch`` every ``interval`` seconds until Ctrl-C (a
-    table redrawn in place on a terminal; a JSON document per line for scripts)."""
+    table redrawn in place on a terminal; a JSON document per line for scripts).
+
+    Only the first fetch fails fast when no server answers: once watching, a server that
+    restarts is waited for (a line on stderr each time it cannot be reached), as a person
+    watching it restart expects."""
     if not watch:
         records = fetch()
         emit(output, records, lambda: table(records, columns))
         return
+
+    def refetch() -> list[dict[str, Any]] | None:
+        try:
+            return fetch()
+        except Unreachable as exc:
+            click.echo(f"warning: {exc} (still watching)", err=True)
+            return None
+
     out = console()
     try:
         if output == "table" and out.is_terminal:
             with Live(table(fetch(), columns), console=out, auto_refresh=False) as live:
                 while True:
                     time.sleep(interval)
-                    live.update(table(fetch(), columns), refresh=True)
+                    found = refetch()
+                    if found is not None:
+                        live.update(table(found, columns), refresh=True)
+        records = fetch()
         while True:
-            records = fetch()
             if output == "json":
                 click.echo(_json(records))
             else:
                 out.print(table(records, columns))
                 out.print()
             sys.stdout.flush()
-            time.sleep(interval)
+            found = None
+            while found is None:
+                time.sleep(interval)
+                found = refetch()
+            records = found
     except KeyboardInterrupt:
         return  # the way to stop watching: not an error

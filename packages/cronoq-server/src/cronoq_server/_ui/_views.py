@@ -118,8 +118,12 @@ class TaskQuery:
 
     def page(self, last: int | None) -> str:
         """The query string of the page that follows the id ``last`` in this order, with the
-        same filters (None: the first page)."""
+        same filters and the same bound at the far end (None: the first page)."""
         fields = self.filters()
+        if self.oldest_first and self.before is not None:
+            fields["before"] = str(self.before)
+        elif not self.oldest_first and self.after is not None:
+            fields["after"] = str(self.after)
         if last is not None:
             fields["after" if self.oldest_first else "before"] = str(last)
         return urlencode(fields)
