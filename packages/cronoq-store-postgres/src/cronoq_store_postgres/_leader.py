@@ -34,6 +34,9 @@ from cronoq_store_postgres._errors import CLASSIFIED, classify, rejects_startup_
 
 log = logging.getLogger("cronoq.postgres")
 
+HOLDER_LOOK_S = 30.0
+"""How often a standby looks up who holds the lock, for its log line."""
+
 
 def session_settings(config: PgStoreConfig) -> dict[str, str]:
     """Server-side settings that bound how long PostgreSQL keeps a vanished client's session."""
@@ -70,14 +73,21 @@ class LockSession:
         # One INFO line per holder waited on, never one per poll.
         waiting_on: str | None = None
         since = time.monotonic()
+        next_look = since
         while True:
             try:
                 if await self._try_lock():
                     break
-                try:
-                    holder = await self._holder()
-                except CLASSIFIED as exc:  # only a log line's detail: the lock decides
-                    holder = f"another session (not shown: {exc!r})"
+                if time.monotonic() < next_look:
+                    holder = None
+                else:
+                    # pg_locks takes the lock manager's locks: once per HOLDER_LOOK_S, not
+                    # once per poll of every standby.
+                    next_look = time.monotonic() + HOLDER_LOOK_S
+                    try:
+                        holder = await self._holder()
+                    except CLASSIFIED as exc:  # only a log line's detail: the lock decides
+                        holder = f"another session (not shown: {exc!r})"
                 if holder is not None and holder != waiting_on:
                     waiting_on = holder
                     log.info(
