@@ -244,3 +244,13 @@ async def test_a_message_that_quotes_a_traceback_is_not_cut_there() -> None:
         assert crashed.description.endswith("OSError: x; no attempts left")
         assert crashed.traceback is not None
         assert crashed.traceback.startswith(f'{HEADER}\n  File "{__file__}"')
+
+
+async def test_a_cancel_reason_that_quotes_a_traceback_is_not_cut_there() -> None:
+    reason = f'operator: see\n{HEADER}\n  File "x.py", line 1'
+    async with Scheduler([RemotePool("remote")], store=MemoryStore()) as sched:
+        task_id = await sched.submit("job", pool="remote")
+        await sched.cancel(task_id, reason)
+        info = await sched.get(task_id)
+        assert (info.traceback, info.error) == (None, "operator: see")
+        assert info.description == reason.replace(f"\n{HEADER}", f"\n {HEADER}")

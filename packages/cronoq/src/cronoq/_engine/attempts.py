@@ -234,7 +234,7 @@ class Attempts:
         run: the task's row keeps its lease (``shared.held_leases``), retrying or finished, so
         that a new leader waits for it too. A traceback follows the message in its row and
         history, not in memory."""
-        reason = escape_header(reason)
+        reason = escape_header(reason)  # a function's or worker's text, as cancel's reason
         shared = self.shared
         counters = shared.counters
         spec = task.spec

@@ -110,7 +110,7 @@ class AttemptFailed:
     retry_after_ns: int | None = None
     traceback: str = ""
     """Where it was raised, as ``_tracebacks.stored_traceback`` bounds it ("": none): the
-    task's message keeps it after its first line."""
+    task's row and its attempt's history keep it after the message; memory does not."""
 
 
 @dataclass(frozen=True, slots=True)

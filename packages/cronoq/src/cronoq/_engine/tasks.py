@@ -14,7 +14,7 @@ from cronoq._engine.state import NO_TASK, Shared, Task, earliest, seconds
 from cronoq._ids import first_id, last_id
 from cronoq._metrics import bump
 from cronoq._model import LEGAL_TRANSITIONS, MAX_ATTEMPTS, MissPolicy, Status, TaskSpec
-from cronoq._tracebacks import split_traceback, with_traceback
+from cronoq._tracebacks import escape_header, split_traceback, with_traceback
 from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
@@ -238,6 +238,7 @@ class Tasks:
     # --- cancellation and the end of a task -----------------------------------------------
 
     def cancel(self, task_id: int, message: str) -> Status | CronoqError:
+        message = escape_header(message)  # a caller's reason: never taken for a traceback
         shared = self.shared
         task = shared.tasks.get(task_id)
         if task is None:
