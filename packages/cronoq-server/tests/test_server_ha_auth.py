@@ -24,7 +24,7 @@ from server_pg import PG_DSN, pg_schema
 from server_process import ServerProcess, config_toml, running_server, start_server
 from test_server_auth import REQUIRED, TOKENS, call, identities_toml
 
-from cronoq import Status, TaskContext
+from cronoq import RetryPolicy, Status, TaskContext
 from cronoq.errors import SchedulerError, TaskNotFound
 from cronoq_client import AsyncClient, Tls, Worker
 from cronoq_client import protocol as wire
@@ -289,3 +289,55 @@ async def _exists(client: AsyncClient, task_id: int) -> bool:
     except TaskNotFound:
         return False
     return True
+
+
+async def test_a_failures_traceback_and_the_newest_first_list_survive_a_failover(
+    tmp_path: Path, section: str
+) -> None:
+    """Issue 33 as the Helm chart deploys it: tokens on, two replicas. A remote worker's
+    crash is listed the newest first with its error and read with its traceback, by an
+    identity limited to its pool, and the same after the leader is killed (from the row)."""
+
+    async def crash(ctx: TaskContext, payload: bytes) -> bytes:
+        raise LookupError(f"no row {payload.decode()}")
+
+    config = config_toml(section, pools=POOLS, tables=AUTH)
+    first = await start_server(tmp_path, config)
+    servers: list[ServerProcess] = [first]
+    try:
+        await first.leading()
+        second = await start_server(tmp_path, config)
+        servers.append(second)
+        await second.wait_for("standby")
+        targets = [first.target, second.target]
+        worker = Worker(targets, {"matrix": crash}, slots=1, token=TOKENS["worker-a"])
+        working = asyncio.ensure_future(worker.run())
+        once = RetryPolicy(max_attempts=1)
+        try:
+            async with AsyncClient(targets, token=TOKENS["submitter"], timeout=TIMEOUT_S) as c:
+                ids = [
+                    await c.submit("k", str(n).encode(), pool="matrix", retry=once)
+                    for n in range(3)
+                ]
+                for task_id in ids:
+                    assert (await c.wait(task_id, timeout=TIMEOUT_S)).status is Status.FAILED
+        finally:
+            worker.stop()
+            await asyncio.gather(working, return_exceptions=True)
+
+        async def shown(client: AsyncClient) -> None:
+            listed = await client.list(pool="matrix", status="failed", newest_first=True)
+            assert [t.task_id for t in listed] == ids[::-1]
+            assert listed[0].error == "attempt 1 failed: LookupError: no row 2; no attempts left"
+            info = await client.get(ids[2])
+            assert info.error == listed[0].error and info.traceback is not None
+            assert info.traceback.startswith("Traceback (most recent call last):\n")
+            assert 'raise LookupError(f"no row {payload.decode()}")' in info.traceback
+
+        async with AsyncClient(targets, token=TOKENS["submitter"], timeout=TIMEOUT_S) as c:
+            await shown(c)
+            first.signal(signal.SIGKILL)
+            await second.leading()
+            await shown(c)
+    finally:
+        await asyncio.gather(*(s.stop() for s in servers))
