@@ -181,7 +181,7 @@ async def test_a_function_run_in_a_thread_keeps_its_traceback_and_its_task_error
         )
 
 
-async def test_a_remote_report_carries_its_traceback_and_an_oversized_one_is_refused() -> None:
+async def test_a_remote_report_carries_its_traceback_a_longer_one_cut_a_non_text_one_refused() -> None:
     async with Scheduler([RemotePool("remote")], store=MemoryStore()) as sched:
         link = sched.attach(["remote"], slots=1)
         task_id = await sched.submit("job", pool="remote", retry=ONCE)
