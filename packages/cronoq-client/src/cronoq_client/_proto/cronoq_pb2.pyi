@@ -1186,7 +1186,8 @@ class ListRequest(_message.Message):
     """Tasks carrying this tag."""
     page_size: _builtins.int
     """Most tasks to return. Absent: no limit. The server ends a page early (with a
-    next_page_token) at 10,000 tasks or where the next would not fit in its message limit.
+    next_page_token) at 1,000 tasks (MAX_LIST_PAGE) or where the next would not fit in its
+    message limit.
     """
     page_token: _builtins.str
     """Empty: from the first task. Otherwise the `next_page_token` of the previous page, which is
