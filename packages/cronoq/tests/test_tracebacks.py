@@ -88,6 +88,11 @@ def test_skip_leaves_out_the_outermost_frames_but_never_the_one_that_raised() ->
     skipped = format_traceback(exc, skip=1)
     assert "in _raised" not in skipped and "in _parse" in skipped
     assert "in _parse" in format_traceback(exc, skip=99)
+    for bad in (-1, True, 1.5, "1"):
+        with pytest.raises(InvalidArgument, match="skip must be a non-negative int"):
+            format_traceback(exc, skip=bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="exc must be an exception, got str"):
+        format_traceback("boom")  # type: ignore[arg-type]
 
 
 def test_a_deep_recursion_is_bounded_keeping_its_first_and_last_frames() -> None:
@@ -181,7 +186,9 @@ async def test_a_function_run_in_a_thread_keeps_its_traceback_and_its_task_error
         )
 
 
-async def test_a_remote_report_carries_its_traceback_a_longer_one_cut_a_non_text_one_refused() -> None:
+async def test_a_remote_report_carries_its_traceback_a_longer_one_cut_a_non_text_one_refused() -> (
+    None
+):
     async with Scheduler([RemotePool("remote")], store=MemoryStore()) as sched:
         link = sched.attach(["remote"], slots=1)
         task_id = await sched.submit("job", pool="remote", retry=ONCE)
@@ -254,3 +261,14 @@ async def test_a_cancel_reason_that_quotes_a_traceback_is_not_cut_there() -> Non
         info = await sched.get(task_id)
         assert (info.traceback, info.error) == (None, "operator: see")
         assert info.description == reason.replace(f"\n{HEADER}", f"\n {HEADER}")
+
+
+@given(
+    exc=st.one_of(st.none(), st.integers(), st.text(max_size=5), st.binary(max_size=5)),
+    skip=st.one_of(st.integers(max_value=-1), st.floats(), st.booleans(), st.text(max_size=3)),
+)
+def test_format_traceback_refuses_what_is_not_an_exception_or_a_count(exc: Any, skip: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        format_traceback(exc)
+    with pytest.raises(InvalidArgument):
+        format_traceback(ValueError("x"), skip=skip)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cronoq.errors import TaskError
+from cronoq.errors import InvalidArgument, TaskError
 
 __all__ = [
     "HEADER",
@@ -49,6 +49,10 @@ def format_traceback(exc: BaseException, *, skip: int = 0) -> str:
     """The exception's traceback as Python prints it, its chained exceptions included,
     bounded to ``MAX_TRACEBACK`` characters; always starting with ``HEADER``. ``skip``: how
     many of its outermost frames to leave out (an executor's own, which caught it)."""
+    if isinstance(skip, bool) or not isinstance(skip, int) or skip < 0:
+        raise InvalidArgument(f"skip must be a non-negative int, got {skip!r}")
+    if not isinstance(exc, BaseException):
+        raise InvalidArgument(f"exc must be an exception, got {type(exc).__name__}")
     found = traceback.TracebackException.from_exception(exc)
     if skip:
         del found.stack[: min(skip, len(found.stack) - 1)]  # the frame that raised stays
