@@ -18,6 +18,7 @@ from cronoq._mutations import (
     AttemptLease,
     CancelRequested,
     Mutation,
+    OutboxTaken,
     PoolPaused,
     ScheduleRecord,
     ScheduleRemoved,
@@ -89,6 +90,8 @@ class CollapsedBatch:
     ended_attempts: list[AttemptEnded]
     """The batch's ``AttemptEnded``, messages sanitized, one per (task id, attempt) (the
     first), at most ``ATTEMPTS_KEPT`` per task (its latest), in batch order."""
+    outbox_taken: list[int]
+    """The outbox rows the batch deletes (``OutboxTaken``), each once, in batch order."""
 
 
 def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
@@ -98,6 +101,7 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
     schedules: dict[str, ScheduleRecord | None] = {}
     pools: dict[str, bool] = {}
     ended: dict[tuple[int, int], AttemptEnded] = {}
+    taken: dict[int, None] = {}
     for mutation in batch:
         match mutation:
             # The two that make up most of a batch are matched without positional captures,
@@ -151,6 +155,8 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
                 if (task_id, attempt) not in ended:
                     clean = sanitize_message(message)
                     ended[task_id, attempt] = AttemptEnded(task_id, attempt, started, at, clean)
+            case OutboxTaken(row_ids):
+                taken.update(dict.fromkeys(row_ids))
     return CollapsedBatch(
         new_tasks=list(new.values()),
         changes=list(changes.values()),
@@ -159,6 +165,7 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
         paused_pools=pools,
         max_task_id=max(new, default=0),
         ended_attempts=_latest_attempts(ended) if ended else [],
+        outbox_taken=list(taken),
     )
 
 

@@ -20,6 +20,8 @@ from itertools import count
 from typing import TypeVar
 
 from cronoq import _validate as check
+from cronoq._memory_outbox import MemoryOutbox, OutboxTables
+from cronoq._outbox import OutboxRow
 from cronoq.errors import CronoqError, Fenced, StoreFatal, Unavailable
 from cronoq.store import (
     ATTEMPTS_KEPT,
@@ -28,6 +30,7 @@ from cronoq.store import (
     LeadershipLoss,
     Lease,
     Mutation,
+    OutboxTaken,
     PoolPaused,
     RecoveredState,
     ScheduleRecord,
@@ -71,6 +74,7 @@ class MemoryCluster:
         # Futures of instances waiting for leadership; plain futures, so that no loop-bound
         # primitive outlives the event loop a test or simulation example runs in.
         self.waiting: list[asyncio.Future[None]] = []
+        self.outbox = OutboxTables()
 
     def wake_waiting(self) -> None:
         waiting, self.waiting = self.waiting, []
@@ -171,6 +175,11 @@ class MemoryCluster:
                     )
                     if len(kept) > ATTEMPTS_KEPT:
                         del kept[min(kept)]
+            case OutboxTaken(row_ids):
+                for row_id in row_ids:
+                    taken = self.outbox.rows.pop(row_id, None)
+                    if taken is not None:
+                        undo.outbox_rows.append(taken)
             case PoolPaused(name, paused):
                 undo.pools()
                 if paused:
@@ -235,6 +244,8 @@ class _Undo:
         self._attempts: dict[int, dict[int, AttemptEnded] | None] = {}
         self._schedules: dict[str, ScheduleRecord | None] = {}
         self._paused_pools: set[str] | None = None
+        self.outbox_rows: list[OutboxRow] = []
+        """Outbox rows the batch took."""
 
     def pools(self) -> None:
         if self._paused_pools is None:
@@ -271,6 +282,8 @@ class _Undo:
         _restore(cluster.schedules, self._schedules)
         if self._paused_pools is not None:
             cluster.paused_pools = self._paused_pools
+        for row in self.outbox_rows:
+            cluster.outbox.rows[row.row_id] = row
 
 
 def _restore(target: dict[_K, _V], saved: dict[_K, _V | None]) -> None:
@@ -292,10 +305,12 @@ class MemoryStore:
         self,
         *,
         keep_finished: float | timedelta = 3600.0,
+        outbox: bool = False,
         _cluster: MemoryCluster | None = None,
     ) -> None:
         """``keep_finished``: seconds (or a timedelta, up to ten years) before finished tasks
-        are pruned."""
+        are pruned. ``outbox``: give the store an outbox (``store.outbox``, its ``put``
+        standing for an application's transaction), which a Scheduler then ingests."""
         if _cluster is None:
             # Checked like every duration: "a" * 1e9 would build a 1.9 GB string, inf overflows.
             _cluster = MemoryCluster(check.duration_ns(keep_finished, "keep_finished"))
@@ -304,10 +319,13 @@ class MemoryStore:
         self._epoch: int | None = None
         self._lost = LeadershipLoss()
         self._time_base = TimeBase()
+        self.outbox = (
+            MemoryOutbox(self, self._cluster.outbox) if check.flag(outbox, "outbox") else None
+        )
 
     def connect_another(self) -> MemoryStore:
         """A new instance on the same cluster, as a second process would open the database."""
-        return MemoryStore(_cluster=self._cluster)
+        return MemoryStore(outbox=self.outbox is not None, _cluster=self._cluster)
 
     def simulate_crash(self) -> None:
         """Lose leadership as a dead process would: nothing released, nothing notified."""
@@ -351,9 +369,14 @@ class MemoryStore:
         """Make every later commit of this instance fail as a revoked privilege would."""
         self._fatal = "injected: permission denied for the task table (fail_commits_fatally)"
 
-    def _check_available(self) -> None:
+    def check_available(self) -> None:
         if not self._cluster.available:
             raise Unavailable("memory store made unavailable by set_available(False)")
+
+    def check_leading(self, epoch: int) -> None:
+        """Available, and leading as ``epoch`` (else ``Fenced``), as a commit checks."""
+        self.check_available()
+        self._fence(epoch)
 
     async def acquire_leadership(self) -> Lease:
         cluster = self._cluster
@@ -386,25 +409,25 @@ class MemoryStore:
             raise fenced
 
     async def recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
-        self._check_available()
+        self.check_available()
         self._fence(epoch)
         self._time_base = time_base
         return self._cluster.recover(time_base, time.time_ns() - retention_ns)
 
     async def commit(self, epoch: int, batch: Sequence[Mutation]) -> None:
-        self._check_available()
+        self.check_available()
         self._fence(epoch)
         if self._fatal is not None:
             raise StoreFatal(self._fatal)
         self._cluster.apply(batch, self._time_base)
 
     async def load_output(self, task_id: int) -> bytes | None:
-        self._check_available()
+        self.check_available()
         record = self._cluster.tasks.get(task_id)
         return None if record is None else record.output
 
     async def get_task(self, task_id: int) -> TaskRecord | None:
-        self._check_available()
+        self.check_available()
         record = self._cluster.tasks.get(task_id)
         return None if record is None else _shift(record, self._time_base.to_engine)
 
@@ -413,7 +436,7 @@ class MemoryStore:
         return None if task_id is None else await self.get_task(task_id)
 
     async def get_attempts(self, task_id: int) -> Sequence[AttemptEnded]:
-        self._check_available()
+        self.check_available()
         kept = self._cluster.attempts.get(task_id, {})
         to_engine = self._time_base.to_engine
         return [

@@ -106,3 +106,14 @@ class SchedulerMetrics:
     """Mutations per commit."""
     start_delay_seconds: Histogram
     """From the moment a task became ready to the start of its attempt."""
+    outbox_ingested: int = 0
+    """Outbox rows this leader turned into tasks (or answered by a held key)."""
+    outbox_quarantined: int = 0
+    """Outbox rows this leader quarantined."""
+    outbox_depth: int | None = None
+    """Rows waiting in the outbox, as last read (about once a second); None: no outbox, or
+    not read yet."""
+    outbox_oldest_age_seconds: float | None = None
+    """Age of the oldest row waiting in the outbox (0 when it is empty)."""
+    outbox_quarantine_depth: int | None = None
+    """Rows in the outbox's quarantine, as last read."""

@@ -178,6 +178,15 @@ class PoolPaused:
     paused: bool
 
 
+@dataclass(frozen=True, slots=True)
+class OutboxTaken:
+    """Rows of the store's own outbox (``OutboxSource.transactional``) that this batch turned
+    into tasks, or found held by a key: the commit deletes them with the rest of the batch,
+    so that a row becomes exactly one task whatever crashes or failovers happen."""
+
+    row_ids: tuple[int, ...]
+
+
 Mutation = (
     TaskSubmitted
     | TaskUpdated
@@ -187,6 +196,7 @@ Mutation = (
     | ScheduleSaved
     | ScheduleRemoved
     | PoolPaused
+    | OutboxTaken
 )
 
 

@@ -56,6 +56,7 @@ from cronoq._engine import (
 )
 from cronoq._executors import Executor, LocalExecutor, TaskFunction
 from cronoq._frozen import quick_init
+from cronoq._ingest import Ingester
 from cronoq._memory import MemoryStore
 from cronoq._metrics import SchedulerMetrics
 from cronoq._model import (
@@ -69,6 +70,14 @@ from cronoq._model import (
     TaskSpec,
     TaskTemplate,
     TraceContext,
+)
+from cronoq._outbox import (
+    MAX_OUTBOX_PAGE,
+    OutboxRow,
+    OutboxSource,
+    OutboxStats,
+    QuarantinedRow,
+    decode_outbox_options,
 )
 from cronoq._remote import LeaseRenewed, RemoteExecutor, RemotePool, WorkerLink
 from cronoq._tracebacks import split_traceback, stored_traceback
@@ -159,6 +168,16 @@ def _names(value: Iterable[str] | None, what: str) -> frozenset[str] | None:
         value, what, "an iterable of names", 100_000, lambda item: check.text(item, what)
     )
     return frozenset(names)
+
+
+def _row_ids(value: object) -> builtins.list[int]:
+    return check.bounded(
+        value,
+        "row_ids",
+        "an iterable of outbox row ids",
+        MAX_OUTBOX_PAGE,
+        lambda row_id: check.integer(row_id, "outbox row id", 1, check.MAX_TASK_ID),
+    )
 
 
 def _running_attempt(value: object) -> tuple[AttemptToken, bytes]:
@@ -368,10 +387,15 @@ class Scheduler:
         max_payload_bytes: int = check.DEFAULT_MAX_PAYLOAD_BYTES,
         seed: int | None = None,
         tracing: bool | TracerProvider = False,
+        outbox: OutboxSource | None = None,
     ) -> None:
         """``tracing``: OpenTelemetry spans of submissions, commits, dispatches and attempts
         (``docs/tracing.md``; needs ``cronoq[otel]``): True for the global tracer provider's,
-        or a ``TracerProvider``. Off by default, at no cost."""
+        or a ``TracerProvider``. Off by default, at no cost.
+
+        ``outbox``: where the leader ingests rows that applications wrote in their own
+        transactions (``docs/outbox.md``); None: the store's own (``store.outbox``), if it
+        has one (a ``PgStore``'s, unless its config turns it off)."""
         if isinstance(pools, Pool | RemotePool):
             pools = [pools]
         if isinstance(pools, str) or not isinstance(pools, Sequence):
@@ -459,6 +483,19 @@ class Scheduler:
         )
         self._remote.bind(self._driver, self._driver.nudge, self._driver.stopped)
         self._started = False
+        if outbox is None:
+            outbox = getattr(self._store, "outbox", None)
+        if outbox is not None and not isinstance(outbox, OutboxSource):
+            raise InvalidArgument(
+                f"outbox must implement cronoq.store.OutboxSource, got {type(outbox).__name__}"
+            )
+        self._outbox: OutboxSource | None = outbox
+        self._ingester = (
+            None
+            if outbox is None
+            else Ingester(outbox, lambda: self._driver.epoch, self._outbox_spec, self._ingest)
+        )
+        self._ingesting: asyncio.Task[None] | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -475,6 +512,19 @@ class Scheduler:
             raise InvalidArgument("this Scheduler was already started")
         self._started = True
         await self._driver.start()
+        if self._ingester is not None:
+            self._ingesting = asyncio.get_running_loop().create_task(
+                self._ingest_while_leading(self._ingester), name="cronoq-outbox"
+            )
+
+    async def _ingest_while_leading(self, ingester: Ingester) -> None:
+        run = asyncio.ensure_future(ingester.run())
+        stopped = asyncio.ensure_future(self._driver.stopped.wait())
+        try:
+            await asyncio.wait({run, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            run.cancel()
+            stopped.cancel()
 
     async def close(self, timeout: float = 10.0) -> None:
         """Stop taking calls, let running attempts finish for up to ``timeout`` seconds, commit
@@ -482,6 +532,8 @@ class Scheduler:
 
         Attempts still running after that are abandoned: the next leader retries them.
         """
+        if self._ingesting is not None:
+            self._ingesting.cancel()
         await self._driver.stop(check.duration_ns(timeout, "timeout") / NS_PER_S)
 
     def abort(self) -> None:
@@ -489,6 +541,8 @@ class Scheduler:
         are cancelled and abandoned (the next leader retries them), waiting callers get
         ``SchedulerStopped``. Leadership is released in the background so that a standby takes
         over at once; ``await close()`` afterwards waits for that release."""
+        if self._ingesting is not None:
+            self._ingesting.cancel()
         self._driver.abort()
 
     async def leadership_lost(self) -> None:
@@ -545,7 +599,26 @@ class Scheduler:
             commit_seconds=driver.commit_seconds.snapshot(),
             commit_batch_size=driver.commit_batch_size.snapshot(),
             start_delay_seconds=counters.start_delay.snapshot(),
+            **self._outbox_metrics(),
         )
+
+    def _outbox_metrics(self) -> dict[str, Any]:
+        if self._ingester is None:
+            return {}
+        ingested = self._ingester.counters
+        figures: dict[str, Any] = {
+            "outbox_ingested": ingested.ingested,
+            "outbox_quarantined": ingested.quarantined,
+        }
+        stats = ingested.stats
+        if stats is not None:
+            oldest = stats.oldest_enqueued_unix_ns
+            figures["outbox_depth"] = stats.depth
+            figures["outbox_quarantine_depth"] = stats.quarantined
+            figures["outbox_oldest_age_seconds"] = (
+                0.0 if oldest is None else max(time.time_ns() - oldest, 0) / NS_PER_S
+            )
+        return figures
 
     @property
     def store(self) -> Store:
@@ -682,6 +755,56 @@ class Scheduler:
                 issuer,
             ),
         )  # fmt: skip
+
+    def _outbox_spec(self, now_ns: int, row: OutboxRow) -> TaskSpec:
+        """An outbox row's task, checked as a submission with its payload already encoded;
+        ``CronoqError`` says why the row cannot become one (it is quarantined)."""
+        spec = self.task_spec(now_ns, row.kind, None, **decode_outbox_options(row.options)).spec
+        if len(row.payload) > self._max_payload:
+            raise PayloadError(
+                f"payload is {len(row.payload)} bytes, over the limit of {self._max_payload}"
+            )
+        if not isinstance(self._codec, BytesCodec):
+            decode_payload(self._codec, row.payload, self._context(spec))
+        return dataclasses.replace(spec, payload=row.payload)
+
+    # --- the outbox -----------------------------------------------------------------------
+
+    def _outbox_source(self) -> OutboxSource:
+        if self._outbox is None:
+            raise InvalidArgument(
+                "this scheduler has no outbox: give Scheduler(outbox=...) or a store with one "
+                "(docs/outbox.md)"
+            )
+        return self._outbox
+
+    async def outbox_stats(self) -> OutboxStats:
+        """Rows waiting in the outbox, the oldest one's enqueue time, rows quarantined."""
+        return await self._outbox_source().stats()
+
+    async def outbox_quarantine(
+        self, *, after: int = 0, limit: int = 100
+    ) -> builtins.list[QuarantinedRow]:
+        """Quarantined outbox rows with ids above ``after``, in id order (at most ``limit``,
+        1 to 1,000), each with the reason it could not become a task."""
+        source = self._outbox_source()
+        after = check.integer(after, "after", 0, check.MAX_TASK_ID)
+        limit = check.integer(limit, "limit", 1, MAX_OUTBOX_PAGE)
+        return builtins.list(await source.quarantined(after, limit))
+
+    async def requeue_outbox(self, row_ids: Iterable[int]) -> int:
+        """Move quarantined rows back to the outbox, once their cause is fixed (the pool
+        configured, the option corrected by SQL); return how many moved."""
+        source = self._outbox_source()
+        return await source.requeue(_row_ids(row_ids))
+
+    async def discard_outbox(self, row_ids: Iterable[int]) -> int:
+        """Delete quarantined rows for good; return how many."""
+        source = self._outbox_source()
+        return await source.discard(_row_ids(row_ids))
+
+    async def _ingest(self, specs: builtins.list[TaskSpec], row_ids: tuple[int, ...]) -> object:
+        return await self._call(lambda f: SubmitTasks(specs, f, outbox=row_ids))
 
     def _issued(self, task: object) -> CheckedTask:
         if type(task) is not CheckedTask or task.issuer is not self._issuer:

@@ -45,6 +45,14 @@ Obligations of every store (each one is checked by the conformance kit):
   worker) is returned by ``recover`` however long ago it finished, and not pruned, until an
   update clears the lease: the engine writes that update when the attempt ends, and a new
   leader must see the lease to wait for the attempt.
+- An ``OutboxTaken`` deletes the store's own outbox rows it names, in the transaction of its
+  batch: a batch that lands takes them, one that fails or is fenced leaves every one of them
+  in the outbox (a store whose ``outbox`` is transactional; a store without an outbox never
+  receives one). An id no longer in the outbox (a retried commit that landed) is skipped.
+- A store's transactional outbox (``store.outbox``, an ``OutboxSource``) reads only
+  committed rows, oldest id first, never one a batch of this leader whose outcome it did not
+  learn may still take; ``quarantine`` moves rows with their reasons in one transaction,
+  fenced like a commit; ``requeue`` and ``discard`` move or delete quarantined rows.
 - A store that upgrades a schema of an earlier version of itself keeps everything written
   under it: after the upgrade, every row (its lease and start included), pause, schedule,
   ended attempt and the id high-water mark read back as they were written; only what the
@@ -68,6 +76,7 @@ from cronoq._mutations import (
     AttemptLease,
     CancelRequested,
     Mutation,
+    OutboxTaken,
     PoolPaused,
     ScheduleRecord,
     ScheduleRemoved,
@@ -78,6 +87,14 @@ from cronoq._mutations import (
     TaskUpdated,
     quarantine_message,
     sanitize_message,
+)
+from cronoq._outbox import (
+    OutboxRow,
+    OutboxSource,
+    OutboxStats,
+    QuarantinedRow,
+    decode_outbox_options,
+    encode_outbox_options,
 )
 from cronoq._rows import (
     RECOVERY_COLUMNS,
@@ -106,7 +123,12 @@ __all__ = [
     "Lease",
     "Mutation",
     "NewTask",
+    "OutboxRow",
+    "OutboxSource",
+    "OutboxStats",
+    "OutboxTaken",
     "PoolPaused",
+    "QuarantinedRow",
     "RecoveredState",
     "RetryPolicy",
     "ScheduleRecord",
@@ -128,9 +150,11 @@ __all__ = [
     "Unavailable",
     "collapse_batch",
     "decode_looked_up_record",
+    "decode_outbox_options",
     "decode_schedule_spec",
     "decode_task_record",
     "decode_task_spec",
+    "encode_outbox_options",
     "encode_schedule_spec",
     "encode_task_options",
     "new_task_columns",

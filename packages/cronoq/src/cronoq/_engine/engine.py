@@ -55,7 +55,7 @@ from cronoq._engine.state import Shared
 from cronoq._engine.tasks import Tasks
 from cronoq._engine.timers import Timers
 from cronoq._metrics import Counters, bump
-from cronoq.store import RecoveredState, TaskRecord
+from cronoq.store import OutboxTaken, RecoveredState, TaskRecord
 
 __all__ = ["Engine"]
 
@@ -179,7 +179,10 @@ class Engine:
             case AttemptReport():
                 self._attempts.report(item)
             case SubmitTasks():
-                reply(item.reply_to, tasks.submit(item.specs, item.key_pools, item.key_kinds))
+                submitted = tasks.submit(item.specs, item.key_pools, item.key_kinds)
+                if item.outbox and isinstance(submitted, list):
+                    self._shared.out.mutations.append(OutboxTaken(item.outbox))
+                reply(item.reply_to, submitted)
             case CancelTask():
                 reply(item.reply_to, tasks.cancel(item.task_id, item.message))
             case Heartbeat():

@@ -123,6 +123,9 @@ class SubmitTasks:
     of answering with that task's id (a server's identity limited to some pools must not
     learn the tasks of the others by their keys)."""
     key_kinds: frozenset[str] | None = None
+    outbox: tuple[int, ...] = ()
+    """The outbox rows these specs were read from (``OutboxTaken``): deleted by the step's
+    commit if the submission is accepted, kept if it is refused."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,155 @@
+"""The leader's outbox ingest: rows in, submissions and quarantined rows out.
+
+One loop per leading scheduler. It reads a batch of rows, turns each into a task spec by the
+checks of ``submit`` (a row that fails them is quarantined with the reason, and never blocks
+the rows behind it), and submits the rest as one step of the engine. From the store's own
+database (a transactional source), that step's commit deletes the rows with the tasks it
+creates: a row becomes exactly one task. From elsewhere, each row without a key submits with
+one derived from it, and the rows are deleted after the commit: read twice, a row finds its
+task by that key. A batch is read only once the previous one's commit is resolved, and the
+source reads only once a write whose outcome the store did not learn is over, so no row is
+submitted while an earlier submission of it may still land.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from cronoq._model import TaskSpec
+from cronoq._outbox import OutboxRow, OutboxSource, OutboxStats, derived_key
+from cronoq.errors import (
+    AdmissionRejected,
+    CronoqError,
+    Fenced,
+    InvalidArgument,
+    SchedulerError,
+    SchedulerStopped,
+    StoreFatal,
+    Unavailable,
+)
+
+__all__ = ["INGEST_BATCH", "Ingester"]
+
+log = logging.getLogger("cronoq.outbox")
+
+INGEST_BATCH = 1000
+"""Rows read, checked and submitted per step."""
+_RETRY_FIRST_S = 0.05
+_RETRY_MAX_S = 2.0
+_STATS_EVERY_S = 1.0
+
+
+@dataclass(slots=True)
+class IngestCounters:
+    ingested: int = 0
+    """Rows turned into tasks (or answered by a held key)."""
+    quarantined: int = 0
+    stats: OutboxStats | None = None
+    """The source's last figures (refreshed about once a second while leading)."""
+
+
+class Ingester:
+    def __init__(
+        self,
+        source: OutboxSource,
+        epoch: Callable[[], int],
+        spec_of: Callable[[int, OutboxRow], TaskSpec],
+        submit: Callable[[list[TaskSpec], tuple[int, ...]], Awaitable[object]],
+    ) -> None:
+        """``spec_of(now_ns, row)``: the row's task spec, or ``CronoqError`` saying why it
+        cannot become a task. ``submit(specs, row_ids)``: one submission whose commit takes
+        the rows (``row_ids`` is empty for a source that is not transactional)."""
+        self._source = source
+        self._epoch = epoch
+        self._spec_of = spec_of
+        self._submit = submit
+        self.counters = IngestCounters()
+        self._stats_at = 0.0
+
+    async def run(self) -> None:
+        """Ingest until the scheduler stops or is fenced; store outages are waited out."""
+        pause = _RETRY_FIRST_S
+        while True:
+            try:
+                await self._refresh_stats()
+                if await self._ingest_batch():
+                    pause = _RETRY_FIRST_S
+                    continue
+                await self._source.wait()
+            except (SchedulerStopped, Fenced):
+                return
+            except StoreFatal:
+                log.exception("outbox ingest stopped: the store failed for good")
+                return
+            except (Unavailable, SchedulerError, AdmissionRejected) as exc:
+                # Not applied, or perhaps applied: the rows themselves say which when read
+                # again. Admission: the pools are full; their rows wait in the outbox.
+                log.warning("outbox ingest waits %.2fs: %s", pause, exc)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _RETRY_MAX_S)
+
+    async def _ingest_batch(self) -> bool:
+        """Read, check and submit one batch; False if the outbox was empty."""
+        source, epoch = self._source, self._epoch()
+        rows = await source.read(epoch, INGEST_BATCH)
+        if not rows:
+            return False
+        specs, taken, bad = self.check(rows, time.time_ns())
+        if bad:
+            await self._quarantine(epoch, bad)
+        if specs:
+            try:
+                await self._submit_rows(specs, taken)
+            except InvalidArgument:
+                # The engine refused the batch for one row's sake (the checks above should
+                # have caught it): each alone, so that only the culprit is quarantined.
+                for spec, row_id in zip(specs, taken, strict=True):
+                    try:
+                        await self._submit_rows([spec], [row_id])
+                    except InvalidArgument as exc:
+                        await self._quarantine(epoch, [(row_id, f"{type(exc).__name__}: {exc}")])
+        return True
+
+    async def _submit_rows(self, specs: list[TaskSpec], row_ids: list[int]) -> None:
+        source = self._source
+        await self._submit(specs, tuple(row_ids) if source.transactional else ())
+        if not source.transactional:
+            await source.take(self._epoch(), row_ids)
+        self.counters.ingested += len(specs)
+
+    async def _quarantine(self, epoch: int, bad: list[tuple[int, str]]) -> None:
+        await self._source.quarantine(epoch, bad)
+        self.counters.quarantined += len(bad)
+        for row_id, reason in bad:
+            log.warning("outbox row %d quarantined: %s", row_id, reason)
+
+    def check(
+        self, rows: Sequence[OutboxRow], now_ns: int
+    ) -> tuple[list[TaskSpec], list[int], list[tuple[int, str]]]:
+        """The rows' specs and ids, and (id, reason) of the rows that cannot become tasks."""
+        specs: list[TaskSpec] = []
+        taken: list[int] = []
+        bad: list[tuple[int, str]] = []
+        derive = not self._source.transactional
+        for row in rows:
+            try:
+                spec = self._spec_of(now_ns, row)
+            except CronoqError as exc:
+                bad.append((row.row_id, f"{type(exc).__name__}: {exc}"))
+                continue
+            if derive and spec.key is None:
+                spec = dataclasses.replace(spec, key=derived_key(row))
+            specs.append(spec)
+            taken.append(row.row_id)
+        return specs, taken, bad
+
+    async def _refresh_stats(self) -> None:
+        now = time.monotonic()
+        if now - self._stats_at >= _STATS_EVERY_S:
+            self._stats_at = now
+            self.counters.stats = await self._source.stats()
