@@ -43,10 +43,10 @@ Shape = tuple[tuple[bool, ...] | None, ...]
 
 MAX_SHAPES = 64
 """Shapes with scalar columns, per store; a batch of another shape sends every column as an
-array (63 statements at most, by the parts present). Each statement is prepared once on each
+array (127 statements at most, by the parts present). Each statement is prepared once on each
 pooled connection: with the ON CONFLICT variants and the store's other statements they stay
 within the pool's statement cache (``STATEMENT_CACHE_SIZE``), so no commit prepares again."""
-STATEMENT_CACHE_SIZE = 2 * (MAX_SHAPES + 64) + 32
+STATEMENT_CACHE_SIZE = 2 * (MAX_SHAPES + 128) + 32
 
 
 _NEW_TASK_TYPES = {
@@ -212,7 +212,17 @@ def _parts(s: str) -> tuple[_Part, ...]:
             )"""
         ),
     )
-    return new_tasks, changed, saved, removed, pools, attempts
+    # The outbox rows whose tasks the batch makes durable: gone with the same transaction.
+    outbox = _Part(
+        (("row_id", "bigint"),),
+        lambda u, rows, _: (
+            f"""outbox_taken AS (
+                DELETE FROM {s}.cronoq_outbox
+                WHERE id IN (SELECT {u("row_id")} FROM {rows}) AND EXISTS (SELECT FROM fence)
+            )"""
+        ),
+    )
+    return new_tasks, changed, saved, removed, pools, attempts, outbox
 
 
 class CommitStatements:
@@ -353,6 +363,7 @@ class CommitStatements:
             )
             if ended
             else None,
+            ([*rows.outbox_taken],) if rows.outbox_taken else None,
         )
 
 

@@ -39,13 +39,19 @@ class PgStoreConfig:
     ``PgStore.migrate`` (``cronoq-server migrate``), run as the owner, is then the deploy
     step, and the replicas need only read and write (docs/stores/postgres.md)."""
 
+    outbox: bool = True
+    """Ingest the schema's outbox (docs/outbox.md) while leading: one more connection, to
+    LISTEN, and a read of the outbox every ``outbox_poll`` seconds when idle."""
+    outbox_poll: float = 1.0
+    """Seconds between the leader's reads of an outbox that sent no notification."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.schema, str) or not self.schema or "\x00" in self.schema:
             raise InvalidArgument(f"schema must be a non-empty str without NUL: {self.schema!r}")
         if len(self.schema.encode()) > 63:
             raise InvalidArgument(f"schema {self.schema!r} is longer than PostgreSQL's 63 bytes")
         for name in ("lock_poll", "keepalive", "session_timeout", "command_timeout",
-                     "lock_timeout", "keep_finished", "prune_interval"):  # fmt: skip
+                     "lock_timeout", "keep_finished", "prune_interval", "outbox_poll"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise InvalidArgument(f"{name} must be a positive number of seconds, got {value!r}")
@@ -54,6 +60,8 @@ class PgStoreConfig:
                 f"keepalive ({self.keepalive}s) must be shorter than session_timeout "
                 f"({self.session_timeout}s)"
             )
+        if not isinstance(self.outbox, bool):
+            raise InvalidArgument(f"outbox must be True or False, got {self.outbox!r}")
         if self.migrate not in MIGRATE_MODES:
             raise InvalidArgument(f"migrate must be 'auto' or 'never', got {self.migrate!r}")
         for name in ("prune_batch", "pool_size"):

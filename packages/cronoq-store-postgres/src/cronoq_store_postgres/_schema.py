@@ -14,7 +14,7 @@ from cronoq.errors import StoreFatal
 # A plain connection or one borrowed from a pool: both run the statements alike.
 Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def quote_ident(name: str) -> str:
@@ -106,6 +106,54 @@ def _migrations(s: str) -> list[list[str]]:
                 PRIMARY KEY (task_id, attempt)
             )""",
         ],
+        _outbox_migration(s, outbox_channel(s)),
+    ]
+
+
+def outbox_channel(quoted_schema: str) -> str:
+    """The NOTIFY channel of a schema's outbox (a name of at most 63 bytes, whatever the
+    schema's)."""
+    return "cronoq_outbox_" + hashlib.sha256(quoted_schema.encode()).hexdigest()[:16]
+
+
+def _outbox_migration(s: str, channel: str) -> list[str]:
+    """The outbox (docs/outbox.md): rows applications write in their own transactions, and
+    the quarantine of rows that could not become tasks. New tables: no row is touched."""
+    return [
+        # An identity, not a serial: an application role needs INSERT on the table only.
+        # Only the primary key is indexed: the leader reads the oldest ids and deletes by id.
+        f"""CREATE TABLE {s}.cronoq_outbox (
+            id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            kind text NOT NULL CHECK (length(kind) BETWEEN 1 AND 255),
+            payload bytea NOT NULL DEFAULT '\\x',
+            options jsonb NOT NULL DEFAULT '{{}}' CHECK (jsonb_typeof(options) = 'object'),
+            enqueued_at timestamptz NOT NULL DEFAULT now()
+        )""",
+        f"""CREATE TABLE {s}.cronoq_outbox_quarantine (
+            id bigint PRIMARY KEY,
+            kind text NOT NULL,
+            payload bytea NOT NULL,
+            options text NOT NULL,
+            enqueued_at timestamptz NOT NULL,
+            reason text NOT NULL,
+            quarantined_at timestamptz NOT NULL DEFAULT now()
+        )""",
+        # For application SQL and triggers. SECURITY INVOKER (the default): its caller needs
+        # INSERT on the outbox, as the helpers' callers do.
+        f"""CREATE FUNCTION {s}.cronoq_enqueue(
+            kind text, payload bytea DEFAULT '\\x', options jsonb DEFAULT '{{}}'
+        ) RETURNS bigint LANGUAGE sql AS $cronoq$
+            INSERT INTO {s}.cronoq_outbox (kind, payload, options)
+            VALUES (kind, payload, options) RETURNING id
+        $cronoq$""",
+        # Once per statement, not per row (a transaction's identical notifications fold into
+        # one): the leader wakes at once instead of at its next poll. Under a heavy write load
+        # an operator may disable the trigger; the poll still ingests everything.
+        f"""CREATE FUNCTION {s}.cronoq_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $cronoq$
+            BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END
+        $cronoq$""",
+        f"""CREATE TRIGGER cronoq_outbox_notify AFTER INSERT ON {s}.cronoq_outbox
+            FOR EACH STATEMENT EXECUTE FUNCTION {s}.cronoq_outbox_notify()""",
     ]
 
 

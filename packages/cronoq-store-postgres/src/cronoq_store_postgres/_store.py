@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 
@@ -47,6 +47,7 @@ from cronoq_store_postgres._config import PgStoreConfig
 from cronoq_store_postgres._direct import verify_direct
 from cronoq_store_postgres._errors import CLASSIFIED, CLASSIFIED_OR_BAD_DSN, classify
 from cronoq_store_postgres._leader import LockSession, session_settings
+from cronoq_store_postgres._outbox import OutboxSql, PgOutbox, Statement
 from cronoq_store_postgres._schema import (
     SCHEMA_VERSION,
     Connection,
@@ -81,7 +82,7 @@ class _Sql:
         # A shared lock on the leader row, for the writes that do not update it: a takeover's
         # epoch bump waits until the statement is over, and a bump that came first (or a
         # raised generation) leaves the fence empty (FOR KEY SHARE would let the bump through).
-        fence = f"""fence AS (
+        self.fence = fence = f"""fence AS (
                 SELECT 1 FROM {s}.cronoq_leader
                 WHERE id = 1 AND epoch = $1 AND generation = $2 FOR SHARE
             )"""
@@ -152,6 +153,26 @@ class PgStore:
         self._time_base = TimeBase()
         self._pruning: asyncio.Task[None] | None = None
         self._closed = False
+        self._outbox = (
+            PgOutbox(
+                OutboxSql(config.schema, fence=self._sql.fence),
+                dsn,
+                poll=config.outbox_poll,
+                timeout=config.session_timeout,
+                transactional=True,
+                leading=self._outbox_write,
+                plain=self._read,
+                generation=lambda: self._generation,
+            )
+            if config.outbox
+            else None
+        )
+
+    @property
+    def outbox(self) -> PgOutbox | None:
+        """The schema's outbox (``docs/outbox.md``), which a Scheduler on this store ingests;
+        None if ``config.outbox`` is off."""
+        return self._outbox
 
     @classmethod
     async def connect(cls, dsn: str, config: PgStoreConfig | None = None) -> PgStore:
@@ -275,6 +296,8 @@ class PgStore:
 
     def _stop_leading(self) -> None:
         self._epoch = None
+        if self._outbox is not None:
+            self._outbox.stop_listening()
         if self._pruning is not None:
             self._pruning.cancel()
             self._pruning = None
@@ -427,15 +450,27 @@ class PgStore:
             log.error("task %d %s", task_id, quarantine_message(reason))
         return RecoveredState(max_task_id, tasks, schedules, quarantined, paused_pools)
 
+    # --- the outbox's statements -----------------------------------------------------------
+
+    async def _outbox_write(self, epoch: int, doing: str, statement: Statement) -> Any:
+        """As a commit of ``epoch`` writes: once no write in doubt can still land, so that a
+        read never finds a row a batch in flight may take."""
+        self._check_leading(epoch)
+        async with self._serial:
+            return await self._write(epoch, doing, statement)
+
     # --- lookups --------------------------------------------------------------------------
 
-    async def _fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+    async def _read(self, doing: str, statement: Statement) -> Any:
         self._check_open()
         try:
             async with self._pool.acquire() as conn:
-                return list(await conn.fetch(sql, *args))
+                return await statement(conn)
         except CLASSIFIED as exc:
-            raise classify(exc, "reading") from exc
+            raise classify(exc, doing) from exc
+
+    async def _fetch(self, sql: str, *args: object) -> list[asyncpg.Record]:
+        return list(await self._read("reading", lambda conn: conn.fetch(sql, *args)))
 
     async def load_output(self, task_id: int) -> bytes | None:
         rows = await self._fetch(self._sql.output, task_id)

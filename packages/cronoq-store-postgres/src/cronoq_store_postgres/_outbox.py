@@ -1,0 +1,259 @@
+"""PgOutbox: the outbox tables as a ``cronoq.store.OutboxSource``.
+
+The store's own (``PgStore.outbox``) is transactional: the commit that makes a batch's tasks
+durable deletes its rows (``OutboxTaken``), reads wait for any write of the leader whose
+outcome it did not learn, and the quarantine is fenced like a commit. One in another database
+(``PgOutbox.connect``) is not: the ingest keys rows by themselves and deletes them after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import asyncpg
+
+from cronoq.errors import Fenced, InvalidArgument
+from cronoq.store import OutboxRow, OutboxStats, QuarantinedRow
+from cronoq_store_postgres._errors import CLASSIFIED, CLASSIFIED_OR_BAD_DSN, classify
+from cronoq_store_postgres._schema import Connection, ensure_schema, outbox_channel, quote_ident
+
+__all__ = ["OutboxSql", "PgOutbox"]
+
+log = logging.getLogger("cronoq.postgres")
+_LISTEN_ERRORS: tuple[type[BaseException], ...] = (*CLASSIFIED_OR_BAD_DSN, TimeoutError, OSError)
+
+Statement = Callable[[Connection], Awaitable[Any]]
+Plain = Callable[[str, Statement], Awaitable[Any]]
+"""(what it does, for errors; the statement) -> its result."""
+Leading = Callable[[int, str, Statement], Awaitable[Any]]
+"""(epoch, what it does, the statement) -> its result, run as that epoch's leader writes."""
+
+
+class OutboxSql:
+    """The outbox's statements over one schema. ``fence``: the CTE that gates a quarantine on
+    the leader row ($1 epoch, $2 generation), or one that passes them through."""
+
+    def __init__(self, schema: str, fence: str | None = None) -> None:
+        s = quote_ident(schema)
+        self.channel = outbox_channel(s)
+        fence = fence or "fence AS (SELECT $1::bigint, $2::bigint)"
+        enqueued_ns = "(extract(epoch FROM enqueued_at) * 1000000)::bigint * 1000"
+        self.read = f"""
+            SELECT id, kind, payload, options::text, {enqueued_ns}
+            FROM {s}.cronoq_outbox ORDER BY id LIMIT $1"""
+        self.take = f"DELETE FROM {s}.cronoq_outbox WHERE id = ANY($1::bigint[])"
+        self.quarantine = f"""
+            WITH {fence}, moved AS (
+                DELETE FROM {s}.cronoq_outbox AS o
+                USING unnest($3::bigint[], $4::text[]) AS u(id, reason)
+                WHERE o.id = u.id AND EXISTS (SELECT FROM fence)
+                RETURNING o.id, o.kind, o.payload, o.options, o.enqueued_at, u.reason
+            ), kept AS (
+                INSERT INTO {s}.cronoq_outbox_quarantine
+                    (id, kind, payload, options, enqueued_at, reason)
+                SELECT id, kind, payload, options::text, enqueued_at, reason FROM moved
+                ON CONFLICT (id) DO NOTHING
+            )
+            SELECT count(*) FROM fence"""
+        self.stats = f"""
+            SELECT (SELECT count(*) FROM {s}.cronoq_outbox),
+                (SELECT {enqueued_ns.replace("enqueued_at", "min(enqueued_at)")}
+                    FROM {s}.cronoq_outbox),
+                (SELECT count(*) FROM {s}.cronoq_outbox_quarantine)"""
+        self.quarantined = f"""
+            SELECT id, kind, payload, options, {enqueued_ns}, reason,
+                {enqueued_ns.replace("enqueued_at", "quarantined_at")}
+            FROM {s}.cronoq_outbox_quarantine WHERE id > $1 ORDER BY id LIMIT $2"""
+        # Back with their ids: a row keeps its identity (and derived key) through a requeue.
+        self.requeue = f"""
+            WITH moved AS (
+                DELETE FROM {s}.cronoq_outbox_quarantine WHERE id = ANY($1::bigint[])
+                RETURNING id, kind, payload, options, enqueued_at
+            ), back AS (
+                INSERT INTO {s}.cronoq_outbox (id, kind, payload, options, enqueued_at)
+                OVERRIDING SYSTEM VALUE
+                SELECT id, kind, payload, options::jsonb, enqueued_at FROM moved
+            )
+            SELECT count(*) FROM moved"""
+        self.discard = f"""
+            WITH gone AS (
+                DELETE FROM {s}.cronoq_outbox_quarantine WHERE id = ANY($1::bigint[])
+                RETURNING 1
+            )
+            SELECT count(*) FROM gone"""
+
+
+class _Listener:
+    """A dedicated connection LISTENing on the outbox's channel, opened at the first wait and
+    reopened after a failure; without it the poll alone ingests."""
+
+    def __init__(self, dsn: str, channel: str, timeout: float) -> None:
+        self._dsn = dsn
+        self._channel = channel
+        self._timeout = timeout
+        self._conn: asyncpg.Connection | None = None
+        self._event = asyncio.Event()
+
+    def arm(self) -> None:
+        """Called before a read: a notification from now on wakes the next wait."""
+        self._event.clear()
+
+    async def wait(self, poll: float) -> None:
+        await self._listen()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(poll):
+                await self._event.wait()
+
+    async def _listen(self) -> None:
+        if self._conn is not None and not self._conn.is_closed():
+            return
+        try:
+            conn = await asyncpg.connect(
+                self._dsn,
+                timeout=self._timeout,
+                server_settings={"application_name": "cronoq-outbox"},
+            )
+            await conn.add_listener(self._channel, lambda *_: self._event.set())
+        except _LISTEN_ERRORS as exc:
+            log.warning("outbox: cannot LISTEN (%s); polling only until it can", exc)
+            return
+        self._conn = conn
+        self._event.set()  # rows may have come while nobody listened: read once more
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.terminate()
+            self._conn = None
+
+
+class PgOutbox:
+    """An ``OutboxSource`` over a schema's ``cronoq_outbox`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        sql: OutboxSql,
+        dsn: str,
+        *,
+        poll: float,
+        timeout: float,
+        transactional: bool,
+        leading: Leading,
+        plain: Plain,
+        generation: Callable[[], int] = lambda: 0,
+        pool: asyncpg.Pool | None = None,
+    ) -> None:
+        """``leading(doing, statement)`` runs a statement as the leader writes (after any
+        write in doubt, fenced by the caller); ``plain`` runs one on any connection."""
+        self._sql = sql
+        self._poll = poll
+        self._transactional = transactional
+        self._leading = leading
+        self._plain = plain
+        self._generation = generation
+        self._pool = pool
+        self._listener = _Listener(dsn, sql.channel, timeout)
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        schema: str = "public",
+        poll: float = 1.0,
+        timeout: float = 10.0,
+        migrate: str = "auto",
+    ) -> PgOutbox:
+        """An outbox in a database other than the scheduler's store (``Scheduler(outbox=)``):
+        ingested at least once, deduplicated by a key derived from each row (docs/outbox.md).
+        ``migrate="auto"`` creates the schema's tables if missing."""
+        if not isinstance(dsn, str) or not dsn or "\x00" in dsn:
+            raise InvalidArgument("dsn must be a non-empty str without NUL")
+        for name, value in (("poll", poll), ("timeout", timeout)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise InvalidArgument(f"{name} must be a positive number of seconds: {value!r}")
+        try:
+            pool = await asyncpg.create_pool(
+                dsn, min_size=1, max_size=2, timeout=timeout, command_timeout=timeout,
+                server_settings={"application_name": "cronoq-outbox"},
+            )  # fmt: skip
+        except CLASSIFIED_OR_BAD_DSN as exc:
+            raise classify(exc, "connecting to the outbox") from exc
+        try:
+            async with pool.acquire() as conn:
+                await ensure_schema(conn, schema, migrate)
+        except BaseException:
+            await pool.close()
+            raise
+
+        async def run(doing: str, statement: Statement) -> Any:
+            try:
+                async with pool.acquire() as conn:
+                    return await statement(conn)
+            except CLASSIFIED as exc:
+                raise classify(exc, doing) from exc
+
+        return cls(
+            OutboxSql(schema), dsn, poll=poll, timeout=timeout, transactional=False,
+            leading=lambda _epoch, doing, statement: run(doing, statement), plain=run, pool=pool,
+        )  # fmt: skip
+
+    @property
+    def transactional(self) -> bool:
+        return self._transactional
+
+    async def read(self, epoch: int, limit: int) -> Sequence[OutboxRow]:
+        self._listener.arm()
+        sql = self._sql.read
+        rows = await self._leading(epoch, "reading the outbox", lambda c: c.fetch(sql, limit))
+        return [OutboxRow(*row) for row in rows]
+
+    async def take(self, epoch: int, row_ids: Sequence[int]) -> None:
+        sql, ids = self._sql.take, list(row_ids)
+        await self._leading(epoch, "deleting outbox rows", lambda c: c.execute(sql, ids))
+
+    async def quarantine(self, epoch: int, rows: Sequence[tuple[int, str]]) -> None:
+        sql = self._sql.quarantine
+        ids = [row_id for row_id, _ in rows]
+        reasons = [reason for _, reason in rows]
+        leading = await self._leading(
+            epoch,
+            "quarantining outbox rows",
+            lambda c: c.fetchval(sql, epoch, self._generation(), ids, reasons),
+        )
+        if leading == 0:
+            raise Fenced(f"epoch {epoch} was superseded: it quarantines nothing")
+
+    async def wait(self) -> None:
+        await self._listener.wait(self._poll)
+
+    async def stats(self) -> OutboxStats:
+        sql = self._sql.stats
+        row = await self._plain("reading the outbox", lambda c: c.fetchrow(sql))
+        return OutboxStats(int(row[0]), row[1], int(row[2]))
+
+    async def quarantined(self, after: int, limit: int) -> Sequence[QuarantinedRow]:
+        sql = self._sql.quarantined
+        rows = await self._plain("reading the quarantine", lambda c: c.fetch(sql, after, limit))
+        return [QuarantinedRow(*row) for row in rows]
+
+    async def requeue(self, row_ids: Sequence[int]) -> int:
+        sql = self._sql.requeue
+        ids = list(row_ids)
+        return int(await self._plain("requeueing outbox rows", lambda c: c.fetchval(sql, ids)))
+
+    async def discard(self, row_ids: Sequence[int]) -> int:
+        sql = self._sql.discard
+        ids = list(row_ids)
+        return int(await self._plain("discarding outbox rows", lambda c: c.fetchval(sql, ids)))
+
+    def stop_listening(self) -> None:
+        self._listener.close()
+
+    async def close(self) -> None:
+        self._listener.close()
+        if self._pool is not None:
+            await self._pool.close()
