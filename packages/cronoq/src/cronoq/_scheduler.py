@@ -559,6 +559,13 @@ class Scheduler:
         return self._driver.failure
 
     @property
+    def has_outbox(self) -> bool:
+        """It ingests an outbox (``Scheduler(outbox=)`` or its store's): the ``outbox_*``
+        calls answer, and ``metrics()`` reports its figures. A server or dashboard asks this
+        rather than provoking the calls' refusal."""
+        return self._outbox is not None
+
+    @property
     def codec(self) -> Codec:
         return self._codec
 
