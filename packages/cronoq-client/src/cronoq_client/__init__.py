@@ -7,7 +7,8 @@ The wire protocol is ``cronoq_client.protocol``.
 
 from cronoq_client._client import AsyncClient
 from cronoq_client._credentials import Tls
+from cronoq_client._outbox import OutboxStatus, QuarantinedOutboxRow
 from cronoq_client._sync import Client
 from cronoq_client._worker import Worker
 
-__all__ = ["AsyncClient", "Client", "Tls", "Worker"]
+__all__ = ["AsyncClient", "Client", "OutboxStatus", "QuarantinedOutboxRow", "Tls", "Worker"]

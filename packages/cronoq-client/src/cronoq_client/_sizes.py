@@ -19,9 +19,9 @@ from google.protobuf.message import Message
 
 from cronoq import LEASE_ID_BYTES, TaskInfo, TaskRequest, TaskSummary
 from cronoq.errors import PayloadError
-from cronoq.store import TaskSpec
+from cronoq.store import QuarantinedRow, TaskSpec
 from cronoq_client._proto import cronoq_pb2 as pb
-from cronoq_client._wire import task_info_to_pb, task_summary_to_pb
+from cronoq_client._wire import quarantined_row_to_pb, task_info_to_pb, task_summary_to_pb
 
 __all__ = [
     "MAX_LIST_PAGE",
@@ -31,6 +31,7 @@ __all__ = [
     "fitted_task_info",
     "list_response_to_pb",
     "max_data_bytes",
+    "outbox_quarantine_response_to_pb",
     "task_data_response",
 ]
 
@@ -210,4 +211,27 @@ def list_response_to_pb(
     full = len(message.tasks) < len(tasks) or (asked is not None and len(tasks) == asked)
     if full and message.tasks:
         message.next_page_token = str(message.tasks[-1].task_id)
+    return message
+
+
+def outbox_quarantine_response_to_pb(
+    rows: Sequence[QuarantinedRow], asked: int, limit: int
+) -> pb.ListOutboxQuarantineResponse:
+    """A ListOutboxQuarantine reply of at most ``limit`` bytes: the rows in order while they
+    fit (at least one), with ``next_after`` when it ended early or is as long as ``asked``."""
+    message = pb.ListOutboxQuarantineResponse()
+    size = 0
+    for row in rows:
+        encoded = quarantined_row_to_pb(row)
+        size += encoded.ByteSize() + 1 + _varint_bytes(encoded.ByteSize())
+        if size + 1 + 10 > limit:  # next_after: its tag and an int64's longest varint
+            if not message.rows:
+                raise PayloadError(
+                    f"outbox row {row.row_id} alone exceeds the server's message limit of "
+                    f"{limit} bytes (raise limits.max_message_bytes)"
+                )
+            break
+        message.rows.append(encoded)
+    if message.rows and (len(message.rows) < len(rows) or len(rows) == asked):
+        message.next_after = message.rows[-1].row_id
     return message

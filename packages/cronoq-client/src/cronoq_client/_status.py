@@ -20,6 +20,8 @@ WaitTimedOut                                DEADLINE_EXCEEDED     WAIT_TIMED_OUT
 StaleAttempt                                FAILED_PRECONDITION   STALE_ATTEMPT (metadata ``why``:
                                                                   its ``reason``)
 NotRetryable                                FAILED_PRECONDITION   NOT_RETRYABLE
+NoOutbox (an InvalidArgument: the server    FAILED_PRECONDITION   NO_OUTBOX
+ingests no outbox)
 Unauthenticated                             UNAUTHENTICATED       UNAUTHENTICATED
 PermissionDenied                            PERMISSION_DENIED     PERMISSION_DENIED (metadata
                                                                   ``permission``)
@@ -75,8 +77,10 @@ __all__ = [
     "DETAILS_KEY",
     "DOMAIN",
     "MAX_MESSAGE_BYTES",
+    "NoOutbox",
     "Outcome",
     "Reason",
+    "cut_text",
     "error_from_report_result",
     "error_from_rpc",
     "outcome",
@@ -114,6 +118,7 @@ class Reason(StrEnum):
     WAIT_TIMED_OUT = "WAIT_TIMED_OUT"
     STALE_ATTEMPT = "STALE_ATTEMPT"
     NOT_RETRYABLE = "NOT_RETRYABLE"
+    NO_OUTBOX = "NO_OUTBOX"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     PERMISSION_DENIED = "PERMISSION_DENIED"
     STANDBY = "STANDBY"
@@ -129,6 +134,14 @@ class Reason(StrEnum):
 
 
 Code = grpc.StatusCode
+
+
+class NoOutbox(InvalidArgument):
+    """The server ingests no outbox, so its outbox calls have nothing to act on. An
+    ``InvalidArgument``, as the embedded ``Scheduler``'s outbox calls raise without one; on the
+    wire FAILED_PRECONDITION, since the request is right and the server's configuration is
+    what refuses it."""
+
 
 # The exceptions with a fixed status, by class; looked up along the exception's MRO, so a
 # subclass (DuplicateSchedule is an InvalidArgument) finds its own row before its base's.
@@ -146,17 +159,23 @@ _BY_CLASS: dict[type[BaseException], tuple[grpc.StatusCode, Reason]] = {
     WaitTimedOut: (Code.DEADLINE_EXCEEDED, Reason.WAIT_TIMED_OUT),
     StaleAttempt: (Code.FAILED_PRECONDITION, Reason.STALE_ATTEMPT),
     NotRetryable: (Code.FAILED_PRECONDITION, Reason.NOT_RETRYABLE),
+    NoOutbox: (Code.FAILED_PRECONDITION, Reason.NO_OUTBOX),
     Unauthenticated: (Code.UNAUTHENTICATED, Reason.UNAUTHENTICATED),
     PermissionDenied: (Code.PERMISSION_DENIED, Reason.PERMISSION_DENIED),
 }
 
 
-def _message(text: str) -> str:
-    """Valid UTF-8 (a lone surrogate escaped) of at most MAX_MESSAGE_BYTES."""
+def cut_text(text: str, limit: int) -> str:
+    """``text`` as valid UTF-8 (a lone surrogate escaped) of at most ``limit`` bytes, ending
+    with ``...`` when it was cut."""
     data = text.encode("utf-8", "backslashreplace")
-    if len(data) <= MAX_MESSAGE_BYTES:
+    if len(data) <= limit:
         return data.decode("utf-8")
-    return data[: MAX_MESSAGE_BYTES - 3].decode("utf-8", "ignore") + "..."
+    return data[: limit - 3].decode("utf-8", "ignore") + "..."
+
+
+def _message(text: str) -> str:
+    return cut_text(text, MAX_MESSAGE_BYTES)
 
 
 def _classify(exc: BaseException) -> tuple[grpc.StatusCode, Reason, dict[str, str]]:
@@ -352,6 +371,7 @@ def _stopped(message: str, applied: bool | None) -> SchedulerError:
 _BY_REASON: dict[Reason, Callable[[str, Mapping[str, str]], CronoqError]] = {
     Reason.INVALID_ARGUMENT: lambda m, _: InvalidArgument(m),
     Reason.NOT_RETRYABLE: lambda m, _: NotRetryable(m),
+    Reason.NO_OUTBOX: lambda m, _: NoOutbox(m),
     Reason.UNKNOWN_POOL: lambda m, _: UnknownPool(m),
     Reason.INVALID_CRON: lambda m, _: InvalidCron(m),
     Reason.UNKNOWN_TIME_ZONE: lambda m, _: UnknownTimeZone(m),

@@ -63,8 +63,10 @@ from cronoq import (
     unix_ns,
 )
 from cronoq.errors import CronoqError, InvalidArgument, PayloadError, SchedulerError
+from cronoq.store import OutboxStats, QuarantinedRow
+from cronoq_client._outbox import OutboxStatus, QuarantinedOutboxRow
 from cronoq_client._proto import cronoq_pb2 as pb
-from cronoq_client._status import error_from_report_result, report_result
+from cronoq_client._status import cut_text, error_from_report_result, report_result
 
 __all__ = [
     "MAX_HEARTBEATS_PER_CALL",
@@ -75,6 +77,10 @@ __all__ = [
     "MAX_WORKER_ID_LENGTH",
     "MAX_WORKER_POOLS",
     "MAX_WORKER_SLOTS",
+    "OUTBOX_KIND_BYTES",
+    "OUTBOX_PAGE_DEFAULT",
+    "OUTBOX_PAYLOAD_HEAD_BYTES",
+    "OUTBOX_TEXT_BYTES",
     "Attached",
     "ReportFailure",
     "ReportSuccess",
@@ -98,6 +104,12 @@ __all__ = [
     "list_kwargs",
     "list_request",
     "list_response",
+    "outbox_quarantine_kwargs",
+    "outbox_quarantine_request",
+    "outbox_quarantine_response",
+    "outbox_row_ids",
+    "outbox_status_from_pb",
+    "outbox_status_to_pb",
     "parse",
     "pool_and_kind",
     "pool_info_from_pb",
@@ -106,6 +118,8 @@ __all__ = [
     "preview_request",
     "preview_response",
     "preview_response_to_pb",
+    "quarantined_row_from_pb",
+    "quarantined_row_to_pb",
     "report_from_pb",
     "report_many_from_pb",
     "report_request",
@@ -1238,6 +1252,113 @@ def preview_response_to_pb(occurrences: Iterable[datetime]) -> pb.PreviewSchedul
 
 def preview_response(message: pb.PreviewScheduleResponse) -> list[datetime]:
     return [_datetime(ts, "occurrence") for ts in message.occurrences]
+
+
+# --- the outbox -----------------------------------------------------------------------------
+
+OUTBOX_KIND_BYTES = 1024
+"""A quarantined row's kind on the wire is cut at this many UTF-8 bytes: the store bounds a
+kind at 255 characters, but a source outside it may not, and a kind too long is a reason to
+be quarantined."""
+OUTBOX_PAYLOAD_HEAD_BYTES = 1024
+"""The first bytes of a quarantined row's payload that its listing carries: enough to tell
+which application wrote it; the store has the rest."""
+OUTBOX_PAGE_DEFAULT = 100
+"""Rows of a ListOutboxQuarantine that names no limit (``Scheduler.outbox_quarantine``'s)."""
+OUTBOX_TEXT_BYTES = 4096
+"""A quarantined row's options and reason on the wire are cut at this many UTF-8 bytes:
+options may be any JSON a hand-written row holds, and a page of 1,000 rows must stay bounded."""
+
+
+def outbox_status_to_pb(
+    stats: OutboxStats, *, ingested: int, quarantined: int, now_ns: int
+) -> pb.OutboxStatusResponse:
+    """The outbox's figures and the leader's counters (``ingested``, ``quarantined``); the
+    oldest row's age by ``now_ns``, the server's clock."""
+    message = pb.OutboxStatusResponse(
+        depth=stats.depth,
+        quarantined=stats.quarantined,
+        ingested_by_leader=ingested,
+        quarantined_by_leader=quarantined,
+    )
+    oldest = stats.oldest_enqueued_unix_ns
+    if oldest is not None:
+        message.oldest_enqueued_at.CopyFrom(_timestamp_of_ns(oldest))
+        message.oldest_age.CopyFrom(_duration_of_ns(max(now_ns - oldest, 0)))
+    return message
+
+
+def outbox_status_from_pb(message: pb.OutboxStatusResponse) -> OutboxStatus:
+    oldest = age = None
+    if message.HasField("oldest_enqueued_at"):
+        oldest = _datetime(message.oldest_enqueued_at, "oldest_enqueued_at")
+    if message.HasField("oldest_age"):
+        age = _delay(message.oldest_age, "oldest_age")
+    return OutboxStatus(
+        message.depth,
+        oldest,
+        age,
+        message.quarantined,
+        message.ingested_by_leader,
+        message.quarantined_by_leader,
+    )
+
+
+def outbox_quarantine_request(
+    after: object = 0, limit: object = None
+) -> pb.ListOutboxQuarantineRequest:
+    """``limit=None``: the server's default (100); the Scheduler checks both."""
+    message = pb.ListOutboxQuarantineRequest(after=_int64(after, "after"))
+    if limit is not None:
+        message.limit = _int64(limit, "limit")
+    return message
+
+
+def outbox_quarantine_kwargs(message: pb.ListOutboxQuarantineRequest) -> dict[str, Any]:
+    """The arguments of ``Scheduler.outbox_quarantine``, ``limit`` always among them."""
+    limit = message.limit if message.HasField("limit") else OUTBOX_PAGE_DEFAULT
+    return {"after": message.after, "limit": limit}
+
+
+def quarantined_row_to_pb(row: QuarantinedRow) -> pb.QuarantinedOutboxRow:
+    """A quarantined row with its fields cut at the protocol's bounds."""
+    return pb.QuarantinedOutboxRow(
+        row_id=row.row_id,
+        kind=cut_text(row.kind, OUTBOX_KIND_BYTES),
+        payload_size=len(row.payload),
+        payload_head=row.payload[:OUTBOX_PAYLOAD_HEAD_BYTES],
+        options=cut_text(row.options, OUTBOX_TEXT_BYTES),
+        enqueued_at=_timestamp_of_ns(row.enqueued_unix_ns),
+        reason=cut_text(row.reason, OUTBOX_TEXT_BYTES),
+        quarantined_at=_timestamp_of_ns(row.quarantined_unix_ns),
+    )
+
+
+def quarantined_row_from_pb(message: pb.QuarantinedOutboxRow) -> QuarantinedOutboxRow:
+    return QuarantinedOutboxRow(
+        message.row_id,
+        message.kind,
+        message.payload_size,
+        message.payload_head,
+        message.options,
+        _datetime(message.enqueued_at, "enqueued_at"),
+        message.reason,
+        _datetime(message.quarantined_at, "quarantined_at"),
+    )
+
+
+def outbox_quarantine_response(
+    message: pb.ListOutboxQuarantineResponse,
+) -> tuple[list[QuarantinedOutboxRow], int | None]:
+    """The page's rows, and the ``after`` of the next page (None: this one was the last)."""
+    rows = [quarantined_row_from_pb(row) for row in message.rows]
+    return rows, message.next_after if message.HasField("next_after") else None
+
+
+def outbox_row_ids(row_ids: object) -> list[int]:
+    """Row ids as the wire carries them; how many a call may name is the server's to check
+    (``MAX_OUTBOX_PAGE``), with the Scheduler's message."""
+    return _int64s(row_ids, "row_ids", "an iterable of outbox row ids", "outbox row id")
 
 
 # --- remote workers -------------------------------------------------------------------------

@@ -851,6 +851,258 @@ class ListWorkersResponse(_message.Message):
 Global___ListWorkersResponse: _TypeAlias = ListWorkersResponse  # noqa: Y015
 
 @_typing.final
+class OutboxStatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutboxStatusRequest: _TypeAlias = OutboxStatusRequest  # noqa: Y015
+
+@_typing.final
+class OutboxStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEPTH_FIELD_NUMBER: _builtins.int
+    OLDEST_ENQUEUED_AT_FIELD_NUMBER: _builtins.int
+    OLDEST_AGE_FIELD_NUMBER: _builtins.int
+    QUARANTINED_FIELD_NUMBER: _builtins.int
+    INGESTED_BY_LEADER_FIELD_NUMBER: _builtins.int
+    QUARANTINED_BY_LEADER_FIELD_NUMBER: _builtins.int
+    depth: _builtins.int
+    """Rows waiting to be ingested."""
+    quarantined: _builtins.int
+    """Rows in the quarantine."""
+    ingested_by_leader: _builtins.int
+    """Rows this leader turned into tasks, and rows it quarantined, since it began leading (its
+    epoch): the counters of /metrics, which a new leader starts again.
+    """
+    quarantined_by_leader: _builtins.int
+    @_builtins.property
+    def oldest_enqueued_at(self) -> _timestamp_pb2.Timestamp:
+        """When the oldest waiting row was written (the database's clock); absent when none waits."""
+
+    @_builtins.property
+    def oldest_age(self) -> _duration_pb2.Duration:
+        """Its age by the server's clock; absent when none waits."""
+
+    def __init__(
+        self,
+        *,
+        depth: _builtins.int = ...,
+        oldest_enqueued_at: _timestamp_pb2.Timestamp | None = ...,
+        oldest_age: _duration_pb2.Duration | None = ...,
+        quarantined: _builtins.int = ...,
+        ingested_by_leader: _builtins.int = ...,
+        quarantined_by_leader: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["oldest_age", b"oldest_age", "oldest_enqueued_at", b"oldest_enqueued_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["depth", b"depth", "ingested_by_leader", b"ingested_by_leader", "oldest_age", b"oldest_age", "oldest_enqueued_at", b"oldest_enqueued_at", "quarantined", b"quarantined", "quarantined_by_leader", b"quarantined_by_leader"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutboxStatusResponse: _TypeAlias = OutboxStatusResponse  # noqa: Y015
+
+@_typing.final
+class ListOutboxQuarantineRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AFTER_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    after: _builtins.int
+    """Only rows of ids above this one; 0 (the default): from the first."""
+    limit: _builtins.int
+    """Most rows to return, 1 to 1,000 (MAX_OUTBOX_PAGE). Absent: 100. The server ends a page
+    early (with next_after) where the next row would not fit in its message limit.
+    """
+    def __init__(
+        self,
+        *,
+        after: _builtins.int = ...,
+        limit: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_limit", b"_limit", "limit", b"limit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_limit", b"_limit", "after", b"after", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__limit: _TypeAlias = _typing.Literal["limit"]  # noqa: Y015
+    _WhichOneofArgType__limit: _TypeAlias = _typing.Literal["_limit", b"_limit"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__limit) -> _WhichOneofReturnType__limit | None: ...
+
+Global___ListOutboxQuarantineRequest: _TypeAlias = ListOutboxQuarantineRequest  # noqa: Y015
+
+@_typing.final
+class QuarantinedOutboxRow(_message.Message):
+    """A row of the outbox's quarantine (cronoq.store.QuarantinedRow), its fields bounded: a row
+    written by hand may hold any kind, payload and options, which are why it is quarantined.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROW_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    PAYLOAD_SIZE_FIELD_NUMBER: _builtins.int
+    PAYLOAD_HEAD_FIELD_NUMBER: _builtins.int
+    OPTIONS_FIELD_NUMBER: _builtins.int
+    ENQUEUED_AT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    QUARANTINED_AT_FIELD_NUMBER: _builtins.int
+    row_id: _builtins.int
+    kind: _builtins.str
+    """At most 1,024 UTF-8 bytes; a longer one is cut and ends with "..."."""
+    payload_size: _builtins.int
+    """The payload's length, and its first 1,024 bytes at most."""
+    payload_head: _builtins.bytes
+    options: _builtins.str
+    """The options' JSON object as stored, at most 4,096 UTF-8 bytes (cut as `kind` is)."""
+    reason: _builtins.str
+    """Why it could not become a task, at most 4,096 UTF-8 bytes (cut as `kind` is)."""
+    @_builtins.property
+    def enqueued_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def quarantined_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        row_id: _builtins.int = ...,
+        kind: _builtins.str = ...,
+        payload_size: _builtins.int = ...,
+        payload_head: _builtins.bytes = ...,
+        options: _builtins.str = ...,
+        enqueued_at: _timestamp_pb2.Timestamp | None = ...,
+        reason: _builtins.str = ...,
+        quarantined_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["enqueued_at", b"enqueued_at", "quarantined_at", b"quarantined_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enqueued_at", b"enqueued_at", "kind", b"kind", "options", b"options", "payload_head", b"payload_head", "payload_size", b"payload_size", "quarantined_at", b"quarantined_at", "reason", b"reason", "row_id", b"row_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___QuarantinedOutboxRow: _TypeAlias = QuarantinedOutboxRow  # noqa: Y015
+
+@_typing.final
+class ListOutboxQuarantineResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    NEXT_AFTER_FIELD_NUMBER: _builtins.int
+    next_after: _builtins.int
+    """Present when more rows may follow (the page is as long as asked, or ended early): the
+    `after` of the next page, the id of this page's last row.
+    """
+    @_builtins.property
+    def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___QuarantinedOutboxRow]: ...
+    def __init__(
+        self,
+        *,
+        rows: _abc.Iterable[Global___QuarantinedOutboxRow] | None = ...,
+        next_after: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_next_after", b"_next_after", "next_after", b"next_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_after", b"_next_after", "next_after", b"next_after", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__next_after: _TypeAlias = _typing.Literal["next_after"]  # noqa: Y015
+    _WhichOneofArgType__next_after: _TypeAlias = _typing.Literal["_next_after", b"_next_after"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__next_after) -> _WhichOneofReturnType__next_after | None: ...
+
+Global___ListOutboxQuarantineResponse: _TypeAlias = ListOutboxQuarantineResponse  # noqa: Y015
+
+@_typing.final
+class RequeueOutboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROW_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def row_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Ids of quarantined rows, at most 1,000 (MAX_OUTBOX_PAGE); an id not in the quarantine is
+        skipped.
+        """
+
+    def __init__(
+        self,
+        *,
+        row_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["row_ids", b"row_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueOutboxRequest: _TypeAlias = RequeueOutboxRequest  # noqa: Y015
+
+@_typing.final
+class RequeueOutboxResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COUNT_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    """How many rows moved back to the outbox."""
+    def __init__(
+        self,
+        *,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueOutboxResponse: _TypeAlias = RequeueOutboxResponse  # noqa: Y015
+
+@_typing.final
+class DiscardOutboxRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROW_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def row_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """As RequeueOutboxRequest's."""
+
+    def __init__(
+        self,
+        *,
+        row_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["row_ids", b"row_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DiscardOutboxRequest: _TypeAlias = DiscardOutboxRequest  # noqa: Y015
+
+@_typing.final
+class DiscardOutboxResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COUNT_FIELD_NUMBER: _builtins.int
+    count: _builtins.int
+    """How many rows were deleted."""
+    def __init__(
+        self,
+        *,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DiscardOutboxResponse: _TypeAlias = DiscardOutboxResponse  # noqa: Y015
+
+@_typing.final
 class SubmitRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -140,6 +140,26 @@ class SchedulerServiceStub:
                 request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
+        self.OutboxStatus = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/OutboxStatus',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.OutboxStatusRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.OutboxStatusResponse.FromString,
+                _registered_method=True)
+        self.ListOutboxQuarantine = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/ListOutboxQuarantine',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListOutboxQuarantineRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListOutboxQuarantineResponse.FromString,
+                _registered_method=True)
+        self.RequeueOutbox = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/RequeueOutbox',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.RequeueOutboxRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.RequeueOutboxResponse.FromString,
+                _registered_method=True)
+        self.DiscardOutbox = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/DiscardOutbox',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.DiscardOutboxRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.DiscardOutboxResponse.FromString,
+                _registered_method=True)
 
 
 class SchedulerServiceServicer:
@@ -306,6 +326,39 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OutboxStatus(self, request, context):
+        """The outbox the leader ingests (rows applications write in their own transactions, see
+        docs/outbox.md): rows waiting, the oldest one's age, rows quarantined. A server without
+        one (a store other than PostgreSQL, or store.outbox = false) answers this and the three
+        calls below FAILED_PRECONDITION (NO_OUTBOX). Permission: read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListOutboxQuarantine(self, request, context):
+        """Quarantined outbox rows (those that could not become tasks) with ids above `after`, in id
+        order, each with the reason. Permission: read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequeueOutbox(self, request, context):
+        """Move quarantined rows back to the outbox, once their cause is fixed: the leader ingests
+        them again (a row that still cannot become a task is quarantined again). Permission: admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DiscardOutbox(self, request, context):
+        """Delete quarantined rows for good. Permission: admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SchedulerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -413,6 +466,26 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersRequest.FromString,
                     response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'OutboxStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.OutboxStatus,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.OutboxStatusRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.OutboxStatusResponse.SerializeToString,
+            ),
+            'ListOutboxQuarantine': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListOutboxQuarantine,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListOutboxQuarantineRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListOutboxQuarantineResponse.SerializeToString,
+            ),
+            'RequeueOutbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequeueOutbox,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.RequeueOutboxRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.RequeueOutboxResponse.SerializeToString,
+            ),
+            'DiscardOutbox': grpc.unary_unary_rpc_method_handler(
+                    servicer.DiscardOutbox,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.DiscardOutboxRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.DiscardOutboxResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -983,6 +1056,114 @@ class SchedulerService:
             '/cronoq.v1.SchedulerService/ListWorkers',
             cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersRequest.SerializeToString,
             cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OutboxStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/OutboxStatus',
+            cronoq__client_dot___proto_dot_cronoq__pb2.OutboxStatusRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.OutboxStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListOutboxQuarantine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/ListOutboxQuarantine',
+            cronoq__client_dot___proto_dot_cronoq__pb2.ListOutboxQuarantineRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.ListOutboxQuarantineResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequeueOutbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/RequeueOutbox',
+            cronoq__client_dot___proto_dot_cronoq__pb2.RequeueOutboxRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.RequeueOutboxResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DiscardOutbox(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/DiscardOutbox',
+            cronoq__client_dot___proto_dot_cronoq__pb2.DiscardOutboxRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.DiscardOutboxResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -116,6 +116,22 @@ class SchedulerServiceStub:
     """
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ListWorkersRequest, _cronoq_pb2.ListWorkersResponse]
     """The workers attached to this server now."""
+    OutboxStatus: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.OutboxStatusRequest, _cronoq_pb2.OutboxStatusResponse]
+    """The outbox the leader ingests (rows applications write in their own transactions, see
+    docs/outbox.md): rows waiting, the oldest one's age, rows quarantined. A server without
+    one (a store other than PostgreSQL, or store.outbox = false) answers this and the three
+    calls below FAILED_PRECONDITION (NO_OUTBOX). Permission: read.
+    """
+    ListOutboxQuarantine: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ListOutboxQuarantineRequest, _cronoq_pb2.ListOutboxQuarantineResponse]
+    """Quarantined outbox rows (those that could not become tasks) with ids above `after`, in id
+    order, each with the reason. Permission: read.
+    """
+    RequeueOutbox: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.RequeueOutboxRequest, _cronoq_pb2.RequeueOutboxResponse]
+    """Move quarantined rows back to the outbox, once their cause is fixed: the leader ingests
+    them again (a row that still cannot become a task is quarantined again). Permission: admin.
+    """
+    DiscardOutbox: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.DiscardOutboxRequest, _cronoq_pb2.DiscardOutboxResponse]
+    """Delete quarantined rows for good. Permission: admin."""
 
 @_typing.type_check_only
 class SchedulerServiceAsyncStub(SchedulerServiceStub):
@@ -183,6 +199,22 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """
     ListWorkers: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ListWorkersRequest, _cronoq_pb2.ListWorkersResponse]  # type: ignore[assignment]
     """The workers attached to this server now."""
+    OutboxStatus: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.OutboxStatusRequest, _cronoq_pb2.OutboxStatusResponse]  # type: ignore[assignment]
+    """The outbox the leader ingests (rows applications write in their own transactions, see
+    docs/outbox.md): rows waiting, the oldest one's age, rows quarantined. A server without
+    one (a store other than PostgreSQL, or store.outbox = false) answers this and the three
+    calls below FAILED_PRECONDITION (NO_OUTBOX). Permission: read.
+    """
+    ListOutboxQuarantine: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ListOutboxQuarantineRequest, _cronoq_pb2.ListOutboxQuarantineResponse]  # type: ignore[assignment]
+    """Quarantined outbox rows (those that could not become tasks) with ids above `after`, in id
+    order, each with the reason. Permission: read.
+    """
+    RequeueOutbox: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.RequeueOutboxRequest, _cronoq_pb2.RequeueOutboxResponse]  # type: ignore[assignment]
+    """Move quarantined rows back to the outbox, once their cause is fixed: the leader ingests
+    them again (a row that still cannot become a task is quarantined again). Permission: admin.
+    """
+    DiscardOutbox: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.DiscardOutboxRequest, _cronoq_pb2.DiscardOutboxResponse]  # type: ignore[assignment]
+    """Delete quarantined rows for good. Permission: admin."""
 
 class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
     """The calls of cronoq.Scheduler, with the same arguments, semantics and errors."""
@@ -373,6 +405,46 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_cronoq_pb2.ListWorkersResponse, _abc.Awaitable[_cronoq_pb2.ListWorkersResponse]]:
         """The workers attached to this server now."""
+
+    @_abc_1.abstractmethod
+    def OutboxStatus(
+        self,
+        request: _cronoq_pb2.OutboxStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.OutboxStatusResponse, _abc.Awaitable[_cronoq_pb2.OutboxStatusResponse]]:
+        """The outbox the leader ingests (rows applications write in their own transactions, see
+        docs/outbox.md): rows waiting, the oldest one's age, rows quarantined. A server without
+        one (a store other than PostgreSQL, or store.outbox = false) answers this and the three
+        calls below FAILED_PRECONDITION (NO_OUTBOX). Permission: read.
+        """
+
+    @_abc_1.abstractmethod
+    def ListOutboxQuarantine(
+        self,
+        request: _cronoq_pb2.ListOutboxQuarantineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.ListOutboxQuarantineResponse, _abc.Awaitable[_cronoq_pb2.ListOutboxQuarantineResponse]]:
+        """Quarantined outbox rows (those that could not become tasks) with ids above `after`, in id
+        order, each with the reason. Permission: read.
+        """
+
+    @_abc_1.abstractmethod
+    def RequeueOutbox(
+        self,
+        request: _cronoq_pb2.RequeueOutboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.RequeueOutboxResponse, _abc.Awaitable[_cronoq_pb2.RequeueOutboxResponse]]:
+        """Move quarantined rows back to the outbox, once their cause is fixed: the leader ingests
+        them again (a row that still cannot become a task is quarantined again). Permission: admin.
+        """
+
+    @_abc_1.abstractmethod
+    def DiscardOutbox(
+        self,
+        request: _cronoq_pb2.DiscardOutboxRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.DiscardOutboxResponse, _abc.Awaitable[_cronoq_pb2.DiscardOutboxResponse]]:
+        """Delete quarantined rows for good. Permission: admin."""
 
 def add_SchedulerServiceServicer_to_server(servicer: SchedulerServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
