@@ -77,6 +77,10 @@ def _methods() -> dict[str, str | None]:
         "PreviewSchedule": "read",
         "ListPools": "read",
         "ListWorkers": "read",
+        # The outbox's figures and quarantined rows (their kinds, reasons and payloads' first
+        # KiB): what a reader sees of any task already.
+        "OutboxStatus": "read",
+        "ListOutboxQuarantine": "read",
         "Cancel": "cancel",
         "AddSchedule": "schedules",
         "PauseSchedule": "schedules",
@@ -88,6 +92,10 @@ def _methods() -> dict[str, str | None]:
         "ResumePool": "admin",
         "Retry": "admin",
         "TriggerSchedule": "admin",
+        # A requeue makes tasks of rows no submitter of this server wrote, a discard loses
+        # them for good: operator calls, as those above.
+        "RequeueOutbox": "admin",
+        "DiscardOutbox": "admin",
     }
     worker = dict.fromkeys(("Attach", "Heartbeat", "HeartbeatMany", "Report", "ReportMany"), "work")
     rules: dict[str, str | None] = {}

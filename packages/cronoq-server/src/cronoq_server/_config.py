@@ -40,6 +40,7 @@ from cronoq_store_postgres import PgStore, PgStoreConfig
 from cronoq_store_sqlite import SqliteStore, SqliteStoreConfig
 
 __all__ = [
+    "NO_OUTBOX",
     "PERMISSIONS",
     "Address",
     "AuthSettings",
@@ -55,6 +56,7 @@ __all__ = [
     "SqliteStoreSettings",
     "StoreSettings",
     "TlsSettings",
+    "has_outbox",
     "load_config",
     "loopback",
     "mask_dsn",
@@ -1008,6 +1010,20 @@ async def open_store(config: ServerConfig) -> Store:
     if isinstance(store, SqliteStoreSettings):
         return await SqliteStore.open(store.path, store.options)
     return await PgStore.connect(store.dsn, store.options)
+
+
+NO_OUTBOX = (
+    "this server ingests no outbox: use a PostgreSQL store (store.kind = 'postgres') with "
+    "store.outbox = true, its default (CRONOQ_STORE__OUTBOX); see docs/outbox.md"
+)
+"""Why a server's outbox calls (and its dashboard's outbox page) have nothing to act on."""
+
+
+def has_outbox(config: ServerConfig) -> bool:
+    """The configured store has an outbox that its leader ingests (docs/outbox.md): a
+    PostgreSQL store's, unless ``store.outbox`` turns it off."""
+    store = config.store
+    return isinstance(store, PostgresStoreSettings) and store.options.outbox
 
 
 def remote_pools(config: ServerConfig) -> list[RemotePool]:

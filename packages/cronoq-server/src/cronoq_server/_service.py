@@ -42,6 +42,7 @@ from cronoq_server._auth import (
     key_scope,
     refusals_tallied,
 )
+from cronoq_server._config import NO_OUTBOX
 from cronoq_server._links import Links
 from cronoq_server._replica import NotServing, Replica
 
@@ -422,6 +423,54 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         self._leader()
         workers = self._links.workers()
         return pb.ListWorkersResponse(workers=[wire.worker_info_to_pb(w) for w in workers])
+
+    # --- the outbox -------------------------------------------------------------------------
+
+    def _outbox_leader(self) -> Scheduler:
+        """The leader, which must ingest an outbox (a standby answers as for every call)."""
+        sched = self._leader()
+        if not sched.has_outbox:
+            raise wire.NoOutbox(NO_OUTBOX)
+        return sched
+
+    @_unary
+    async def OutboxStatus(
+        self, request: pb.OutboxStatusRequest, context: Any
+    ) -> pb.OutboxStatusResponse:
+        sched = self._outbox_leader()
+        stats = await sched.outbox_stats()
+        counters = sched.metrics(gauges=False)  # the counters alone: no pass over the tasks
+        return wire.outbox_status_to_pb(
+            stats,
+            ingested=counters.outbox_ingested,
+            quarantined=counters.outbox_quarantined,
+            now_ns=time.time_ns(),
+        )
+
+    @_unary
+    async def ListOutboxQuarantine(
+        self, request: pb.ListOutboxQuarantineRequest, context: Any
+    ) -> pb.ListOutboxQuarantineResponse:
+        options = wire.outbox_quarantine_kwargs(request)
+        sched = self._outbox_leader()
+        rows = await sched.outbox_quarantine(**options)
+        return wire.outbox_quarantine_response_to_pb(
+            rows, options["limit"], self._max_message_bytes
+        )
+
+    @_unary
+    async def RequeueOutbox(
+        self, request: pb.RequeueOutboxRequest, context: Any
+    ) -> pb.RequeueOutboxResponse:
+        count = await self._outbox_leader().requeue_outbox(request.row_ids)
+        return pb.RequeueOutboxResponse(count=count)
+
+    @_unary
+    async def DiscardOutbox(
+        self, request: pb.DiscardOutboxRequest, context: Any
+    ) -> pb.DiscardOutboxResponse:
+        count = await self._outbox_leader().discard_outbox(request.row_ids)
+        return pb.DiscardOutboxResponse(count=count)
 
 
 _MAX_EVENTS_PER_MESSAGE = 512
