@@ -10,6 +10,10 @@ attempts, leadership) are the current scheduler's alone.
 Every series labelled by pool exists for each configured pool from the first scrape, at 0 (a
 standby's gauges too: it holds none of the cluster's tasks), so that a rate or a sum over the
 replicas is 0 rather than missing until something happens.
+
+The outbox's series exist only on a server whose store has an outbox: its two counters from
+the first scrape, at 0 on a standby as the others; its gauges once the leader has read the
+outbox (within a second of leading), absent on a standby, which reads none.
 """
 
 from __future__ import annotations
@@ -47,6 +51,23 @@ _COUNTERS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("cronoq_tasks_dead_lettered", "dead_lettered", ("pool",), "Tasks failed for good."),
     ("cronoq_attempts_lost", "attempts_lost", ("pool",), "Attempts whose executor vanished."),
 )
+_OUTBOX_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("cronoq_outbox_ingested", "outbox_ingested", "Outbox rows turned into tasks."),
+    ("cronoq_outbox_quarantined", "outbox_quarantined", "Outbox rows quarantined."),
+)
+_OUTBOX_GAUGES: tuple[tuple[str, str, str], ...] = (
+    ("cronoq_outbox_depth", "outbox_depth", "Rows waiting in the outbox."),
+    (
+        "cronoq_outbox_oldest_age_seconds",
+        "outbox_oldest_age_seconds",
+        "Age of the oldest row waiting in the outbox (0 when none waits), seconds.",
+    ),
+    (
+        "cronoq_outbox_quarantined_rows",
+        "outbox_quarantine_depth",
+        "Rows in the outbox's quarantine, waiting to be requeued or discarded.",
+    ),
+)
 _HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
     ("cronoq_commit_seconds", "commit_seconds", "Store commit latency, seconds."),
     ("cronoq_commit_batch_size", "commit_batch_size", "Mutations per store commit."),
@@ -81,11 +102,12 @@ class _HistogramSum:
 class _Totals:
     """Counters and histograms summed over scheduler snapshots."""
 
-    __slots__ = ("counters", "histograms")
+    __slots__ = ("counters", "histograms", "outbox")
 
     def __init__(self) -> None:
         self.counters: dict[str, dict[object, int]] = {field: {} for _, field, _, _ in _COUNTERS}
         self.histograms: dict[str, _HistogramSum] = {}
+        self.outbox: dict[str, int] = {field: 0 for _, field, _ in _OUTBOX_COUNTERS}
 
     def add(self, snapshot: SchedulerMetrics) -> None:
         for _, field, _, _ in _COUNTERS:
@@ -93,6 +115,8 @@ class _Totals:
             values: Mapping[object, int] = getattr(snapshot, field)
             for key, value in values.items():
                 counts[key] = counts.get(key, 0) + value
+        for _, field, _ in _OUTBOX_COUNTERS:
+            self.outbox[field] += getattr(snapshot, field)
         for _, field, _ in _HISTOGRAMS:
             histogram: Histogram = getattr(snapshot, field)
             if field in self.histograms:
@@ -103,6 +127,7 @@ class _Totals:
     def copy(self) -> _Totals:
         result = _Totals()
         result.counters = {field: dict(counts) for field, counts in self.counters.items()}
+        result.outbox = dict(self.outbox)
         result.histograms = {
             field: _HistogramSum(h.bounds, list(h.counts), h.total, h.count)
             for field, h in self.histograms.items()
@@ -113,9 +138,13 @@ class _Totals:
 class SchedulerCollector(Collector):
     """Metrics of the scheduler being ``watch()``-ed, with the counts of those before it."""
 
-    def __init__(self, workers_connected: Callable[[], int], pools: Iterable[str]) -> None:
+    def __init__(
+        self, workers_connected: Callable[[], int], pools: Iterable[str], *, outbox: bool = False
+    ) -> None:
+        """``outbox``: the server's store has an outbox, whose series it exports."""
         self._workers_connected = workers_connected
         self._pools = tuple(pools)
+        self._outbox = outbox
         self._current: Scheduler | None = None
         self._retiring: list[Scheduler] = []
         """Schedulers no longer watched that may still count (a leader draining its attempts):
@@ -200,6 +229,8 @@ class SchedulerCollector(Collector):
             "Remote workers attached to this process.",
             value=self._workers_connected(),
         )
+        if self._outbox:
+            yield from _outbox_metrics(totals, snapshot)
 
     def _zeros(self, statuses: tuple[str, ...]) -> dict[object, int]:
         """0 for each configured pool (and each of ``statuses``), keyed as the scheduler's
@@ -211,6 +242,15 @@ class SchedulerCollector(Collector):
 
 _FINAL = tuple(status.value for status in Status if status.is_terminal)
 _LIVE = tuple(status.value for status in Status if not status.is_terminal)
+
+
+def _outbox_metrics(totals: _Totals, snapshot: SchedulerMetrics | None) -> Iterator[Metric]:
+    for name, field, help_text in _OUTBOX_COUNTERS:
+        yield CounterMetricFamily(name, help_text, value=totals.outbox[field])
+    for name, field, help_text in _OUTBOX_GAUGES:
+        value: float | None = None if snapshot is None else getattr(snapshot, field)
+        if value is not None:  # not read yet by this leader (or a standby): absent, not 0
+            yield GaugeMetricFamily(name, help_text, value=value)
 
 
 def _labels(key: object) -> tuple[str, ...]:

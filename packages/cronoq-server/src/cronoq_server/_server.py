@@ -34,7 +34,14 @@ from cronoq import WorkerInfo
 from cronoq.errors import PermissionDenied, Unauthenticated
 from cronoq_client.protocol import SERVICE_NAMES
 from cronoq_server._auth import AuthCollector, AuthInterceptor, Guard
-from cronoq_server._config import Address, ServerConfig, loopback, open_store, remote_pools
+from cronoq_server._config import (
+    Address,
+    ServerConfig,
+    has_outbox,
+    loopback,
+    open_store,
+    remote_pools,
+)
 from cronoq_server._credentials import CredentialFiles, CredentialsError
 from cronoq_server._exits import EXIT_CANNOT_LISTEN, EXIT_FAILED, EXIT_INVALID, EXIT_OK, forced_exit
 from cronoq_server._grpc_metrics import GrpcMetrics, MetricsInterceptor
@@ -336,6 +343,7 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
     collector = SchedulerCollector(
         lambda: replica.scheduler.workers if replica.scheduler is not None else 0,
         [pool.name for pool in config.pools],
+        outbox=has_outbox(config),
     )
     registry = metrics_registry(collector)
     registry.register(security.collector)
