@@ -42,6 +42,7 @@ from cronoq_client._channel import (
     targets_of,
 )
 from cronoq_client._credentials import Tls, credentials
+from cronoq_client._outbox import OutboxStatus, QuarantinedOutboxRow
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._proto import cronoq_pb2_grpc as pb_grpc
 from cronoq_client._retry import Backoff, Verdict, judge, never_handled, never_sent
@@ -654,6 +655,63 @@ class AsyncClient:
             lambda stub, timeout: stub.ListWorkers(message, timeout=timeout), idempotent=True
         )
         return [wire.worker_info_from_pb(w) for w in reply.workers]
+
+    # --- the outbox -------------------------------------------------------------------------
+
+    async def outbox_status(self) -> OutboxStatus:
+        """The leader's outbox: rows waiting, the oldest one's age, rows quarantined, and what
+        this leader ingested and quarantined. ``NoOutbox`` (an ``InvalidArgument``) from a
+        server that ingests none. Needs the ``read`` permission."""
+        message = pb.OutboxStatusRequest()
+        reply = await self._call(
+            lambda stub, timeout: stub.OutboxStatus(message, timeout=timeout), idempotent=True
+        )
+        return wire.outbox_status_from_pb(reply)
+
+    async def outbox_quarantine(
+        self, *, after: int = 0, limit: int = 100
+    ) -> builtins.list[QuarantinedOutboxRow]:
+        """Quarantined outbox rows with ids above ``after``, in id order, at most ``limit``
+        (1 to 1,000), each with the reason it could not become a task; the next page is
+        ``after=`` the last id. A page the server ended early (its message limit) is followed
+        until ``limit`` rows or the last one. Needs the ``read`` permission."""
+        found: builtins.list[QuarantinedOutboxRow] = []
+        message = wire.outbox_quarantine_request(after, limit)
+        while True:
+            rows, next_after = wire.outbox_quarantine_response(await self._quarantine_page(message))
+            found.extend(rows)
+            if next_after is None or not rows or len(found) >= limit:
+                return found
+            message = wire.outbox_quarantine_request(next_after, limit - len(found))
+
+    async def _quarantine_page(
+        self, message: pb.ListOutboxQuarantineRequest
+    ) -> pb.ListOutboxQuarantineResponse:
+        return await self._call(
+            lambda stub, timeout: stub.ListOutboxQuarantine(message, timeout=timeout),
+            idempotent=True,
+        )
+
+    async def requeue_outbox(self, row_ids: Iterable[int]) -> int:
+        """Move quarantined rows (at most 1,000 ids) back to the outbox once their cause is
+        fixed; the leader ingests them again. Returns how many moved (an id not in the
+        quarantine counts none). Repeated when its outcome is unknown, which moves nothing
+        twice: the count is then the last try's. Needs the ``admin`` permission."""
+        message = pb.RequeueOutboxRequest(row_ids=wire.outbox_row_ids(row_ids))
+        reply = await self._call(
+            lambda stub, timeout: stub.RequeueOutbox(message, timeout=timeout), idempotent=True
+        )
+        return reply.count
+
+    async def discard_outbox(self, row_ids: Iterable[int]) -> int:
+        """Delete quarantined rows (at most 1,000 ids) for good; returns how many. Repeated
+        when its outcome is unknown, as ``requeue_outbox`` is. Needs the ``admin``
+        permission."""
+        message = pb.DiscardOutboxRequest(row_ids=wire.outbox_row_ids(row_ids))
+        reply = await self._call(
+            lambda stub, timeout: stub.DiscardOutbox(message, timeout=timeout), idempotent=True
+        )
+        return reply.count
 
 
 _DEFAULT_POOL = TaskRequest("").pool

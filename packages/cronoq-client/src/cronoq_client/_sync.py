@@ -37,6 +37,7 @@ from cronoq import (
 from cronoq.errors import SchedulerStopped
 from cronoq_client._client import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_STALL_TIMEOUT, AsyncClient
 from cronoq_client._credentials import Tls
+from cronoq_client._outbox import OutboxStatus, QuarantinedOutboxRow
 
 if TYPE_CHECKING:  # the otel extra's
     from opentelemetry.trace import TracerProvider
@@ -300,6 +301,24 @@ class Client:
     @_mirrors(AsyncClient.list_workers)
     def list_workers(self) -> builtins.list[WorkerInfo]:
         return self._run(self._async.list_workers())
+
+    @_mirrors(AsyncClient.outbox_status)
+    def outbox_status(self) -> OutboxStatus:
+        return self._run(self._async.outbox_status())
+
+    @_mirrors(AsyncClient.outbox_quarantine)
+    def outbox_quarantine(
+        self, *, after: int = 0, limit: int = 100
+    ) -> builtins.list[QuarantinedOutboxRow]:
+        return self._run(self._async.outbox_quarantine(after=after, limit=limit))
+
+    @_mirrors(AsyncClient.requeue_outbox)
+    def requeue_outbox(self, row_ids: Iterable[int]) -> int:
+        return self._run(self._async.requeue_outbox(row_ids))
+
+    @_mirrors(AsyncClient.discard_outbox)
+    def discard_outbox(self, row_ids: Iterable[int]) -> int:
+        return self._run(self._async.discard_outbox(row_ids))
 
 
 def _serve(loop: asyncio.AbstractEventLoop) -> None:
