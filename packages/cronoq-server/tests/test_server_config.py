@@ -24,6 +24,7 @@ from cronoq_server import (
     mask_dsn,
     render_config,
 )
+from cronoq_server._config import has_outbox
 from cronoq_store_postgres import PgStoreConfig
 from cronoq_store_sqlite import SqliteStoreConfig
 
@@ -145,6 +146,40 @@ def test_env_alone_configures_postgres() -> None:
         PgStoreConfig(schema="tenant_a", session_timeout=4.0, pool_size=8, keep_finished=DAY),
     )
     assert "s3cret" not in repr(config)
+
+
+def test_the_outbox_is_ingested_unless_turned_off_from_the_file_or_the_environment(
+    tmp_path: Path,
+) -> None:
+    """The outbox (docs/outbox.md) is a PostgreSQL store's: on by default, off with
+    ``store.outbox = false``, polled every ``outbox_poll_s`` when no notification came."""
+    pg = {"CRONOQ_STORE__KIND": "postgres", "CRONOQ_STORE__DSN": "postgresql://h/d"}
+    default = load_config(None, pg)
+    assert isinstance(default.store, PostgresStoreSettings)
+    assert (default.store.options.outbox, default.store.options.outbox_poll) == (True, 1.0)
+    assert has_outbox(default)
+    path = write(tmp_path, "[store]\noutbox = false\noutbox_poll_s = 0.25\n")
+    from_file = load_config(path, pg)
+    assert isinstance(from_file.store, PostgresStoreSettings)
+    assert (from_file.store.options.outbox, from_file.store.options.outbox_poll) == (False, 0.25)
+    assert not has_outbox(from_file)
+    assert from_file.origins["store.outbox"] == str(path)
+    from_env = load_config(path, {**pg, "CRONOQ_STORE__OUTBOX": "true"})
+    assert has_outbox(from_env) and from_env.origins["store.outbox"] == "env CRONOQ_STORE__OUTBOX"
+    rendered = render_config(from_env)
+    assert "outbox = true  # env CRONOQ_STORE__OUTBOX" in rendered
+    assert f"outbox_poll_s = 0.25  # {path}" in rendered
+    # Only PostgreSQL's store has one.
+    assert not has_outbox(load_config(None, {}))
+    sqlite_keys = (
+        "busy_timeout_s, full_sync, journal_size_limit, kind, lease_renew_s, lease_ttl_s, "
+        "lock_poll_s, path, prune_batch, prune_interval_s"
+    )
+    assert problems(path) == [
+        f"store.{key} (from {path}): applies to store.kind = 'postgres', and store.kind = "
+        f"'sqlite' (from default); the keys of that kind are: {sqlite_keys}"
+        for key in ("outbox = false", "outbox_poll_s = 0.25")
+    ]
 
 
 def test_memory_store_gets_keep_finished() -> None:
@@ -381,8 +416,8 @@ def test_mask_dsn(dsn: str, masked: str) -> None:
             "store.dns = 'postgresql://h/d' (from env CRONOQ_STORE__DNS): unknown key; the keys "
             "of [store] are: busy_timeout_s, command_timeout_s, dsn, full_sync, "
             "journal_size_limit, keepalive_s, kind, lease_renew_s, lease_ttl_s, lock_poll_s, "
-            "lock_timeout_s, migrate, path, pool_size, prune_batch, prune_interval_s, schema, "
-            "session_timeout_s",
+            "lock_timeout_s, migrate, outbox, outbox_poll_s, path, pool_size, prune_batch, "
+            "prune_interval_s, schema, session_timeout_s",
         ),
         (
             "CRONOQ_STORE", "sqlite",
@@ -513,11 +548,19 @@ def test_postgres_settings() -> None:
         "store.migrate = 'sometimes' (from env CRONOQ_STORE__MIGRATE): migrate must be 'auto' "
         "or 'never', got 'sometimes'"
     )
+    assert only_problem(**pg, CRONOQ_STORE__OUTBOX="yes") == (
+        "store.outbox = 'yes' (from env CRONOQ_STORE__OUTBOX): must be true or false"
+    )
+    assert only_problem(**pg, CRONOQ_STORE__OUTBOX_POLL_S="0") == (
+        "store.outbox_poll_s = '0' (from env CRONOQ_STORE__OUTBOX_POLL_S): must be a number of "
+        "seconds > 0 and at most 316224000 (ten years)"
+    )
     assert only_problem(**pg, CRONOQ_STORE__PATH="x.db") == (
         "store.path = 'x.db' (from env CRONOQ_STORE__PATH): applies to store.kind = 'sqlite', "
         "and store.kind = 'postgres' (from env CRONOQ_STORE__KIND); the keys of that kind are: "
         "command_timeout_s, dsn, keepalive_s, kind, lock_poll_s, lock_timeout_s, migrate, "
-        "pool_size, prune_batch, prune_interval_s, schema, session_timeout_s"
+        "outbox, outbox_poll_s, pool_size, prune_batch, prune_interval_s, schema, "
+        "session_timeout_s"
     )
 
 
@@ -581,12 +624,12 @@ def test_unknown_keys_in_the_file(tmp_path: Path) -> None:
         "auth, limits, listen, logging, runtime, store, tls, tracing",
         f"store.lock_poll = 0.5 (from {path}): unknown key; the keys of [store] are: "
         "busy_timeout_s, command_timeout_s, dsn, full_sync, journal_size_limit, keepalive_s, "
-        "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, migrate, path, pool_size, "
-        "prune_batch, prune_interval_s, schema, session_timeout_s",
+        "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, migrate, outbox, "
+        "outbox_poll_s, path, pool_size, prune_batch, prune_interval_s, schema, session_timeout_s",
         f"store.sqlite = {{'path': 'x'}} (from {path}): unknown key; the keys of [store] are: "
         "busy_timeout_s, command_timeout_s, dsn, full_sync, journal_size_limit, keepalive_s, "
-        "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, migrate, path, pool_size, "
-        "prune_batch, prune_interval_s, schema, session_timeout_s",
+        "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, migrate, outbox, "
+        "outbox_poll_s, path, pool_size, prune_batch, prune_interval_s, schema, session_timeout_s",
         f"tls.certificate = 'x' (from {path}): unknown key; the keys of [tls] are: cert, "
         "client_ca, key, require_client_auth",
         f"pools[0].concurency = 3 (from {path}): unknown key; the keys of a pool are: "
