@@ -1,6 +1,7 @@
-"""The dashboard's handlers without a browser: a real Replica leading on a MemoryStore, the
-dashboard on aiohttp's test server, requests through an aiohttp client. Escaping, bounds,
-CSRF, sign-in and permissions; the pure helpers (previews, rates, sessions)."""
+"""The dashboard's handlers without a browser: a real Replica leading on a MemoryStore (on
+PostgreSQL for the outbox, which only its store has), the dashboard on aiohttp's test server,
+requests through an aiohttp client. Escaping, bounds, CSRF, sign-in and permissions; the pure
+helpers (previews, rates, sessions)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,6 +22,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from outbox_rows import QuarantineLog, correct_options, enqueue, unknown_pool, wait_until
+from server_pg import PG_DSN, pg_schema
 
 from cronoq import (
     InvalidArgument,
@@ -33,7 +36,7 @@ from cronoq import (
 )
 from cronoq.store import Store
 from cronoq_server._auth import AuthCollector, Grant, Guard, TokenTable
-from cronoq_server._config import AuthSettings, IdentitySettings
+from cronoq_server._config import NO_OUTBOX, AuthSettings, IdentitySettings
 from cronoq_server._http import Readiness
 from cronoq_server._replica import Replica, Role
 from cronoq_server._ui import Dashboard
@@ -41,6 +44,9 @@ from cronoq_server._ui._app import _when, _when_in
 from cronoq_server._ui._samples import HEADLINE_S, Rate, Sample, Tick, chart, rates, tally
 from cronoq_server._ui._sessions import Limited, Sessions, SessionsFull, SignInLimiter
 from cronoq_server._ui._views import PREVIEW_BYTES, TaskQuery, duration, preview
+from cronoq_store_postgres import PgStore, PgStoreConfig
+
+__all__ = ["pg_schema"]  # a fixture: requested by name
 
 TOKENS = {"admin": secrets.token_urlsafe(32), "reader": secrets.token_urlsafe(32)}
 WRONG = secrets.token_urlsafe(32)
@@ -85,9 +91,10 @@ async def harness(
     sessions: Sessions | None = None,
     sign_ins: SignInLimiter | None = None,
     clock: Callable[[], float] = time.time,
+    store: Callable[[], Awaitable[Store]] = _memory,
 ) -> AsyncIterator[Harness]:
     replica = Replica(
-        _memory,
+        store,
         [RemotePool("default"), RemotePool("other")],
         commit_timeout=2.0,
         retention=3600.0,
@@ -188,6 +195,9 @@ async def test_user_strings_are_escaped_on_every_page() -> None:
         ("/ui/tasks/abc", "task id must be a whole number"),
         (f"/ui/tasks/{2**63}", "task id must be between 1 and"),
         ("/ui/tasks/0", "task id must be between 1 and"),
+        ("/ui/outbox?limit=201", "limit must be at most 200"),
+        ("/ui/outbox?after=-1", "after must be a whole number"),
+        (f"/ui/outbox?after={2**63}", "after must be between 0 and"),
     ],
 )
 async def test_every_query_parameter_is_bounded(path: str, message: str) -> None:
@@ -580,6 +590,118 @@ async def test_every_answer_carries_the_security_headers() -> None:
                 policy = answer.headers["Content-Security-Policy"]
                 assert "script-src 'self'" in policy and "unsafe" not in policy, path
                 assert answer.headers["X-Frame-Options"] == "DENY"
+
+
+# --- the outbox (PostgreSQL) ---------------------------------------------------------------
+
+
+def _pg(schema: str) -> Callable[[], Awaitable[Store]]:
+    async def connect() -> Store:
+        return await PgStore.connect(PG_DSN, PgStoreConfig(schema=schema, outbox_poll=0.1))
+
+    return connect
+
+
+def _row_ids(page: str) -> list[int]:
+    return [int(found) for found in re.findall(r'<td data-label="Id" class="id">(\d+)</td>', page)]
+
+
+async def test_the_outbox_page_lists_quarantined_rows_with_their_reasons_a_page_at_a_time(
+    pg_schema: str,
+) -> None:
+    with QuarantineLog.watching() as log:
+        async with harness(auth=False, store=_pg(pg_schema)) as h:
+            ids = await enqueue(
+                pg_schema,
+                unknown_pool(HOSTILE, HOSTILE.encode()),
+                unknown_pool("binary", bytes(range(256)) * 4),
+                ("late", b"", '{"priority": 1e99}'),
+            )
+            reasons = await log.quarantined(*ids)
+            assert reasons[ids[2]].startswith("InvalidArgument: priority must be between")
+            first = await text(h.http, "/ui/outbox?limit=2")
+            assert _row_ids(first) == ids[:2]
+            assert "UnknownPool: unknown pool &#39;nope&#39;; configured: default, other" in first
+            assert HOSTILE not in first and "&lt;script&gt;" in first
+            assert "1024 bytes, hex" in first  # the binary payload: its size, and hex
+            assert '<a href="/ui/outbox" aria-current="page">Outbox</a>' in first  # navigation
+            assert f'href="/ui/outbox?limit=2&amp;after={ids[1]}" rel="next"' in first
+            second = await text(h.http, f"/ui/outbox?limit=2&after={ids[1]}")
+            assert _row_ids(second) == ids[2:]
+            assert "priority must be" in second and 'rel="next"' not in second
+            assert 'href="/ui/outbox?limit=2">First page</a>' in second
+            # The overview: the figures the leader read last (once a second, no query).
+            sched = h.replica.leader()
+            await wait_until(
+                lambda: sched.metrics(gauges=False).outbox_quarantine_depth == 3, "figures"
+            )
+            overview = await text(h.http, "/ui/")
+            assert '<dd id="outbox-depth">0</dd>' in overview
+            assert '<dd id="outbox-oldest">none waits</dd>' in overview
+            assert '<a href="/ui/outbox" id="outbox-quarantined">3 rows</a>' in overview
+
+
+async def test_an_admin_requeues_and_discards_rows_and_a_reader_is_offered_neither(
+    pg_schema: str,
+) -> None:
+    with QuarantineLog.watching() as log:
+        async with harness(store=_pg(pg_schema)) as h:
+            fixed, dropped = await enqueue(pg_schema, unknown_pool("fixed"), unknown_pool())
+            await log.quarantined(fixed, dropped)
+            reader = h.browser()
+            try:
+                await sign_in(reader, TOKENS["reader"])
+                page = await text(reader, "/ui/outbox")
+                assert _row_ids(page) == [fixed, dropped] and "/ui/act/" not in page
+                csrf = await csrf_of(reader)
+                form = {"row": str(fixed), "csrf": csrf}
+                async with reader.post("/ui/act/discard-outbox", data=form) as answer:
+                    assert answer.status == 403
+                    assert "lacks the permission &#39;admin&#39;" in await answer.text()
+            finally:
+                await reader.close()
+            csrf = await sign_in(h.http, TOKENS["admin"])
+            page = await text(h.http, "/ui/outbox")
+            assert f'id="requeue-{fixed}"' in page and f'id="discard-{dropped}"' in page
+            # Corrected by SQL, then requeued: the leader ingests it into a task.
+            await correct_options(pg_schema, fixed, '{"key": "fixed-row"}')
+            async with h.http.post(
+                "/ui/act/requeue-outbox", data={"row": str(fixed), "csrf": csrf}
+            ) as answer:
+                assert answer.status == 200  # back on the outbox page, which says what it did
+                assert f"outbox row {fixed} requeued" in await answer.text()
+            sched = h.replica.leader()
+
+            async def ingested() -> bool:
+                return await sched.get_by_key("fixed-row") is not None
+
+            await wait_until(ingested, "the requeued row's task")
+            form = {"row": str(dropped), "csrf": csrf, "back": "/ui/outbox?limit=10"}
+            async with h.http.post(
+                "/ui/act/discard-outbox", data=form, allow_redirects=False
+            ) as answer:
+                assert answer.headers["Location"] == "/ui/outbox?limit=10"
+            page = await text(h.http, "/ui/outbox?limit=10")
+            assert f"outbox row {dropped} discarded" in page and _row_ids(page) == []
+            async with h.http.post("/ui/act/discard-outbox", data=form) as answer:
+                assert f"outbox row {dropped} is not in the quarantine" in await answer.text()
+            async with h.http.post(
+                "/ui/act/requeue-outbox", data={"row": "1e3", "csrf": csrf}
+            ) as answer:
+                assert answer.status == 400
+                assert "outbox row id must be a whole number" in await answer.text()
+
+
+async def test_without_an_outbox_its_page_says_how_to_have_one() -> None:
+    async with harness(auth=False) as h:
+        shown = NO_OUTBOX.replace("'", "&#39;")  # as Jinja escapes it
+        page = await text(h.http, "/ui/outbox")
+        assert shown in page
+        assert '<a href="/ui/outbox"' not in page  # not in the navigation
+        assert 'id="outbox"' not in await text(h.http, "/ui/")  # no outbox on the overview
+        csrf = await csrf_of(h.http)
+        async with h.http.post("/ui/act/requeue-outbox", data={"row": "1", "csrf": csrf}) as answer:
+            assert shown in await answer.text()
 
 
 # --- the pure parts -------------------------------------------------------------------------

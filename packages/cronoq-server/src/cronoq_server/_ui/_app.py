@@ -49,8 +49,9 @@ from cronoq.errors import (
     Unauthenticated,
 )
 from cronoq.store import ATTEMPTS_KEPT
-from cronoq_client.protocol import pb
+from cronoq_client.protocol import NoOutbox, pb
 from cronoq_server._auth import METHOD_PERMISSIONS, Grant, Guard
+from cronoq_server._config import NO_OUTBOX
 from cronoq_server._http import Readiness
 from cronoq_server._replica import NotServing, Replica, Role
 from cronoq_server._ui._samples import (
@@ -70,7 +71,14 @@ from cronoq_server._ui._sessions import (
     SessionsFull,
     SignInLimiter,
 )
-from cronoq_server._ui._views import TaskQuery, attempt_rows, parse_id
+from cronoq_server._ui._views import (
+    OutboxQuery,
+    TaskQuery,
+    attempt_rows,
+    duration,
+    parse_id,
+    quarantine_rows,
+)
 from cronoq_server._ui._views import preview as data_preview
 
 __all__ = ["Dashboard"]
@@ -127,7 +135,8 @@ class _Action:
     method: str
     """The gRPC method of the same call: its permission is this action's."""
     target: str
-    """``task`` (an id), ``pool`` or ``schedule`` (a name)."""
+    """``task`` or ``row`` (an id: of a task, of a quarantined outbox row), ``pool`` or
+    ``schedule`` (a name)."""
     run: _Run
     """The call; returns what to tell the user."""
 
@@ -174,6 +183,26 @@ async def _trigger_schedule(sched: Scheduler, name: str, grant: Grant) -> str:
     return f"schedule {name} triggered: task {task_id}"
 
 
+def _outbox_of(sched: Scheduler) -> Scheduler:
+    if not sched.has_outbox:
+        raise NoOutbox(NO_OUTBOX)
+    return sched
+
+
+async def _requeue_outbox(sched: Scheduler, row_id: int, grant: Grant) -> str:
+    if not await _outbox_of(sched).requeue_outbox([row_id]):
+        raise InvalidArgument(_NOT_QUARANTINED.format(row_id))
+    return f"outbox row {row_id} requeued: the leader ingests it again"
+
+
+async def _discard_outbox(sched: Scheduler, row_id: int, grant: Grant) -> str:
+    if not await _outbox_of(sched).discard_outbox([row_id]):
+        raise InvalidArgument(_NOT_QUARANTINED.format(row_id))
+    return f"outbox row {row_id} discarded"
+
+
+_NOT_QUARANTINED = "outbox row {} is not in the quarantine (requeued or discarded already)"
+
 ACTIONS: Mapping[str, _Action] = {
     "cancel": _Action("Cancel", "task", _cancel),
     "retry": _Action("Retry", "task", _retry),
@@ -182,9 +211,18 @@ ACTIONS: Mapping[str, _Action] = {
     "pause-schedule": _Action("PauseSchedule", "schedule", _pause_schedule),
     "resume-schedule": _Action("ResumeSchedule", "schedule", _resume_schedule),
     "trigger-schedule": _Action("TriggerSchedule", "schedule", _trigger_schedule),
+    "requeue-outbox": _Action("RequeueOutbox", "row", _requeue_outbox),
+    "discard-outbox": _Action("DiscardOutbox", "row", _discard_outbox),
 }
 _ACTIONS = tuple(ACTIONS.items())
-_BACK = {"task": "/ui/tasks", "pool": "/ui/pools", "schedule": "/ui/schedules"}
+_BACK = {
+    "task": "/ui/tasks",
+    "row": "/ui/outbox",
+    "pool": "/ui/pools",
+    "schedule": "/ui/schedules",
+}
+_IDS = {"task": "task id", "row": "outbox row id"}
+"""The actions whose target is an id, and what the id is called in a refusal."""
 
 
 # --- formatting -------------------------------------------------------------------------------
@@ -264,7 +302,12 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     environment.filters.update(
-        when=_when, when_in=_when_in, ago=_ago, finished=_finished, minutes=_minutes
+        when=_when,
+        when_in=_when_in,
+        ago=_ago,
+        finished=_finished,
+        minutes=_minutes,
+        duration=duration,
     )
     environment.globals.update(
         poll_s=POLL_S,
@@ -404,6 +447,7 @@ class Dashboard:
         ui.router.add_get("/schedules", self._page(self._schedules))
         ui.router.add_get("/workers", self._page(self._workers_page))
         ui.router.add_get("/pools", self._page(self._pools))
+        ui.router.add_get("/outbox", self._page(self._outbox))
         ui.router.add_post("/act/{action}", self._page(self._act))
         ui.router.add_get("/signin", self._page(self._signin_page, signing_in=True))
         ui.router.add_post("/signin", self._page(self._signin, signing_in=True))
@@ -501,6 +545,7 @@ class Dashboard:
             role=self._replica.role.value,
             reason=self._replica.reason,
             epoch=None if sched is None else sched.epoch,
+            outbox=sched is not None and sched.has_outbox,
             **context,
         )
         return web.Response(
@@ -526,7 +571,8 @@ class Dashboard:
             sched = self._replica.leader()
         except NotServing:
             return self._render(visit, "overview.html", title="Overview", readiness=readiness,
-                                pools=None, charts={}, tallies={}, workers=0)  # fmt: skip
+                                pools=None, charts={}, tallies={}, workers=0,
+                                figures=None)  # fmt: skip
         pools = await self._list_pools(sched)
         now = self._clock()
         samples = list(self._samples)
@@ -541,6 +587,9 @@ class Dashboard:
             charts=charts,
             tallies=tallies,
             workers=len(self._workers()),
+            # The counters and the outbox's figures as last read: no pass over the tasks, no
+            # query of the store.
+            figures=sched.metrics(gauges=False) if sched.has_outbox else None,
         )
 
     async def _tasks(self, visit: _Visit) -> web.Response:
@@ -624,6 +673,24 @@ class Dashboard:
         sched = self._leader(visit)
         return self._render(visit, "pools.html", title="Pools", pools=await self._list_pools(sched))
 
+    async def _outbox(self, visit: _Visit) -> web.Response:
+        sched = self._leader(visit)
+        query = OutboxQuery.parse(visit.request.query)
+        if not sched.has_outbox:
+            return self._render(visit, "outbox.html", title="Outbox", unavailable=NO_OUTBOX)
+        rows = await sched.outbox_quarantine(after=query.after or 0, limit=query.limit)
+        return self._render(
+            visit,
+            "outbox.html",
+            title="Outbox",
+            unavailable=None,
+            figures=sched.metrics(gauges=False),
+            rows=quarantine_rows(rows),
+            next_page=query.page(rows[-1].row_id) if len(rows) == query.limit else None,
+            first_page=query.page(None) if query.after is not None else None,
+            after=query.after,
+        )
+
     async def _list_pools(self, sched: Scheduler) -> list[PoolInfo]:
         """``list_pools``, shared by every page and viewer for ``_POOLS_FRESH_S``: it counts
         the live tasks in one pass (about 0.7 ms per 1,000 of them on the event loop), which
@@ -648,7 +715,8 @@ class Dashboard:
         raw = visit.form.get(action.target)
         if not isinstance(raw, str) or not raw or len(raw) > 255:
             raise _Refused(400, f"the form needs a {action.target} (at most 255 characters)")
-        target: int | str = parse_id(raw, "task id") if action.target == "task" else raw
+        ids = _IDS.get(action.target)
+        target: int | str = raw if ids is None else parse_id(raw, ids)
         back = _target(visit.form.get("back"), "back", _BACK[action.target])
         sched = self._replica.leader()
         self._pools_seen = None  # the next page shows the pool as the action left it

@@ -7,23 +7,30 @@ import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
+from typing import overload
 from urllib.parse import urlencode
 
 from cronoq import AttemptInfo, Status, TaskInfo
 from cronoq.errors import InvalidArgument
+from cronoq.store import QuarantinedRow
+from cronoq_client.protocol import cut_text
 
 __all__ = [
     "DEFAULT_PAGE",
     "MAX_PAGE",
+    "OUTBOX_PREVIEW_BYTES",
     "PREVIEW_BYTES",
     "AttemptRow",
+    "OutboxQuery",
     "Preview",
+    "QuarantineRow",
     "TaskQuery",
     "attempt_rows",
     "duration",
     "parse_id",
     "preview",
+    "quarantine_rows",
 ]
 
 DEFAULT_PAGE = 50
@@ -34,6 +41,9 @@ MAX_FIELD = 1024
 checks)."""
 PREVIEW_BYTES = 4096
 """Bytes of a payload or output a task's page shows."""
+OUTBOX_PREVIEW_BYTES = 256
+"""Bytes of a quarantined row's payload, and of its kind and options, the outbox page shows:
+a row written by hand may hold anything, and a table cell is small."""
 _MAX_ID = 2**63 - 1
 
 
@@ -139,6 +149,64 @@ class TaskQuery:
 
 
 @dataclass(frozen=True, slots=True)
+class OutboxQuery:
+    """The outbox page's place: the quarantined rows of ids above ``after``, ``limit`` of them
+    (``after`` is the last id of the previous page)."""
+
+    after: int | None = None
+    limit: int = DEFAULT_PAGE
+
+    @classmethod
+    def parse(cls, query: Mapping[str, str]) -> OutboxQuery:
+        """InvalidArgument, saying which field, for anything out of bounds."""
+        after = _field(query, "after")
+        limit = _field(query, "limit")
+        size = DEFAULT_PAGE if limit is None else parse_id(limit, "limit")
+        if size > MAX_PAGE:
+            raise InvalidArgument(f"limit must be at most {MAX_PAGE}")
+        return cls(None if after is None else parse_id(after, "after", 0), size)
+
+    def page(self, last: int | None) -> str:
+        """The query string of the page after the row id ``last`` (None: the first page)."""
+        fields = {} if self.limit == DEFAULT_PAGE else {"limit": str(self.limit)}
+        if last is not None:
+            fields["after"] = str(last)
+        return urlencode(fields)
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantineRow:
+    """A quarantined outbox row as the outbox page shows it, its fields bounded."""
+
+    row_id: int
+    kind: str
+    enqueued: datetime
+    quarantined: datetime
+    reason: str
+    options: str
+    payload: Preview
+
+
+def quarantine_rows(rows: Sequence[QuarantinedRow]) -> list[QuarantineRow]:
+    return [
+        QuarantineRow(
+            row.row_id,
+            cut_text(row.kind, OUTBOX_PREVIEW_BYTES),
+            _instant(row.enqueued_unix_ns),
+            _instant(row.quarantined_unix_ns),
+            row.reason,  # the scheduler's words: a check's message, bounded by its checks
+            cut_text(row.options, OUTBOX_PREVIEW_BYTES),
+            preview(row.payload, OUTBOX_PREVIEW_BYTES),
+        )
+        for row in rows
+    ]
+
+
+def _instant(unix_ns: int) -> datetime:
+    return datetime.fromtimestamp(unix_ns / 1e9, UTC)
+
+
+@dataclass(frozen=True, slots=True)
 class AttemptRow:
     """One attempt of a task's page. ``ended`` is None while it runs; ``started`` is None
     only when the scheduler does not know it."""
@@ -198,16 +266,21 @@ class Preview:
     """Not UTF-8 text: ``text`` is a hex dump."""
 
 
-def preview(data: bytes | None) -> Preview | None:
-    """The first ``PREVIEW_BYTES`` of a payload or output, as text (JSON indented) if it is
-    printable UTF-8, else as hex."""
+@overload
+def preview(data: bytes, limit: int = PREVIEW_BYTES) -> Preview: ...
+@overload
+def preview(data: None, limit: int = PREVIEW_BYTES) -> None: ...
+def preview(data: bytes | None, limit: int = PREVIEW_BYTES) -> Preview | None:
+    """The first ``limit`` bytes of a payload or output, as text (JSON indented) if it is
+    printable UTF-8, else as hex (at most 512 bytes of it)."""
     if data is None:
         return None
-    head = data[:PREVIEW_BYTES]
+    head = data[:limit]
     truncated = len(data) > len(head)
     text = _text(head, truncated)
     if text is None:
-        return Preview(head[:_HEX_BYTES].hex(" ", 2), len(data), len(data) > _HEX_BYTES, True)
+        shown = min(_HEX_BYTES, limit)
+        return Preview(head[:shown].hex(" ", 2), len(data), len(data) > shown, True)
     if not truncated:
         with contextlib.suppress(ValueError):  # text, not JSON: shown as it is
             text = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
