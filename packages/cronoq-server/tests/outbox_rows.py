@@ -8,11 +8,22 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+import typing
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from server_pg import pg_connect
+from server_process import ServerProcess
 
-__all__ = ["QuarantineLog", "correct_options", "enqueue", "unknown_pool", "wait_until"]
+__all__ = [
+    "QuarantineLog",
+    "correct_options",
+    "enqueue",
+    "logged_quarantine",
+    "schema_of_its_own",
+    "unknown_pool",
+    "wait_until",
+]
 
 UNKNOWN_POOL = '{"pool": "nope"}'
 
@@ -51,6 +62,38 @@ async def correct_options(schema: str, row_id: int, options: str) -> None:
     assert updated == "UPDATE 1", (row_id, updated)
 
 
+@contextlib.asynccontextmanager
+async def schema_of_its_own() -> AsyncIterator[str]:
+    """A schema name for a module's server (pg_schema is a test's), dropped afterwards; skips
+    (or fails, with CRONOQ_REQUIRE_POSTGRES=1) when PostgreSQL is unreachable."""
+    name = f"cronoq_test_{uuid.uuid4().hex[:12]}"
+    (await pg_connect()).terminate()
+    try:
+        yield name
+    finally:
+        conn = await pg_connect()
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        finally:
+            await conn.close()
+
+
+async def logged_quarantine(server: ServerProcess, row_id: int, times: int = 1) -> str:
+    """The reason of a row, once a server process logged its quarantine ``times`` times (a
+    requeued row that still cannot become a task is quarantined again)."""
+    prefix = f"outbox row {row_id} quarantined: "
+
+    def ours(line: dict[str, str]) -> bool:
+        return line.get("msg", "").startswith(prefix)
+
+    line = await server.wait_line(
+        lambda line: ours(line) and sum(map(ours, server.lines)) >= times,
+        f"the quarantine of outbox row {row_id} ({times} time(s))",
+        timeout=10.0,
+    )
+    return line["msg"].removeprefix(prefix)
+
+
 class QuarantineLog(logging.Handler):
     """The rows an in-process leader quarantined, by their log lines."""
 
@@ -62,7 +105,7 @@ class QuarantineLog(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         # Logged by the ingest, on the event loop's thread: the event is set from its loop.
         if record.msg == "outbox row %d quarantined: %s":
-            row_id, reason = record.args  # type: ignore[misc]
+            row_id, reason = typing.cast(tuple[int, str], record.args)
             self.rows[row_id] = reason
             self._changed.set()
 
