@@ -42,16 +42,19 @@ class ThreadedServer:
         return self.call(spawn())
 
 
+MEMORY = '[store]\nkind = "memory"\n'
+
+
 @contextlib.contextmanager
 def threaded_server(
-    directory: Path, pools: str = POOLS, tables: str = ""
+    directory: Path, pools: str = POOLS, tables: str = "", store: str = MEMORY
 ) -> Iterator[ThreadedServer]:
-    """A leading memory-store server (``tables``: more sections, as config_toml's), until the
-    block ends."""
+    """A leading server (``tables``: more sections, as config_toml's; ``store``: its
+    ``[store]`` section, in memory by default), until the block ends."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="test-server-loop", daemon=True)
     thread.start()
-    config = config_toml('[store]\nkind = "memory"\n', pools=pools, tables=tables)
+    config = config_toml(store, pools=pools, tables=tables)
 
     async def started() -> ServerProcess:
         server = await start_server(directory, config)

@@ -18,8 +18,10 @@ from server_process import ServerProcess
 __all__ = [
     "QuarantineLog",
     "correct_options",
+    "drop_schema",
     "enqueue",
     "logged_quarantine",
+    "reserve_schema",
     "schema_of_its_own",
     "unknown_pool",
     "wait_until",
@@ -62,20 +64,29 @@ async def correct_options(schema: str, row_id: int, options: str) -> None:
     assert updated == "UPDATE 1", (row_id, updated)
 
 
+async def reserve_schema() -> str:
+    """A schema name for a module's server (pg_schema is a test's); skips (or fails, with
+    CRONOQ_REQUIRE_POSTGRES=1) when PostgreSQL is unreachable."""
+    (await pg_connect()).terminate()
+    return f"cronoq_test_{uuid.uuid4().hex[:12]}"
+
+
+async def drop_schema(name: str) -> None:
+    conn = await pg_connect()
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    finally:
+        await conn.close()
+
+
 @contextlib.asynccontextmanager
 async def schema_of_its_own() -> AsyncIterator[str]:
-    """A schema name for a module's server (pg_schema is a test's), dropped afterwards; skips
-    (or fails, with CRONOQ_REQUIRE_POSTGRES=1) when PostgreSQL is unreachable."""
-    name = f"cronoq_test_{uuid.uuid4().hex[:12]}"
-    (await pg_connect()).terminate()
+    """``reserve_schema``'s name, dropped afterwards."""
+    name = await reserve_schema()
     try:
         yield name
     finally:
-        conn = await pg_connect()
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        finally:
-            await conn.close()
+        await drop_schema(name)
 
 
 async def logged_quarantine(server: ServerProcess, row_id: int, times: int = 1) -> str:

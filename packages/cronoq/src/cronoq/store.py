@@ -89,6 +89,7 @@ from cronoq._mutations import (
     sanitize_message,
 )
 from cronoq._outbox import (
+    MAX_OUTBOX_PAGE,
     OutboxRow,
     OutboxSource,
     OutboxStats,
@@ -111,6 +112,7 @@ from cronoq.errors import CronoqError, Fenced, StoreError, StoreFatal, Unavailab
 
 __all__ = [
     "ATTEMPTS_KEPT",
+    "MAX_OUTBOX_PAGE",
     "NEW_TASK_COLUMNS",
     "RECOVERY_COLUMNS",
     "TASK_COLUMNS",

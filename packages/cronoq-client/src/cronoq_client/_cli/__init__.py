@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 from cronoq_client._cli._completion import completion
+from cronoq_client._cli._outbox import outbox
 from cronoq_client._cli._pools import pools
 from cronoq_client._cli._root import cli
 from cronoq_client._cli._run_worker import worker
@@ -27,6 +28,7 @@ COMMANDS: tuple[click.Command, ...] = (
     schedules,
     pools,
     workers,
+    outbox,
     worker,
     completion,
 )

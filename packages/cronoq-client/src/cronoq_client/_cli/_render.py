@@ -20,12 +20,15 @@ from rich.table import Table
 
 from cronoq import PoolInfo, ScheduleInfo, TaskInfo, TaskSummary, WorkerInfo
 from cronoq_client._client import Unreachable
+from cronoq_client._outbox import OutboxStatus, QuarantinedOutboxRow
 
 __all__ = [
     "Columns",
     "emit",
+    "outbox_record",
     "output_option",
     "pool_record",
+    "quarantine_record",
     "schedule_record",
     "summary_record",
     "task_record",
@@ -110,6 +113,18 @@ def worker_record(info: WorkerInfo) -> dict[str, Any]:
     return _records(info)
 
 
+def outbox_record(status: OutboxStatus) -> dict[str, Any]:
+    record = _records(status)
+    age = record.pop("oldest_age")
+    # Seconds, as every duration of the configuration: JSON has no duration.
+    record["oldest_age_s"] = None if age is None else age.total_seconds()
+    return record
+
+
+def quarantine_record(row: QuarantinedOutboxRow) -> dict[str, Any]:
+    return _records(row)
+
+
 def _cell(value: Any, zone: bool = False) -> str:
     """A value as a table cell. A time is in UTC: a table's column title says so ("FINISHED
     (UTC)"), a cell of ``fields`` (``zone``), which has no title, says it itself."""
@@ -132,6 +147,8 @@ def _cell(value: Any, zone: bool = False) -> str:
 _WHOLE = frozenset(
     {
         "task_id",
+        "row_id",
+        "enqueued_at",
         "status",
         "name",
         "last_task_id",

@@ -131,7 +131,8 @@ def cli(
     connect_timeout: float | None,
     codec: str | None,
 ) -> None:
-    """Run, inspect and drain a cronoq deployment: its tasks, schedules, pools and workers.
+    """Run, inspect and drain a cronoq deployment: its tasks, schedules, pools, workers and
+    outbox.
 
     Exit codes: 0 done, 1 unexpected error, 2 bad command line or config, 3 not found, 4 input
     refused, 5 unauthenticated, 6 permission denied, 7 unavailable (nothing applied), 8 outcome
