@@ -116,8 +116,9 @@ async def test_check_config_lists_every_problem_and_exits_2(tmp_path: Path) -> N
         "cronoq-server: invalid configuration (3 problems):",
         f"  store.lease_ttl = 3 (from {config}): unknown key; the keys of [store] are: "
         "busy_timeout_s, command_timeout_s, dsn, full_sync, journal_size_limit, keepalive_s, "
-        "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, migrate, path, "
-        "pool_size, prune_batch, prune_interval_s, schema, session_timeout_s",
+        "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, migrate, outbox, "
+        "outbox_poll_s, path, pool_size, prune_batch, prune_interval_s, schema, "
+        "session_timeout_s",
         f"  retention_s = 0 (from {config}): must be a number of seconds > 0 and at most "
         "316224000 (ten years)",
         "  store.dsn = 'mysql://u:***@h/d' (from env CRONOQ_STORE__DSN): must be a URI "

@@ -1,5 +1,6 @@
 """The Prometheus collector against real schedulers on a MemoryStore, running real tasks: the
-values are what happened, and counters stay monotonic when the scheduler is replaced."""
+values are what happened, and counters stay monotonic when the scheduler is replaced. (The
+outbox's series against a real server on PostgreSQL: test_server_outbox.py.)"""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from outbox_rows import QuarantineLog, wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from server_process import config_toml, running_server
@@ -217,6 +219,65 @@ async def test_counters_stay_monotonic_across_scheduler_swaps() -> None:
             for labels, value in series.items():
                 assert value >= before.get(name, {}).get(labels, 0), (name, labels)
                 assert value >= after.get(name, {}).get(labels, 0), (name, labels)
+
+
+async def test_the_outbox_series_sum_the_leaders_counters_and_show_the_current_ones_figures() -> (
+    None
+):
+    """On a server whose store has an outbox: its counters from the first scrape (0 on a
+    standby), summed over the schedulers the process had; its gauges the leader's last read of
+    the outbox, absent without a leader. Without an outbox, no outbox series at all."""
+    collector = SchedulerCollector(lambda: 0, ("fast",), outbox=True)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    samples = scrape(registry)
+    assert samples["cronoq_outbox_ingested_total"] == {frozenset(): 0}
+    assert samples["cronoq_outbox_quarantined_total"] == {frozenset(): 0}
+    assert "cronoq_outbox_depth" not in samples  # no leader: nothing read
+
+    store = MemoryStore(outbox=True)
+    outbox = store.outbox
+    assert outbox is not None
+    with QuarantineLog.watching() as log:
+        first = Scheduler(pools(), store=store)
+        await first.start()
+        collector.watch(first)
+        bad = outbox.put("k", b"", pool="nowhere")
+        outbox.put("k", b"", pool="fast", key="from-the-outbox")
+
+        async def ingested() -> bool:
+            return await first.get_by_key("from-the-outbox") is not None
+
+        await log.quarantined(bad)
+        await wait_until(ingested, "the good row's task")
+        figures = first.metrics(gauges=False)
+        samples = scrape(registry)
+        assert samples["cronoq_outbox_ingested_total"] == {frozenset(): 1}
+        assert samples["cronoq_outbox_quarantined_total"] == {frozenset(): 1}
+        assert figures.outbox_depth is not None  # read as the ingest started
+        assert samples["cronoq_outbox_depth"] == {frozenset(): figures.outbox_depth}
+        assert samples["cronoq_outbox_quarantined_rows"] == {
+            frozenset(): figures.outbox_quarantine_depth
+        }
+        assert set(samples["cronoq_outbox_oldest_age_seconds"]) == {frozenset()}
+
+        # A new leader counts from zero: the process's counters go on from the first's.
+        await first.close()
+        collector.watch(None)
+        between = scrape(registry)
+        assert between["cronoq_outbox_quarantined_total"] == {frozenset(): 1}
+        assert "cronoq_outbox_depth" not in between
+        async with Scheduler(pools(), store=store.connect_another()) as second:
+            collector.watch(second)
+            await log.quarantined(outbox.put("k", b"", pool="nowhere"))
+            samples = scrape(registry)
+        assert samples["cronoq_outbox_quarantined_total"] == {frozenset(): 2}
+        assert samples["cronoq_outbox_ingested_total"] == {frozenset(): 1}
+
+    plain, plain_registry = new_collector([0], ("fast",))
+    async with Scheduler(pools(), store=MemoryStore(outbox=True)) as scheduler:
+        plain.watch(scheduler)
+        assert not [name for name in scrape(plain_registry) if name.startswith("cronoq_outbox")]
 
 
 async def test_a_draining_leader_keeps_counting_after_it_is_replaced() -> None:
