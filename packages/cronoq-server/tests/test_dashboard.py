@@ -34,7 +34,7 @@ from cronoq import (
     Status,
     WorkerLink,
 )
-from cronoq.store import Store
+from cronoq.store import QuarantinedRow, Store
 from cronoq_server._auth import AuthCollector, Grant, Guard, TokenTable
 from cronoq_server._config import NO_OUTBOX, AuthSettings, IdentitySettings
 from cronoq_server._http import Readiness
@@ -43,7 +43,16 @@ from cronoq_server._ui import Dashboard
 from cronoq_server._ui._app import _when, _when_in
 from cronoq_server._ui._samples import HEADLINE_S, Rate, Sample, Tick, chart, rates, tally
 from cronoq_server._ui._sessions import Limited, Sessions, SessionsFull, SignInLimiter
-from cronoq_server._ui._views import PREVIEW_BYTES, TaskQuery, duration, preview
+from cronoq_server._ui._views import (
+    OUTBOX_PAYLOAD_BYTES,
+    OUTBOX_TEXT_BYTES,
+    PREVIEW_BYTES,
+    OutboxQuery,
+    TaskQuery,
+    duration,
+    preview,
+    quarantine_rows,
+)
 from cronoq_store_postgres import PgStore, PgStoreConfig
 
 __all__ = ["pg_schema"]  # a fixture: requested by name
@@ -847,6 +856,28 @@ def test_a_task_query_keeps_its_filters_across_pages() -> None:
     assert bounded.page(5) == "kind=k&order=oldest&before=9&after=5"
     with pytest.raises(InvalidArgument, match="order must be newest or oldest"):
         TaskQuery.parse({"order": "random"})
+
+
+def test_an_outbox_page_keeps_its_size_and_shows_each_row_bounded() -> None:
+    query = OutboxQuery.parse({"limit": "20", "after": "7"})
+    assert (query.after, query.limit) == (7, 20)
+    assert query.page(27) == "limit=20&after=27"
+    assert query.page(None) == "limit=20"
+    assert OutboxQuery.parse({}).page(3) == "after=3"
+    with pytest.raises(InvalidArgument, match="limit must be at most 200"):
+        OutboxQuery.parse({"limit": "201"})
+    huge = QuarantinedRow(
+        5, "k" * 300, bytes(range(256)), '{"name": "' + "é" * 500 + '"}', 10**18, "why", 2 * 10**18
+    )
+    [row] = quarantine_rows([huge])
+    assert row.kind == "k" * 253 + "..."
+    assert len(row.options.encode()) == OUTBOX_TEXT_BYTES - 1 and row.options.endswith("...")
+    assert (row.payload.size, row.payload.binary, row.payload.truncated) == (256, True, True)
+    assert row.payload.text == bytes(range(OUTBOX_PAYLOAD_BYTES)).hex(" ", 2)
+    assert (row.enqueued, row.quarantined) == (
+        datetime.fromtimestamp(1e9, UTC),
+        datetime.fromtimestamp(2e9, UTC),
+    )
 
 
 def test_sessions_expire_and_anonymous_ones_are_bounded() -> None:

@@ -19,7 +19,8 @@ from cronoq_client.protocol import cut_text
 __all__ = [
     "DEFAULT_PAGE",
     "MAX_PAGE",
-    "OUTBOX_PREVIEW_BYTES",
+    "OUTBOX_PAYLOAD_BYTES",
+    "OUTBOX_TEXT_BYTES",
     "PREVIEW_BYTES",
     "AttemptRow",
     "OutboxQuery",
@@ -41,9 +42,12 @@ MAX_FIELD = 1024
 checks)."""
 PREVIEW_BYTES = 4096
 """Bytes of a payload or output a task's page shows."""
-OUTBOX_PREVIEW_BYTES = 256
-"""Bytes of a quarantined row's payload, and of its kind and options, the outbox page shows:
-a row written by hand may hold anything, and a table cell is small."""
+OUTBOX_TEXT_BYTES = 256
+"""Bytes of a quarantined row's kind and options the outbox page shows: a row written by hand
+may hold anything, and a table cell is small."""
+OUTBOX_PAYLOAD_BYTES = 64
+"""Bytes of a quarantined row's payload the outbox page shows: enough to tell what it was,
+little enough to leave its reason room."""
 _MAX_ID = 2**63 - 1
 
 
@@ -191,12 +195,12 @@ def quarantine_rows(rows: Sequence[QuarantinedRow]) -> list[QuarantineRow]:
     return [
         QuarantineRow(
             row.row_id,
-            cut_text(row.kind, OUTBOX_PREVIEW_BYTES),
+            cut_text(row.kind, OUTBOX_TEXT_BYTES),
             _instant(row.enqueued_unix_ns),
             _instant(row.quarantined_unix_ns),
             row.reason,  # the scheduler's words: a check's message, bounded by its checks
-            cut_text(row.options, OUTBOX_PREVIEW_BYTES),
-            preview(row.payload, OUTBOX_PREVIEW_BYTES),
+            cut_text(row.options, OUTBOX_TEXT_BYTES),
+            preview(row.payload, OUTBOX_PAYLOAD_BYTES),
         )
         for row in rows
     ]
