@@ -1,6 +1,7 @@
 """The dashboard in a real headless browser (Debian's chromium, driven by Selenium through
-chromium-driver) against a real ``cronoq-server`` process with real tasks run by a real
-worker: every page loads, every action clicked shows its effect through the API, a page
+chromium-driver) against a real ``cronoq-server`` process on PostgreSQL (whose store has the
+outbox, and so the Outbox page) with real tasks run by a real worker and outbox rows it
+quarantined: every page loads, every action clicked shows its effect through the API, a page
 updates itself without a reload, a read-only identity is offered no action and is refused one
 it forces, and at 1280 and 390 px no page scrolls sideways and every control is reached by
 scrolling down. A screenshot of each page (1280 px wide, and the phone-width ones) goes to
@@ -12,6 +13,7 @@ Without chromium and chromium-driver these tests skip, unless ``CRONOQ_REQUIRE_B
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from outbox_rows import enqueue, logged_quarantine, schema_of_its_own
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
@@ -28,13 +31,13 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
+from server_pg import PG_DSN
 from server_process import ServerProcess, config_toml, running_server
 from test_server_auth import identities_toml
 
 from cronoq import RetryPolicy, ScheduleInfo, Status, TaskContext, TaskError
 from cronoq_client import AsyncClient, Worker
 
-MEMORY = '[store]\nkind = "memory"\n'
 POOLS = '[[pools]]\nname = "default"\n[[pools]]\nname = "reports"\n[[pools]]\nname = "archive"\n'
 TOKENS = {"admin": "admin-" + "a" * 40, "reader": "reader-" + "r" * 40, "worker": "w" * 44}
 IDENTITIES = {
@@ -97,6 +100,9 @@ class Cluster:
     child: int
     crashed: list[int]
     """Failed for good with a long message (an unbroken address in it)."""
+    quarantined: list[int]
+    """Outbox rows that could not become tasks: a kind, options and a reason at their longest
+    without a space, a binary payload."""
 
 
 LONG_MESSAGE = (
@@ -120,12 +126,32 @@ async def _work(ctx: TaskContext, payload: bytes) -> bytes:
     return b'{"rows": 3, "source": "warehouse"}'
 
 
+# Rows the leader quarantines: (kind, payload, options), each cell as long as it may be.
+OUTBOX_ROWS = [
+    ("k" * 255, b'{"order": 42}', '{"pool": "warehouse-exports-nightly-partitioned"}'),
+    ("export", bytes(range(256)), '{"tags": ["' + "t" * 200 + '"], "pool": "nope"}'),
+    ("export", b"", '{"start_at": "' + "9" * 64 + '"}'),
+    ("discard-me", b"", '{"pool": "nope"}'),
+]
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Cluster]:
     _HELD.append(asyncio.Event())
     tables = "[auth]\nreload_interval_s = 600\n" + identities_toml(IDENTITIES, TOKENS)
-    config = config_toml(MEMORY, pools=POOLS, tables=tables)
-    async with running_server(tmp_path_factory.mktemp("ui"), config) as server:
+    async with schema_of_its_own() as schema:
+        store = (
+            f'[store]\nkind = "postgres"\ndsn = "{PG_DSN}"\nschema = "{schema}"\n'
+            "outbox_poll_s = 0.1\n"
+        )
+        config = config_toml(store, pools=POOLS, tables=tables)
+        async with _cluster(tmp_path_factory.mktemp("ui"), config, schema) as running:
+            yield running
+
+
+@contextlib.asynccontextmanager
+async def _cluster(directory: Path, config: str, schema: str) -> AsyncIterator[Cluster]:
+    async with running_server(directory, config) as server:
         await server.leading()
         worker = Worker(
             server.target, {"default": _work}, slots=4, worker_id="etl-1", token=TOKENS["worker"]
@@ -163,7 +189,12 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Clu
                 await client.add_schedule("weekly-digest", "30 9 * * 1", kind="report",
                                           pool="reports", timezone="Asia/Kolkata")  # fmt: skip
                 await client.pause_schedule("weekly-digest")
-                yield Cluster(server, client, succeeded, failed, queued, child, crashed)
+                quarantined = await enqueue(schema, *OUTBOX_ROWS)
+                for row_id in quarantined:
+                    await logged_quarantine(server, row_id)
+                yield Cluster(
+                    server, client, succeeded, failed, queued, child, crashed, quarantined
+                )
         finally:
             _HELD[-1].set()
             worker.stop()
@@ -318,6 +349,23 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
     assert cells[:2] == ["etl-1", "worker"], cells  # its name, then the identity of its token
     _shot(browser, screenshots, "workers", DESKTOP)
 
+    # Outbox: the quarantined rows with their reasons; discard one, requeue another (its
+    # pool still unknown, the leader quarantines it again).
+    await _page(browser, f"{base}/ui/outbox")
+    reasons = [
+        cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "td[data-label=Reason]")
+    ]
+    assert reasons[0].startswith("UnknownPool: unknown pool 'warehouse-exports-nightly")
+    assert reasons[2].startswith("InvalidArgument: start_at must be an ISO 8601 time")
+    _shot(browser, screenshots, "outbox", DESKTOP)
+    _shot(browser, screenshots, "outbox-phone", PHONE)
+    dropped, requeued = cluster.quarantined[3], cluster.quarantined[1]
+    await _click(browser, f"discard-{dropped}", f"outbox row {dropped} discarded")
+    await _click(browser, f"requeue-{requeued}", f"outbox row {requeued} requeued")
+    await logged_quarantine(cluster.server, requeued, times=2)
+    left = [row.row_id for row in await client.outbox_quarantine()]
+    assert left == [r for r in cluster.quarantined if r != dropped]
+
     # The keyboard: the first Tab reaches the skip link, which leads to the content.
     browser.find_element(By.TAG_NAME, "body").send_keys(Keys.TAB)
     assert browser.switch_to.active_element.get_attribute("class") == "skip"
@@ -366,7 +414,8 @@ async def test_a_reader_is_offered_no_action_and_is_refused_one_it_forces(
     base = cluster.server.http
     await _sign_in(browser, base, TOKENS["reader"])
     target = cluster.queued[1]
-    for path in ("/ui/", "/ui/tasks", "/ui/schedules", "/ui/pools", f"/ui/tasks/{target}"):
+    pages = ("/ui/", "/ui/tasks", "/ui/schedules", "/ui/pools", "/ui/outbox", f"/ui/tasks/{target}")
+    for path in pages:
         await _page(browser, f"{base}{path}")
         assert browser.find_elements(By.ID, "live"), path
         assert _actions(browser) == [], path
@@ -460,8 +509,10 @@ async def test_every_page_fits_the_width_and_every_control_is_reachable_by_scrol
 ) -> None:
     """At 1280 and at 390 px, with tasks in every state (failed with long messages and keys,
     running, scheduled, waiting, in a paused pool), two schedules (one paused, in its own time
-    zone) and three pools (one paused): no page is wider than the window, and every action,
-    link and field of the pages is reached by scrolling down, never sideways."""
+    zone), three pools (one paused) and quarantined outbox rows (a kind of 255 characters,
+    options and reasons without a space, a binary payload): no page is wider than the window,
+    and every action, link and field of the pages is reached by scrolling down, never
+    sideways."""
     base = cluster.server.http
     browser.delete_all_cookies()
     browser.set_window_size(*size)
@@ -477,6 +528,7 @@ async def test_every_page_fits_the_width_and_every_control_is_reachable_by_scrol
             "schedules": "/ui/schedules",
             "workers": "/ui/workers",
             "pools": "/ui/pools",
+            "outbox": "/ui/outbox",
         }
         for name, path in pages.items():
             await _page(browser, f"{base}{path}")
@@ -505,5 +557,9 @@ async def test_every_page_fits_the_width_and_every_control_is_reachable_by_scrol
         }
         await _page(browser, f"{base}/ui/pools")
         assert browser.find_elements(By.ID, "resume-pool-3")
+        await _page(browser, f"{base}/ui/outbox")
+        row = cluster.quarantined[0]
+        assert browser.find_elements(By.ID, f"requeue-{row}")
+        assert browser.find_elements(By.ID, f"discard-{row}")
     finally:
         browser.set_window_size(*DESKTOP)
