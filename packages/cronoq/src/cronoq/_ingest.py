@@ -81,7 +81,10 @@ class Ingester:
                     pause = _RETRY_FIRST_S
                     continue
                 await self._source.wait()
-            except (SchedulerStopped, Fenced):
+            except SchedulerStopped:
+                return
+            except Fenced as exc:
+                log.warning("outbox ingest stopped: %s", exc)
                 return
             except StoreFatal:
                 log.exception("outbox ingest stopped: the store failed for good")
