@@ -86,8 +86,9 @@ class Ingester:
             except Fenced as exc:
                 log.warning("outbox ingest stopped: %s", exc)
                 return
-            except StoreFatal:
-                log.exception("outbox ingest stopped: the store failed for good")
+            except StoreFatal as exc:
+                # A refused privilege, say: the scheduler serves on, without the outbox.
+                log.error("outbox ingest stopped, the scheduler serves on without it: %s", exc)
                 return
             except (Unavailable, SchedulerError, AdmissionRejected) as exc:
                 # Not applied, or perhaps applied: the rows themselves say which when read
