@@ -2021,7 +2021,8 @@ class StoreSuite:
         """A transactional outbox reads only once every write of this leader whose outcome
         it did not learn is over or can no longer land: a row ``read()`` returns must not be
         taken by a commit statement of the leader still on its way (the ingest would submit
-        the row a second time)."""
+        the row a second time). And a commit that does not land takes none of its rows, also
+        when its statement never reaches the database."""
         self.require(cluster, Capability.OUTBOX)
         self.require(cluster, Capability.LATE_STATEMENT)
         store = await cluster.open()
@@ -2041,6 +2042,11 @@ class StoreSuite:
             "every write whose outcome the leader did not learn is over or fenced"
         )
         assert ids[1] in returned, f"read() must return the rows no commit takes: {returned}"
+        if await store.get_task(1) is None:
+            assert ids[0] in left, (
+                f"a commit that did not land (task 1 was not written) took outbox row {ids[0]}: "
+                "rows are taken in the batch's transaction, not in one of their own before it"
+            )
 
     async def test_quarantined_outbox_rows_keep_their_reasons_and_are_listed_in_id_order(
         self, cluster: StoreHarness
