@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -41,6 +42,7 @@ class Bug(enum.Enum):
     QUARANTINE_UNFENCED = "quarantine() moves rows whatever the epoch"
     REQUEUE_NEW_ID = "requeue() puts a row back under a new id, as a new row"
     DISCARD_FROM_OUTBOX = "discard() deletes rows of those ids from the outbox too"
+    STATS_DEPTH_WITH_QUARANTINE = "stats() counts the quarantined rows in the outbox's depth"
     UNDECLARED = "the harness does not declare Capability.OUTBOX for a store that has one"
 
 
@@ -81,7 +83,10 @@ class BugOutbox:
         await self.inner.wait()
 
     async def stats(self) -> OutboxStats:
-        return await self.inner.stats()
+        stats = await self.inner.stats()
+        if self.bug is Bug.STATS_DEPTH_WITH_QUARANTINE:
+            return replace(stats, depth=stats.depth + stats.quarantined)
+        return stats
 
     async def quarantined(self, after: int, limit: int) -> Sequence[QuarantinedRow]:
         return await self.inner.quarantined(after, limit)
@@ -280,6 +285,11 @@ CASES: list[tuple[Check, Bug, str]] = [
         StoreSuite.test_requeue_and_discard_move_quarantined_rows_and_stats_count_them,
         Bug.DISCARD_FROM_OUTBOX,
         "discard deletes only quarantined rows",
+    ),
+    (
+        StoreSuite.test_requeue_and_discard_move_quarantined_rows_and_stats_count_them,
+        Bug.STATS_DEPTH_WITH_QUARANTINE,
+        r"stats\(\) after a quarantine",
     ),
 ]
 

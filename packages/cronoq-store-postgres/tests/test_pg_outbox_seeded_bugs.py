@@ -173,6 +173,13 @@ class RequeueCountsIdsPgStore(OutboxPgStore):
         )
 
 
+class StatsNewestPgStore(OutboxPgStore):
+    """``stats()`` gives the newest row's enqueue time as the oldest's."""
+
+    def seed(self, s: str, outbox: PgOutbox) -> None:
+        self.replace_sql(outbox, "stats", "min(enqueued_at)", "max(enqueued_at)")
+
+
 class UndeclaredPgHarness(PgHarness):
     """The harness of a PgStore that forgot to declare its outbox."""
 
@@ -246,6 +253,12 @@ CASES: list[tuple[type[PgHarness], type[PgStore], Check, str]] = [
         RequeueCountsIdsPgStore,
         StoreSuite.test_requeue_and_discard_move_quarantined_rows_and_stats_count_them,
         "must return 1",
+    ),
+    (
+        PgHarness,
+        StatsNewestPgStore,
+        StoreSuite.test_requeue_and_discard_move_quarantined_rows_and_stats_count_them,
+        r"stats\(\) of five rows",
     ),
 ]
 
