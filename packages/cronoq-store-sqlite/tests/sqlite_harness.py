@@ -31,8 +31,7 @@ class SqliteHarness(StoreHarness):
     # connection's thread, on a local file, so no statement of a failed commit can reach the
     # database after a later recovery of that instance (docs/stores/writing-a-store.md).
     # SUPERSEDE: PAUSE replaces a leader behind its back for real (its lease runs out).
-    # OUTBOX: SqliteStore has no outbox (an application would need to write into the
-    # scheduler's own file); the kit checks that it offers none.
+    # OUTBOX: SqliteStore offers no outbox; the kit checks that it has none.
     capabilities = frozenset(Capability) - {
         Capability.LATE_STATEMENT,
         Capability.SUPERSEDE,
