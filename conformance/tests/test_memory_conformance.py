@@ -8,7 +8,13 @@ from hypothesis import settings
 from cronoq import MemoryStore
 from cronoq.errors import Fenced
 from cronoq.store import Store
-from cronoq_conformance import Capability, StoreConformance, StoreHarness, StoreSuite
+from cronoq_conformance import (
+    Capability,
+    PendingOutboxRow,
+    StoreConformance,
+    StoreHarness,
+    StoreSuite,
+)
 
 
 class MemoryHarness(StoreHarness):
@@ -19,13 +25,14 @@ class MemoryHarness(StoreHarness):
             Capability.PRUNE,
             Capability.PAUSE,
             Capability.FATAL_COMMIT,
+            Capability.OUTBOX,
         }
     )
     leadership_timeout = 1.0
     handover_timeout = 0.2
 
     def __init__(self) -> None:
-        self._first = MemoryStore()
+        self._first = MemoryStore(outbox=True)
         self._opened = 0
 
     async def open(self) -> Store:
@@ -64,6 +71,30 @@ class MemoryHarness(StoreHarness):
 
     async def fail_commits_fatally(self, instance: Store) -> None:
         self._memory(instance).fail_commits_fatally()
+
+    async def put_outbox_row(self, kind: str, payload: bytes, options_json: str) -> int:
+        assert self._first.outbox is not None
+        return self._first.outbox.put_raw(kind, payload, options_json)
+
+    async def begin_outbox_row(
+        self, kind: str, payload: bytes, options_json: str
+    ) -> PendingOutboxRow:
+        return PendingMemoryRow(self, kind, payload, options_json)
+
+
+class PendingMemoryRow(PendingOutboxRow):
+    """A MemoryStore's outbox has no transactions: an application's transaction writes its
+    row when it commits (``put_raw``), and nothing before."""
+
+    def __init__(self, harness: MemoryHarness, kind: str, payload: bytes, options: str) -> None:
+        self._harness = harness
+        self._row = (kind, payload, options)
+
+    async def commit(self) -> int:
+        return await self._harness.put_outbox_row(*self._row)
+
+    async def rollback(self) -> None:
+        return None
 
 
 class TestMemoryStore(StoreConformance):

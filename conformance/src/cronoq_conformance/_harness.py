@@ -23,6 +23,7 @@ __all__ = [
     "Capability",
     "ClusterRows",
     "DatabaseCondition",
+    "PendingOutboxRow",
     "StoreHarness",
     "run_in_python",
     "task_row",
@@ -76,6 +77,14 @@ class Capability(enum.Enum):
     as the store of that version wrote them, and opens an instance of this build on it (which
     upgrades it). For stores that migrate a schema: the kit checks that nothing written
     before an upgrade is lost by it."""
+    OUTBOX = "outbox"
+    """Every instance the harness opens has ``outbox``, a transactional
+    ``cronoq.store.OutboxSource`` over the cluster's own outbox (the rows an ``OutboxTaken``
+    deletes in its batch's transaction); ``put_outbox_row(kind, payload, options_json)`` adds a
+    row to it as an application's committed transaction would and returns its id, and
+    ``begin_outbox_row(...)`` writes one in an application's transaction left open
+    (``PendingOutboxRow``). For stores that offer a transactional outbox; a store without one
+    leaves it out (the kit checks it has none)."""
     DATABASE_CONDITIONS = "database_conditions"
     """``meet_condition(instance, condition)`` makes every later commit of the instance meet
     the error the real database raises for ``condition`` (one of ``conditions``), until
@@ -160,6 +169,19 @@ def task_row(record: TaskRecord) -> dict[str, object]:
         "lease_hash": None if lease is None else lease.id_hash,
         "started_ns": record.started_ns,
     }
+
+
+class PendingOutboxRow(ABC):
+    """A row an application wrote into the outbox in a transaction it has not ended yet
+    (``StoreHarness.begin_outbox_row``)."""
+
+    @abstractmethod
+    async def commit(self) -> int:
+        """End the transaction with a commit; the row's id."""
+
+    @abstractmethod
+    async def rollback(self) -> None:
+        """End the transaction with a rollback: the row never existed."""
 
 
 class StoreHarness(ABC):
@@ -260,6 +282,22 @@ class StoreHarness(ABC):
         raise NotImplementedError
 
     async def lift_condition(self, instance: Store) -> None:
+        raise NotImplementedError
+
+    async def put_outbox_row(self, kind: str, payload: bytes, options_json: str) -> int:
+        """Add a row to the cluster's outbox as an application would, in a transaction of its
+        own that commits before this returns (not through a store instance: on a connection
+        of its own, say); return the row's id. ``options_json`` is a JSON object's text,
+        written as given, unchecked (as SQL can write it). Called once the cluster's first
+        instance is open."""
+        raise NotImplementedError
+
+    async def begin_outbox_row(
+        self, kind: str, payload: bytes, options_json: str
+    ) -> PendingOutboxRow:
+        """Write a row as ``put_outbox_row`` does, in a transaction left open until the
+        returned row's ``commit()`` or ``rollback()`` (no store instance may see the row
+        before). ``close_all`` rolls back what is still open."""
         raise NotImplementedError
 
     async def run_in_other_process(self, code: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import random
 import re
@@ -35,7 +36,11 @@ from cronoq.store import (
     AttemptLease,
     CancelRequested,
     Mutation,
+    OutboxRow,
+    OutboxSource,
+    OutboxTaken,
     PoolPaused,
+    QuarantinedRow,
     RecoveredState,
     ScheduleRecord,
     ScheduleRemoved,
@@ -87,6 +92,35 @@ SCHEDULE = ScheduleSpec(
     catch_up=CatchUpPolicy.SKIP,
     grace_ns=123,
 )
+
+
+OUTBOX_ROWS: tuple[tuple[str, bytes, str], ...] = (
+    ("mail.send", b"to=a@example.com", '{"pool": "mail", "key": "order-1"}'),
+    ("ünï kind", bytes(range(256)) + b"\x00tail", "{}"),
+    ("report", b"", '{"tags": ["a", "b c"], "priority": -3}'),
+    ("sms", b"\x00", '{"retry": {"max_attempts": 2}, "name": "été"}'),
+    ("k" * 255, b"x" * 1000, '{"start_at": "2030-01-01T00:00:00+00:00"}'),
+    ("push", b"p", '{"deadline": "2031-01-01T00:00:00+00:00", "timeout": 1.5}'),
+)
+"""What the kit writes into an outbox, in turn: kinds, payloads and options of every sort (a
+store may keep the options as JSON of its own spelling: the kit compares them parsed)."""
+OUTBOX_PAGE = 1000
+
+
+def outbox_of(store: Store) -> OutboxSource:
+    """The store's transactional outbox, which a harness declaring ``OUTBOX`` promises."""
+    outbox = getattr(store, "outbox", None)
+    assert isinstance(outbox, OutboxSource) and outbox.transactional, (
+        "a harness declaring Capability.OUTBOX opens instances whose `outbox` is a "
+        f"transactional cronoq.store.OutboxSource, not {outbox!r}"
+    )
+    return outbox
+
+
+def outbox_fields(row: OutboxRow | QuarantinedRow) -> tuple[object, ...]:
+    """A row as the application wrote it, options parsed: (id, kind, payload, options,
+    enqueue time)."""
+    return (row.row_id, row.kind, row.payload, json.loads(row.options), row.enqueued_unix_ns)
 
 
 def now_ns() -> int:
@@ -1737,3 +1771,402 @@ class StoreSuite:
         await store.commit(epoch, [submitted(2, now_ns())])
         _, state = await self.lead_after_crash(cluster, store)
         assert [r.task_id for r in state.tasks] == [2]
+
+    # --- the transactional outbox (issue 30) ----------------------------------------------
+    # Applications write rows into the store's own outbox in their transactions; the leader
+    # reads them, submits them, and the commit of that submission carries an OutboxTaken,
+    # which deletes the rows in the batch's transaction: that is what makes a row exactly one
+    # task. A store without such an outbox does not declare Capability.OUTBOX.
+
+    @staticmethod
+    async def put_outbox_rows(cluster: StoreHarness, count: int) -> list[int]:
+        """``count`` committed rows (``OUTBOX_ROWS`` in turn), by the harness; their ids."""
+        return [
+            await cluster.put_outbox_row(*OUTBOX_ROWS[i % len(OUTBOX_ROWS)]) for i in range(count)
+        ]
+
+    @staticmethod
+    async def outbox_ids(store: Store, epoch: int) -> list[int]:
+        """The ids ``read()`` returns, as the leader of ``epoch`` reads them."""
+        return [row.row_id for row in await outbox_of(store).read(epoch, OUTBOX_PAGE)]
+
+    @staticmethod
+    def can_replace_behind_its_back(cluster: StoreHarness) -> bool:
+        return bool({Capability.SUPERSEDE, Capability.PAUSE} & cluster.capabilities)
+
+    async def test_a_store_with_a_transactional_outbox_declares_it(
+        self, cluster: StoreHarness
+    ) -> None:
+        """A harness declares ``OUTBOX`` if and only if its store's ``outbox`` is a
+        transactional ``OutboxSource``: a store that offers one and does not declare it would
+        have every outbox check skipped."""
+        store = await cluster.open()
+        outbox = getattr(store, "outbox", None)
+        offered = isinstance(outbox, OutboxSource) and outbox.transactional
+        if Capability.OUTBOX in cluster.capabilities:
+            outbox_of(store)
+        else:
+            assert not offered, (
+                "the store's `outbox` is a transactional OutboxSource, but the harness does "
+                "not declare Capability.OUTBOX (and its hooks): the kit would not check it"
+            )
+
+    async def test_a_landed_batch_takes_exactly_the_outbox_rows_it_names(
+        self, cluster: StoreHarness
+    ) -> None:
+        """An ``OutboxTaken`` deletes the outbox rows it names in the transaction of its batch:
+        once the batch has landed its tasks are there, ``read()`` returns none of the rows it
+        named (nor on the next leader), and every other row is still there."""
+        self.require(cluster, Capability.OUTBOX)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        ids = await self.put_outbox_rows(cluster, 7)
+        assert await self.outbox_ids(store, epoch) == ids, "read() returns the rows written"
+        at = now_ns()
+        # Not the oldest rows only, in two OutboxTaken of one batch, among its tasks; then a
+        # batch that takes a row beside a task's update only.
+        batch: list[Mutation] = [
+            submitted(1, at),
+            OutboxTaken((ids[1],)),
+            submitted(2, at),
+            OutboxTaken((ids[3], ids[4])),
+        ]
+        await store.commit(epoch, batch)
+        kept = [ids[0], ids[2], ids[5], ids[6]]
+        left = await self.outbox_ids(store, epoch)
+        assert left == kept, (
+            f"after a batch taking rows {[ids[1], ids[3], ids[4]]} landed, the outbox must hold "
+            f"the others, {kept}, not {left}: an OutboxTaken deletes exactly the rows it names, "
+            "in its batch's transaction"
+        )
+        assert [await store.get_task(i) is not None for i in (1, 2)] == [True, True]
+        # A batch that takes rows and writes nothing else (their keys were held, say).
+        await store.commit(epoch, [finished(1, at + 1), OutboxTaken((ids[5],))])
+        await store.commit(epoch, [OutboxTaken((ids[6],))])
+        kept = kept[:2]
+        assert await self.outbox_ids(store, epoch) == kept, "a batch of OutboxTaken alone"
+        assert (await outbox_of(store).stats()).depth == len(kept), "stats() counts the rows"
+        other = await cluster.open()
+        await cluster.crash(store)
+        other_epoch, state = await self.lead(other)
+        left = await self.outbox_ids(other, other_epoch)
+        assert left == kept, f"the next leader reads {left}, not {kept}: taking rows is durable"
+        assert [(r.task_id, r.status) for r in state.tasks] == [
+            (1, Status.SUCCEEDED), (2, Status.READY)
+        ]  # fmt: skip
+
+    async def test_a_batch_that_fails_midway_takes_no_outbox_row(
+        self, cluster: StoreHarness
+    ) -> None:
+        """A batch that fails midway leaves every row its ``OutboxTaken`` names in the outbox,
+        and none of its tasks: the rows are deleted in the batch's transaction, all or nothing
+        with it (a row taken without its task is lost; a task written while its row stays is
+        submitted from it again). Two faulted batches: one that also changes tasks, one of new
+        tasks and taken rows alone."""
+        self.require(cluster, Capability.OUTBOX)
+        self.require(cluster, Capability.FAULT_MID_BATCH)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        ids = await self.put_outbox_rows(cluster, 4)
+        at = now_ns()
+        await store.commit(epoch, [submitted(1, at)])
+        changing: list[Mutation] = [OutboxTaken((ids[0],))]
+        changing += [submitted(i, at) for i in range(2, 8)]
+        changing += [finished(1, at + 1), OutboxTaken((ids[1],))]
+        adding: list[Mutation] = [submitted(10, at), submitted(11, at), OutboxTaken(tuple(ids[2:]))]
+        for batch in (changing, adding):
+            await cluster.fail_next_commit_midway(store)
+            with pytest.raises(StoreError):
+                await store.commit(epoch, batch)
+        left = await self.outbox_ids(store, epoch)
+        assert left == ids, (
+            f"batches that failed midway took outbox rows {sorted(set(ids) - set(left))}: an "
+            "OutboxTaken deletes its rows in its batch's transaction, all or nothing with it, "
+            "not in a transaction of its own"
+        )
+        written = [i for i in (*range(2, 8), 10, 11) if await store.get_task(i) is not None]
+        assert written == [], (
+            f"batches that failed midway wrote tasks {written} and left the outbox rows they "
+            "came from: the rows are taken in the batch's transaction, not in one after it"
+        )
+        # The check can fail: the same batches, landed, take every row.
+        await store.commit(epoch, changing)
+        await store.commit(epoch, adding)
+        assert await self.outbox_ids(store, epoch) == []
+
+    async def test_a_fenced_commit_takes_no_outbox_row(self, cluster: StoreHarness) -> None:
+        """A commit fenced by an epoch that no longer leads deletes none of the outbox rows it
+        names: by a leader replaced behind its back that has not noticed (the fence is read in
+        the commit's transaction, for the rows too), and by an older epoch than the leader's."""
+        self.require(cluster, Capability.OUTBOX)
+        first = await cluster.open()
+        epoch, _ = await self.lead(first)
+        ids = await self.put_outbox_rows(cluster, 4)
+        at = now_ns()
+        if self.can_replace_behind_its_back(cluster):
+            replaced = await self.replaced_without_knowing(cluster, first)
+            with pytest.raises(StoreError) as raised:
+                await first.commit(epoch, [submitted(1, at), OutboxTaken((ids[0], ids[1]))])
+            assert isinstance(raised.value, Fenced), (
+                f"a leader replaced behind its back must be told it is fenced, not {raised.value!r}"
+            )
+        else:
+            replaced = None
+        if replaced is None:
+            await cluster.crash(first)
+            successor = await cluster.open()
+            successor_epoch, _ = await self.lead(successor)
+        else:
+            successor, successor_epoch = replaced
+            await successor.recover(successor_epoch, TimeBase(), HOUR_NS)
+        with pytest.raises(Fenced):
+            await successor.commit(epoch, [submitted(2, at), OutboxTaken((ids[2],))])
+        left = await self.outbox_ids(successor, successor_epoch)
+        assert left == ids, (
+            f"fenced commits took outbox rows {sorted(set(ids) - set(left))}: gate the "
+            "deletion on the fence, as the rows' writes are"
+        )
+        assert [await successor.get_task(i) for i in (1, 2)] == [None, None]
+        # The check can fail: the leader's commit takes them.
+        await successor.commit(successor_epoch, [submitted(1, at), OutboxTaken(tuple(ids[:3]))])
+        assert await self.outbox_ids(successor, successor_epoch) == [ids[3]]
+
+    async def test_a_retried_commit_skips_the_outbox_rows_already_taken(
+        self, cluster: StoreHarness
+    ) -> None:
+        """An id no longer in the outbox is skipped: a commit retried after it landed (the
+        driver retries one whose outcome it did not learn) does not fail and changes nothing,
+        and a batch naming rows taken before beside rows still there takes the latter."""
+        self.require(cluster, Capability.OUTBOX)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        ids = await self.put_outbox_rows(cluster, 4)
+        at = now_ns()
+        batch: list[Mutation] = [
+            submitted(1, at, key="k"), finished(1, at + 1), OutboxTaken((ids[0], ids[1]))
+        ]  # fmt: skip
+        await store.commit(epoch, batch)
+        try:
+            await store.commit(epoch, batch)
+        except StoreError as exc:
+            raise AssertionError(
+                "a commit retried after it landed must not fail because its outbox rows are "
+                f"gone (an id no longer in the outbox is skipped): {exc!r}"
+            ) from exc
+        left = await self.outbox_ids(store, epoch)
+        assert left == ids[2:], f"a retried commit changed the outbox: {ids[2:]} became {left}"
+        record = await store.get_task(1)
+        assert record is not None and record.status is Status.SUCCEEDED
+        try:
+            await store.commit(epoch, [submitted(2, at), OutboxTaken((ids[1], ids[2]))])
+        except StoreError as exc:
+            raise AssertionError(
+                "a batch naming a row already taken beside one still there must land, taking "
+                f"the latter: {exc!r}"
+            ) from exc
+        left = await self.outbox_ids(store, epoch)
+        assert left == [ids[3]], f"the outbox must hold {[ids[3]]}, not {left}"
+        _, state = await self.lead_after_crash(cluster, store)
+        assert [(r.task_id, r.status) for r in state.tasks] == [
+            (1, Status.SUCCEEDED), (2, Status.READY)
+        ]  # fmt: skip
+
+    async def test_an_outbox_read_returns_committed_rows_oldest_id_first_up_to_its_limit(
+        self, cluster: StoreHarness
+    ) -> None:
+        """``read(epoch, limit)`` returns at most ``limit`` committed rows, the oldest ids
+        first, as the application wrote them: none of a transaction still open (whatever its
+        id: one begun first may commit last), none of one rolled back; ``stats()`` counts them
+        and gives the oldest enqueue time."""
+        self.require(cluster, Capability.OUTBOX)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        outbox = outbox_of(store)
+        pending = await cluster.begin_outbox_row("pending", b"begun first", '{"key": "p"}')
+        rolled_back = await cluster.begin_outbox_row("rolled back", b"never", "{}")
+        ids = await self.put_outbox_rows(cluster, 5)
+        written = {row_id: OUTBOX_ROWS[i] for i, row_id in enumerate(ids)}
+        rows = await outbox.read(epoch, OUTBOX_PAGE)
+        assert [r.row_id for r in rows] == sorted(ids), (
+            f"read() must return the committed rows {sorted(ids)}, oldest id first, and no row "
+            f"of a transaction still open, not {[r.row_id for r in rows]}"
+        )
+        assert [(r.kind, r.payload, json.loads(r.options)) for r in rows] == [
+            (kind, payload, json.loads(options))
+            for kind, payload, options in (written[i] for i in sorted(ids))
+        ], "read() must return each row's kind, payload and options as written"
+        for limit in (1, 3):
+            got = [r.row_id for r in await outbox.read(epoch, limit)]
+            assert got == sorted(ids)[:limit], (
+                f"read(epoch, {limit}) must return the {limit} oldest ids, not {got}"
+            )
+        stats = await outbox.stats()
+        oldest = min(r.enqueued_unix_ns for r in rows)
+        assert (stats.depth, stats.oldest_enqueued_unix_ns) == (len(ids), oldest), (
+            f"stats() must count the committed rows and give the oldest one's time: {stats}"
+        )
+        await rolled_back.rollback()
+        every = sorted([*ids, await pending.commit()])
+        got = [r.row_id for r in await outbox.read(epoch, OUTBOX_PAGE)]
+        assert got == every, (
+            f"once committed, a row begun first is read in its id's place: {every}, not {got}"
+        )
+        got = [r.row_id for r in await outbox.read(epoch, 2)]
+        assert got == every[:2], f"read(epoch, 2) must return the 2 oldest ids, not {got}"
+        assert (await outbox.stats()).depth == len(every)
+
+    async def test_an_outbox_read_never_returns_a_row_a_commit_in_doubt_may_still_take(
+        self, cluster: StoreHarness
+    ) -> None:
+        """A transactional outbox reads only once every write of this leader whose outcome
+        it did not learn is over or can no longer land: a row ``read()`` returns must not be
+        taken by a commit statement of the leader still on its way (the ingest would submit
+        the row a second time). And a commit that does not land takes none of its rows, also
+        when its statement never reaches the database."""
+        self.require(cluster, Capability.OUTBOX)
+        self.require(cluster, Capability.LATE_STATEMENT)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        ids = await self.put_outbox_rows(cluster, 2)
+        at = now_ns()
+        await cluster.hold_next_commit(store)
+        with pytest.raises(StoreError):
+            await store.commit(epoch, [submitted(1, at), OutboxTaken((ids[0],))])
+        returned = await self.outbox_ids(store, epoch)
+        await cluster.release_held_commit(store)
+        left = await self.outbox_ids(store, epoch)
+        taken = [i for i in returned if i not in left]
+        assert taken == [], (
+            f"read() returned rows {taken} that a commit statement in doubt then took (task 1 "
+            f"{'written' if await store.get_task(1) else 'not written'}): read only once "
+            "every write whose outcome the leader did not learn is over or fenced"
+        )
+        assert ids[1] in returned, f"read() must return the rows no commit takes: {returned}"
+        if await store.get_task(1) is None:
+            assert ids[0] in left, (
+                f"a commit that did not land (task 1 was not written) took outbox row {ids[0]}: "
+                "rows are taken in the batch's transaction, not in one of their own before it"
+            )
+
+    async def test_quarantined_outbox_rows_keep_their_reasons_and_are_listed_in_id_order(
+        self, cluster: StoreHarness
+    ) -> None:
+        """``quarantine(epoch, rows)`` moves rows out of the outbox with their reasons;
+        ``quarantined(after, limit)`` lists them in id order, ids above ``after``, at most
+        ``limit``, each as written with its reason, on any instance."""
+        self.require(cluster, Capability.OUTBOX)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        outbox = outbox_of(store)
+        ids = await self.put_outbox_rows(cluster, 5)
+        before = {r.row_id: r for r in await outbox.read(epoch, OUTBOX_PAGE)}
+        reasons = {ids[3]: "unknown kind 'k…'", ids[1]: "options are not JSON:\nline 2 \ufffd"}
+        await outbox.quarantine(epoch, list(reasons.items()))
+        left = await self.outbox_ids(store, epoch)
+        assert left == [ids[0], ids[2], ids[4]], f"quarantine moves rows out: {left} are left"
+        expected = [(*outbox_fields(before[i]), reasons[i]) for i in sorted(reasons)]
+
+        async def listed(instance: Store, after: int, limit: int) -> list[tuple[object, ...]]:
+            rows = await outbox_of(instance).quarantined(after, limit)
+            assert all(r.quarantined_unix_ns >= r.enqueued_unix_ns for r in rows), rows
+            return [(*outbox_fields(r), r.reason) for r in rows]
+
+        assert await listed(store, 0, OUTBOX_PAGE) == expected, (
+            "quarantined() must list every quarantined row in id order, as written, each with "
+            "its own reason"
+        )
+        assert await listed(store, sorted(reasons)[0], OUTBOX_PAGE) == expected[1:], (
+            "quarantined(after, ...) lists only ids above `after`"
+        )
+        assert await listed(store, 0, 1) == expected[:1], "quarantined(0, 1) lists one row"
+        other = await cluster.open()
+        await cluster.crash(store)
+        await self.lead(other)
+        assert await listed(other, 0, OUTBOX_PAGE) == expected, "the quarantine is durable"
+
+    async def test_a_fenced_quarantine_moves_no_outbox_row(self, cluster: StoreHarness) -> None:
+        """``quarantine`` is fenced like a commit: by an epoch that no longer leads (also a
+        leader replaced behind its back that has not noticed) it moves nothing and raises
+        ``Fenced``."""
+        self.require(cluster, Capability.OUTBOX)
+        first = await cluster.open()
+        epoch, _ = await self.lead(first)
+        ids = await self.put_outbox_rows(cluster, 3)
+        told: list[object] = []
+        if self.can_replace_behind_its_back(cluster):
+            replaced = await self.replaced_without_knowing(cluster, first)
+            try:
+                await outbox_of(first).quarantine(epoch, [(ids[0], "by a replaced leader")])
+                told.append("nothing: the quarantine returned")
+            except StoreError as exc:
+                told.append(exc)
+        else:
+            replaced = None
+        if replaced is None:
+            await cluster.crash(first)
+            successor = await cluster.open()
+            successor_epoch, _ = await self.lead(successor)
+        else:
+            successor, successor_epoch = replaced
+            await successor.recover(successor_epoch, TimeBase(), HOUR_NS)
+        try:
+            await outbox_of(successor).quarantine(epoch, [(ids[1], "by an older epoch")])
+            told.append("nothing: the quarantine returned")
+        except StoreError as exc:
+            told.append(exc)
+        moved = [r.row_id for r in await outbox_of(successor).quarantined(0, OUTBOX_PAGE)]
+        assert moved == [], f"a quarantine by an epoch that no longer leads moved rows {moved}"
+        assert all(isinstance(t, Fenced) for t in told), (
+            f"a quarantine by an epoch that no longer leads must raise Fenced, not {told}"
+        )
+        assert await self.outbox_ids(successor, successor_epoch) == ids
+        # The check can fail: the leader's quarantine moves them.
+        await outbox_of(successor).quarantine(successor_epoch, [(ids[0], "now")])
+        moved = [r.row_id for r in await outbox_of(successor).quarantined(0, OUTBOX_PAGE)]
+        assert moved == [ids[0]]
+
+    async def test_requeue_and_discard_move_quarantined_rows_and_stats_count_them(
+        self, cluster: StoreHarness
+    ) -> None:
+        """``requeue(ids)`` moves quarantined rows back into the outbox with their ids and
+        contents, ``discard(ids)`` deletes quarantined rows; each returns how many it moved or
+        deleted, and touches no row that is not quarantined. ``stats()`` counts the outbox and
+        the quarantine and gives the oldest enqueue time of the outbox (None when empty)."""
+        self.require(cluster, Capability.OUTBOX)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        outbox = outbox_of(store)
+        ids = await self.put_outbox_rows(cluster, 5)
+        rows = {r.row_id: r for r in await outbox.read(epoch, OUTBOX_PAGE)}
+        unknown = max(ids) + 1000
+
+        async def stats() -> tuple[int, int | None, int]:
+            found = await outbox.stats()
+            return found.depth, found.oldest_enqueued_unix_ns, found.quarantined
+
+        def oldest(row_ids: Sequence[int]) -> int:
+            return min(rows[i].enqueued_unix_ns for i in row_ids)
+
+        assert await stats() == (5, oldest(ids), 0), "stats() of five rows"
+        await outbox.quarantine(epoch, [(ids[0], "a"), (ids[2], "c"), (ids[3], "d")])
+        assert await stats() == (2, oldest([ids[1], ids[4]]), 3), "stats() after a quarantine"
+        moved = await outbox.requeue([ids[2], ids[1], unknown])
+        assert moved == 1, f"requeue of one quarantined row (and of others) must return 1: {moved}"
+        back = await outbox.read(epoch, OUTBOX_PAGE)
+        assert [outbox_fields(r) for r in back] == [
+            outbox_fields(rows[i]) for i in (ids[1], ids[2], ids[4])
+        ], "a requeued row is back in the outbox with its id, as written, in its id's place"
+        listed = [r.row_id for r in await outbox.quarantined(0, OUTBOX_PAGE)]
+        assert listed == [ids[0], ids[3]], f"a requeued row leaves the quarantine: {listed}"
+        deleted = await outbox.discard([ids[3], ids[1], unknown])
+        assert deleted == 1, (
+            f"discard of one quarantined row (and of others) must return 1: {deleted}"
+        )
+        listed = [r.row_id for r in await outbox.quarantined(0, OUTBOX_PAGE)]
+        assert listed == [ids[0]], f"a discarded row leaves the quarantine: {listed}"
+        left = await self.outbox_ids(store, epoch)
+        assert left == [ids[1], ids[2], ids[4]], f"discard deletes only quarantined rows: {left}"
+        assert await stats() == (3, oldest(left), 1), "stats() after a requeue and a discard"
+        assert await outbox.discard([ids[0]]) == 1
+        await store.commit(epoch, [submitted(1, now_ns()), OutboxTaken(tuple(left))])
+        assert await stats() == (0, None, 0), "stats() of an empty outbox and quarantine"

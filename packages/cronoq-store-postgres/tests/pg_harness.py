@@ -21,6 +21,7 @@ from cronoq_conformance import (
     Capability,
     ClusterRows,
     DatabaseCondition,
+    PendingOutboxRow,
     StoreHarness,
     run_in_python,
     task_row,
@@ -112,6 +113,9 @@ class PgHarness(StoreHarness):
         self._blocker: asyncpg.Connection | None = None
         self._upgraded: list[str] = []
         """The schemas of ``open_upgraded_from``, dropped by ``close_all``."""
+        self._application: asyncpg.Connection | None = None
+        """The connection ``put_outbox_row`` writes on, as an application's own."""
+        self._pending: list[PendingPgRow] = []
 
     async def open(self) -> Store:
         upstream = upstream_of(DSN)
@@ -159,18 +163,28 @@ class PgHarness(StoreHarness):
 
     async def fail_next_commit_midway(self, instance: Store) -> None:
         # A sequence is not transactional: the trigger fires once even though the failed
-        # transaction (and anything else it did) is rolled back.
+        # transaction (and anything else it did) is rolled back. It fires at the first update
+        # of a task row or deletion of an outbox row (a batch of new tasks and taken rows
+        # alone fails at the rows), each written after part of the batch. Armed again, it
+        # starts over.
         s = quote_ident(self.schema)
         await self._outside(
+            f"DROP FUNCTION IF EXISTS {s}.cronoq_test_fault() CASCADE",
+            f"DROP SEQUENCE IF EXISTS {s}.cronoq_test_fault",
             f"CREATE SEQUENCE {s}.cronoq_test_fault",
             f"""CREATE FUNCTION {s}.cronoq_test_fault() RETURNS trigger LANGUAGE plpgsql AS $$
                 BEGIN
                     IF nextval('{s}.cronoq_test_fault') = 1 THEN
                         RAISE EXCEPTION 'injected fault in the middle of a batch';
                     END IF;
+                    IF TG_OP = 'DELETE' THEN
+                        RETURN OLD;
+                    END IF;
                     RETURN NEW;
                 END $$""",
             f"""CREATE TRIGGER cronoq_test_fault BEFORE UPDATE ON {s}.cronoq_tasks
+                FOR EACH ROW EXECUTE FUNCTION {s}.cronoq_test_fault()""",
+            f"""CREATE TRIGGER cronoq_test_fault BEFORE DELETE ON {s}.cronoq_outbox
                 FOR EACH ROW EXECUTE FUNCTION {s}.cronoq_test_fault()""",
         )
 
@@ -264,6 +278,30 @@ class PgHarness(StoreHarness):
         self.opened.append(store)
         return store, kept
 
+    async def put_outbox_row(self, kind: str, payload: bytes, options_json: str) -> int:
+        # As an application writes a row: cronoq_enqueue() on a connection of its own.
+        if self._application is None:
+            self._application = await asyncpg.connect(DSN)
+        return int(await self._application.fetchval(self._enqueue, kind, payload, options_json))
+
+    async def begin_outbox_row(
+        self, kind: str, payload: bytes, options_json: str
+    ) -> PendingOutboxRow:
+        conn = await asyncpg.connect(DSN)
+        try:
+            await conn.execute("BEGIN")
+            row_id = int(await conn.fetchval(self._enqueue, kind, payload, options_json))
+        except BaseException:
+            await conn.close()
+            raise
+        pending = PendingPgRow(conn, row_id)
+        self._pending.append(pending)
+        return pending
+
+    @property
+    def _enqueue(self) -> str:
+        return f"SELECT {quote_ident(self.schema)}.cronoq_enqueue($1, $2, $3::jsonb)"
+
     async def run_in_other_process(self, code: str) -> str:
         return await run_in_python(
             "from cronoq_store_postgres import PgStore, PgStoreConfig\n"
@@ -273,6 +311,11 @@ class PgHarness(StoreHarness):
         )
 
     async def close_all(self) -> None:
+        for pending in self._pending:
+            await pending.rollback()
+        if self._application is not None:
+            await self._application.close()
+            self._application = None
         if self._blocker is not None:
             await self._blocker.close()
             self._blocker = None
@@ -282,6 +325,29 @@ class PgHarness(StoreHarness):
             await proxy.close()
         for schema in self._upgraded:
             await drop_schema(schema)
+
+
+class PendingPgRow(PendingOutboxRow):
+    """An outbox row written by cronoq_enqueue() in a transaction still open on its own
+    connection."""
+
+    def __init__(self, conn: asyncpg.Connection, row_id: int) -> None:
+        self._conn = conn
+        self._row_id = row_id
+
+    async def commit(self) -> int:
+        await self._end("COMMIT")
+        return self._row_id
+
+    async def rollback(self) -> None:
+        await self._end("ROLLBACK")
+
+    async def _end(self, statement: str) -> None:
+        if not self._conn.is_closed():
+            try:
+                await self._conn.execute(statement)
+            finally:
+                await self._conn.close()
 
 
 async def create_at_version(conn: asyncpg.Connection, schema: str, version: int) -> None:

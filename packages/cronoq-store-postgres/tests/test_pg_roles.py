@@ -8,6 +8,7 @@ after it."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -31,6 +32,7 @@ REPLICA_GRANTS = (
     "GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.cronoq_tasks, {s}.cronoq_schedules TO {r}",
     "GRANT SELECT, INSERT, UPDATE ON {s}.cronoq_pools TO {r}",
     "GRANT SELECT, INSERT, DELETE ON {s}.cronoq_attempts TO {r}",
+    "GRANT SELECT, INSERT, DELETE ON {s}.cronoq_outbox, {s}.cronoq_outbox_quarantine TO {r}",
 )
 
 
@@ -82,7 +84,18 @@ async def runs_a_task(store: PgStore) -> None:
             task_id = await sched.submit("job", b"payload", key="k")
             assert (await sched.wait(task_id, timeout=10)).status is Status.SUCCEEDED
             assert (await sched.get_by_key("k")) is not None
-            assert await store.prune(2**62) == 1, "pruning deletes the finished task"
+            # The outbox, read, deleted from and quarantined into with the replica's grants.
+            s = quote_ident(store.config.schema)
+            await query(f"""SELECT {s}.cronoq_enqueue('job', 'x', '{{"key": "from-outbox"}}'),
+                {s}.cronoq_enqueue('job', 'x', '{{"pool": "nope"}}')""")
+            async with asyncio.timeout(10):
+                while (stats := await sched.outbox_stats()).depth:  # noqa: ASYNC110 (no event)
+                    await asyncio.sleep(0.01)
+            assert stats.quarantined == 1
+            ingested = await sched.get_by_key("from-outbox")
+            assert ingested is not None
+            assert (await sched.wait(ingested.task_id, timeout=10)).status is Status.SUCCEEDED
+            assert await store.prune(2**62) == 2, "pruning deletes the finished tasks"
     finally:
         await store.close()
 

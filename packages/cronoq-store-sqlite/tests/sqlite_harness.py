@@ -31,7 +31,12 @@ class SqliteHarness(StoreHarness):
     # connection's thread, on a local file, so no statement of a failed commit can reach the
     # database after a later recovery of that instance (docs/stores/writing-a-store.md).
     # SUPERSEDE: PAUSE replaces a leader behind its back for real (its lease runs out).
-    capabilities = frozenset(Capability) - {Capability.LATE_STATEMENT, Capability.SUPERSEDE}
+    # OUTBOX: SqliteStore offers no outbox; the kit checks that it has none.
+    capabilities = frozenset(Capability) - {
+        Capability.LATE_STATEMENT,
+        Capability.SUPERSEDE,
+        Capability.OUTBOX,
+    }
     # CANNOT_OPEN and CONNECTION_REFUSED: an open connection keeps its files open, and there
     # is no server to refuse it; test_sqlite_fatal_errors classifies SQLITE_CANTOPEN.
     conditions = frozenset(

@@ -145,7 +145,7 @@ class Harness:
 
     def __init__(self) -> None:
         self.runner = asyncio.Runner()
-        self.store = MemoryStore()
+        self.store = MemoryStore(outbox=True)
         self.sched = Scheduler(
             [Pool("default", echo), Pool("other", echo), RemotePool("remote")],
             store=self.store,
@@ -173,6 +173,8 @@ class Harness:
             cluster.commits,
             await self.sched.list(),
             await self.sched.list_schedules(),
+            dict(cluster.outbox.rows),
+            dict(cluster.outbox.quarantine),
         )
 
     def refuses(
@@ -1097,6 +1099,65 @@ def test_fuzz_memory_store(harness: Harness) -> None:
     @given(keep_finished=bad_duration())
     def check(keep_finished: Any) -> None:
         harness.refuses("MemoryStore()", lambda: MemoryStore(keep_finished=keep_finished))
+
+    check()
+
+
+OUTBOX_GOOD = {name: v for name, v in TASK_GOOD.items() if name not in ("after", "payload")}
+OUTBOX_BAD = {
+    **{name: v for name, v in TASK_BAD.items() if name not in ("after", "payload", "pool")},
+    # An unknown pool is not refused here: only the scheduler knows its pools (decided at
+    # ingest, where such a row is quarantined).
+    "pool": bad_text(),
+    "payload": wrong_types(none=False).filter(
+        lambda v: not isinstance(v, bytes | bytearray | memoryview)
+    ),
+}
+
+
+def test_fuzz_outbox_put(harness: Harness) -> None:
+    """MemoryOutbox.put, whose options are checked by encode_outbox_options: the checks of the
+    PostgreSQL helpers (enqueue, enqueue_many) too."""
+    outbox = harness.store.outbox
+    assert outbox is not None
+    bad = dict(OUTBOX_BAD)
+    bad["unknown option"] = unknown_names(set(OUTBOX_GOOD) - {"kind"})
+
+    @FUZZ
+    @given(args=arguments(OUTBOX_GOOD, bad), value=st.integers())
+    def check(args: dict[str, Any], value: int) -> None:
+        if "unknown option" in args:
+            args[str(args.pop("unknown option"))] = value
+        kind = args.pop("kind", "job")
+        payload = args.pop("payload", b"{}")
+        harness.refuses("MemoryOutbox.put", lambda: outbox.put(kind, payload, **args))
+
+    check()
+
+
+def test_fuzz_outbox_calls(harness: Harness) -> None:
+    ids = st.one_of(
+        # Not an iterable of ids (a str or bytes is refused, not read as characters).
+        st.one_of(st.builds(object), st.none(), st.integers(), st.floats(), st.text(max_size=3),
+                  st.binary(max_size=3)),
+        st.lists(bad_ids(), min_size=1, max_size=3),  # one bad id among them
+        st.builds(lambda: itertools.count(1)),  # good ids without end: refused after 1,000
+    )  # fmt: skip
+
+    @FUZZ
+    @given(
+        after=st.one_of(bad_int(0, 2**63 - 1), st.integers(0, 10)),
+        limit=st.one_of(bad_int(1, 1000), st.integers(1, 10)),
+        row_ids=ids,
+    )
+    def check(after: Any, limit: Any, row_ids: Any) -> None:
+        sched = harness.sched
+        if not (type(after) is int and after >= 0 and type(limit) is int and 1 <= limit <= 1000):
+            harness.refuses(
+                "outbox_quarantine", lambda: sched.outbox_quarantine(after=after, limit=limit)
+            )
+        harness.refuses("requeue_outbox", lambda: sched.requeue_outbox(row_ids))
+        harness.refuses("discard_outbox", lambda: sched.discard_outbox(row_ids))
 
     check()
 

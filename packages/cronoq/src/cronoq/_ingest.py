@@ -81,10 +81,14 @@ class Ingester:
                     pause = _RETRY_FIRST_S
                     continue
                 await self._source.wait()
-            except (SchedulerStopped, Fenced):
+            except SchedulerStopped:
                 return
-            except StoreFatal:
-                log.exception("outbox ingest stopped: the store failed for good")
+            except Fenced as exc:
+                log.warning("outbox ingest stopped: %s", exc)
+                return
+            except StoreFatal as exc:
+                # A refused privilege, say: the scheduler serves on, without the outbox.
+                log.error("outbox ingest stopped, the scheduler serves on without it: %s", exc)
                 return
             except (Unavailable, SchedulerError, AdmissionRejected) as exc:
                 # Not applied, or perhaps applied: the rows themselves say which when read
