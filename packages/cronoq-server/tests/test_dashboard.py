@@ -45,6 +45,7 @@ from cronoq_server._ui._samples import HEADLINE_S, Rate, Sample, Tick, chart, ra
 from cronoq_server._ui._sessions import Limited, Sessions, SessionsFull, SignInLimiter
 from cronoq_server._ui._views import (
     OUTBOX_PAYLOAD_BYTES,
+    OUTBOX_REASON_BYTES,
     OUTBOX_TEXT_BYTES,
     PREVIEW_BYTES,
     OutboxQuery,
@@ -867,9 +868,11 @@ def test_an_outbox_page_keeps_its_size_and_shows_each_row_bounded() -> None:
     with pytest.raises(InvalidArgument, match="limit must be at most 200"):
         OutboxQuery.parse({"limit": "201"})
     huge = QuarantinedRow(
-        5, "k" * 300, bytes(range(256)), '{"name": "' + "é" * 500 + '"}', 10**18, "why", 2 * 10**18
-    )
+        5, "k" * 300, bytes(range(256)), '{"name": "' + "é" * 500 + '"}', 10**18, "w" * 5000,
+        2 * 10**18,
+    )  # fmt: skip
     [row] = quarantine_rows([huge])
+    assert row.reason == "w" * (OUTBOX_REASON_BYTES - 3) + "..."
     assert row.kind == "k" * 253 + "..."
     assert len(row.options.encode()) == OUTBOX_TEXT_BYTES - 1 and row.options.endswith("...")
     assert (row.payload.size, row.payload.binary, row.payload.truncated) == (256, True, True)

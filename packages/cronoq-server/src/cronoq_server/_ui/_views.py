@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_PAGE",
     "MAX_PAGE",
     "OUTBOX_PAYLOAD_BYTES",
+    "OUTBOX_REASON_BYTES",
     "OUTBOX_TEXT_BYTES",
     "PREVIEW_BYTES",
     "AttemptRow",
@@ -45,6 +46,9 @@ PREVIEW_BYTES = 4096
 OUTBOX_TEXT_BYTES = 256
 """Bytes of a quarantined row's kind and options the outbox page shows: a row written by hand
 may hold anything, and a table cell is small."""
+OUTBOX_REASON_BYTES = 4096
+"""Bytes of a quarantined row's reason the outbox page shows, as many as the wire carries:
+the scheduler's checks bound their own messages, but a codec's error may be any length."""
 OUTBOX_PAYLOAD_BYTES = 64
 """Bytes of a quarantined row's payload the outbox page shows: enough to tell what it was,
 little enough to leave its reason room."""
@@ -198,7 +202,7 @@ def quarantine_rows(rows: Sequence[QuarantinedRow]) -> list[QuarantineRow]:
             cut_text(row.kind, OUTBOX_TEXT_BYTES),
             _instant(row.enqueued_unix_ns),
             _instant(row.quarantined_unix_ns),
-            row.reason,  # the scheduler's words: a check's message, bounded by its checks
+            cut_text(row.reason, OUTBOX_REASON_BYTES),
             cut_text(row.options, OUTBOX_TEXT_BYTES),
             preview(row.payload, OUTBOX_PAYLOAD_BYTES),
         )
