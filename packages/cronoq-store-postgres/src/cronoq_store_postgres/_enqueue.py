@@ -4,7 +4,8 @@ They take the application's open connection (asyncpg, or psycopg 3, sync or asyn
 outbox rows on it, so the tasks exist exactly when the caller's transaction commits. Every
 option is checked as ``Scheduler.submit`` checks it, before anything is written; what only the
 scheduler knows (whether the pool exists) is decided at ingest (a row it refuses is
-quarantined with the reason). The caller's role needs INSERT on the outbox, nothing more.
+quarantined with the reason). The caller's role needs INSERT on the outbox and SELECT on its
+``id`` column (``RETURNING id`` needs it), nothing more (docs/outbox.md, "Privileges").
 """
 
 from __future__ import annotations
