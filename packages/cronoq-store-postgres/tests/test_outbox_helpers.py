@@ -16,8 +16,10 @@ Each waits for the scheduler's own signal (the executor's record of a run), neve
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
+import psycopg
 import pytest
 import pytest_asyncio
 from pg_harness import DSN, drop_schema
@@ -239,3 +241,50 @@ async def test_the_helpers_write_the_outbox_of_the_schema_they_are_given(schema:
             assert await outbox_ids(odd) == []
     finally:
         await drop_schema(odd)
+
+
+class AppConnection(asyncpg.Connection):
+    """An application's own connection class (``asyncpg.connect(connection_class=...)``)."""
+
+
+class AppAsyncConnection(psycopg.AsyncConnection[Any]):
+    """An application's own subclass of psycopg's."""
+
+
+async def test_subclassed_and_pooled_connections_are_driver_connections(schema: str) -> None:
+    async with ingesting(schema) as cluster:
+        conn = await asyncpg.connect(DSN, connection_class=AppConnection)
+        try:
+            async with conn.transaction():
+                await enqueue(conn, "confirm", b"subclass", schema=schema)
+        finally:
+            await conn.close()
+        pool = await asyncpg.create_pool(DSN, min_size=1, max_size=1)
+        try:
+            async with pool.acquire() as pooled, pooled.transaction():
+                await enqueue(pooled, "confirm", b"pooled", schema=schema)
+        finally:
+            await pool.close()
+        async with await AppAsyncConnection.connect(DSN) as aconn, aconn.transaction():
+            await enqueue(aconn, "confirm", b"psycopg subclass", schema=schema)
+        for payload in (b"subclass", b"pooled", b"psycopg subclass"):
+            await cluster.runs.ran("confirm", payload)
+
+
+async def test_a_row_for_a_pool_the_scheduler_lacks_is_quarantined_and_blocks_nothing(
+    schema: str,
+) -> None:
+    """The one check the helpers cannot make: whether the pool exists. The ingest quarantines
+    the row with the reason, and the rows after it become tasks."""
+    async with ingesting(schema) as cluster:
+        conn = await asyncpg.connect(DSN)
+        try:
+            async with conn.transaction():
+                row_id = await enqueue(conn, "confirm", b"lost", schema=schema, pool="nowhere")
+                await enqueue(conn, "confirm", b"after it", schema=schema)
+        finally:
+            await conn.close()
+        await cluster.runs.ran("confirm", b"after it")
+        [row] = await cluster.sched.outbox_quarantine()
+        assert (row.row_id, row.kind, row.payload) == (row_id, "confirm", b"lost")
+        assert row.reason.startswith("UnknownPool: unknown pool 'nowhere'"), row.reason
