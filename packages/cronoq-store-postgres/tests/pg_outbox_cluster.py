@@ -112,7 +112,7 @@ async def ingesting(
         s = quote_ident(schema)
         await query(
             f"CREATE TABLE {s}.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
-            "note text NOT NULL)"
+            "item text NOT NULL)"
         )
         yield Cluster(schema, store, sched, runs)
     finally:
@@ -121,9 +121,9 @@ async def ingesting(
 
 
 async def orders(schema: str) -> list[str]:
-    """The notes of the application's committed orders, in id order."""
-    rows = await query(f"SELECT note FROM {quote_ident(schema)}.orders ORDER BY id")
-    return [row["note"] for row in rows]
+    """The items of the application's committed orders, in id order."""
+    rows = await query(f"SELECT item FROM {quote_ident(schema)}.orders ORDER BY id")
+    return [row["item"] for row in rows]
 
 
 async def outbox_ids(schema: str) -> list[int]:

@@ -75,7 +75,7 @@ class Driver:
 
 def _order(schema: str, marker: str) -> str:
     return (
-        f"INSERT INTO {quote_ident(schema)}.orders (note) VALUES ({marker}) "
+        f"INSERT INTO {quote_ident(schema)}.orders (item) VALUES ({marker}) "
         "RETURNING txid_current()"
     )
 
