@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
+import json
 import re
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,8 @@ from pg_harness import DSN
 from pg_outbox_cluster import Cluster, ingesting, orders, task_rows
 from pg_outbox_drivers import configure_django, sqlalchemy_url
 
-from cronoq import JsonCodec
+from cronoq import JsonCodec, MissPolicy, RetryPolicy, unix_ns
+from cronoq._outbox import OUTBOX_OPTIONS
 from cronoq_store_postgres import enqueue, enqueue_many
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -388,3 +391,76 @@ async def run_asyncpg_as(place_order: Callable[..., Any], schema: str, role: str
         return order_id
     finally:
         await conn.close()
+
+
+# --- the options' JSON form -------------------------------------------------------------------
+
+_OPTION = re.compile(r'`("(\w+)": [^`]+)`')
+
+
+def documented_options() -> list[tuple[str, Any]]:
+    """(option, value) of every JSON example in the third column of "The options"' table."""
+    found = []
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        if line.startswith("| `"):
+            for snippet, name in _OPTION.findall(line.split(" | ")[2]):
+                found.append((name, json.loads("{" + snippet + "}")[name]))
+    return found
+
+
+def test_the_options_table_shows_each_options_json_form() -> None:
+    shown = {name for name, _ in documented_options()}
+    assert shown == OUTBOX_OPTIONS - {"deadline", "grace"}  # those two are "as" another
+
+
+async def test_each_documented_json_form_becomes_the_option_it_says(schema: str) -> None:
+    """Written by SQL as the table shows, each row becomes a task with that option: none is
+    quarantined."""
+    forms = [
+        *documented_options(),
+        # What the table says besides its examples: null is the default, a missing retry
+        # field is RetryPolicy's default, any UTC offset.
+        ("pool", None),
+        ("retry", {"max_attempts": 5}),
+        ("start_at", "2027-01-01T10:00:00.5+05:30"),
+    ]
+    async with ingesting(schema, codec=JsonCodec(), pools=("default", "mail")) as cluster:
+        conn = await asyncpg.connect(DSN)
+        try:
+            for number, (name, value) in enumerate(forms):
+                await conn.execute(
+                    f"SELECT {cluster.s}.cronoq_enqueue($1, '\\x', $2::jsonb)",
+                    f"form-{number}",
+                    json.dumps({name: value}),
+                )
+            await enqueue(conn, "marker", None, schema=schema)
+        finally:
+            await conn.close()
+        await cluster.runs.ran("marker", None)
+        assert await cluster.sched.outbox_quarantine() == []
+        for number, (name, value) in enumerate(forms):
+            [summary] = await cluster.sched.list(kind=f"form-{number}")
+            record = await cluster.store.get_task(summary.task_id)
+            assert record is not None
+            spec = record.spec
+            field, expected = meant(name, value)
+            assert getattr(spec, field) == expected, (name, value, spec)
+
+
+def meant(name: str, value: Any) -> tuple[str, Any]:
+    """The TaskSpec field an option's JSON value sets, and to what."""
+    match name:
+        case "pool":
+            return "pool", value or "default"
+        case "tags":
+            return "tags", tuple(value)
+        case "retry":
+            return "retry", RetryPolicy(**value)
+        case "start_at":
+            return "start_at_ns", unix_ns(datetime.fromisoformat(value), name)
+        case "timeout":
+            return "timeout_ns", round(value * 1_000_000_000)
+        case "miss_policy":
+            return "miss_policy", MissPolicy(value)
+        case _:
+            return name, value
