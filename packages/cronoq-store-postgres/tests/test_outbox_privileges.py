@@ -71,7 +71,7 @@ async def test_an_application_role_enqueues_every_way_and_can_do_nothing_else(
         await query(
             f"""CREATE FUNCTION {s}.order_placed() RETURNS trigger LANGUAGE plpgsql AS $$
                 BEGIN
-                    PERFORM {s}.cronoq_enqueue('confirm', convert_to(NEW.note, 'UTF8'));
+                    PERFORM {s}.cronoq_enqueue('confirm', convert_to(NEW.item, 'UTF8'));
                     RETURN NEW;
                 END $$"""
         )
@@ -98,7 +98,7 @@ async def test_an_application_role_enqueues_every_way_and_can_do_nothing_else(
                 f"SELECT {s}.cronoq_enqueue('confirm', 'sql'::bytea, "
                 """'{"key": "sql", "priority": 3}'::jsonb)"""
             )
-            await conn.execute(f"INSERT INTO {s}.orders (note) VALUES ('trigger')")
+            await conn.execute(f"INSERT INTO {s}.orders (item) VALUES ('trigger')")
             assert isinstance(by_helper, int) and isinstance(by_sql, int)
             assert len(many) == 1
 
