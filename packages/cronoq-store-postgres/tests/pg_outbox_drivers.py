@@ -58,13 +58,13 @@ class Done:
 
 
 class Driver:
-    """One driver or framework. ``transact`` runs a transaction writing the order ``note``
+    """One driver or framework. ``transact`` runs a transaction writing the order ``item``
     and calling ``write`` (after the order, or before it with ``write_first``)."""
 
     name: str
 
     async def transact(
-        self, schema: str, note: str, write: Write, *, rollback: bool = False,
+        self, schema: str, item: str, write: Write, *, rollback: bool = False,
         write_first: bool = False,
     ) -> Done:  # fmt: skip
         raise NotImplementedError
@@ -87,7 +87,7 @@ class _Asyncpg(Driver):
     name = "asyncpg"
 
     async def transact(
-        self, schema: str, note: str, write: Write, *, rollback: bool = False,
+        self, schema: str, item: str, write: Write, *, rollback: bool = False,
         write_first: bool = False,
     ) -> Done:  # fmt: skip
         conn = await asyncpg.connect(DSN)
@@ -97,7 +97,7 @@ class _Asyncpg(Driver):
                 async with conn.transaction():
                     if write_first:
                         result = await write(conn)
-                    app_txid = await conn.fetchval(_order(schema, "$1"), note)
+                    app_txid = await conn.fetchval(_order(schema, "$1"), item)
                     if not write_first:
                         result = await write(conn)
                     done = Done(result, app_txid, await conn.fetchval(_TXID))
@@ -112,20 +112,20 @@ class _Psycopg(Driver):
     name = "psycopg"
 
     async def transact(
-        self, schema: str, note: str, write: Write, *, rollback: bool = False,
+        self, schema: str, item: str, write: Write, *, rollback: bool = False,
         write_first: bool = False,
     ) -> Done:  # fmt: skip
-        return await asyncio.to_thread(self._transact, schema, note, write, rollback, write_first)
+        return await asyncio.to_thread(self._transact, schema, item, write, rollback, write_first)
 
     def _transact(
-        self, schema: str, note: str, write: Write, rollback: bool, write_first: bool
+        self, schema: str, item: str, write: Write, rollback: bool, write_first: bool
     ) -> Done:
         with psycopg.connect(DSN) as conn:
             result: Any = None
             with contextlib.suppress(Rollback), conn.transaction():
                 if write_first:
                     result = write(conn)
-                app_txid = _one(conn.execute(_order(schema, "%s"), (note,)).fetchone())
+                app_txid = _one(conn.execute(_order(schema, "%s"), (item,)).fetchone())
                 if not write_first:
                     result = write(conn)
                 done = Done(result, app_txid, _one(conn.execute(_TXID).fetchone()))
@@ -138,7 +138,7 @@ class _PsycopgAsync(Driver):
     name = "psycopg-async"
 
     async def transact(
-        self, schema: str, note: str, write: Write, *, rollback: bool = False,
+        self, schema: str, item: str, write: Write, *, rollback: bool = False,
         write_first: bool = False,
     ) -> Done:  # fmt: skip
         async with await psycopg.AsyncConnection.connect(DSN) as conn:
@@ -147,7 +147,7 @@ class _PsycopgAsync(Driver):
                 async with conn.transaction():
                     if write_first:
                         result = await write(conn)
-                    cursor = await conn.execute(_order(schema, "%s"), (note,))
+                    cursor = await conn.execute(_order(schema, "%s"), (item,))
                     app_txid = _one(await cursor.fetchone())
                     if not write_first:
                         result = await write(conn)
@@ -181,18 +181,18 @@ class _SqlAlchemy(Driver):
         self.engine = create_engine(sqlalchemy_url("psycopg"))
 
     async def transact(
-        self, schema: str, note: str, write: Write, *, rollback: bool = False,
+        self, schema: str, item: str, write: Write, *, rollback: bool = False,
         write_first: bool = False,
     ) -> Done:  # fmt: skip
-        return await asyncio.to_thread(self._transact, schema, note, write, rollback, write_first)
+        return await asyncio.to_thread(self._transact, schema, item, write, rollback, write_first)
 
     def _transact(
-        self, schema: str, note: str, write: Write, rollback: bool, write_first: bool
+        self, schema: str, item: str, write: Write, rollback: bool, write_first: bool
     ) -> Done:
         from sqlalchemy import text
         from sqlalchemy.orm import Session
 
-        order = text(_order(schema, ":note"))
+        order = text(_order(schema, ":item"))
         with Session(self.engine) as session:
             result: Any = None
             with contextlib.suppress(Rollback), session.begin():
@@ -201,7 +201,7 @@ class _SqlAlchemy(Driver):
                 assert isinstance(raw, psycopg.Connection)
                 if write_first:
                     result = write(raw)
-                app_txid = session.execute(order, {"note": note}).scalar_one()
+                app_txid = session.execute(order, {"item": item}).scalar_one()
                 if not write_first:
                     result = write(raw)
                 done = Done(result, app_txid, _one(raw.execute(_TXID).fetchone()))
@@ -224,13 +224,13 @@ class _SqlAlchemyAsync(Driver):
         self.engine = create_async_engine(sqlalchemy_url("asyncpg"))
 
     async def transact(
-        self, schema: str, note: str, write: Write, *, rollback: bool = False,
+        self, schema: str, item: str, write: Write, *, rollback: bool = False,
         write_first: bool = False,
     ) -> Done:  # fmt: skip
         from sqlalchemy import text
         from sqlalchemy.ext.asyncio import AsyncSession
 
-        order = text(_order(schema, ":note"))
+        order = text(_order(schema, ":item"))
         async with AsyncSession(self.engine) as session:
             result: Any = None
             with contextlib.suppress(Rollback):
@@ -240,7 +240,7 @@ class _SqlAlchemyAsync(Driver):
                     assert isinstance(raw, asyncpg.Connection)
                     if write_first:
                         result = await write(raw)
-                    app_txid = (await session.execute(order, {"note": note})).scalar_one()
+                    app_txid = (await session.execute(order, {"item": item})).scalar_one()
                     if not write_first:
                         result = await write(raw)
                     done = Done(result, app_txid, await raw.fetchval(_TXID))
@@ -289,15 +289,15 @@ class _Django(Driver):
         return await asyncio.get_running_loop().run_in_executor(self.thread, call)
 
     async def transact(
-        self, schema: str, note: str, write: Write, *, rollback: bool = False,
+        self, schema: str, item: str, write: Write, *, rollback: bool = False,
         write_first: bool = False,
     ) -> Done:  # fmt: skip
-        call = functools.partial(self._transact, schema, note, write, rollback, write_first)
+        call = functools.partial(self._transact, schema, item, write, rollback, write_first)
         done: Done = await self._in_thread(call)
         return done
 
     def _transact(
-        self, schema: str, note: str, write: Write, rollback: bool, write_first: bool
+        self, schema: str, item: str, write: Write, rollback: bool, write_first: bool
     ) -> Done:
         from django.db import connection, transaction
 
@@ -308,7 +308,7 @@ class _Django(Driver):
             if write_first:
                 result = write(raw)
             with connection.cursor() as cursor:
-                cursor.execute(_order(schema, "%s"), [note])
+                cursor.execute(_order(schema, "%s"), [item])
                 app_txid = cursor.fetchone()[0]
             if not write_first:
                 result = write(raw)
