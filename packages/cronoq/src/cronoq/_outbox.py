@@ -226,13 +226,15 @@ def decode_outbox_options(text: str) -> dict[str, Any]:
 
 
 def _floats(value: Any) -> Any:
-    """The JSON value with its Decimals as floats (what json.loads alone gives)."""
+    """The JSON value with its Decimals as floats (what json.loads alone gives), down to the
+    items of a list or object (tags, retry's fields): deeper, a value is refused whatever its
+    numbers, and no recursion meets a nesting as deep as json.loads allows."""
     if isinstance(value, Decimal):
         return float(value)
     if isinstance(value, list):
-        return [_floats(item) for item in value]
+        return [float(item) if isinstance(item, Decimal) else item for item in value]
     if isinstance(value, dict):
-        return {key: _floats(item) for key, item in value.items()}
+        return {k: float(item) if isinstance(item, Decimal) else item for k, item in value.items()}
     return value
 
 
