@@ -4,7 +4,8 @@ They take the application's open connection (asyncpg, or psycopg 3, sync or asyn
 outbox rows on it, so the tasks exist exactly when the caller's transaction commits. Every
 option is checked as ``Scheduler.submit`` checks it, before anything is written; what only the
 scheduler knows (whether the pool exists) is decided at ingest (a row it refuses is
-quarantined with the reason). The caller's role needs INSERT on the outbox, nothing more.
+quarantined with the reason). The caller's role needs INSERT on the outbox and SELECT on its
+``id`` column (``RETURNING id`` needs it), nothing more (docs/outbox.md, "Privileges").
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def enqueue(
     key, tags, name, priority, retry, start_at, deadline, timeout, miss_policy, grace); a
     ``timedelta`` start or deadline counts from now, on this process's clock.
     """
-    row = _row(kind, payload, options, codec, time.time_ns())
+    row = _row(kind, payload, options, _codec(codec), time.time_ns())
     return _insert(conn, schema, [row], single=True)
 
 
@@ -60,6 +61,7 @@ def enqueue_many(
     statement of ``conn``'s current transaction; return their row ids in order (awaitable
     for an async connection). All are checked before any is written; at most ``MAX_BATCH``."""
     now = time.time_ns()
+    codec = _codec(codec)
     rows = check.bounded(
         requests,
         "enqueue_many requests",
@@ -73,7 +75,7 @@ def enqueue_many(
 def _request_row(request: object, codec: Codec | None, now_ns: int) -> tuple[str, bytes, str]:
     if not isinstance(request, TaskRequest):
         raise InvalidArgument(f"expected a TaskRequest, got {type(request).__name__}")
-    if request.trace_context is not None or tuple(request.after):
+    if request.trace_context is not None or _has_items(request.after):
         raise InvalidArgument("an outbox row takes neither after nor trace_context")
     options = {
         name: getattr(request, name)
@@ -86,6 +88,32 @@ def _request_row(request: object, codec: Codec | None, now_ns: int) -> tuple[str
     if request.grace is not _DEFAULTS.grace:
         options["grace"] = request.grace
     return _row(request.kind, request.payload, options, codec, now_ns)
+
+
+_NO_ITEM = object()
+
+
+def _has_items(after: object) -> bool:
+    """Whether ``after`` names any dependency; read one item at most (it may be endless)."""
+    if type(after) is tuple and not after:
+        return False  # the default
+    return next(check._iterate(after, "after", "a list of task ids"), _NO_ITEM) is not _NO_ITEM
+
+
+def _codec(codec: object) -> Codec | None:
+    """The codec, checked as ``Scheduler`` checks its own: one that could not encode (a class,
+    a str) is refused even when no payload needs it."""
+    if codec is None:
+        return None
+    if (
+        isinstance(codec, type)
+        or not isinstance(codec, Codec)
+        or not (callable(codec.encode) and callable(codec.decode))
+    ):
+        raise InvalidArgument(
+            f"codec must have encode(value) -> bytes and decode(bytes), got {type(codec).__name__}"
+        )
+    return codec
 
 
 def _row(
@@ -130,8 +158,8 @@ def _statements(schema: str, dollar: bool) -> tuple[str, str]:
 
 
 def _insert(conn: Any, schema: object, rows: list[tuple[str, bytes, str]], *, single: bool) -> Any:
-    if not isinstance(schema, str):
-        raise InvalidArgument(f"schema must be a str, got {type(schema).__name__}")
+    # Text first (a lone surrogate would fail PgStoreConfig's byte count with a UnicodeError).
+    schema = check.text(schema, "schema")
     driver = _driver(conn)
     one, many = _statements(schema, dollar=driver == "asyncpg")
     if driver == "asyncpg":
@@ -176,14 +204,16 @@ def _columns(rows: list[tuple[str, bytes, str]]) -> tuple[list[str], list[bytes]
 def _driver(conn: object) -> str:
     """Which kind of connection: asyncpg's, or psycopg 3's sync or async one (imported only
     if the caller uses it: neither is needed by the other)."""
-    module = type(conn).__module__
-    if module.startswith("asyncpg"):
+    # By the modules of its classes: a subclass of the driver's connection is one too (asyncpg's
+    # connect(connection_class=...)), and a driver the caller does not use is never imported.
+    modules = {cls.__module__.partition(".")[0] for cls in type(conn).__mro__}
+    if "asyncpg" in modules:
         import asyncpg
         from asyncpg.pool import PoolConnectionProxy
 
         if isinstance(conn, asyncpg.Connection | PoolConnectionProxy):
             return "asyncpg"
-    elif module.startswith("psycopg"):
+    elif "psycopg" in modules:
         import psycopg
 
         if isinstance(conn, psycopg.AsyncConnection):

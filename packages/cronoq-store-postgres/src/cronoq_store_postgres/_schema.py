@@ -120,7 +120,8 @@ def _outbox_migration(s: str, channel: str) -> list[str]:
     """The outbox (docs/outbox.md): rows applications write in their own transactions, and
     the quarantine of rows that could not become tasks. New tables: no row is touched."""
     return [
-        # An identity, not a serial: an application role needs INSERT on the table only.
+        # An identity, not a serial: an application role needs no grant on its sequence (INSERT
+        # on the table, and SELECT on id for RETURNING id: docs/outbox.md, "Privileges").
         # Only the primary key is indexed: the leader reads the oldest ids and deletes by id.
         f"""CREATE TABLE {s}.cronoq_outbox (
             id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -139,7 +140,7 @@ def _outbox_migration(s: str, channel: str) -> list[str]:
             quarantined_at timestamptz NOT NULL DEFAULT now()
         )""",
         # For application SQL and triggers. SECURITY INVOKER (the default): its caller needs
-        # INSERT on the outbox, as the helpers' callers do.
+        # INSERT on the outbox and SELECT on its id (RETURNING id), as the helpers' callers do.
         f"""CREATE FUNCTION {s}.cronoq_enqueue(
             kind text, payload bytea DEFAULT '\\x', options jsonb DEFAULT '{{}}'
         ) RETURNS bigint LANGUAGE sql AS $cronoq$

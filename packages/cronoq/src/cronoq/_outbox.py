@@ -14,10 +14,11 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any, Protocol, runtime_checkable
 
 from cronoq import _validate as check
-from cronoq._model import MissPolicy, RetryPolicy
+from cronoq._model import NS_PER_S, MissPolicy, RetryPolicy
 from cronoq.errors import InvalidArgument
 
 __all__ = [
@@ -47,6 +48,9 @@ MAX_OUTBOX_PAGE = 1000
 """Quarantined rows per listing, and row ids per requeue or discard."""
 
 _RETRY_FIELDS = ("max_attempts", "initial_ns", "multiplier", "max_ns", "jitter")
+_NONE_IS_DEFAULT = frozenset({"key", "name", "retry", "start_at", "deadline", "timeout"})
+"""The options whose default in ``submit`` is None: None leaves them out. Elsewhere (pool,
+tags, priority, miss_policy, grace) None is refused, as ``submit`` refuses it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,8 +151,9 @@ def encode_outbox_options(options: Mapping[str, Any], now_ns: int) -> str:
         )
     out: dict[str, Any] = {}
     instants: dict[str, int] = {}
+    durations: dict[str, int] = {}
     for name, value in options.items():
-        if value is None:
+        if value is None and name in _NONE_IS_DEFAULT:
             continue
         match name:
             case "pool" | "name":
@@ -170,14 +175,19 @@ def encode_outbox_options(options: Mapping[str, Any], now_ns: int) -> str:
                 instants[name] = check.instant_ns(value, name, now_ns)
                 out[name] = _iso(instants[name])
             case "timeout":
-                out[name] = check.duration_ns(value, name, allow_zero=False) / 1e9
+                durations[name] = check.duration_ns(value, name, allow_zero=False)
             case "grace":
-                out[name] = check.duration_ns(value, name) / 1e9
+                durations[name] = check.duration_ns(value, name)
             case "miss_policy":
                 out[name] = check.enum_value(value, MissPolicy, name).value
     if len(instants) == 2 and instants["deadline"] <= instants["start_at"]:
         raise InvalidArgument("deadline must be after start_at")
     text = json.dumps(out, separators=(",", ":"), ensure_ascii=False)
+    if durations:
+        # Written to the nanosecond (ns / 1e9 as a float is off by up to tens of ns past 2**53
+        # ns, 104 days), as json.dumps cannot: decode_outbox_options reads them as exactly.
+        tail = ",".join(f'"{name}":{_seconds_text(ns)}' for name, ns in durations.items())
+        text = f"{text[:-1]}{',' if out else ''}{tail}}}"
     if len(text.encode()) > MAX_OUTBOX_OPTIONS_BYTES:
         raise InvalidArgument(f"outbox options are longer than {MAX_OUTBOX_OPTIONS_BYTES} bytes")
     return text
@@ -190,7 +200,8 @@ def decode_outbox_options(text: str) -> dict[str, Any]:
     if len(text) > MAX_OUTBOX_OPTIONS_BYTES:
         raise InvalidArgument(f"options are longer than {MAX_OUTBOX_OPTIONS_BYTES} bytes")
     try:
-        raw = json.loads(text, parse_constant=_no_constant)
+        # Decimal: a duration's seconds are read exactly (_seconds); other numbers are floats.
+        raw = json.loads(text, parse_constant=_no_constant, parse_float=Decimal)
     except (ValueError, RecursionError) as exc:
         raise InvalidArgument(f"options are not JSON: {exc}") from None
     if not isinstance(raw, dict):
@@ -204,18 +215,56 @@ def decode_outbox_options(text: str) -> dict[str, Any]:
             continue
         match name:
             case "retry":
-                options[name] = _retry(value)
+                options[name] = _retry(_floats(value))
             case "start_at" | "deadline":
-                options[name] = _instant(value, name)
+                options[name] = _instant(_floats(value), name)
             case "timeout" | "grace":
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise InvalidArgument(
-                        f"{name} must be a number of seconds, got {check.shown(value)}"
-                    )
-                options[name] = value
+                options[name] = _seconds(value, name)
             case _:
-                options[name] = value
+                options[name] = _floats(value)
     return options
+
+
+def _floats(value: Any) -> Any:
+    """The JSON value with its Decimals as floats (what json.loads alone gives), down to the
+    items of a list or object (tags, retry's fields): deeper, a value is refused whatever its
+    numbers, and no recursion meets a nesting as deep as json.loads allows."""
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, list):
+        return [float(item) if isinstance(item, Decimal) else item for item in value]
+    if isinstance(value, dict):
+        return {k: float(item) if isinstance(item, Decimal) else item for k, item in value.items()}
+    return value
+
+
+_MAX_SECONDS = check.MAX_DURATION_NS // NS_PER_S + 1
+
+
+def _seconds(value: object, name: str) -> object:
+    """A duration's JSON number as ``task_spec`` takes it, to the nanosecond its decimal value
+    says: an int as it is; a whole number of microseconds as a timedelta (exact, where the
+    nearest float's scaling may be off by tens of ns); a finer one as the nearest float,
+    which is what a float of ``submit``'s scales back to. Out of range, a number, for
+    ``submit``'s own error."""
+    if isinstance(value, bool) or not isinstance(value, int | Decimal):
+        raise InvalidArgument(
+            f"{name} must be a number of seconds, got {check.shown(_floats(value))}"
+        )
+    if isinstance(value, int):
+        return value
+    if not 0 < value <= _MAX_SECONDS:
+        return float(value)
+    ns = int((value * NS_PER_S).to_integral_value(ROUND_HALF_EVEN))
+    if ns == 0 or ns % 1000:
+        return float(value)
+    return timedelta(microseconds=ns // 1000)
+
+
+def _seconds_text(ns: int) -> str:
+    """Nanoseconds as a JSON number of seconds, exactly: ``1.5``, ``30``, ``0.000000001``."""
+    whole, fraction = divmod(ns, NS_PER_S)
+    return f"{whole}.{fraction:09d}".rstrip("0") if fraction else str(whole)
 
 
 def _no_constant(name: str) -> Any:
