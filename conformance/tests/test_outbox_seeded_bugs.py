@@ -74,7 +74,7 @@ class BugOutbox:
                 row = self.tables.rows.pop(row_id)
                 self.tables.quarantine[row_id] = QuarantinedRow(
                     row.row_id, row.kind, row.payload, row.options, row.enqueued_unix_ns,
-                    reason, row.enqueued_unix_ns,
+                    reason, row.enqueued_unix_ns, len(row.payload),
                 )  # fmt: skip
             return
         await self.inner.quarantine(epoch, rows)

@@ -869,7 +869,7 @@ def test_an_outbox_page_keeps_its_size_and_shows_each_row_bounded() -> None:
         OutboxQuery.parse({"limit": "201"})
     huge = QuarantinedRow(
         5, "k" * 300, bytes(range(256)), '{"name": "' + "é" * 500 + '"}', 10**18, "w" * 5000,
-        2 * 10**18,
+        2 * 10**18, 256,
     )  # fmt: skip
     [row] = quarantine_rows([huge])
     assert row.reason == "w" * (OUTBOX_REASON_BYTES - 3) + "..."

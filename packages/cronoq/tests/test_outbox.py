@@ -27,6 +27,7 @@ from cronoq import (
     TaskInfo,
 )
 from cronoq._memory_outbox import MemoryOutbox
+from cronoq._outbox import MAX_QUARANTINE_REASON, QUARANTINE_PAYLOAD_HEAD
 from cronoq.errors import Unavailable
 from cronoq.store import (
     OutboxRow,
@@ -354,3 +355,20 @@ async def test_a_task_from_a_row_reads_as_a_submitted_one() -> None:
         "confirmation",
         ("mail",),
     )
+
+
+async def test_a_quarantine_listing_is_bounded_whatever_a_row_holds() -> None:
+    """A row written by SQL may hold a payload of any size and a long codec error: a listing
+    holds the payload's head, its size, and a reason cut to ``MAX_QUARANTINE_REASON``."""
+    store = MemoryStore(outbox=True)
+
+    class Loud(JsonCodec):
+        def decode(self, data: bytes) -> Any:
+            raise ValueError("x" * 10_000)
+
+    async with Scheduler([Pool("default", Ran())], store=store, codec=Loud()) as sched:
+        _outbox(store).put_raw("k", b"y" * 100_000, "{}")
+        await _drained(sched)
+        [row] = await sched.outbox_quarantine()
+    assert (len(row.payload), row.payload_size) == (QUARANTINE_PAYLOAD_HEAD, 100_000)
+    assert len(row.reason) == MAX_QUARANTINE_REASON and row.reason.endswith("...")

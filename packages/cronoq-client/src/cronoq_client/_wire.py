@@ -1325,7 +1325,7 @@ def quarantined_row_to_pb(row: QuarantinedRow) -> pb.QuarantinedOutboxRow:
     return pb.QuarantinedOutboxRow(
         row_id=row.row_id,
         kind=cut_text(row.kind, OUTBOX_KIND_BYTES),
-        payload_size=len(row.payload),
+        payload_size=row.payload_size,
         payload_head=row.payload[:OUTBOX_PAYLOAD_HEAD_BYTES],
         options=cut_text(row.options, OUTBOX_TEXT_BYTES),
         enqueued_at=_timestamp_of_ns(row.enqueued_unix_ns),

@@ -16,6 +16,7 @@ from typing import Any
 
 import asyncpg
 
+from cronoq._outbox import MAX_OUTBOX_OPTIONS_BYTES, QUARANTINE_PAYLOAD_HEAD
 from cronoq.errors import Fenced, InvalidArgument
 from cronoq.store import OutboxRow, OutboxStats, QuarantinedRow
 from cronoq_store_postgres._errors import CLASSIFIED, CLASSIFIED_OR_BAD_DSN, classify
@@ -65,8 +66,9 @@ class OutboxSql:
                     FROM {s}.cronoq_outbox),
                 (SELECT count(*) FROM {s}.cronoq_outbox_quarantine)"""
         self.quarantined = f"""
-            SELECT id, kind, payload, options, {enqueued_ns}, reason,
-                {enqueued_ns.replace("enqueued_at", "quarantined_at")}
+            SELECT id, kind, substring(payload FROM 1 FOR {QUARANTINE_PAYLOAD_HEAD:d}),
+                left(options, {MAX_OUTBOX_OPTIONS_BYTES:d}), {enqueued_ns}, reason,
+                {enqueued_ns.replace("enqueued_at", "quarantined_at")}, octet_length(payload)
             FROM {s}.cronoq_outbox_quarantine WHERE id > $1 ORDER BY id LIMIT $2"""
         # Back with their ids: a row keeps its identity (and derived key) through a requeue.
         self.requeue = f"""

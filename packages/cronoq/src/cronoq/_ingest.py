@@ -21,7 +21,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from cronoq._model import TaskSpec
-from cronoq._outbox import OutboxRow, OutboxSource, OutboxStats, derived_key
+from cronoq._outbox import (
+    MAX_QUARANTINE_REASON,
+    OutboxRow,
+    OutboxSource,
+    OutboxStats,
+    derived_key,
+)
 from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
@@ -116,7 +122,7 @@ class Ingester:
                     try:
                         await self._submit_rows([spec], [row_id])
                     except InvalidArgument as exc:
-                        await self._quarantine(epoch, [(row_id, f"{type(exc).__name__}: {exc}")])
+                        await self._quarantine(epoch, [(row_id, _reason(exc))])
         return True
 
     async def _submit_rows(self, specs: list[TaskSpec], row_ids: list[int]) -> None:
@@ -144,7 +150,7 @@ class Ingester:
             try:
                 spec = self._spec_of(now_ns, row)
             except CronoqError as exc:
-                bad.append((row.row_id, f"{type(exc).__name__}: {exc}"))
+                bad.append((row.row_id, _reason(exc)))
                 continue
             if derive and spec.key is None:
                 spec = dataclasses.replace(spec, key=derived_key(row))
@@ -157,3 +163,12 @@ class Ingester:
         if now - self._stats_at >= _STATS_EVERY_S:
             self._stats_at = now
             self.counters.stats = await self._source.stats()
+
+
+def _reason(exc: CronoqError) -> str:
+    reason = f"{type(exc).__name__}: {exc}"
+    return (
+        reason
+        if len(reason) <= MAX_QUARANTINE_REASON
+        else reason[: MAX_QUARANTINE_REASON - 3] + "..."
+    )

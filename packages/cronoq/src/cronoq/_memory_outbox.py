@@ -4,12 +4,20 @@ by the commit of the batch that makes their tasks (``OutboxTaken``), as PostgreS
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from cronoq import _validate as check
-from cronoq._outbox import OutboxRow, OutboxStats, QuarantinedRow, encode_outbox_options
+from cronoq._outbox import (
+    MAX_OUTBOX_OPTIONS_BYTES,
+    QUARANTINE_PAYLOAD_HEAD,
+    OutboxRow,
+    OutboxStats,
+    QuarantinedRow,
+    encode_outbox_options,
+)
 from cronoq.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -91,7 +99,7 @@ class MemoryOutbox:
             if row is not None:
                 self._tables.quarantine[row_id] = QuarantinedRow(
                     row.row_id, row.kind, row.payload, row.options, row.enqueued_unix_ns,
-                    reason, now,
+                    reason, now, len(row.payload),
                 )  # fmt: skip
 
     async def wait(self) -> None:
@@ -115,7 +123,15 @@ class MemoryOutbox:
     async def quarantined(self, after: int, limit: int) -> Sequence[QuarantinedRow]:
         self._store.check_available()
         kept = self._tables.quarantine
-        return [kept[row_id] for row_id in sorted(kept) if row_id > after][:limit]
+        return [
+            dataclasses.replace(
+                kept[row_id],
+                payload=kept[row_id].payload[:QUARANTINE_PAYLOAD_HEAD],
+                options=kept[row_id].options[:MAX_OUTBOX_OPTIONS_BYTES],
+            )
+            for row_id in sorted(kept)
+            if row_id > after
+        ][:limit]
 
     async def requeue(self, row_ids: Sequence[int]) -> int:
         self._store.check_available()

@@ -24,7 +24,9 @@ from cronoq.errors import InvalidArgument
 __all__ = [
     "MAX_OUTBOX_OPTIONS_BYTES",
     "MAX_OUTBOX_PAGE",
+    "MAX_QUARANTINE_REASON",
     "OUTBOX_OPTIONS",
+    "QUARANTINE_PAYLOAD_HEAD",
     "OutboxRow",
     "OutboxSource",
     "OutboxStats",
@@ -43,6 +45,11 @@ OUTBOX_OPTIONS = frozenset(
 MAX_OUTBOX_OPTIONS_BYTES = 64 * 1024
 """Options longer than this are refused (helpers) or quarantined (ingest): 64 tags of 255
 characters, a key of 1,024 and a name stay far below it."""
+
+QUARANTINE_PAYLOAD_HEAD = 4096
+"""Bytes of a quarantined row's payload a listing holds."""
+MAX_QUARANTINE_REASON = 4096
+"""Characters of a quarantine's reason kept (a codec's error may be of any length)."""
 
 MAX_OUTBOX_PAGE = 1000
 """Quarantined rows per listing, and row ids per requeue or discard."""
@@ -69,7 +76,9 @@ class OutboxRow:
 @dataclass(frozen=True, slots=True)
 class QuarantinedRow:
     """A row that could not become a task, kept with the reason until an operator requeues or
-    discards it."""
+    discards it. A listing holds what an operator reads, bounded whatever SQL wrote: the
+    payload's first ``QUARANTINE_PAYLOAD_HEAD`` bytes and the options' first
+    ``MAX_OUTBOX_OPTIONS_BYTES`` characters (the row keeps them whole)."""
 
     row_id: int
     kind: str
@@ -78,6 +87,8 @@ class QuarantinedRow:
     enqueued_unix_ns: int
     reason: str
     quarantined_unix_ns: int
+    payload_size: int
+    """The whole payload's length in bytes."""
 
 
 @dataclass(frozen=True, slots=True)
