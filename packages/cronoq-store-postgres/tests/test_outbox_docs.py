@@ -101,6 +101,7 @@ RUN = {
     **{(heading, "python"): 1 for heading in DRIVERS},
     ("Plain SQL and triggers", "sql"): 2,
     ("Privileges", "sql"): 1,
+    ("What is guaranteed", "sql"): 1,
 }
 """Each heading's code blocks, all of which the tests below run or check."""
 
@@ -115,11 +116,6 @@ def test_every_code_block_of_the_doc_is_one_these_tests_run() -> None:
             # test_docs.py must not run them as programs of its own, and says where they run.
             assert b.marker is not None and b.marker.startswith("skip:"), b
             assert THIS in b.marker or "signatures" in b.marker, b
-    assert (
-        DOC.read_text(encoding="utf-8")
-        .rstrip()
-        .endswith("<!-- guarantees, operations and comparison: added by the core change -->")
-    )
 
 
 def test_the_signatures_in_the_doc_are_the_helpers() -> None:
@@ -309,6 +305,25 @@ async def test_the_plain_sql_enqueues_with_the_order(schema: str, cluster: Clust
     await confirmed(cluster, row["id"])
     info = await cluster.sched.get_by_key(f"confirmation-{row['id']}")
     assert info is not None and info.priority == 5
+
+
+async def test_the_notify_trigger_switched_off_as_documented_leaves_the_poll_ingesting(
+    schema: str, cluster: Cluster
+) -> None:
+    await query(in_schema(block("What is guaranteed", "sql").code, schema))
+    [trigger] = await query(
+        "SELECT tgenabled FROM pg_trigger WHERE tgname = 'cronoq_outbox_notify' "
+        "AND tgrelid = $1::regclass",
+        f"{cluster.s}.cronoq_outbox",
+    )
+    assert trigger["tgenabled"] == b"D"
+    conn = await app_connection(schema)
+    try:
+        await conn.execute(in_schema(block("Plain SQL and triggers", "sql").code, schema))
+    finally:
+        await conn.close()
+    [row] = await query(f"SELECT id FROM {cluster.s}.orders")
+    await confirmed(cluster, row["id"])
 
 
 async def test_the_trigger_enqueues_in_the_orders_transaction(
