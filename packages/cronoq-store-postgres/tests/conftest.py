@@ -3,11 +3,12 @@ in front of PostgreSQL that a test can black-hole or cut."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from pg_fault_helpers import assert_synchronous_commit
+from pg_fault_helpers import assert_synchronous_commit, query
 from pg_harness import DSN, drop_schema, new_schema, require_postgres
 from pg_proxy import PgProxy, upstream_of
 
@@ -21,6 +22,23 @@ async def schema() -> AsyncIterator[str]:
         yield name
     finally:
         await drop_schema(name)
+
+
+@pytest_asyncio.fixture
+async def role() -> AsyncIterator[str]:
+    """A login role with no privilege of its own, dropped (with its grants) afterwards."""
+    await require_postgres()
+    name = f"cronoq_app_{uuid.uuid4().hex[:12]}"
+    await query(f"CREATE ROLE {name} LOGIN")
+    try:
+        yield name
+    finally:
+        # Its sessions first: a role with a session cannot be dropped.
+        await query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", name
+        )
+        await query(f"DROP OWNED BY {name}")
+        await query(f"DROP ROLE {name}")
 
 
 @pytest_asyncio.fixture

@@ -23,7 +23,6 @@ import inspect
 import json
 import re
 import sys
-import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -352,20 +351,6 @@ async def test_the_trigger_enqueues_in_the_orders_transaction(
 
 
 # --- privileges -----------------------------------------------------------------------------
-
-
-@pytest_asyncio.fixture
-async def role() -> AsyncIterator[str]:
-    name = f"shop_{uuid.uuid4().hex[:12]}"
-    await query(f"CREATE ROLE {name} LOGIN")
-    try:
-        yield name
-    finally:
-        await query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", name
-        )
-        await query(f"DROP OWNED BY {name}")
-        await query(f"DROP ROLE {name}")
 
 
 async def test_the_documented_grants_let_a_role_enqueue_and_not_read(

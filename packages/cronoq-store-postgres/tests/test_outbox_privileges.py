@@ -7,13 +7,9 @@ none, and touch none of the scheduler's other tables."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
-
 import asyncpg
 import psycopg
 import pytest
-import pytest_asyncio
 from pg_fault_helpers import query
 from pg_harness import DSN
 from pg_outbox_cluster import Cluster, ingesting, outbox_ids
@@ -32,22 +28,6 @@ SCHEDULER_TABLES = (
     "cronoq_schema_version",
     "cronoq_outbox_quarantine",
 )
-
-
-@pytest_asyncio.fixture
-async def role() -> AsyncIterator[str]:
-    """A login role with no privilege of its own, dropped (with its grants) afterwards."""
-    name = f"cronoq_app_{uuid.uuid4().hex[:12]}"
-    await query(f"CREATE ROLE {name} LOGIN")
-    try:
-        yield name
-    finally:
-        # Its sessions first: a role with a session cannot be dropped.
-        await query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1", name
-        )
-        await query(f"DROP OWNED BY {name}")
-        await query(f"DROP ROLE {name}")
 
 
 async def grant_enqueue(cluster: Cluster, role: str, *, select_id: bool = True) -> None:
