@@ -814,9 +814,9 @@ def report(results: Results, systems: list[str], sizes: Sizes) -> None:
             for m in mine:
                 ratio = ""
                 # A difference of percentiles can be 0 or below (noise): no ratio then.
-                known = [v for p in peers if (v := values[p]) is not None and v > 0]
+                known = [v for p in peers if (v := values[p]) is not None]
                 value = values[m]
-                if better and known and value is not None and value > 0:
+                if better and known and min(known) > 0 and value is not None and value > 0:
                     best = min(known) if better == "lower" else max(known)
                     ratio = f"{best / value:.2f}x" if better == "lower" else f"{value / best:.2f}x"
                 ratios += f" | {ratio}"
@@ -941,6 +941,8 @@ def main() -> int:
         + f", {rounds} rounds, sizes {asdict(sizes)}",
         flush=True,
     )
+    # Other jobs on the machine show here (a 2-core machine is busy above 2).
+    print("load average before: " + " ".join(f"{v:.2f}" for v in os.getloadavg()), flush=True)
 
     results: Results = {m: {} for m in measures}
     started = time.monotonic()
@@ -974,6 +976,7 @@ def main() -> int:
         args.json.write_text(json.dumps({"sizes": asdict(sizes), "results": results}, indent=1))
     for failure in failures:
         print(f"FAILED: {failure}")
+    print("load average after: " + " ".join(f"{v:.2f}" for v in os.getloadavg()))
     print(f"total {time.monotonic() - started:.0f} s")
     return 1 if failures else 0
 
