@@ -7,34 +7,42 @@ Run from the repository root (the peers come with the ``bench`` dependency group
     uv run --group bench python bench/outbox.py --quick    # 1 round, small sizes: a smoke test
 
 Options: ``--rounds N``, ``--systems cronoq,cronoq-psycopg,pgqueuer,procrastinate,oban``,
-``--measures cost,ingest,latency``, ``--txns N`` and ``--batches N`` (transactions of each
-variant per round, cost), ``--ingest-tasks N``, ``--rate R`` and ``--seconds S`` (latency),
-``--json PATH`` (every value of every round). The exit status is 1 if a measurement failed.
+``--measures cost,ingest,latency``, ``--txns N``, ``--batches N`` and ``--concurrent-txns N``
+(cost), ``--ingest-tasks N``, ``--rate R`` and ``--seconds S`` (latency), ``--timeout S`` (per
+measurement), ``--json PATH`` (every value of every round). The exit status is 1 if a
+measurement failed; failures are listed, never replaced by a number.
 
 Every measurement runs in a fresh process (``--child``) on a fresh database
-(``cronoq_peers_outbox_*``, dropped after), as ``bench/peers`` does; Oban's on the Python 3.12+
-environment ``bench/peers/_envs.py`` builds. Within a round every system is measured before the
-next measurement, the systems' order rotating from round to round; the table gives medians
-over the rounds. cronoq's tables live in the schema ``cronoq`` of that database, the
-application's ``orders`` table in ``public``, the peers' tables where their installers put them.
+(``cronoq_peers_outbox_*``, dropped after; ``synchronous_commit`` and ``fsync`` asserted on), as
+``bench/peers`` does; Oban's on the Python 3.12+ environment ``bench/peers/_envs.py`` builds.
+Within a round each measurement is taken for every system before the next one, the systems'
+order rotating from round to round; the tables give medians over the rounds. cronoq's tables
+live in the schema ``cronoq`` of that database, the application's ``orders`` table in
+``public``, the peers' tables where their installers put them.
 
-1. **cost**: on one connection, transactions of the application alone (one ``orders`` row,
-   or 100 rows in one statement) alternate with the same transactions plus the enqueue of one
-   task (or 100 tasks with the batch API), ``--txns`` (``--batches``) of each, timed from the
-   BEGIN to the COMMIT's return. Nothing consumes the tasks meanwhile. The added latency is the
-   percentile with the enqueue minus the same percentile without, on that system's driver
-   (asyncpg for cronoq and PgQueuer, psycopg 3 for ``cronoq-psycopg``, Procrastinate and Oban).
+1. **cost** (every system; ``cronoq-psycopg`` is cronoq's ``enqueue`` on psycopg 3): on one
+   connection, ``--txns`` transactions of the application alone (one ``orders`` row) alternate
+   with as many of the same transaction plus the enqueue of one task, then ``--batches`` of 100
+   ``orders`` rows (one statement) alone and plus 100 tasks (the batch API), each timed from
+   the BEGIN to the COMMIT's return. The added latency is the percentile with the enqueue
+   minus the same percentile without, on that system's driver (asyncpg for cronoq and
+   PgQueuer, psycopg 3 for ``cronoq-psycopg``, Procrastinate and Oban). Then 10 connections
+   commit ``--concurrent-txns`` single-row transactions at once, alone and with one task each
+   (two repetitions of each, alternated): commits per second. Nothing consumes the tasks.
 2. **ingest** (cronoq): a ``Scheduler`` on a ``PgStore`` leads in a process of its own; the
    application (this process, 10 connections) commits ``--ingest-tasks`` outbox rows in
-   transactions of 1 and of 100, then the same number in one transaction. Tasks per second
-   from the first BEGIN until the outbox is empty (polled every 2 ms once the last commit
-   returned; a row leaves the outbox in the commit that makes its task durable). The tasks go to
-   a paused pool, so that nothing runs: the figure is the ingest alone.
-3. **latency**: single-task transactions (one ``orders`` row and one enqueue) at ``--rate`` for
-   ``--seconds``, an open loop over 8 connections, the consumer running in its own process
-   (cronoq's Scheduler with a pool of 50, or the peer's worker at concurrency 50, as
-   ``bench/peers`` starts it). From the COMMIT's return to the task's start in the consumer,
-   p50 and p99; for cronoq also to the return of the leader's commit that created the task.
+   transactions of 1 and of 100: tasks per second from the first BEGIN until the outbox is
+   empty (polled every 2 ms once the last commit returned; a row leaves the outbox in the
+   commit that makes its task durable). Then as many rows in one transaction: tasks per second
+   from its commit until the outbox is empty. The tasks go to a paused pool, so that nothing
+   runs: the figure is the ingest alone. The stored count is checked.
+3. **latency** (cronoq and the peers): single-task transactions (one ``orders`` row and one
+   enqueue) at ``--rate`` for ``--seconds``, an open loop over 8 connections, the consumer in a
+   process of its own (cronoq's Scheduler with a pool of concurrency 50, or the peer's worker at
+   concurrency 50, as ``bench/peers`` starts it), after 100 warm-up tasks. From the COMMIT's
+   return to the task's start in the consumer (``time.monotonic()``, one clock for the
+   machine), p50 and p99; for cronoq also to the return of the leader's commit that created
+   the task. A peer's job is visible to its workers from the application's commit on.
 """
 
 from __future__ import annotations
@@ -886,6 +894,7 @@ def main() -> int:
     parser.add_argument("--measures", default=",".join(MEASURES))
     parser.add_argument("--txns", type=int, default=None)
     parser.add_argument("--batches", type=int, default=None)
+    parser.add_argument("--concurrent-txns", type=int, default=None)
     parser.add_argument("--ingest-tasks", type=int, default=None)
     parser.add_argument("--rate", type=float, default=None)
     parser.add_argument("--seconds", type=float, default=None)
@@ -909,6 +918,7 @@ def main() -> int:
     overrides = {
         "txns": args.txns,
         "batches": args.batches,
+        "concurrent_txns": args.concurrent_txns,
         "ingest_tasks": args.ingest_tasks,
         "rate": args.rate,
         "seconds": args.seconds,
