@@ -28,7 +28,9 @@ live in the schema ``cronoq`` of that database, the application's ``orders`` tab
    minus the same percentile without, on that system's driver (asyncpg for cronoq and
    PgQueuer, psycopg 3 for ``cronoq-psycopg``, Procrastinate and Oban). Then 10 connections
    commit ``--concurrent-txns`` single-row transactions at once, alone and with one task each
-   (two repetitions of each, alternated): commits per second. Nothing consumes the tasks.
+   (two repetitions of each, alternated): commits per second; for cronoq, twice more with the
+   outbox's NOTIFY trigger disabled (its leader then ingests at each poll, ``outbox_poll``).
+   Nothing consumes the tasks.
 2. **ingest** (cronoq): a ``Scheduler`` on a ``PgStore`` leads in a process of its own; the
    application (this process, 10 connections) commits ``--ingest-tasks`` outbox rows in
    transactions of 1 and of 100: tasks per second from the first BEGIN until the outbox is
@@ -468,6 +470,14 @@ async def measure_cost(system: System, sizes: Sizes) -> dict[str, Any]:
             )
             for name in ("alone", "one", "one", "alone"):
                 await concurrently(name, single(name == "one"))
+            if isinstance(system, Cronoq):
+                # What an operator gains by disabling the NOTIFY trigger (the poll still ingests).
+                rates["quiet"] = []
+                await conn.raw.execute(
+                    f"ALTER TABLE {SCHEMA}.cronoq_outbox DISABLE TRIGGER cronoq_outbox_notify"
+                )
+                for _ in range(2):
+                    await concurrently("quiet", single(True))
         finally:
             for c in conns:
                 await c.close()
@@ -815,6 +825,8 @@ def report(results: Results, systems: list[str], sizes: Sizes) -> None:
             (f"{c} connections at once, 1 orders row + 1 task (commits/s)",
              at("commits_per_s", "one"), 0, ""),
             ("**commit rate kept with the enqueue (ratio)**", kept, 2, "higher"),
+            (f"{c} connections at once, + 1 task, cronoq's NOTIFY trigger disabled (commits/s)",
+             lambda s: median_at(cost[s], "commits_per_s", "quiet") if s in mine else None, 0, ""),
         ]  # fmt: skip
         for label, get, digits, better in rows:
             values = {s: get(s) for s in names}
