@@ -3,7 +3,7 @@ transaction, and how fast cronoq's leader turns committed outbox rows into tasks
 
 Run from the repository root (the peers come with the ``bench`` dependency group):
 
-    uv run --group bench python bench/outbox.py            # 3 rounds: about 5 minutes
+    uv run --group bench python bench/outbox.py            # 3 rounds: 3.5 to 5 minutes
     uv run --group bench python bench/outbox.py --quick    # 1 round, small sizes: a smoke test
 
 Options: ``--rounds N``, ``--systems cronoq,cronoq-psycopg,pgqueuer,procrastinate,oban``,
