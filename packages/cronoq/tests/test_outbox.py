@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cronoq import (
+    CodecContext,
     InvalidArgument,
     JsonCodec,
     MemoryStore,
@@ -28,7 +29,8 @@ from cronoq import (
 )
 from cronoq._memory_outbox import MemoryOutbox
 from cronoq._outbox import MAX_QUARANTINE_REASON, QUARANTINE_PAYLOAD_HEAD
-from cronoq.errors import Unavailable
+from cronoq.crypto import EncryptedCodec
+from cronoq.errors import PayloadError, Unavailable
 from cronoq.store import (
     OutboxRow,
     OutboxStats,
@@ -372,3 +374,64 @@ async def test_a_quarantine_listing_is_bounded_whatever_a_row_holds() -> None:
         [row] = await sched.outbox_quarantine()
     assert (len(row.payload), row.payload_size) == (QUARANTINE_PAYLOAD_HEAD, 100_000)
     assert len(row.reason) == MAX_QUARANTINE_REASON and row.reason.endswith("...")
+
+
+async def test_a_full_pool_keeps_its_rows_waiting_and_not_the_other_pools_rows() -> None:
+    """``max_live`` refuses the full pool's rows, which wait in the outbox and become tasks
+    once it has room, while the other pool's rows behind them are ingested at once."""
+    store = MemoryStore(outbox=True)
+    release = asyncio.Event()
+    ran = Ran()
+
+    async def held(ctx: TaskContext, payload: Any) -> Any:
+        await release.wait()
+        return await ran(ctx, payload)
+
+    pools = [Pool("full", held, concurrency=1, max_live=1), Pool("other", ran)]
+    async with Scheduler(pools, store=store, commit_timeout=5) as sched:
+        await sched.submit("first", b"a0", pool="full")
+        _outbox(store).put_many(
+            [("k", b"a1", {"pool": "full"}), ("k", b"a2", {"pool": "full"}),
+             ("k", b"b1", {"pool": "other"})]
+        )  # fmt: skip
+        await ran.until(1)
+        assert ran.payloads == [b"b1"]
+        assert (await sched.outbox_stats()).depth == 2
+        release.set()
+        await ran.until(4)
+        await _drained(sched)
+    assert sorted(ran.payloads) == [b"a0", b"a1", b"a2", b"b1"]
+
+
+async def test_a_reason_is_stored_clean_whatever_the_codec_raised() -> None:
+    store = MemoryStore(outbox=True)
+
+    class Hostile(JsonCodec):
+        def decode(self, data: bytes) -> Any:
+            raise PayloadError("nul \x00 and a lone \udcff surrogate")
+
+    async with Scheduler([Pool("default", Ran())], store=store, codec=Hostile()) as sched:
+        _outbox(store).put_raw("k", b"{}", "{}")
+        await _drained(sched)
+        [row] = await sched.outbox_quarantine()
+    assert "nul \ufffd and a lone \ufffd surrogate" in row.reason, row.reason
+    row.reason.encode("utf-8")  # storable as UTF-8
+
+
+async def test_a_keyless_row_from_another_database_is_quarantined_under_a_binding_codec() -> None:
+    """Its derived key would change the context its payload was encoded for."""
+    store = MemoryStore(outbox=True)
+    source = _ForgetfulSource(_outbox(store), (await store.acquire_leadership()).epoch)
+    source.failed = True  # deletions succeed
+    ran = Ran()
+    codec = EncryptedCodec({"k1": bytes(32)}, "k1", JsonCodec())
+    async with Scheduler([Pool("default", ran)], outbox=source, codec=codec) as sched:
+        context = CodecContext("payload", "k", "default", "mine")
+        _outbox(store).put("k", codec.encode_for({"n": 1}, context), key="mine")
+        keyless = CodecContext("payload", "k", "default", None)
+        _outbox(store).put("k", codec.encode_for({"n": 2}, keyless))
+        await ran.until(1)
+        await _drained(sched)
+        [row] = await sched.outbox_quarantine()
+    assert ran.payloads == [{"n": 1}]
+    assert "give the row a key of its own" in row.reason

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from cronoq._model import TaskSpec
+from cronoq._mutations import sanitize_message
 from cronoq._outbox import (
     MAX_QUARANTINE_REASON,
     OutboxRow,
@@ -32,7 +33,6 @@ from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
     Fenced,
-    InvalidArgument,
     SchedulerError,
     SchedulerStopped,
     StoreFatal,
@@ -66,11 +66,15 @@ class Ingester:
         epoch: Callable[[], int],
         spec_of: Callable[[int, OutboxRow], TaskSpec],
         submit: Callable[[list[TaskSpec], tuple[int, ...]], Awaitable[object]],
+        *,
+        binds: bool = False,
     ) -> None:
         """``spec_of(now_ns, row)``: the row's task spec, or ``CronoqError`` saying why it
         cannot become a task. ``submit(specs, row_ids)``: one submission whose commit takes
-        the rows (``row_ids`` is empty for a source that is not transactional)."""
+        the rows (``row_ids`` is empty for a source that is not transactional). ``binds``:
+        the scheduler's codec binds payloads to their task's key (``CodecContext``)."""
         self._source = source
+        self._binds = binds
         self._epoch = epoch
         self._spec_of = spec_of
         self._submit = submit
@@ -109,21 +113,41 @@ class Ingester:
         rows = await source.read(epoch, INGEST_BATCH)
         if not rows:
             return False
-        specs, taken, bad = self.check(rows, time.time_ns())
+        # A codec decodes every payload to check it: megabytes of them would stall the loop
+        # (and the store's keepalives) for seconds.
+        specs, taken, bad = await asyncio.to_thread(self.check, rows, time.time_ns())
         if bad:
             await self._quarantine(epoch, bad)
-        if specs:
-            try:
-                await self._submit_rows(specs, taken)
-            except InvalidArgument:
-                # The engine refused the batch for one row's sake (the checks above should
-                # have caught it): each alone, so that only the culprit is quarantined.
-                for spec, row_id in zip(specs, taken, strict=True):
-                    try:
-                        await self._submit_rows([spec], [row_id])
-                    except InvalidArgument as exc:
-                        await self._quarantine(epoch, [(row_id, _reason(exc))])
+        # One submission per pool, in one step: a full pool (max_live) refuses its own rows,
+        # which wait in the outbox, and not the other pools' behind them.
+        pools: dict[str, tuple[list[TaskSpec], list[int]]] = {}
+        for spec, row_id in zip(specs, taken, strict=True):
+            group = pools.setdefault(spec.pool, ([], []))
+            group[0].append(spec)
+            group[1].append(row_id)
+        outcomes = await asyncio.gather(
+            *(self._submit_pool(group_specs, ids) for group_specs, ids in pools.values()),
+            return_exceptions=True,
+        )
+        refused = [o for o in outcomes if isinstance(o, BaseException)]
+        for outcome in refused:
+            if not isinstance(outcome, AdmissionRejected):
+                raise outcome
+        if refused and len(refused) == len(outcomes) and not bad:
+            raise refused[0]  # nothing moved: the run loop backs off
         return True
+
+    async def _submit_pool(self, specs: list[TaskSpec], row_ids: list[int]) -> None:
+        """A pool's rows, as many as its ``max_live`` admits: halved while it refuses them,
+        so that a nearly full pool takes what it has room for, oldest first."""
+        try:
+            await self._submit_rows(specs, row_ids)
+        except AdmissionRejected:
+            if len(specs) == 1:
+                raise
+            half = len(specs) // 2
+            await self._submit_pool(specs[:half], row_ids[:half])
+            await self._submit_pool(specs[half:], row_ids[half:])
 
     async def _submit_rows(self, specs: list[TaskSpec], row_ids: list[int]) -> None:
         source = self._source
@@ -153,6 +177,9 @@ class Ingester:
                 bad.append((row.row_id, _reason(exc)))
                 continue
             if derive and spec.key is None:
+                if self._binds:
+                    bad.append((row.row_id, _KEYLESS_BOUND))
+                    continue
                 spec = dataclasses.replace(spec, key=derived_key(row))
             specs.append(spec)
             taken.append(row.row_id)
@@ -165,10 +192,17 @@ class Ingester:
             self.counters.stats = await self._source.stats()
 
 
+_KEYLESS_BOUND = (
+    "InvalidArgument: a row without a key, from an outbox outside the store's database, is "
+    "deduplicated by a key derived from it, but the scheduler's codec binds payloads to their "
+    "key: give the row a key of its own (docs/outbox.md)"
+)
+
+
 def _reason(exc: CronoqError) -> str:
-    reason = f"{type(exc).__name__}: {exc}"
-    return (
-        reason
-        if len(reason) <= MAX_QUARANTINE_REASON
-        else reason[: MAX_QUARANTINE_REASON - 3] + "..."
-    )
+    """Why a row cannot become a task: bounded (a codec's error may be of any length) and
+    storable (no NUL, no lone surrogate, whatever the error held)."""
+    reason = sanitize_message(f"{type(exc).__name__}: {exc}")
+    if len(reason) > MAX_QUARANTINE_REASON:
+        reason = reason[: MAX_QUARANTINE_REASON - 3] + "..."
+    return reason

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import dataclasses
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -168,6 +169,9 @@ def _names(value: Iterable[str] | None, what: str) -> frozenset[str] | None:
         value, what, "an iterable of names", 100_000, lambda item: check.text(item, what)
     )
     return frozenset(names)
+
+
+_log = logging.getLogger("cronoq.outbox")
 
 
 def _row_ids(value: object) -> builtins.list[int]:
@@ -493,7 +497,13 @@ class Scheduler:
         self._ingester = (
             None
             if outbox is None
-            else Ingester(outbox, lambda: self._driver.epoch, self._outbox_spec, self._ingest)
+            else Ingester(
+                outbox,
+                lambda: self._driver.epoch,
+                self._outbox_spec,
+                self._ingest,
+                binds=self._binds,
+            )
         )
         self._ingesting: asyncio.Task[None] | None = None
 
@@ -525,6 +535,8 @@ class Scheduler:
         finally:
             run.cancel()
             stopped.cancel()
+        if run.done() and not run.cancelled() and run.exception() is not None:
+            _log.error("outbox ingest stopped by a bug", exc_info=run.exception())
 
     async def close(self, timeout: float = 10.0) -> None:
         """Stop taking calls, let running attempts finish for up to ``timeout`` seconds, commit
