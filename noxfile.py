@@ -35,7 +35,8 @@ class Member:
     dependencies: frozenset[str]
     test_dependencies: frozenset[str]
     test_extras: dict[str, str]
-    """Workspace packages the test group names with extras, and those extras (comma-joined)."""
+    """Packages the test group names with extras (workspace or third-party), and those extras
+    (comma-joined)."""
 
 
 def _read_members() -> dict[str, Member]:
@@ -117,13 +118,21 @@ def tests(session: nox.Session, package: str) -> None:
     local = _with_local_dependencies(package, *(d for d in test_deps if d in MEMBERS))
     # A workspace package named with extras in the test group (``cronoq[crypto]``) is installed
     # with them.
-    extras = {MEMBERS[name].path: chosen for name, chosen in MEMBERS[package].test_extras.items()}
+    chosen_extras = MEMBERS[package].test_extras
+    extras = {
+        MEMBERS[name].path: chosen for name, chosen in chosen_extras.items() if name in MEMBERS
+    }
     editables = [
         arg
         for path in local
         for arg in ("-e", f"{path}[{extras[path]}]" if path in extras else str(path))
     ]
-    third_party = sorted(d for d in test_deps if d not in MEMBERS)
+    # A third-party one with its extras too (``psycopg[binary]``: without it, no libpq).
+    third_party = sorted(
+        f"{d}[{chosen_extras[d]}]" if d in chosen_extras else d
+        for d in test_deps
+        if d not in MEMBERS
+    )
     _install_locked(session, *editables, *third_party, "pytest", "pytest-asyncio", "hypothesis")
     tests_dir = MEMBERS[package].path / "tests"
     # Exit code 5: no tests collected, for a package that has none yet.

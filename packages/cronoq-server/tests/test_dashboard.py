@@ -869,13 +869,13 @@ def test_an_outbox_page_keeps_its_size_and_shows_each_row_bounded() -> None:
         OutboxQuery.parse({"limit": "201"})
     huge = QuarantinedRow(
         5, "k" * 300, bytes(range(256)), '{"name": "' + "é" * 500 + '"}', 10**18, "w" * 5000,
-        2 * 10**18, 256,
+        2 * 10**18, 100_000,  # a listing holds the head; the row is 100,000 bytes
     )  # fmt: skip
     [row] = quarantine_rows([huge])
     assert row.reason == "w" * (OUTBOX_REASON_BYTES - 3) + "..."
     assert row.kind == "k" * 253 + "..."
     assert len(row.options.encode()) == OUTBOX_TEXT_BYTES - 1 and row.options.endswith("...")
-    assert (row.payload.size, row.payload.binary, row.payload.truncated) == (256, True, True)
+    assert (row.payload.size, row.payload.binary, row.payload.truncated) == (100_000, True, True)
     assert row.payload.text == bytes(range(OUTBOX_PAYLOAD_BYTES)).hex(" ", 2)
     assert (row.enqueued, row.quarantined) == (
         datetime.fromtimestamp(1e9, UTC),

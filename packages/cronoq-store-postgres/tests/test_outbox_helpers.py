@@ -288,3 +288,36 @@ async def test_a_row_for_a_pool_the_scheduler_lacks_is_quarantined_and_blocks_no
         [row] = await cluster.sched.outbox_quarantine()
         assert (row.row_id, row.kind, row.payload) == (row_id, "confirm", b"lost")
         assert row.reason.startswith("UnknownPool: unknown pool 'nowhere'"), row.reason
+
+
+async def test_an_applications_own_jsonb_codec_and_row_factory_do_not_change_the_rows(
+    schema: str,
+) -> None:
+    """asyncpg with the usual ``set_type_codec('jsonb', ...)`` and psycopg with
+    ``row_factory=dict_row``: the options are bound as text, the ids read as tuples."""
+    import json
+
+    from psycopg.rows import dict_row
+
+    async with ingesting(schema) as cluster:
+        conn = await asyncpg.connect(DSN)
+        try:
+            await conn.set_type_codec(
+                "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+            )
+            async with conn.transaction():
+                await enqueue(conn, "confirm", b"codec", schema=schema, key="codec-1")
+                await enqueue_many(
+                    conn, [TaskRequest("confirm", b"codec many", key="codec-2")], schema=schema
+                )
+        finally:
+            await conn.close()
+        with psycopg.connect(DSN, row_factory=dict_row) as sync:
+            assert isinstance(enqueue(sync, "confirm", b"dict", schema=schema), int)
+            assert len(enqueue_many(sync, [TaskRequest("confirm", b"dicts")], schema=schema)) == 1
+        async with await psycopg.AsyncConnection.connect(DSN, row_factory=dict_row) as aconn:
+            assert isinstance(await enqueue(aconn, "confirm", b"adict", schema=schema), int)
+        for payload in (b"codec", b"codec many", b"dict", b"dicts", b"adict"):
+            await cluster.runs.ran("confirm", payload)
+        info = await cluster.sched.get_by_key("codec-1")
+        assert info is not None and info.key == "codec-1"

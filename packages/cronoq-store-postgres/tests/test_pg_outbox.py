@@ -114,7 +114,7 @@ async def test_ingest_wakes_on_notify_and_without_the_trigger_on_its_poll(
     await store.close()
     print(f"\nnotified: {notified * 1000:.1f} ms; polled (every {poll} s): {polled * 1000:.0f} ms")
     assert notified < poll / 2
-    assert polled <= poll + 1.0
+    assert polled <= 2 * poll + 1.0  # a poll, not a notification (slack for a loaded machine)
 
 
 async def test_a_store_configured_without_an_outbox_ingests_nothing(
@@ -155,3 +155,21 @@ async def test_an_outbox_beside_another_store_is_ingested_once_by_derived_keys(
     assert sorted(ran.payloads) == sorted([*(str(i).encode() for i in range(20)), b"own-key"])
     assert keys[0] == "mine"
     assert all(k.startswith("outbox:") for k in keys[1:]) and len(set(keys)) == 21
+
+
+async def test_a_read_returns_a_few_megabytes_of_payload_at_most_and_one_row_at_least(
+    schema: str, app: asyncpg.Connection
+) -> None:
+    store = await PgStore.connect(DSN, PgStoreConfig(schema=schema))
+    try:
+        epoch = (await store.acquire_leadership()).epoch
+        for _ in range(5):
+            await enqueue(app, "k", bytes(1000), schema=schema)
+        outbox = store.outbox
+        assert outbox is not None
+        outbox._max_read_bytes = 2500  # READ_BYTES, scaled down
+        assert len(await outbox.read(epoch, 1000)) == 3  # 0, 1,000 and 2,000 bytes before it
+        outbox._max_read_bytes = 10
+        assert len(await outbox.read(epoch, 1000)) == 1
+    finally:
+        await store.close()

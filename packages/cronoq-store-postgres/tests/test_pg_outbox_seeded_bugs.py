@@ -131,7 +131,7 @@ class NewestFirstPgStore(OutboxPgStore):
     """The outbox is read newest first."""
 
     def seed(self, s: str, outbox: PgOutbox) -> None:
-        self.replace_sql(outbox, "read", "ORDER BY id LIMIT", "ORDER BY id DESC LIMIT")
+        self.replace_sql(outbox, "read", "ORDER BY id", "ORDER BY id DESC")
 
 
 class ReadInDoubtPgStore(OutboxPgStore):
@@ -141,7 +141,8 @@ class ReadInDoubtPgStore(OutboxPgStore):
     def seed(self, s: str, outbox: PgOutbox) -> None:
         async def read(epoch: int, limit: int) -> Sequence[OutboxRow]:
             sql = outbox._sql.read
-            rows = await self._read("reading the outbox", lambda c: c.fetch(sql, limit))
+            cap = outbox._max_read_bytes
+            rows = await self._read("reading the outbox", lambda c: c.fetch(sql, limit, cap))
             return [OutboxRow(*row) for row in rows]
 
         outbox.read = read  # type: ignore[method-assign]

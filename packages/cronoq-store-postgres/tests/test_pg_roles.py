@@ -32,7 +32,8 @@ REPLICA_GRANTS = (
     "GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.cronoq_tasks, {s}.cronoq_schedules TO {r}",
     "GRANT SELECT, INSERT, UPDATE ON {s}.cronoq_pools TO {r}",
     "GRANT SELECT, INSERT, DELETE ON {s}.cronoq_attempts TO {r}",
-    "GRANT SELECT, INSERT, DELETE ON {s}.cronoq_outbox, {s}.cronoq_outbox_quarantine TO {r}",
+    "GRANT SELECT, INSERT, DELETE ON {s}.cronoq_outbox TO {r}",
+    "GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.cronoq_outbox_quarantine TO {r}",
 )
 
 
@@ -108,6 +109,33 @@ async def test_a_read_write_role_serves_an_up_to_date_schema(roles: Roles, migra
     await grant_replica(roles)
     store = await PgStore.connect(roles.replica_dsn, config(roles.schema, migrate=migrate))
     await runs_a_task(store)
+
+
+async def test_a_role_without_the_outbox_grants_serves_on_and_says_which_to_give(
+    roles: Roles, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A replica upgraded to schema 6 without the outbox's grants: the leader stops ingesting
+    before a commit that deletes rows is refused (which would stop the whole scheduler), says
+    in one line what to grant, and serves on."""
+    await PgStore.migrate(roles.owner_dsn, config(roles.schema))
+    await grant_replica(roles, REPLICA_GRANTS[:-2])
+    await grant_replica(roles, ("GRANT SELECT ON {s}.cronoq_outbox TO {r}",))
+    s = quote_ident(roles.schema)
+    await query(f"SELECT {s}.cronoq_enqueue('job', 'x')")
+    store = await PgStore.connect(roles.replica_dsn, config(roles.schema, migrate="never"))
+    try:
+        async with scheduler(store) as sched:
+            assert sched._ingesting is not None
+            await asyncio.wait_for(asyncio.shield(sched._ingesting), 10)  # the ingest ended
+            task_id = await sched.submit("job", b"after")
+            assert (await sched.wait(task_id, timeout=10)).status is Status.SUCCEEDED
+    finally:
+        await store.close()
+    [stopped] = [
+        r.getMessage() for r in caplog.records if "outbox ingest stopped" in r.getMessage()
+    ]
+    assert "grant it SELECT, INSERT, DELETE on cronoq_outbox and SELECT, INSERT, UPDATE" in stopped
+    assert "\n" not in stopped
 
 
 async def test_migrate_again_changes_nothing_and_says_so(roles: Roles) -> None:

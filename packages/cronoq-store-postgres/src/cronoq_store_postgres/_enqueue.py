@@ -146,14 +146,17 @@ def _row(
 
 @functools.lru_cache(maxsize=64)
 def _statements(schema: str, dollar: bool) -> tuple[str, str]:
-    """(one row, many rows) for the schema, with asyncpg's ($n) or psycopg's (%s) markers."""
+    """(one row, many rows) for the schema, with asyncpg's ($n) or psycopg's (%s) markers.
+    The options are bound as text and cast by the server: an application's own jsonb codec on
+    its connection (asyncpg's set_type_codec, psycopg's loaders) would encode them again."""
     s = quote_ident(PgStoreConfig(schema=schema).schema)
     a, b, c = ("$1", "$2", "$3") if dollar else ("%s", "%s", "%s")
     return (
         f"INSERT INTO {s}.cronoq_outbox (kind, payload, options) "
-        f"VALUES ({a}, {b}, {c}::jsonb) RETURNING id",
+        f"VALUES ({a}, {b}, {c}::text::jsonb) RETURNING id",
         f"INSERT INTO {s}.cronoq_outbox (kind, payload, options) "
-        f"SELECT * FROM unnest({a}::text[], {b}::bytea[], {c}::jsonb[]) RETURNING id",
+        f"SELECT k, p, o::jsonb FROM unnest({a}::text[], {b}::bytea[], {c}::text[]) AS u(k, p, o) "
+        "RETURNING id",
     )
 
 
@@ -168,11 +171,15 @@ def _insert(conn: Any, schema: object, rows: list[tuple[str, bytes, str]], *, si
         return _psycopg_async(conn, one, many, rows, single)
     if not rows:
         return []
-    if single:
-        cursor = conn.execute(one, rows[0])
-        return int(cursor.fetchone()[0])
-    cursor = conn.execute(many, _columns(rows))
-    return sorted(int(row[0]) for row in cursor.fetchall())
+    from psycopg.rows import tuple_row
+
+    # Rows as tuples, whatever row factory the application gave its connection.
+    with conn.cursor(row_factory=tuple_row) as cursor:
+        if single:
+            cursor.execute(one, rows[0])
+            return int(cursor.fetchone()[0])
+        cursor.execute(many, _columns(rows))
+        return sorted(int(row[0]) for row in cursor.fetchall())
 
 
 async def _asyncpg(
@@ -188,13 +195,16 @@ async def _asyncpg(
 async def _psycopg_async(
     conn: Any, one: str, many: str, rows: list[tuple[str, bytes, str]], single: bool
 ) -> Any:
-    if single:
-        cursor = await conn.execute(one, rows[0])
-        return int((await cursor.fetchone())[0])
+    from psycopg.rows import tuple_row
+
     if not rows:
         return []
-    cursor = await conn.execute(many, _columns(rows))
-    return sorted(int(row[0]) for row in await cursor.fetchall())
+    async with conn.cursor(row_factory=tuple_row) as cursor:
+        if single:
+            await cursor.execute(one, rows[0])
+            return int((await cursor.fetchone())[0])
+        await cursor.execute(many, _columns(rows))
+        return sorted(int(row[0]) for row in await cursor.fetchall())
 
 
 def _columns(rows: list[tuple[str, bytes, str]]) -> tuple[list[str], list[bytes], list[str]]:

@@ -12,12 +12,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 
 from cronoq._outbox import MAX_OUTBOX_OPTIONS_BYTES, QUARANTINE_PAYLOAD_HEAD
-from cronoq.errors import Fenced, InvalidArgument
+from cronoq.errors import Fenced, InvalidArgument, StoreFatal
 from cronoq.store import OutboxRow, OutboxStats, QuarantinedRow
 from cronoq_store_postgres._errors import CLASSIFIED, CLASSIFIED_OR_BAD_DSN, classify
 from cronoq_store_postgres._schema import Connection, ensure_schema, outbox_channel, quote_ident
@@ -30,8 +30,19 @@ _LISTEN_ERRORS: tuple[type[BaseException], ...] = (*CLASSIFIED_OR_BAD_DSN, Timeo
 Statement = Callable[[Connection], Awaitable[Any]]
 Plain = Callable[[str, Statement], Awaitable[Any]]
 """(what it does, for errors; the statement) -> its result."""
-Leading = Callable[[int, str, Statement], Awaitable[Any]]
-"""(epoch, what it does, the statement) -> its result, run as that epoch's leader writes."""
+
+
+class Leading(Protocol):
+    """Runs a statement as ``epoch``'s leader writes, after any write of it in doubt (with
+    ``reads``: only waits for those, then reads beside the commits)."""
+
+    def __call__(
+        self, epoch: int, doing: str, statement: Statement, *, reads: bool = False
+    ) -> Awaitable[Any]: ...
+
+
+READ_BYTES = 64 * 1024 * 1024
+"""About how many bytes of payload one read of the outbox returns (at least one row)."""
 
 
 class OutboxSql:
@@ -43,9 +54,26 @@ class OutboxSql:
         self.channel = outbox_channel(s)
         fence = fence or "fence AS (SELECT $1::bigint, $2::bigint)"
         enqueued_ns = "(extract(epoch FROM enqueued_at) * 1000000)::bigint * 1000"
+        # Up to $1 rows and about $2 bytes of payload (always one row at least): a backlog of
+        # large payloads is read, checked and committed a few megabytes at a time. The sizes
+        # come from the rows' headers (octet_length does not detoast).
         self.read = f"""
-            SELECT id, kind, payload, options::text, {enqueued_ns}
-            FROM {s}.cronoq_outbox ORDER BY id LIMIT $1"""
+            SELECT id, kind, payload, options::text, {enqueued_ns} FROM (
+                SELECT id, kind, payload, options, enqueued_at,
+                    sum(octet_length(payload)) OVER (ORDER BY id) - octet_length(payload)
+                        AS before
+                FROM (SELECT * FROM {s}.cronoq_outbox ORDER BY id LIMIT $1) AS head
+            ) AS sized
+            WHERE before < $2 ORDER BY id"""
+        # What the leader's role needs to ingest: without it, the ingest stops before a
+        # commit that deletes rows is refused (which would stop the whole scheduler).
+        # has_table_privilege is true if ANY privilege of a list is held: one call each.
+        self.privileges = """
+            SELECT bool_and(has_table_privilege(t, p)) FROM (VALUES
+                ($1, 'SELECT'), ($1, 'INSERT'), ($1, 'DELETE'),
+                ($2, 'SELECT'), ($2, 'INSERT'), ($2, 'UPDATE'), ($2, 'DELETE')
+            ) AS needed(t, p)"""
+        self.tables = (f"{s}.cronoq_outbox", f"{s}.cronoq_outbox_quarantine")
         self.take = f"DELETE FROM {s}.cronoq_outbox WHERE id = ANY($1::bigint[])"
         self.quarantine = f"""
             WITH {fence}, moved AS (
@@ -57,7 +85,11 @@ class OutboxSql:
                 INSERT INTO {s}.cronoq_outbox_quarantine
                     (id, kind, payload, options, enqueued_at, reason)
                 SELECT id, kind, payload, options::text, enqueued_at, reason FROM moved
-                ON CONFLICT (id) DO NOTHING
+                -- An id quarantined before (a row an application wrote with an id of its
+                -- choosing): the newer row replaces it rather than vanishing.
+                ON CONFLICT (id) DO UPDATE SET kind = excluded.kind, payload = excluded.payload,
+                    options = excluded.options, enqueued_at = excluded.enqueued_at,
+                    reason = excluded.reason, quarantined_at = now()
             )
             SELECT count(*) FROM fence"""
         self.stats = f"""
@@ -99,6 +131,7 @@ class _Listener:
         self._timeout = timeout
         self._conn: asyncpg.Connection | None = None
         self._event = asyncio.Event()
+        self._failing = False
 
     def arm(self) -> None:
         """Called before a read: a notification from now on wakes the next wait."""
@@ -113,6 +146,7 @@ class _Listener:
     async def _listen(self) -> None:
         if self._conn is not None and not self._conn.is_closed():
             return
+        conn: asyncpg.Connection | None = None
         try:
             conn = await asyncpg.connect(
                 self._dsn,
@@ -121,8 +155,17 @@ class _Listener:
             )
             await conn.add_listener(self._channel, lambda *_: self._event.set())
         except _LISTEN_ERRORS as exc:
-            log.warning("outbox: cannot LISTEN (%s); polling only until it can", exc)
+            if conn is not None:
+                conn.terminate()
+            if not self._failing:  # once, not at every poll while it lasts
+                log.warning("outbox: cannot LISTEN (%s); polling only until it can", exc)
+            self._failing = True
             return
+        except BaseException:
+            if conn is not None:
+                conn.terminate()
+            raise
+        self._failing = False
         self._conn = conn
         self._event.set()  # rows may have come while nobody listened: read once more
 
@@ -147,6 +190,8 @@ class PgOutbox:
         plain: Plain,
         generation: Callable[[], int] = lambda: 0,
         pool: asyncpg.Pool | None = None,
+        schema: str = "public",
+        max_read_bytes: int = READ_BYTES,
     ) -> None:
         """``leading(doing, statement)`` runs a statement as the leader writes (after any
         write in doubt, fenced by the caller); ``plain`` runs one on any connection."""
@@ -157,6 +202,10 @@ class PgOutbox:
         self._plain = plain
         self._generation = generation
         self._pool = pool
+        self._schema = schema
+        self._max_read_bytes = max_read_bytes
+        self._checked: int | None = None
+        """The epoch whose grants were checked (a new leadership checks again)."""
         self._listener = _Listener(dsn, sql.channel, timeout)
 
     @classmethod
@@ -200,7 +249,8 @@ class PgOutbox:
 
         return cls(
             OutboxSql(schema), dsn, poll=poll, timeout=timeout, transactional=False,
-            leading=lambda _epoch, doing, statement: run(doing, statement), plain=run, pool=pool,
+            leading=lambda _epoch, doing, statement, reads=False: run(doing, statement),
+            plain=run, pool=pool, schema=schema,
         )  # fmt: skip
 
     @property
@@ -209,8 +259,24 @@ class PgOutbox:
 
     async def read(self, epoch: int, limit: int) -> Sequence[OutboxRow]:
         self._listener.arm()
-        sql = self._sql.read
-        rows = await self._leading(epoch, "reading the outbox", lambda c: c.fetch(sql, limit))
+        if self._checked != epoch:
+            allowed = await self._leading(
+                epoch,
+                "checking the outbox's grants",
+                lambda c: c.fetchval(self._sql.privileges, *self._sql.tables),
+            )
+            if not allowed:
+                raise StoreFatal(
+                    f"the role may not ingest the outbox of schema {self._schema!r}: grant it "
+                    "SELECT, INSERT, DELETE on cronoq_outbox and SELECT, INSERT, UPDATE, DELETE on "
+                    "cronoq_outbox_quarantine (docs/stores/postgres.md), or turn the outbox off "
+                    "(outbox = false), and restart the leader"
+                )
+            self._checked = epoch
+        sql, cap = self._sql.read, self._max_read_bytes
+        rows = await self._leading(
+            epoch, "reading the outbox", lambda c: c.fetch(sql, limit, cap), reads=True
+        )
         return [OutboxRow(*row) for row in rows]
 
     async def take(self, epoch: int, row_ids: Sequence[int]) -> None:

@@ -119,6 +119,9 @@ def outbox_channel(quoted_schema: str) -> str:
 def _outbox_migration(s: str, channel: str) -> list[str]:
     """The outbox (docs/outbox.md): rows applications write in their own transactions, and
     the quarantine of rows that could not become tasks. New tables: no row is touched."""
+    q = "$cronoq$"  # the functions' dollar quotes: a tag the schema's name does not hold
+    while q in s:
+        q = q[:-1] + "_$"
     return [
         # An identity, not a serial: an application role needs no grant on its sequence (INSERT
         # on the table, and SELECT on id for RETURNING id: docs/outbox.md, "Privileges").
@@ -143,16 +146,16 @@ def _outbox_migration(s: str, channel: str) -> list[str]:
         # INSERT on the outbox and SELECT on its id (RETURNING id), as the helpers' callers do.
         f"""CREATE FUNCTION {s}.cronoq_enqueue(
             kind text, payload bytea DEFAULT '\\x', options jsonb DEFAULT '{{}}'
-        ) RETURNS bigint LANGUAGE sql AS $cronoq$
+        ) RETURNS bigint LANGUAGE sql AS {q}
             INSERT INTO {s}.cronoq_outbox (kind, payload, options)
             VALUES (kind, payload, options) RETURNING id
-        $cronoq$""",
+        {q}""",
         # Once per statement, not per row (a transaction's identical notifications fold into
         # one): the leader wakes at once instead of at its next poll. Under a heavy write load
         # an operator may disable the trigger; the poll still ingests everything.
-        f"""CREATE FUNCTION {s}.cronoq_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $cronoq$
+        f"""CREATE FUNCTION {s}.cronoq_outbox_notify() RETURNS trigger LANGUAGE plpgsql AS {q}
             BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END
-        $cronoq$""",
+        {q}""",
         f"""CREATE TRIGGER cronoq_outbox_notify AFTER INSERT ON {s}.cronoq_outbox
             FOR EACH STATEMENT EXECUTE FUNCTION {s}.cronoq_outbox_notify()""",
     ]

@@ -163,6 +163,7 @@ class PgStore:
                 leading=self._outbox_write,
                 plain=self._read,
                 generation=lambda: self._generation,
+                schema=config.schema,
             )
             if config.outbox
             else None
@@ -452,12 +453,21 @@ class PgStore:
 
     # --- the outbox's statements -----------------------------------------------------------
 
-    async def _outbox_write(self, epoch: int, doing: str, statement: Statement) -> Any:
+    async def _outbox_write(
+        self, epoch: int, doing: str, statement: Statement, *, reads: bool = False
+    ) -> Any:
         """As a commit of ``epoch`` writes: once no write in doubt can still land, so that a
-        read never finds a row a batch in flight may take."""
+        read never finds a row a batch in flight may take. ``reads``: only that wait holds
+        the commits back; the read itself runs beside them (they take no row it may return:
+        only the ingest's own submissions do, and it reads once they are resolved)."""
         self._check_leading(epoch)
+        if not reads:
+            async with self._serial:
+                return await self._write(epoch, doing, statement)
         async with self._serial:
-            return await self._write(epoch, doing, statement)
+            if self._unsettled:
+                await self._write(epoch, doing, lambda conn: conn.fetchval("SELECT 1"))
+        return await self._read(doing, statement)
 
     # --- lookups --------------------------------------------------------------------------
 

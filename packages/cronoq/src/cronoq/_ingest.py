@@ -14,6 +14,7 @@ submitted while an earlier submission of it may still land.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -86,8 +87,10 @@ class Ingester:
         pause = _RETRY_FIRST_S
         while True:
             try:
+                # A batch first: its read checks the grants, and says which are missing.
+                ingested = await self._ingest_batch()
                 await self._refresh_stats()
-                if await self._ingest_batch():
+                if ingested:
                     pause = _RETRY_FIRST_S
                     continue
                 await self._source.wait()
@@ -104,6 +107,8 @@ class Ingester:
                 # Not applied, or perhaps applied: the rows themselves say which when read
                 # again. Admission: the pools are full; their rows wait in the outbox.
                 log.warning("outbox ingest waits %.2fs: %s", pause, exc)
+                with contextlib.suppress(CronoqError):  # the figures show the rows waiting
+                    await self._refresh_stats()
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, _RETRY_MAX_S)
 

@@ -4,6 +4,7 @@ each bounded (a query's fields, a page's size, a preview's length)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -204,10 +205,15 @@ def quarantine_rows(rows: Sequence[QuarantinedRow]) -> list[QuarantineRow]:
             _instant(row.quarantined_unix_ns),
             cut_text(row.reason, OUTBOX_REASON_BYTES),
             cut_text(row.options, OUTBOX_TEXT_BYTES),
-            preview(row.payload, OUTBOX_PAYLOAD_BYTES),
+            _whole(preview(row.payload, OUTBOX_PAYLOAD_BYTES), row.payload_size),
         )
         for row in rows
     ]
+
+
+def _whole(shown: Preview, size: int) -> Preview:
+    """A preview of a listing's payload head, with the whole payload's size."""
+    return dataclasses.replace(shown, size=size, truncated=shown.truncated or size > shown.size)
 
 
 def _instant(unix_ns: int) -> datetime:
