@@ -435,3 +435,14 @@ async def test_a_keyless_row_from_another_database_is_quarantined_under_a_bindin
         [row] = await sched.outbox_quarantine()
     assert ran.payloads == [{"n": 1}]
     assert "give the row a key of its own" in row.reason
+
+
+async def test_another_stores_transactional_outbox_is_refused_a_foreign_attribute_ignored() -> None:
+    other = MemoryStore(outbox=True)
+    with pytest.raises(InvalidArgument, match="must be the scheduler's own store's"):
+        Scheduler([Pool("default", Ran())], outbox=other.outbox)
+    store = MemoryStore()
+    setattr(store, "outbox", "a third party's attribute, not an outbox")  # noqa: B010
+    async with Scheduler([Pool("default", Ran())], store=store) as sched:
+        with pytest.raises(InvalidArgument, match="has no outbox"):
+            await sched.outbox_stats()

@@ -82,7 +82,8 @@ def _request_row(request: object, codec: Codec | None, now_ns: int) -> tuple[str
         for name in ("pool", "key", "tags", "name", "priority", "retry", "start_at",
                      "deadline", "timeout")
     }  # fmt: skip
-    # Only what differs from submit's defaults is written: the row stays small.
+    # These two are written only when they differ from submit's defaults (the others only
+    # when set: encode_outbox_options leaves out what is None or empty).
     if request.miss_policy != MissPolicy.RUN_LATE:
         options["miss_policy"] = request.miss_policy
     if request.grace is not _DEFAULTS.grace:

@@ -156,4 +156,8 @@ class MemoryOutbox:
 def _payload(value: object) -> bytes:
     if not isinstance(value, bytes | bytearray | memoryview):
         raise InvalidArgument(f"payload must be bytes, got {type(value).__name__}")
+    if len(value) > check.DEFAULT_MAX_PAYLOAD_BYTES:  # as the PostgreSQL helpers bound it
+        raise InvalidArgument(
+            f"payload is {len(value)} bytes, over {check.DEFAULT_MAX_PAYLOAD_BYTES}"
+        )
     return bytes(value)

@@ -487,11 +487,19 @@ class Scheduler:
         )
         self._remote.bind(self._driver, self._driver.nudge, self._driver.stopped)
         self._started = False
+        own = getattr(self._store, "outbox", None)
+        own = own if isinstance(own, OutboxSource) else None  # another store's attribute
         if outbox is None:
-            outbox = getattr(self._store, "outbox", None)
-        if outbox is not None and not isinstance(outbox, OutboxSource):
+            outbox = own
+        elif not isinstance(outbox, OutboxSource):
             raise InvalidArgument(
                 f"outbox must implement cronoq.store.OutboxSource, got {type(outbox).__name__}"
+            )
+        elif outbox.transactional and outbox is not own:
+            # Its rows would be deleted by the commits of a store that does not hold them.
+            raise InvalidArgument(
+                "a transactional outbox must be the scheduler's own store's (store.outbox); "
+                "an outbox elsewhere is PgOutbox.connect(...), which is not transactional"
             )
         self._outbox: OutboxSource | None = outbox
         self._ingester = (
