@@ -8,15 +8,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import pytest_asyncio
 from pg_harness import DSN
 
-from cronoq import Pool, Scheduler, TaskContext
+from cronoq import MemoryStore, Pool, Scheduler, TaskContext
 from cronoq_store_postgres import PgOutbox, PgStore, PgStoreConfig, enqueue
-from cronoq_store_sqlite import SqliteStore
 
 HELD_S = 60.0
 """How long the slow transaction stays open (issue 30: "a transaction held open 60 s")."""
@@ -132,12 +130,12 @@ async def test_a_store_configured_without_an_outbox_ingests_nothing(
 
 
 async def test_an_outbox_beside_another_store_is_ingested_once_by_derived_keys(
-    schema: str, app: asyncpg.Connection, tmp_path: Path
+    schema: str, app: asyncpg.Connection
 ) -> None:
-    """An SQLite store's scheduler ingests a PostgreSQL outbox: not in one transaction with
+    """A scheduler on another store ingests a PostgreSQL outbox: not in one transaction with
     its tasks, so each row gets a key of its own, and a row read twice finds its task."""
     outbox = await PgOutbox.connect(DSN, schema=schema, poll=0.5)
-    store = await SqliteStore.open(str(tmp_path / "tasks.db"))
+    store = MemoryStore()
     ran = Ran()
     try:
         async with Scheduler([Pool("default", ran)], store=store, outbox=outbox) as sched:
