@@ -85,6 +85,9 @@ async def test_rows_become_tasks_and_a_held_key_takes_its_row_without_a_new_task
         await ran.until(2)
         stats = await _drained(sched)
         tasks = await sched.list()
+        async with asyncio.timeout(WAIT_S):  # counted once each submission has answered
+            while sched.metrics().outbox_ingested < 3:  # noqa: ASYNC110 (a counter, no event)
+                await asyncio.sleep(0.01)
         metrics = sched.metrics()
     assert sorted(ran.payloads) == [b"a", b"b"]
     assert len(tasks) == 2
