@@ -739,6 +739,14 @@ class StoreSuite:
             f"a leader replaced behind its back must be told it is fenced when it commits, "
             f"not {raised.value!r}"
         )
+        return await self.successor_after(cluster, first, replaced)
+
+    async def successor_after(
+        self, cluster: StoreHarness, first: Store, replaced: tuple[Store, int] | None
+    ) -> tuple[Store, int, RecoveredState]:
+        """The leader after ``first``: the one that replaced it (``replaced_without_knowing``),
+        recovered; or, when the harness superseded ``first`` in place, a new one opened once
+        ``first`` crashed. With its epoch and its recovery."""
         if replaced is None:
             await cluster.crash(first)
             successor = await cluster.open()
@@ -1912,13 +1920,7 @@ class StoreSuite:
             )
         else:
             replaced = None
-        if replaced is None:
-            await cluster.crash(first)
-            successor = await cluster.open()
-            successor_epoch, _ = await self.lead(successor)
-        else:
-            successor, successor_epoch = replaced
-            await successor.recover(successor_epoch, TimeBase(), HOUR_NS)
+        successor, successor_epoch, _ = await self.successor_after(cluster, first, replaced)
         with pytest.raises(Fenced):
             await successor.commit(epoch, [submitted(2, at), OutboxTaken((ids[2],))])
         left = await self.outbox_ids(successor, successor_epoch)
@@ -2102,13 +2104,7 @@ class StoreSuite:
                 told.append(exc)
         else:
             replaced = None
-        if replaced is None:
-            await cluster.crash(first)
-            successor = await cluster.open()
-            successor_epoch, _ = await self.lead(successor)
-        else:
-            successor, successor_epoch = replaced
-            await successor.recover(successor_epoch, TimeBase(), HOUR_NS)
+        successor, successor_epoch, _ = await self.successor_after(cluster, first, replaced)
         try:
             await outbox_of(successor).quarantine(epoch, [(ids[1], "by an older epoch")])
             told.append("nothing: the quarantine returned")

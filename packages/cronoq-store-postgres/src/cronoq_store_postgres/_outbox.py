@@ -193,8 +193,8 @@ class PgOutbox:
         schema: str = "public",
         max_read_bytes: int = READ_BYTES,
     ) -> None:
-        """``leading(doing, statement)`` runs a statement as the leader writes (after any
-        write in doubt, fenced by the caller); ``plain`` runs one on any connection."""
+        """``leading(epoch, doing, statement, reads=)`` runs a statement as that epoch's leader
+        writes (see ``Leading``); ``plain(doing, statement)`` runs one on any connection."""
         self._sql = sql
         self._poll = poll
         self._transactional = transactional
