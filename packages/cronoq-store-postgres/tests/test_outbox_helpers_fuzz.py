@@ -28,12 +28,26 @@ import os
 import time
 import zoneinfo
 from collections.abc import Awaitable, Callable, Iterator
-from datetime import UTC, datetime, timedelta, timezone, tzinfo
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import asyncpg
 import psycopg
 import pytest
+from hostile_values import (
+    BAD_CHARS,
+    TEN_YEARS_S,
+    _circular,
+    _deep,
+    bad_duration,
+    bad_enum,
+    bad_instant,
+    bad_int,
+    bad_tags,
+    bad_text,
+    endless,
+    wrong_types,
+)
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from pg_fault_helpers import config
@@ -69,164 +83,6 @@ FUZZ = settings(
 
 # --- bad values (those of test_fuzz_api.py, for the options the helpers take) -------------------
 
-TEN_YEARS_S = 10 * 366 * 24 * 3600
-HUGE_INTS = st.sampled_from([10**400, -(10**400), 2**63, -(2**63) - 1, 2**64, 2**1000])
-EXTREME_FLOATS = st.sampled_from([math.nan, math.inf, -math.inf, 1e300, -1e300, -1e-300])
-
-
-class _Zone(tzinfo):
-    def dst(self, dt: datetime | None) -> None:
-        return None
-
-    def tzname(self, dt: datetime | None) -> None:
-        return None
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
-
-
-class RaisingZone(_Zone):
-    def utcoffset(self, dt: datetime | None) -> timedelta:
-        raise RuntimeError("hostile")
-
-
-class WrongTypeZone(_Zone):
-    def utcoffset(self, dt: datetime | None) -> timedelta:
-        return 3600  # type: ignore[return-value]
-
-
-class DayLongZone(_Zone):
-    def utcoffset(self, dt: datetime | None) -> timedelta:
-        return timedelta(days=2)
-
-
-class NaiveZone(_Zone):
-    def utcoffset(self, dt: datetime | None) -> None:
-        return None
-
-
-HOSTILE_ZONES = st.sampled_from([RaisingZone(), WrongTypeZone(), DayLongZone(), NaiveZone()])
-
-
-def endless() -> st.SearchStrategy[object]:
-    """Endless or huge iterables, fresh for every example (an iterator is used up)."""
-    return st.one_of(
-        st.builds(itertools.count),
-        st.builds(lambda: itertools.repeat("t")),
-        st.builds(lambda: itertools.repeat(1)),
-        st.builds(lambda: range(1, 10**18)),
-        st.builds(lambda: range(10**400)),
-        st.builds(lambda: itertools.cycle(["a", "b"])),
-    )
-
-
-def wrong_types(*, none: bool, numbers: bool = True) -> st.SearchStrategy[object]:
-    options: list[st.SearchStrategy[object]] = [
-        st.builds(object),
-        st.binary(max_size=8),
-        st.lists(st.integers(), max_size=3),
-        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
-        st.frozensets(st.integers(), max_size=2),
-        st.complex_numbers(allow_nan=True),
-        endless(),
-        st.datetimes(),
-        st.builds(lambda: object),
-    ]
-    if none:
-        options.append(st.none())
-    if numbers:
-        options += [st.booleans(), st.integers(), st.floats(), HUGE_INTS, EXTREME_FLOATS]
-    return st.one_of(options)
-
-
-BAD_CHARS = st.sampled_from(["\x00", "\udcff", "\ud800", "\udfff", "\x00\udc80"])
-
-
-def bad_strings(max_length: int) -> st.SearchStrategy[str]:
-    return st.one_of(
-        st.just(""),
-        st.tuples(st.text(max_size=5), BAD_CHARS, st.text(max_size=5)).map("".join),
-        st.integers(max_length + 1, max_length + 50).map(lambda n: "k" * n),
-    )
-
-
-def bad_text(max_length: int = 255, *, optional: bool = False) -> st.SearchStrategy[object]:
-    return st.one_of(bad_strings(max_length), wrong_types(none=not optional))
-
-
-def bad_int(low: int, high: int) -> st.SearchStrategy[object]:
-    return st.one_of(
-        st.integers(max_value=low - 1),
-        st.integers(min_value=high + 1),
-        HUGE_INTS,
-        st.booleans(),
-        st.floats(),
-        st.text(max_size=3),
-        wrong_types(none=True, numbers=False),
-    )
-
-
-def bad_duration(*, allow_zero: bool = True, optional: bool = False) -> st.SearchStrategy[object]:
-    options: list[st.SearchStrategy[object]] = [
-        EXTREME_FLOATS,
-        HUGE_INTS.filter(lambda n: n > TEN_YEARS_S or n < 0),
-        st.integers(max_value=-1),
-        st.integers(min_value=TEN_YEARS_S + 1),
-        st.floats(max_value=-1e-9, allow_infinity=True),
-        st.floats(min_value=TEN_YEARS_S + 1.0),
-        st.timedeltas(max_value=timedelta(microseconds=-1)),
-        st.timedeltas(min_value=timedelta(days=3661)),
-        st.booleans(),
-        st.text(max_size=3),
-        wrong_types(none=not optional, numbers=False),
-    ]
-    if not allow_zero:
-        options.append(st.sampled_from([0, 0.0, -0.0, timedelta(0), 1e-10]))
-    return st.one_of(options)
-
-
-def bad_instant() -> st.SearchStrategy[object]:
-    return st.one_of(
-        st.datetimes(),  # naive
-        st.datetimes(max_value=datetime(2000, 1, 1), timezones=st.just(UTC)),  # > 10 years ago
-        st.datetimes(min_value=datetime(2060, 1, 1), timezones=st.just(UTC)),
-        st.just(datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=23)))),
-        st.just(datetime.max.replace(tzinfo=timezone(timedelta(hours=-23)))),
-        st.builds(lambda zone: datetime(2030, 1, 1, tzinfo=zone), HOSTILE_ZONES),
-        bad_duration(optional=True),
-        st.integers(),
-        st.floats(),
-        st.text(max_size=3),
-    )
-
-
-def bad_tags() -> st.SearchStrategy[object]:
-    return st.one_of(
-        endless(),
-        st.text(max_size=5),
-        st.binary(max_size=3),
-        st.integers(),
-        st.none(),
-        st.builds(object),
-        st.lists(st.one_of(bad_text(), st.just("ok")), min_size=1, max_size=4).filter(
-            lambda tags: tags != ["ok"] * len(tags)
-        ),
-        st.integers(65, 80).map(lambda n: ["t"] * n),
-    )
-
-
-def _circular() -> list[object]:
-    value: list[object] = []
-    value.append(value)
-    return value
-
-
-def _deep() -> list[object]:
-    value: list[object] = []
-    for _ in range(100_000):
-        value = [value]
-    return value
-
 
 def bad_json_payloads() -> st.SearchStrategy[object]:
     """What JsonCodec cannot encode."""
@@ -259,21 +115,13 @@ def bad_bytes_payloads() -> st.SearchStrategy[object]:
     )
 
 
-def bad_enum(values: set[str]) -> st.SearchStrategy[object]:
-    return st.one_of(
-        st.text(max_size=8).filter(lambda v: v not in values),
-        bad_strings(20),
-        wrong_types(none=True),
-    )
-
-
 def bad_schemas() -> st.SearchStrategy[object]:
     return st.one_of(
         st.just(""),
         st.tuples(st.text(max_size=5), BAD_CHARS, st.text(max_size=5)).map("".join),
         st.integers(64, 100).map(lambda n: "s" * n),
         st.just("\u00e9" * 32),  # 32 characters, 64 bytes
-        wrong_types(none=True),
+        wrong_types(none=True, strings=False),
     )
 
 
@@ -329,7 +177,7 @@ BAD: dict[str, st.SearchStrategy[object]] = {
     "tags": bad_tags(),
     "name": bad_text(optional=True),
     "priority": bad_int(-(2**31 - 1), 2**31 - 1),
-    "retry": wrong_types(none=False),
+    "retry": wrong_types(none=False, strings=False),
     "start_at": bad_instant(),
     "miss_policy": bad_enum({"run_late", "skip"}),
     "grace": bad_duration(),
