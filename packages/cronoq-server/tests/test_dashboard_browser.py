@@ -25,7 +25,7 @@ import pytest
 import pytest_asyncio
 from outbox_rows import enqueue, logged_quarantine, schema_of_its_own
 from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -203,8 +203,10 @@ async def _cluster(directory: Path, config: str, schema: str) -> AsyncIterator[C
 
 async def _until(browser: WebDriver, condition: Callable[[WebDriver], object]) -> None:
     """Wait for the browser in a thread: the event loop runs the worker meanwhile. A poll may
-    swap the page's live part between two reads of it: such a read is tried again."""
-    wait = WebDriverWait(browser, WAIT_S, ignored_exceptions=[StaleElementReferenceException])
+    swap the page's live part between two reads of it, and a click's POST replaces the whole
+    document while a read is under way (Chromium then answers "unhandled inspector error"):
+    such a read is tried again, and the condition must still hold before the wait ends."""
+    wait = WebDriverWait(browser, WAIT_S, ignored_exceptions=[WebDriverException])
     await asyncio.to_thread(wait.until, condition)
 
 
@@ -239,10 +241,15 @@ async def _sign_in(browser: WebDriver, base: str, token: str) -> None:
 async def _click(browser: WebDriver, element_id: str, notice: str) -> None:
     """Click a button (an action's POST); wait for the page it leads to, saying ``notice``."""
     await asyncio.to_thread(browser.find_element(By.ID, element_id).click)
-    await _until(
-        browser,
-        lambda b: any(notice in n.text for n in b.find_elements(By.CSS_SELECTOR, ".notice")),
+    await _until(browser, lambda b: any(notice in text for text in _notices(b)))
+
+
+def _notices(browser: WebDriver) -> list[str]:
+    """The texts of the page's notices, read in one script: no element outlives the read."""
+    texts: list[str] = browser.execute_script(
+        'return [...document.querySelectorAll(".notice")].map(n => n.innerText);'
     )
+    return texts
 
 
 _LISTED = """
