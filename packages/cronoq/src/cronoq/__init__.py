@@ -16,6 +16,7 @@ from cronoq._codecs import (
 )
 from cronoq._engine import LEASE_ID_BYTES, AttemptToken, PoolInfo, TaskSummary
 from cronoq._executors import TaskContext
+from cronoq._limits import Limit, LimitInfo, LimitKeyInfo, OnFull
 from cronoq._memory import MemoryStore
 from cronoq._metrics import Histogram, SchedulerMetrics
 from cronoq._model import (
@@ -50,12 +51,14 @@ from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
     InvalidArgument,
+    LimitFull,
     NotRetryable,
     PayloadError,
     SchedulerError,
     SchedulerStopped,
     StaleAttempt,
     TaskError,
+    UnknownLimit,
     UnknownPool,
     WaitTimedOut,
     WorkerDetached,
@@ -81,9 +84,14 @@ __all__ = [
     "JsonCodec",
     "LeaseRenewed",
     "LeasedAttempt",
+    "Limit",
+    "LimitFull",
+    "LimitInfo",
+    "LimitKeyInfo",
     "MemoryStore",
     "MissPolicy",
     "NotRetryable",
+    "OnFull",
     "OverlapPolicy",
     "PayloadError",
     "Pool",
@@ -104,6 +112,7 @@ __all__ = [
     "TaskRequest",
     "TaskSummary",
     "TraceContext",
+    "UnknownLimit",
     "UnknownPool",
     "WaitTimedOut",
     "WorkerDetached",

@@ -272,6 +272,9 @@ class TaskSpec:
     """Name of the schedule that created the task, if any."""
     trace_context: TraceContext | None = None
     """The trace of the code that submitted it, when that code traced (``docs/tracing.md``)."""
+    limits: tuple[tuple[str, str | None], ...] = ()
+    """The limits it takes, each with its key (None: not per key), sorted by name; its pool's
+    limits included (``docs/limits.md``)."""
 
 
 @dataclass(frozen=True, slots=True)

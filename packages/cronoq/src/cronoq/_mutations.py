@@ -220,6 +220,9 @@ class TaskRecord:
     output: bytes | None = None
     lease: AttemptLease | None = None
     started_ns: int | None = None
+    waiting_for: str | None = None
+    """Set by the engine's reads of a ready task a limit holds back (``TaskSummary``); never
+    stored, and None from a store."""
 
     @property
     def finished_ns(self) -> int | None:

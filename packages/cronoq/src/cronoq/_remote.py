@@ -32,6 +32,7 @@ from datetime import UTC, datetime
 from cronoq import _validate as check
 from cronoq._engine import AttemptToken, Dispatch
 from cronoq._executors import Reporter
+from cronoq._limits import pool_limits
 from cronoq._model import NS_PER_S, TraceContext
 from cronoq.errors import InvalidArgument, SchedulerStopped, WorkerDetached
 
@@ -57,6 +58,8 @@ class RemotePool:
     """Bound on live tasks in this pool; submissions beyond it get AdmissionRejected."""
     lease: float = 30.0
     """Seconds an attempt stays leased without a heartbeat; then it is lost and retried."""
+    limits: Sequence[str] = ()
+    """Names of the scheduler's limits every task of this pool takes (``Pool.limits``)."""
 
     def __post_init__(self) -> None:
         check.text(self.name, "pool name")
@@ -64,6 +67,7 @@ class RemotePool:
         if self.max_live is not None:
             check.integer(self.max_live, f"pool {self.name!r} max_live", 1, 1 << 40)
         check.duration_ns(self.lease, f"pool {self.name!r} lease", allow_zero=False)
+        object.__setattr__(self, "limits", pool_limits(self.limits, self.name))
 
     @property
     def lease_ns(self) -> int:

@@ -90,6 +90,8 @@ def encode_task_options(spec: TaskSpec) -> str:
         options["after"] = list(spec.after)
     if spec.schedule is not None:
         options["schedule"] = spec.schedule
+    if spec.limits:
+        options["limits"] = [list(pair) for pair in spec.limits]
     if spec.trace_context is not None:
         options["traceparent"] = spec.trace_context.traceparent
         if spec.trace_context.tracestate:
@@ -146,7 +148,21 @@ def _task_spec(pool: str, kind: str, key: str | None, payload: bytes, options: A
         after=tuple(after),
         schedule=_typed(options, "schedule", str, None),
         trace_context=_trace_context(options),
+        limits=_limits(options),
     )
+
+
+def _limits(options: dict[str, Any]) -> tuple[tuple[str, str | None], ...]:
+    pairs = _typed(options, "limits", list, [])
+    if not all(
+        isinstance(p, list)
+        and len(p) == 2
+        and isinstance(p[0], str)
+        and (p[1] is None or isinstance(p[1], str))
+        for p in pairs
+    ):
+        raise ValueError("limits must be [name, key or null] pairs")
+    return tuple((name, key) for name, key in pairs)
 
 
 def _trace_context(options: dict[str, Any]) -> TraceContext | None:

@@ -11,7 +11,7 @@ import builtins
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
@@ -39,6 +39,7 @@ from cronoq._engine import (
     GetTask,
     GetTaskByKey,
     HeartbeatReply,
+    ListLimits,
     ListPools,
     ListSchedules,
     ListTasks,
@@ -58,6 +59,7 @@ from cronoq._engine import (
 from cronoq._executors import Executor, LocalExecutor, TaskFunction
 from cronoq._frozen import quick_init
 from cronoq._ingest import Ingester
+from cronoq._limits import Limit, LimitInfo, check_limits, limit_keys, pool_limits
 from cronoq._memory import MemoryStore
 from cronoq._metrics import SchedulerMetrics
 from cronoq._model import (
@@ -88,6 +90,7 @@ from cronoq.errors import (
     StaleAttempt,
     TaskError,
     TaskNotFound,
+    UnknownLimit,
     UnknownPool,
 )
 from cronoq.store import ScheduleRecord, Store, TaskRecord
@@ -201,6 +204,9 @@ class Pool:
     concurrency: int = 10
     max_live: int | None = None
     """Bound on live tasks in this pool; submissions beyond it get AdmissionRejected."""
+    limits: Sequence[str] = ()
+    """Names of the scheduler's limits every task of this pool takes (none of them per key:
+    a per-key limit is named by each submission, with its key). See docs/limits.md."""
 
     def __post_init__(self) -> None:
         check.text(self.name, "pool name")
@@ -209,6 +215,7 @@ class Pool:
         check.integer(self.concurrency, f"pool {self.name!r} concurrency", 1, 1_000_000)
         if self.max_live is not None:
             check.integer(self.max_live, f"pool {self.name!r} max_live", 1, 1 << 40)
+        object.__setattr__(self, "limits", pool_limits(self.limits, self.name))
 
 
 @quick_init
@@ -236,6 +243,9 @@ class TaskRequest:
     trace_context: TraceContext | None = None
     """The trace the task's attempts join (``docs/tracing.md``); a tracing Scheduler sets its
     submission's own when None. cronoq-server sets the one its client sent."""
+    limits: Mapping[str, str | None] | None = None
+    """The limits it takes, each with its key (None for a limit that is not per key):
+    ``{"tenant": "acme", "stripe": None}``. Its pool's limits are added (docs/limits.md)."""
 
     @property
     def only_kind_payload_pool(self) -> bool:
@@ -255,6 +265,7 @@ class TaskRequest:
             and self.timeout is None
             and (type(self.after) is tuple and not self.after)
             and self.trace_context is None
+            and self.limits is None
         )
 
 
@@ -289,6 +300,11 @@ class TaskInfo:
     one's (its row keeps it; ``wait`` answers with it when an attempt's end finished the
     task). None before the first attempt, and for a live task between attempts (retrying:
     ``attempts`` has the last one's start). Not carried by the gRPC API yet."""
+    limits: tuple[tuple[str, str | None], ...] = ()
+    """The limits it takes with their keys, sorted by name (its pool's included)."""
+    waiting_for: str | None = None
+    """For a ready task, the limit that holds it back now, and how full it is (``limit
+    'tenant' key 'acme': 2 of 2 running``); None when none does."""
 
     @property
     def error(self) -> str | None:
@@ -346,6 +362,23 @@ class ScheduleInfo:
     catch_up: CatchUpPolicy
 
 
+def _pool_limits(pool: Pool | RemotePool, limits: Mapping[str, Limit]) -> tuple[str, ...]:
+    """The limits a pool applies, each configured and none per key."""
+    for name in pool.limits:
+        limit = limits.get(name)
+        if limit is None:
+            shown = ", ".join(sorted(limits)[:20]) or "none"
+            raise UnknownLimit(
+                f"pool {pool.name!r} names unknown limit {name!r}; configured: {shown}"
+            )
+        if limit.per_key:
+            raise InvalidArgument(
+                f"pool {pool.name!r} names limit {name!r}, which is per key: a pool's limits "
+                "hold for all its tasks together; name a per-key limit in each submission"
+            )
+    return tuple(pool.limits)
+
+
 def _schedule_info(record: ScheduleRecord) -> ScheduleInfo:
     spec = record.spec
     next_run = _utc(record.next_ns)
@@ -392,10 +425,13 @@ class Scheduler:
         seed: int | None = None,
         tracing: bool | TracerProvider = False,
         outbox: OutboxSource | None = None,
+        limits: Sequence[Limit] | None = None,
     ) -> None:
         """``tracing``: OpenTelemetry spans of submissions, commits, dispatches and attempts
         (``docs/tracing.md``; needs ``cronoq[otel]``): True for the global tracer provider's,
         or a ``TracerProvider``. Off by default, at no cost.
+
+        ``limits``: the limits tasks and pools may name (``docs/limits.md``).
 
         ``outbox``: where the leader ingests rows that applications wrote in their own
         transactions (``docs/outbox.md``); None: the store's own (``store.outbox``), if it
@@ -454,6 +490,16 @@ class Scheduler:
         self._issuer = object()  # what the tasks of its task_spec carry (CheckedTask)
         if max_live_tasks is not None:
             check.integer(max_live_tasks, "max_live_tasks", 1, 1 << 40)
+        retention_ns = check.duration_ns(retention, "retention")
+        self._limits = {limit.name: limit for limit in check_limits(limits)}
+        self._pool_limits = {p.name: _pool_limits(p, self._limits) for p in pools}
+        for limit in self._limits.values():
+            if (limit.per_ns or 0) > retention_ns:
+                raise InvalidArgument(
+                    f"limit {limit.name!r}: its window ({limit.per}s) is longer than the "
+                    f"retention ({retention}s), which a new leader recounts its starts from; "
+                    "raise retention or shorten the window"
+                )
         config = EngineConfig(
             pools=[
                 PoolConfig(
@@ -461,12 +507,14 @@ class Scheduler:
                     p.concurrency,
                     p.max_live,
                     p.lease_ns if isinstance(p, RemotePool) else None,
+                    tuple(p.limits),
                 )
                 for p in pools
             ],
-            retention_ns=check.duration_ns(retention, "retention"),
+            retention_ns=retention_ns,
             max_live_tasks=max_live_tasks,
             seed=seed,
+            limits=tuple(self._limits.values()),
         )
         self._remote = RemoteExecutor(frozenset(p.name for p in pools if isinstance(p, RemotePool)))
         executors: dict[str, Executor] = {
@@ -669,7 +717,7 @@ class Scheduler:
     def _spec(self, request: object, now_ns: int) -> TaskSpec:
         if not isinstance(request, TaskRequest):
             raise InvalidArgument(f"expected a TaskRequest, got {type(request).__name__}")
-        if request.only_kind_payload_pool:
+        if request.only_kind_payload_pool and not self._pool_limits.get(request.pool):
             # Every field but these three at its default, as most submissions are: the checks
             # of _checked_spec would give the spec's defaults (test_spec_short_path.py).
             pool = self._pool(request.pool)
@@ -682,7 +730,7 @@ class Scheduler:
             now_ns, request.kind, request.payload, request.pool, request.key, request.tags,
             request.name, request.priority, request.retry, request.start_at,
             request.miss_policy, request.grace, request.deadline, request.timeout, request.after,
-            request.trace_context,
+            request.trace_context, request.limits,
         ).spec  # fmt: skip
 
     def task_spec(
@@ -703,6 +751,7 @@ class Scheduler:
         timeout: object = None,
         after: object = (),
         trace_context: object = None,
+        limits: object = None,
     ) -> CheckedTask:
         """One task as ``submit_specs()`` takes it, from the fields of a ``TaskRequest``
         (as its constructor takes them), with every check ``submit_many()`` makes and the
@@ -739,6 +788,7 @@ class Scheduler:
             check.dependencies(after),
             None,
             check.trace_context(trace_context),
+            limit_keys(limits, self._limits, self._pool_limits[pool]),
         )
         return CheckedTask(spec, self._issuer)
 
@@ -777,7 +827,7 @@ class Scheduler:
                 TaskSpec(
                     t.pool, t.kind, check.payload(codec, p, limit, context), t.key, t.tags, t.name,
                     t.priority, t.retry, t.start_at_ns, t.miss_policy, t.grace_ns,
-                    t.deadline_ns, t.timeout_ns, t.after, t.schedule, t.trace_context,
+                    t.deadline_ns, t.timeout_ns, t.after, t.schedule, t.trace_context, t.limits,
                 ),
                 issuer,
             ),
@@ -1078,6 +1128,8 @@ class Scheduler:
             after=spec.after,
             schedule=spec.schedule,
             started_at=_utc_or_none(record.started_ns),
+            limits=spec.limits,
+            waiting_for=record.waiting_for,
         )
 
     async def list(
@@ -1173,6 +1225,14 @@ class Scheduler:
         and its live tasks by status."""
         pools: builtins.list[PoolInfo] = await self._call(lambda f: ListPools(f))
         return pools
+
+    async def list_limits(self, *, keys: int = 20) -> builtins.list[LimitInfo]:
+        """Every configured limit with its use now: keys in use, attempts running, starts in
+        the current rate window and tasks waiting, in total and for its ``keys`` busiest
+        keys (0..1000)."""
+        top = check.integer(keys, "keys", 0, 1000)
+        limits: builtins.list[LimitInfo] = await self._call(lambda f: ListLimits(f, top))
+        return limits
 
     # --- remote workers -------------------------------------------------------------------
 

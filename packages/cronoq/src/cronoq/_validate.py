@@ -16,15 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from cronoq._codecs import Codec, CodecContext, encode_payload
 from cronoq._model import (
     DEFAULT_RETRY,
     NS_PER_S,
-    CatchUpPolicy,
-    MissPolicy,
-    OverlapPolicy,
     RetryPolicy,
     TraceContext,
 )
@@ -231,7 +229,7 @@ def optional_instant_ns(value: object, what: str, now_ns: int) -> int | None:
     return None if value is None else instant_ns(value, what, now_ns)
 
 
-_Policy = TypeVar("_Policy", MissPolicy, OverlapPolicy, CatchUpPolicy)
+_Policy = TypeVar("_Policy", bound=StrEnum)
 
 
 def enum_value(value: object, kind: type[_Policy], what: str) -> _Policy:

@@ -15,6 +15,7 @@ __all__ = [
     "Fenced",
     "InvalidArgument",
     "InvalidCron",
+    "LimitFull",
     "NotRetryable",
     "PayloadError",
     "PermissionDenied",
@@ -29,6 +30,7 @@ __all__ = [
     "Unauthenticated",
     "Unavailable",
     "UnknownDependency",
+    "UnknownLimit",
     "UnknownPool",
     "UnknownTimeZone",
     "WaitTimedOut",
@@ -46,6 +48,10 @@ class InvalidArgument(CronoqError, ValueError):
 
 class UnknownPool(InvalidArgument):
     """The named pool is not configured on this scheduler."""
+
+
+class UnknownLimit(InvalidArgument):
+    """The named limit is not configured on this scheduler (``docs/limits.md``)."""
 
 
 class InvalidCron(InvalidArgument):
@@ -111,6 +117,10 @@ class AdmissionRejected(SchedulerError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, applied=False)
+
+
+class LimitFull(AdmissionRejected):
+    """A limit with ``on_full="reject"`` has no room for the task; nothing was applied."""
 
 
 class StaleAttempt(CronoqError):

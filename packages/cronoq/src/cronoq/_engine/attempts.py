@@ -15,6 +15,7 @@ from cronoq._engine.inputs import (
     Heartbeat,
     lease_matches,
 )
+from cronoq._engine.limits import Lane
 from cronoq._engine.outputs import CancelAttempt, HeartbeatReply
 from cronoq._engine.state import Shared, Task, earliest, seconds
 from cronoq._engine.tasks import Tasks
@@ -37,6 +38,8 @@ class Zombie(NamedTuple):
     lease: AttemptLease | None
     """A remote attempt's lease: its worker proves itself with the id, and the task's row
     keeps it so that a new leader waits for that worker too."""
+    lane: Lane = ()
+    """The limits its slot holds besides its pool's (``TaskSpec.limits``)."""
 
 
 class Attempts:
@@ -169,7 +172,7 @@ class Attempts:
             return
         task = shared.tasks[item.token.task_id]
         shared.drop_lease(task)
-        shared.pools[task.spec.pool].running -= 1
+        shared.free_slot(task.spec.pool, task.id, task.spec.limits)
         outcome = item.outcome
         if isinstance(outcome, AttemptSucceeded):
             message = f"attempt {task.attempt} succeeded"
@@ -293,7 +296,7 @@ class Attempts:
         end, lease = shared.drop_lease(task)
         if end is not None and end <= shared.now:
             lease = None  # it lapsed: nothing waits for it any more (a crash would not either)
-        self.hold(Zombie(token, task.spec.pool, reason, lease), end)
+        self.hold(Zombie(token, task.spec.pool, reason, lease, task.spec.limits), end)
 
     def stopping(self, task_id: int) -> bool:
         """Whether a stopped attempt of this task still holds its slot."""
@@ -321,9 +324,7 @@ class Attempts:
         shared.held_leases.pop(token.task_id, None)
         if zombie.lease is not None:  # one a restore held had no running lease to drop
             shared.remember_ended(token, zombie.lease.id_hash)
-        pool = shared.pools.get(zombie.pool)
-        if pool is not None:
-            pool.running -= 1
+        shared.free_slot(zombie.pool, token.task_id, zombie.lane)
         cleared = self.tasks.leased_finishes.pop(token.task_id, None)
         task = shared.tasks.get(token.task_id)
         if task is None:
@@ -371,7 +372,9 @@ class Attempts:
     def unstart(self, task: Task, message: str) -> None:
         """Put back a dispatched attempt that no executor received: it does not count."""
         shared = self.shared
-        shared.pools[task.spec.pool].running -= 1
+        shared.free_slot(task.spec.pool, task.id, task.spec.limits)
+        if task.spec.limits:
+            shared.gates.unstart(task.spec.limits, task.updated_ns)
         shared.drop_lease(task)
         task.attempt -= 1
         # RUNNING -> READY is not a transition of the task's life: the attempt never began.

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from cronoq._engine.attempts import Attempts
 from cronoq._engine.inputs import AttemptToken, OfferSlots, lease_hash
 from cronoq._engine.outputs import Dispatch, PoolInfo
-from cronoq._engine.state import Pool, Shared
+from cronoq._engine.state import Pool, Shared, Task
 from cronoq._engine.tasks import Tasks
 from cronoq._model import NS_PER_S, Status
 from cronoq.errors import CronoqError, UnknownPool
@@ -81,54 +81,81 @@ class Dispatcher:
         if not self.dispatching:
             return
         shared = self.shared
-        out = shared.out
+        tasks = shared.tasks
+        gates = shared.gates
+        now = shared.now
         stopping = self.attempts.stopping
         for pool in shared.pools.values():
             if pool.paused:
                 continue  # its ready tasks wait in their queue, in order, until it resumes
-            ready = pool.ready
+            levels = pool.levels
+            prios = pool.prios
             limit = pool.config.concurrency
             leased = pool.config.lease_ns is not None
-            while ready and pool.running < limit:
+            while prios and pool.running < limit:
+                level = prios[0]
+                lanes = levels[level]
+                lane = next(iter(lanes))
+                heap = lanes[lane]
+                task_id = heap[0]
+                task = tasks.get(task_id)
+                if task is None or task.status is not Status.READY:
+                    heapq.heappop(heap)  # cancelled or failed while queued
+                    pool.entries -= 1
+                    if not heap:
+                        pool.drop_lane(level, lane)
+                    continue
+                if lane and (gate := gates.blocker(lane, now)) is not None:
+                    pool.park(level, lane)  # back when the gate frees; the next lane's turn
+                    gates.park(gate, (pool.config.name, level, lane), now)
+                    continue
                 slot = self._free_slot(pool.config.name) if leased else None
                 if leased and slot is None:
                     break
-                _, task_id = heapq.heappop(ready)
-                task = shared.tasks.get(task_id)
-                if task is None or task.status is not Status.READY:
-                    continue  # cancelled or failed while queued
+                heapq.heappop(heap)
+                pool.entries -= 1
+                if not heap:
+                    pool.drop_lane(level, lane)
+                elif len(lanes) > 1:
+                    del lanes[lane]  # its turn is over: to the back of the rotation
+                    lanes[lane] = heap
                 if stopping(task_id):
                     shared.deferred.add(task_id)  # re-queued when the old attempt reports
                     continue
-                task.attempt += 1
-                task.attempt_epoch = shared.epoch
-                shared.lapsed.discard(task_id)
-                message = f"attempt {task.attempt} started"
-                shared.counters.start_delay.observe((shared.now - task.updated_ns) / NS_PER_S)
-                self.tasks.transition(task, Status.RUNNING, message)
-                pool.running += 1
-                if slot is not None:
-                    slot.free -= 1
-                lease_id = lease = None
-                if leased:
-                    lease_id = shared.config.lease_ids()
-                    lease = AttemptLease(shared.epoch, lease_hash(lease_id))
-                    shared.lease_hashes[task_id] = lease.id_hash
-                out.mutations.append(
-                    TaskUpdated(
-                        task.id, Status.RUNNING, task.attempt, message, shared.now, lease=lease
-                    )
-                )
-                shared.set_wake(task, self.attempts.running_wake(task))
-                out.dispatches.append(
-                    Dispatch(
-                        task.token(),
-                        task.spec,
-                        shared.leases.get(task.id),
-                        None if slot is None else slot.pools,
-                        lease_id,
-                    )
-                )
+                self._start(task, pool, slot)
+
+    def _start(self, task: Task, pool: Pool, slot: _SlotGroup | None) -> None:
+        shared = self.shared
+        task.attempt += 1
+        task.attempt_epoch = shared.epoch
+        shared.lapsed.discard(task.id)
+        message = f"attempt {task.attempt} started"
+        shared.counters.start_delay.observe((shared.now - task.updated_ns) / NS_PER_S)
+        self.tasks.transition(task, Status.RUNNING, message)
+        lane = task.spec.limits
+        shared.take_slot(pool, lane)
+        if lane:
+            shared.gates.started(task.id, lane, shared.now)
+        if slot is not None:
+            slot.free -= 1
+        lease_id = lease = None
+        if slot is not None:
+            lease_id = shared.config.lease_ids()
+            lease = AttemptLease(shared.epoch, lease_hash(lease_id))
+            shared.lease_hashes[task.id] = lease.id_hash
+        shared.out.mutations.append(
+            TaskUpdated(task.id, Status.RUNNING, task.attempt, message, shared.now, lease=lease)
+        )
+        shared.set_wake(task, self.attempts.running_wake(task))
+        shared.out.dispatches.append(
+            Dispatch(
+                task.token(),
+                task.spec,
+                shared.leases.get(task.id),
+                None if slot is None else slot.pools,
+                lease_id,
+            )
+        )
 
     def _free_slot(self, pool: str) -> _SlotGroup | None:
         for slot in self.slots:

@@ -34,6 +34,7 @@ from cronoq._engine.inputs import (
     Heartbeat,
     InFlight,
     Input,
+    ListLimits,
     ListPools,
     ListSchedules,
     ListTasks,
@@ -131,6 +132,7 @@ class Engine:
         self._timers.fire()
         self._attempts.expire_zombies()
         self._schedules.fire()
+        shared.gates.fire(now_ns)
         self._dispatcher.dispatch_ready()
         out.next_wake_ns = self._timers.next_wake()
         shared.out = StepResult()
@@ -213,6 +215,8 @@ class Engine:
                 reply(item.reply_to, self._dispatcher.pause(item.name, item.paused))
             case ListPools():
                 reply(item.reply_to, self._dispatcher.pools())
+            case ListLimits():
+                reply(item.reply_to, self._shared.gates.infos(item.keys, self._shared.now))
             case RetryTask():
                 retried = tasks.retry(item.task_id, item.record, item.message)
                 if isinstance(retried, TaskRecord):

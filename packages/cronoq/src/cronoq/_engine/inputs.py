@@ -8,6 +8,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from cronoq._limits import Limit
 from cronoq._model import NS_PER_S, ScheduleSpec, Status, TaskSpec
 from cronoq._mutations import TaskRecord
 
@@ -26,6 +27,7 @@ __all__ = [
     "Heartbeat",
     "InFlight",
     "Input",
+    "ListLimits",
     "ListPools",
     "ListSchedules",
     "ListTasks",
@@ -71,6 +73,9 @@ class PoolConfig:
     lease_ns: int | None = None
     """Remote executors: an attempt not heartbeaten for this long is lost and retried. Such a
     pool also starts attempts only into the free slots its executor offers (OfferSlots)."""
+    limits: tuple[str, ...] = ()
+    """The limits every task of this pool takes (``Pool.limits``): submissions add them to
+    each task's ``TaskSpec.limits``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +88,8 @@ class EngineConfig:
     """Seed of the backoff jitter; None draws one from the OS."""
     lease_ids: Callable[[], bytes] = _random_lease_id
     """Draws the lease id of each remote attempt (tests pass a deterministic one)."""
+    limits: Sequence[Limit] = ()
+    """The limits tasks may take (``docs/limits.md``)."""
 
 
 # --- inputs -------------------------------------------------------------------------------
@@ -216,6 +223,14 @@ class ListPools:
 
 
 @dataclass(frozen=True, slots=True)
+class ListLimits:
+    """Every configured limit with its use; per limit, the ``keys`` busiest keys."""
+
+    reply_to: object
+    keys: int = 20
+
+
+@dataclass(frozen=True, slots=True)
 class RetryTask:
     """Make a failed or cancelled task live again. ``record`` is its row as the store had it
     just before (the engine keeps no spec of a finished task), None if the store has none."""
@@ -303,6 +318,7 @@ Input = (
     | TriggerSchedule
     | PausePool
     | ListPools
+    | ListLimits
     | RetryTask
 )
 

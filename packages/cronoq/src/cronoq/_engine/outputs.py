@@ -45,6 +45,9 @@ class TaskSummary:
     error: str | None = None
     """Why it failed, was cancelled, or is retrying: its message's first line, bounded (see
     ``summarize``); None in any other status."""
+    waiting_for: str | None = None
+    """The limit holding a ready task back now (``limit 'tenant' key 'acme': 2 of 2
+    running``); None when none does."""
 
     @classmethod
     def summarize(

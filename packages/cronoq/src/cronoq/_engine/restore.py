@@ -6,8 +6,11 @@ uncertain (``InFlight`` says which attempts really left)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from cronoq._engine.attempts import Attempts, Zombie
 from cronoq._engine.inputs import AttemptToken, InFlight, lease_hash
+from cronoq._engine.limits import Lane
 from cronoq._engine.outputs import CancelAttempt
 from cronoq._engine.schedules import Schedules
 from cronoq._engine.state import Shared, Task, earliest
@@ -33,6 +36,7 @@ class Restorer:
         self.attempts = attempts
         self.schedules = schedules
         self.inflight = inflight
+        self.finished_lanes: dict[int, Lane] = {}
 
     def run(self, state: RecoveredState) -> None:
         shared = self.shared
@@ -47,8 +51,20 @@ class Restorer:
         for task_id, reason in state.quarantined:
             tasks.add_quarantined(task_id, reason)
         live_rows = [r for r in state.tasks if not r.status.is_terminal]
+        gates = shared.gates
         for row in live_rows:
             tasks.add_live(row)
+            if row.spec.limits:
+                task = shared.tasks[row.task_id]
+                task.spec = dataclasses.replace(row.spec, limits=gates.known(row.spec.limits))
+        self.finished_lanes = {
+            r.task_id: gates.known(r.spec.limits) for r in finished_rows if r.spec.limits
+        }
+        for row in state.tasks:
+            if row.spec.limits and row.started_ns is not None:
+                lane = gates.known(row.spec.limits)
+                gates.recount_start(lane, row.started_ns, max(row.attempt, 1), shared.now)
+        gates.sort_recounted()
         for schedule_row in state.schedules:
             self.schedules.restore(schedule_row)
         # Parents come before their dependents in id order, so one pass settles every cascade.
@@ -81,6 +97,7 @@ class Restorer:
             reason = f"the task is {done.status}"
         pool_name = inflight.executing[token]
         pool = shared.pools.get(pool_name)
+        lane = self._lane(token.task_id, task)
         if pool is None:
             shared.out.expired.append(token)  # nothing here can stop it or wait for it
             return
@@ -92,7 +109,7 @@ class Restorer:
             # ended), and nothing waits for its report.
             shared.out.expired.append(token)
             return
-        pool.running += 1
+        shared.take_slot(pool, lane)
         # A leased one: its lease as the engine before the rebuild knew it is gone: a whole
         # one from now holds the task (its worker may still run it), and no longer (it may be
         # gone). One whose lease had ended is not here (the driver forgets those: ``expired``),
@@ -101,7 +118,7 @@ class Restorer:
         lease_id = inflight.lease_ids.get(token)
         held = None if lease_id is None else AttemptLease(token.epoch, lease_hash(lease_id))
         end = None if lease is None else shared.now + lease
-        self.attempts.hold(Zombie(token, pool_name, reason, held), end)
+        self.attempts.hold(Zombie(token, pool_name, reason, held, lane), end)
 
     def _task(self, task: Task, row: TaskRecord) -> None:
         shared = self.shared
@@ -116,7 +133,7 @@ class Restorer:
         pool = shared.pools[spec.pool]
         waits_for_worker = self._earlier(row) and pool.config.lease_ns is not None
         if task.status is Status.RUNNING:
-            pool.running += 1
+            shared.take_slot(pool, spec.limits)
             token = task.token()
             if inflight is not None and (token in inflight.executing or token in inflight.reported):
                 self._keep(task, row.lease)
@@ -142,7 +159,7 @@ class Restorer:
                     task, f"attempt {task.attempt} was not started (its commit was uncertain)"
                 )
                 return
-            pool.running -= 1
+            shared.free_slot(spec.pool, task.id, spec.limits)
             if task.cancel_requested:
                 tasks.finish(task, Status.CANCELLED, task.message)
             else:
@@ -169,6 +186,12 @@ class Restorer:
                 became_ready = task.status is Status.READY
                 task.status = tasks.initial_status(task)
                 tasks.arm(task, check_miss=not became_ready)
+
+    def _lane(self, task_id: int, task: Task | None) -> Lane:
+        """The limits an attempt of this task holds: a live one's, or a finished row's."""
+        if task is not None:
+            return task.spec.limits
+        return self.finished_lanes.get(task_id, ())
 
     def _earlier(self, row: TaskRecord) -> bool:
         """Whether the row holds the lease of an earlier leader's remote attempt, which may
@@ -202,8 +225,9 @@ class Restorer:
         pool = shared.pools.get(row.spec.pool)
         lease_ns = None if pool is None else pool.config.lease_ns
         if waits_for_worker and pool is not None and lease_ns is not None:
-            pool.running += 1
-            zombie = Zombie(token, pool.config.name, row.message, row.lease)
+            lane = shared.gates.known(row.spec.limits)
+            shared.take_slot(pool, lane)
+            zombie = Zombie(token, pool.config.name, row.message, row.lease, lane)
             self.attempts.hold(zombie, shared.now + lease_ns)
         elif self.inflight is None or token not in self.inflight.executing:
             self.tasks.leased_finishes.pop(row.task_id, None)

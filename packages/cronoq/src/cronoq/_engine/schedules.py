@@ -119,6 +119,9 @@ class Schedules:
             retry=template.retry,
             timeout_ns=template.timeout_ns,
             schedule=spec.name,
+            limits=tuple(
+                sorted((name, None) for name in self.shared.pools[template.pool].config.limits)
+            ),
         )
         schedule.last_task_id = task_id = self.tasks.create(task_spec).id
         return task_id

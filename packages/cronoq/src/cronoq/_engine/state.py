@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 
 from cronoq._engine.inputs import AttemptToken, EngineConfig, PoolConfig
+from cronoq._engine.limits import Gates, Lane
 from cronoq._engine.outputs import StepResult, TaskSummary
 from cronoq._metrics import Counters
 from cronoq._model import NS_PER_S, Status, TaskSpec
@@ -86,15 +88,82 @@ NO_TASK = Task(0, TaskSpec("", "", b""), 0)
 
 
 class Pool:
-    __slots__ = ("config", "live", "paused", "ready", "running")
+    """A pool's slots and its ready tasks, queued in lanes (see ``_engine/limits.py``):
+    ``levels`` maps each priority (negated: the highest first) to its lanes in their turn
+    order, each a heap of task ids; ``prios`` heaps exactly the keys of ``levels``. A lane a
+    gate holds back waits in ``parked``. ``entries`` counts the ids queued, stale ones
+    included (a task cancelled while queued stays until dispatch or compaction drops it)."""
+
+    __slots__ = ("config", "entries", "levels", "live", "parked", "paused", "prios", "running")
 
     def __init__(self, config: PoolConfig) -> None:
         self.config = config
         self.running = 0
         self.live = 0
         self.paused = False  # by an operator (dispatch.py): it starts no attempt
-        # (-priority, id): highest priority first, then submission order.
-        self.ready: list[tuple[int, int]] = []
+        self.levels: dict[int, dict[Lane, list[int]]] = {}
+        self.prios: list[int] = []
+        self.parked: dict[tuple[int, Lane], list[int]] = {}
+        self.entries = 0
+
+    def push(self, level: int, lane: Lane, task_id: int) -> None:
+        self.entries += 1
+        heap = self.parked.get((level, lane)) if self.parked else None
+        if heap is None:
+            lanes = self.levels.get(level)
+            if lanes is None:
+                lanes = self.levels[level] = {}
+                heapq.heappush(self.prios, level)
+            heap = lanes.get(lane)
+            if heap is None:
+                lanes[lane] = [task_id]
+                return
+        heapq.heappush(heap, task_id)
+
+    def drop_lane(self, level: int, lane: Lane) -> list[int]:
+        """Take a lane out of its level's turns (``level`` is the top one)."""
+        lanes = self.levels[level]
+        heap = lanes.pop(lane)
+        if not lanes:
+            del self.levels[level]
+            heapq.heappop(self.prios)
+        return heap
+
+    def park(self, level: int, lane: Lane) -> None:
+        self.parked[(level, lane)] = self.drop_lane(level, lane)
+
+    def unpark(self, level: int, lane: Lane) -> None:
+        heap = self.parked.pop((level, lane), None)
+        if not heap:
+            return
+        lanes = self.levels.get(level)
+        if lanes is None:
+            lanes = self.levels[level] = {}
+            heapq.heappush(self.prios, level)
+        lanes[lane] = heap
+
+    def compact(self, keep: Callable[[int], bool]) -> None:
+        """Drop the queued ids ``keep`` refuses; linear in the entries."""
+        entries = 0
+        for level, lanes in list(self.levels.items()):
+            for lane, heap in list(lanes.items()):
+                kept = [task_id for task_id in heap if keep(task_id)]
+                if kept:
+                    heapq.heapify(kept)
+                    lanes[lane] = kept
+                    entries += len(kept)
+                else:
+                    del lanes[lane]
+            if not lanes:
+                del self.levels[level]
+        for place, heap in list(self.parked.items()):
+            kept = [task_id for task_id in heap if keep(task_id)]
+            heapq.heapify(kept)
+            self.parked[place] = kept  # an empty one stays until its gate brings it back
+            entries += len(kept)
+        self.prios = list(self.levels)
+        heapq.heapify(self.prios)
+        self.entries = entries
 
 
 ENDED_LEASES_KEPT = 65_536
@@ -121,6 +190,7 @@ class Shared:
         "deferred",
         "ended_leases",
         "epoch",
+        "gates",
         "held_leases",
         "lapsed",
         "lease_hashes",
@@ -140,6 +210,7 @@ class Shared:
         self.out = StepResult()
         self.tasks: dict[int, Task] = {}
         self.pools = {p.name: Pool(p) for p in config.pools}
+        self.gates = Gates(config.limits, self.pools)
         self.timers: list[tuple[int, int]] = []
         self.leases: dict[int, int] = {}
         self.lease_hashes: dict[int, bytes] = {}
@@ -178,8 +249,26 @@ class Shared:
             heapq.heappush(self.timers, (wake_ns, task.id))
 
     def enqueue(self, task: Task) -> None:
-        """Put a ready task in its pool's queue: highest priority first, then submission order."""
-        heapq.heappush(self.pools[task.spec.pool].ready, (-task.spec.priority, task.id))
+        """Put a ready task in its pool's queue: highest priority first, then its lane's turn
+        (``Pool``), then submission order."""
+        spec = task.spec
+        lane = spec.limits
+        self.pools[spec.pool].push(-spec.priority, lane, task.id)
+        if lane:
+            self.gates.queued(task.id, lane)
+
+    def take_slot(self, pool: Pool, lane: Lane) -> None:
+        """An attempt holds a slot of its pool and its limits until ``free_slot``."""
+        pool.running += 1
+        if lane:
+            self.gates.take(lane)
+
+    def free_slot(self, pool_name: str, task_id: int, lane: Lane) -> None:
+        pool = self.pools.get(pool_name)
+        if pool is not None:  # None only for a recovered attempt whose pool was removed
+            pool.running -= 1
+        if lane:
+            self.gates.release(task_id, lane)
 
     def pool_names(self) -> str:
         return ", ".join(sorted(self.pools))

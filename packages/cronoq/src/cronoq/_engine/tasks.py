@@ -7,8 +7,10 @@ from __future__ import annotations
 import dataclasses
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from dataclasses import replace
 
 from cronoq._engine.inputs import ListTasks
+from cronoq._engine.limits import Lane, unknown_or_full
 from cronoq._engine.outputs import CancelAttempt, SubmitResult, TaskSummary
 from cronoq._engine.state import NO_TASK, Shared, Task, earliest, seconds
 from cronoq._ids import first_id, last_id
@@ -101,6 +103,7 @@ class Tasks:
         scoped = key_pools is not None or key_kinds is not None
         # Validate the whole batch before applying any of it: nothing is half-applied.
         new_per_pool: dict[str, int] = {}
+        new_lanes: list[Lane] = []
         batch_keys: set[str] = set()
         for spec in specs:
             if spec.pool not in shared.pools:
@@ -125,6 +128,10 @@ class Tasks:
                     continue
                 batch_keys.add(spec.key)
             new_per_pool[spec.pool] = new_per_pool.get(spec.pool, 0) + 1
+            if spec.limits:
+                new_lanes.append(spec.limits)
+        if new_lanes and (refused := unknown_or_full(shared.gates, new_lanes, shared.now)):
+            return refused
         rejected = self._admit(new_per_pool)
         if rejected is not None:
             return rejected
@@ -166,6 +173,8 @@ class Tasks:
         shared = self.shared
         # Callers check first (all or nothing); this guards the invariant ids rely on.
         assert self.ids_left(), self.ids_exhausted()
+        if spec.limits:
+            self._displace(spec.limits)
         task = Task(self.next_id, spec, shared.now)
         self.next_id += 1
         shared.tasks[task.id] = task
@@ -184,6 +193,19 @@ class Tasks:
         else:
             shared.set_wake(task, spec.deadline_ns)  # a waiting task still fails at its deadline
         return task
+
+    def _displace(self, lane: Lane) -> None:
+        """A new task of ``lane`` arrives: cancel what its limits' ``on_full`` says it
+        replaces (the oldest running attempt, or the tasks waiting to start)."""
+        holders, waiting, why = self.shared.gates.displaced(lane)
+        tasks = self.shared.tasks
+        for task_id in waiting:
+            self.cancel(task_id, why)
+        for task_id in holders:
+            task = tasks.get(task_id)
+            if task is not None and task.status is Status.RUNNING and not task.cancel_requested:
+                self.cancel(task_id, why)
+                break
 
     def link_parents(self, task: Task) -> tuple[int, Status] | None:
         """Count unfinished parents; return a parent that failed or was cancelled, if any."""
@@ -291,6 +313,8 @@ class Tasks:
                 update = dataclasses.replace(update, lease=lease)
             out.mutations.append(update)
             del shared.tasks[task.id]
+            if task.spec.limits:
+                shared.gates.forget(task.id, task.spec.limits)
             shared.drop_lease(task)
             shared.lapsed.discard(task.id)
             bump(shared.counters.finished, (task.spec.pool, status.value))
@@ -545,7 +569,9 @@ class Tasks:
     def get(self, task_id: int) -> TaskRecord | TaskSummary | CronoqError:
         task = self.shared.tasks.get(task_id)
         if task is not None:
-            return task.record()
+            record = task.record()
+            waiting_for = self._waiting_for(task)
+            return record if waiting_for is None else replace(record, waiting_for=waiting_for)
         quarantined = self.quarantined.get(task_id)
         if quarantined is not None:
             return quarantined
@@ -553,6 +579,12 @@ class Tasks:
         if done is not None:
             return done
         return TaskNotFound(f"no task {task_id}")
+
+    def _waiting_for(self, task: Task) -> str | None:
+        """The limit that holds a ready task back now, if one does."""
+        if task.status is not Status.READY or not task.spec.limits:
+            return None
+        return self.shared.gates.describe_wait(task.spec.limits, self.shared.now)
 
     def dependants(self, task_id: int) -> list[int] | CronoqError:
         """The ids of the tasks that depend on this one, ascending, as far as memory knows:
@@ -600,7 +632,11 @@ class Tasks:
                 spec = task.spec
                 if not _matches(query, task.status, spec.pool, spec.kind, spec.tags):
                     continue
-                found.append(task.summary())
+                summary = task.summary()
+                waiting_for = self._waiting_for(task)
+                if waiting_for is not None:
+                    summary = replace(summary, waiting_for=waiting_for)
+                found.append(summary)
             else:
                 done = finished.get(task_id)
                 if done is None or not _matches(

@@ -83,7 +83,8 @@ class Timers:
         while timers and live.get(timers[0][1], NO_TASK).wake_ns != timers[0][0]:
             heapq.heappop(timers)
         return earliest(
-            earliest(timers[0][0] if timers else None, zombie_end), self.schedules.next_due()
+            earliest(timers[0][0] if timers else None, zombie_end),
+            earliest(self.schedules.next_due(), self.shared.gates.next_wake()),
         )
 
     def _compact(self) -> None:
@@ -97,10 +98,9 @@ class Timers:
             heapq.heapify(shared.timers)
         self.schedules.compact()
         for pool in shared.pools.values():
-            if len(pool.ready) > 2 * pool.live + 1024:
-                pool.ready = [
-                    entry
-                    for entry in pool.ready
-                    if (t := live.get(entry[1])) is not None and t.status is Status.READY
-                ]
-                heapq.heapify(pool.ready)
+            if pool.entries > 2 * pool.live + 1024:
+                pool.compact(
+                    lambda task_id: (
+                        (t := live.get(task_id)) is not None and t.status is Status.READY
+                    )
+                )

@@ -1,0 +1,339 @@
+"""Limits: the gates a task passes besides its pool's slots. A gate is one limit and one key
+(the only one of a limit that is not per key). It counts the attempts holding it (as a pool
+counts its slots: a stopped attempt until it really ended), the starts inside its rate window,
+and the ready tasks that name it.
+
+A pool queues its ready tasks in lanes (``state.Pool``): a lane is the tasks of one priority
+that take the same gates, in id order. Dispatch takes one task from each lane in turn, so a
+key with 100,000 waiting tasks delays a key with one by a single start. A lane whose first task
+a gate holds back is parked on that gate, out of the rotation, and comes back when the gate
+frees: a release, or the time its rate window lets the next start (``wakes``). A parked lane
+never blocks another, and dispatch never looks at it while it waits.
+
+After a takeover the counts are rebuilt from the rows (``Restorer``): attempts that may still
+run hold their gates again, and each task whose latest attempt started inside a rate window
+counts its attempts there (every one of them at that start: conservative, see
+docs/limits.md)."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from cronoq._limits import Limit, LimitInfo, LimitKeyInfo, LimitKeys, OnFull
+from cronoq.errors import CronoqError, LimitFull, UnknownLimit
+
+if TYPE_CHECKING:
+    from cronoq._engine.state import Pool
+
+__all__ = ["Gate", "Gates", "Lane", "ParkedLane"]
+
+Lane = LimitKeys
+ParkedLane = tuple[str, int, Lane]
+"""(pool, level, lane): a lane parked on a gate."""
+
+
+class Gate:
+    __slots__ = ("blocked", "holders", "key", "limit", "queued", "running", "starts", "tat", "wake")
+
+    def __init__(self, limit: Limit, key: str | None) -> None:
+        self.limit = limit
+        self.key = key
+        self.running = 0
+        self.starts: deque[int] = deque()  # inside the window, oldest first (rate limits)
+        self.tat = 0  # the theoretical arrival time of the burst's spacing (GCRA)
+        self.queued: dict[int, None] = {}  # ready tasks naming it, not started
+        self.holders: dict[int, None] = {}  # live tasks whose running attempt holds it
+        self.blocked: set[ParkedLane] = set()
+        self.wake: int | None = None  # when its rate lets the next start, while lanes wait
+
+    def idle(self) -> bool:
+        return not (self.running or self.starts or self.queued or self.holders or self.blocked)
+
+    def named(self) -> str:
+        key = "" if self.key is None else f" key {self.key[:255]!r}"
+        return f"limit {self.limit.name!r}{key}"
+
+
+class Gates:
+    """Every gate in use; a gate of a key nothing uses any more is dropped (keys are
+    unbounded, memory is not)."""
+
+    def __init__(self, limits: Sequence[Limit], pools: dict[str, Pool]) -> None:
+        self.limits = {limit.name: limit for limit in limits}
+        self.pools = pools
+        self.gates: dict[tuple[str, str | None], Gate] = {}
+        self.wakes: list[tuple[int, tuple[str, str | None]]] = []
+        # Per rate limit: its window and the spacing of starts past its burst, in ns.
+        self._window = {n: limit.per_ns or 0 for n, limit in self.limits.items()}
+        self._spacing = {
+            n: (limit.per_ns or 0) // limit.rate if limit.rate else 0
+            for n, limit in self.limits.items()
+        }
+
+    def _gate(self, pair: tuple[str, str | None]) -> Gate:
+        gate = self.gates.get(pair)
+        if gate is None:
+            gate = self.gates[pair] = Gate(self.limits[pair[0]], pair[1])
+        return gate
+
+    def _drop_if_idle(self, gate: Gate) -> None:
+        if gate.idle():
+            self.gates.pop((gate.limit.name, gate.key), None)
+
+    def known(self, lane: Lane) -> Lane:
+        """The lane without the limits no longer configured (a recovered task's)."""
+        if all(name in self.limits for name, _ in lane):
+            return lane
+        return tuple(pair for pair in lane if pair[0] in self.limits)
+
+    def unknown(self, lane: Lane) -> UnknownLimit | None:
+        for name, _ in lane:
+            if name not in self.limits:
+                shown = ", ".join(sorted(self.limits)[:20]) or "none"
+                return UnknownLimit(f"unknown limit {name!r}; configured: {shown}")
+        return None
+
+    # --- the state of a gate ----------------------------------------------------------------
+
+    def _prune(self, gate: Gate, now: int) -> None:
+        starts = gate.starts
+        horizon = now - self._window[gate.limit.name]
+        while starts and starts[0] <= horizon:
+            starts.popleft()
+
+    def _rate_free_at(self, gate: Gate, now: int) -> int | None:
+        """When the rate lets the next start: ``now`` or later; None without a rate."""
+        limit = gate.limit
+        if limit.rate is None:
+            return None
+        self._prune(gate, now)
+        free = now
+        if len(gate.starts) >= limit.rate:
+            free = gate.starts[len(gate.starts) - limit.rate] + self._window[limit.name]
+        if limit.burst is not None:
+            free = max(free, gate.tat - (limit.burst - 1) * self._spacing[limit.name])
+        return free
+
+    def _full(self, gate: Gate, now: int) -> bool:
+        limit = gate.limit
+        if limit.concurrency is not None and gate.running >= limit.concurrency:
+            return True
+        free = self._rate_free_at(gate, now)
+        return free is not None and free > now
+
+    def blocker(self, lane: Lane, now: int) -> Gate | None:
+        """The first gate of the lane with no room now, if any."""
+        gates = self.gates
+        for pair in lane:
+            gate = gates.get(pair)
+            if gate is not None and self._full(gate, now):
+                return gate
+        return None
+
+    # --- a task's life ----------------------------------------------------------------------
+
+    def queued(self, task_id: int, lane: Lane) -> None:
+        for pair in lane:
+            self._gate(pair).queued[task_id] = None
+
+    def started(self, task_id: int, lane: Lane, now: int) -> None:
+        """An attempt starts: its gates count the start (the slot: ``take``)."""
+        for pair in lane:
+            gate = self._gate(pair)
+            gate.queued.pop(task_id, None)
+            gate.holders[task_id] = None
+            if gate.limit.rate is not None:
+                self._count_start(gate, now, 1)
+
+    def _count_start(self, gate: Gate, at: int, count: int) -> None:
+        gate.starts.extend([at] * count)
+        if gate.limit.burst is not None:
+            spacing = self._spacing[gate.limit.name]
+            gate.tat = max(gate.tat, at) + spacing * count
+
+    def unstart(self, lane: Lane, at: int) -> None:
+        """An attempt started at ``at`` reached no executor: its start does not count."""
+        for pair in lane:
+            gate = self.gates.get(pair)
+            if gate is not None and gate.limit.rate is not None and at in gate.starts:
+                gate.starts.remove(at)
+
+    def take(self, lane: Lane) -> None:
+        for pair in lane:
+            self._gate(pair).running += 1
+
+    def release(self, task_id: int, lane: Lane) -> None:
+        """An attempt holding the lane's gates ended (or let go of its slot)."""
+        for pair in lane:
+            gate = self.gates.get(pair)
+            if gate is None:
+                continue
+            gate.running -= 1
+            gate.holders.pop(task_id, None)
+            limit = gate.limit
+            if gate.blocked and limit.concurrency is not None and gate.running < limit.concurrency:
+                self._unpark(gate)
+            self._drop_if_idle(gate)
+
+    def forget(self, task_id: int, lane: Lane) -> None:
+        """A task finished: it waits for no gate and holds none as a live task (its stopped
+        attempt, if any, still holds its slot until ``release``)."""
+        for pair in lane:
+            gate = self.gates.get(pair)
+            if gate is not None:
+                gate.queued.pop(task_id, None)
+                gate.holders.pop(task_id, None)
+                self._drop_if_idle(gate)
+
+    def recount_start(self, lane: Lane, at: int, attempts: int, now: int) -> None:
+        """A recovered task's latest attempt started at ``at``: inside a rate window, all its
+        attempts count there (earlier ones may have started inside it too)."""
+        for pair in lane:
+            limit = self.limits[pair[0]]
+            if limit.rate is not None and at > now - self._window[limit.name]:
+                self._count_start(self._gate(pair), at, min(attempts, limit.rate))
+
+    def sort_recounted(self) -> None:
+        """Recounted starts came in row order: the window needs them in time order."""
+        for gate in self.gates.values():
+            if gate.starts:
+                gate.starts = deque(sorted(gate.starts))
+
+    # --- parked lanes -------------------------------------------------------------------------
+
+    def park(self, gate: Gate, parked: ParkedLane, now: int) -> None:
+        gate.blocked.add(parked)
+        limit = gate.limit
+        if limit.concurrency is not None and gate.running >= limit.concurrency:
+            return  # a release brings it back
+        free = self._rate_free_at(gate, now)
+        if free is not None and gate.wake != free:
+            gate.wake = free
+            heapq.heappush(self.wakes, (free, (limit.name, gate.key)))
+
+    def _unpark(self, gate: Gate) -> None:
+        for pool_name, level, lane in gate.blocked:
+            pool = self.pools.get(pool_name)
+            if pool is not None:
+                pool.unpark(level, lane)
+        gate.blocked.clear()
+        gate.wake = None
+
+    def fire(self, now: int) -> None:
+        """Bring back the lanes of gates whose rate window has room again."""
+        wakes = self.wakes
+        while wakes and wakes[0][0] <= now:
+            at, pair = heapq.heappop(wakes)
+            gate = self.gates.get(pair)
+            if gate is not None and gate.wake == at:
+                self._unpark(gate)
+                self._drop_if_idle(gate)
+
+    def next_wake(self) -> int | None:
+        wakes = self.wakes
+        while wakes:
+            at, pair = wakes[0]
+            gate = self.gates.get(pair)
+            if gate is not None and gate.wake == at:
+                return at
+            heapq.heappop(wakes)  # stale: its gate woke, or is gone
+        return None
+
+    # --- submissions --------------------------------------------------------------------------
+
+    def refuse(self, lanes: Iterable[Lane], now: int) -> LimitFull | None:
+        """A batch's tasks, checked against the limits that reject when full: each gate's
+        room counts its waiting tasks and the batch's earlier ones."""
+        added: dict[tuple[str, str | None], int] = {}
+        for lane in lanes:
+            for pair in lane:
+                limit = self.limits[pair[0]]
+                if limit.on_full is not OnFull.REJECT:
+                    continue
+                before = added.get(pair, 0)
+                added[pair] = before + 1
+                gate = self.gates.get(pair) or Gate(limit, pair[1])
+                waiting = len(gate.queued) + before
+                if limit.concurrency is not None and gate.running + waiting >= limit.concurrency:
+                    return LimitFull(
+                        f"{gate.named()} is full: {gate.running} running, {waiting} waiting, "
+                        f"of {limit.concurrency}; retry later"
+                    )
+                if limit.rate is not None:
+                    self._prune(gate, now)
+                    if len(gate.starts) + waiting >= limit.rate:
+                        return LimitFull(
+                            f"{gate.named()} is full: {len(gate.starts)} starts in the last "
+                            f"{limit.per}s and {waiting} waiting, of {limit.rate}; retry later"
+                        )
+        return None
+
+    def displaced(self, lane: Lane) -> tuple[list[int], list[int], str]:
+        """What a new task of ``lane`` displaces: (running tasks to cancel, waiting tasks to
+        cancel, why), per the ``on_full`` of its limits."""
+        running: list[int] = []
+        waiting: list[int] = []
+        why = ""
+        for pair in lane:
+            limit = self.limits[pair[0]]
+            gate = self.gates.get(pair)
+            if gate is None:
+                continue
+            if limit.on_full is OnFull.KEEP_LATEST and gate.queued:
+                waiting.extend(gate.queued)
+                why = f"replaced by a newer task of {gate.named()} (on_full=keep_latest)"
+            elif (
+                limit.on_full is OnFull.CANCEL_RUNNING
+                and limit.concurrency is not None
+                and gate.running + len(gate.queued) >= limit.concurrency
+                and gate.holders
+            ):
+                running.append(next(iter(gate.holders)))
+                why = f"cancelled for a newer task of {gate.named()} (on_full=cancel_running)"
+        return running, waiting, why
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def describe_wait(self, lane: Lane, now: int) -> str | None:
+        """Why a ready task of ``lane`` cannot start now, if a gate holds it."""
+        gate = self.blocker(lane, now)
+        if gate is None:
+            return None
+        limit = gate.limit
+        if limit.concurrency is not None and gate.running >= limit.concurrency:
+            return f"{gate.named()}: {gate.running} of {limit.concurrency} running"
+        return f"{gate.named()}: {len(gate.starts)} of {limit.rate} starts per {limit.per}s"
+
+    def infos(self, top: int, now: int) -> list[LimitInfo]:
+        per_limit: dict[str, list[LimitKeyInfo]] = {name: [] for name in self.limits}
+        for (name, key), gate in self.gates.items():
+            if gate.limit.rate is not None:
+                self._prune(gate, now)
+            per_limit[name].append(
+                LimitKeyInfo(key, gate.running, len(gate.starts), len(gate.queued))
+            )
+        infos = []
+        for name, limit in self.limits.items():
+            keys = per_limit[name]
+            keys.sort(key=lambda k: (-(k.running + k.waiting), -k.starts, k.key or ""))
+            infos.append(
+                LimitInfo(
+                    limit,
+                    sum(1 for k in keys if k.running or k.waiting or k.starts),
+                    sum(k.running for k in keys),
+                    sum(k.starts for k in keys),
+                    sum(k.waiting for k in keys),
+                    tuple(keys[:top]),
+                )
+            )
+        return infos
+
+
+def unknown_or_full(gates: Gates, lanes: list[Lane], now: int) -> CronoqError | None:
+    for lane in lanes:
+        if lane and (unknown := gates.unknown(lane)) is not None:
+            return unknown
+    return gates.refuse((lane for lane in lanes if lane), now)
