@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
@@ -51,6 +51,7 @@ from cronoq._engine import (
 )
 from cronoq._engine.state import Task
 from cronoq._ids import epoch_of
+from cronoq._limits import Limit
 from cronoq._memory import MemoryCluster
 from cronoq._model import (
     LEGAL_TRANSITIONS,
@@ -85,12 +86,24 @@ T0 = 1_700_000_000 * S
 RETENTION_NS = 30 * S
 """Short, so that time jumps regularly push finished tasks out of the engine's memory."""
 
+LIMITS = (
+    Limit("tenant", concurrency=1, per_key=True),
+    Limit("pair", concurrency=2),
+    Limit("window", rate=2, per=2.0),
+    Limit("spaced", rate=3, per=3.0, burst=1, per_key=True),
+    Limit("latest", concurrency=1, per_key=True, on_full="keep_latest"),
+    Limit("newest", concurrency=1, on_full="cancel_running"),
+)
+"""Every kind of limit but ``reject`` (which refuses a submission: test_limits.py)."""
+LIMIT_KEYS = ("x", "y", "z")
+
 POOLS = (
     PoolConfig("a", concurrency=1),
-    # A lease, so that attempts which are not heartbeaten are lost and retried.
-    PoolConfig("b", concurrency=2, lease_ns=3 * S),
+    # A lease, so that attempts which are not heartbeaten are lost and retried. Its tasks all
+    # take "pair", which binds below the pool's own concurrency.
+    PoolConfig("b", concurrency=3, lease_ns=3 * S, limits=("pair",)),
 )
-CONFIG = EngineConfig(pools=POOLS, retention_ns=RETENTION_NS, seed=20240611)
+CONFIG = EngineConfig(pools=POOLS, retention_ns=RETENTION_NS, seed=20240611, limits=LIMITS)
 CONCURRENCY = {pool.name: pool.concurrency for pool in POOLS}
 # Remote workers with slots to spare for the leased pool, offered before every step.
 WORKERS = OfferSlots([(frozenset(p.name for p in POOLS if p.lease_ns is not None), 1000)])
@@ -233,6 +246,11 @@ def _specs(now: int, live_ids: list[int], recent_ids: list[int]) -> st.SearchStr
     return st.builds(
         TaskSpec,
         pool=st.sampled_from([pool.name for pool in POOLS]),
+        limits=st.lists(
+            st.sampled_from([limit.name for limit in LIMITS if limit.name != "pair"]),
+            max_size=2,
+            unique=True,
+        ).flatmap(_keyed),
         kind=st.just("job"),
         payload=st.just(b""),
         key=st.none() | st.sampled_from(KEYS),
@@ -248,6 +266,21 @@ def _specs(now: int, live_ids: list[int], recent_ids: list[int]) -> st.SearchStr
         timeout_ns=st.sampled_from([None, None, None, 500 * MS, 2 * S]),
         after=after,
     )
+
+
+def _keyed(names: list[str]) -> st.SearchStrategy[tuple[tuple[str, str | None], ...]]:
+    """The given limits, each with a key drawn for the per-key ones."""
+    per_key = {limit.name for limit in LIMITS if limit.per_key}
+    return st.tuples(
+        *(st.sampled_from(LIMIT_KEYS) if name in per_key else st.none() for name in names)
+    ).map(lambda keys: tuple(sorted(zip(names, keys, strict=True))))
+
+
+def _with_pool_limits(spec: TaskSpec) -> TaskSpec:
+    """A submission adds its pool's limits (Scheduler.task_spec); the machine does it here."""
+    pool = {p.name: p for p in POOLS}[spec.pool]
+    extra = [(name, None) for name in pool.limits if name not in dict(spec.limits)]
+    return replace(spec, limits=tuple(sorted([*spec.limits, *extra])))
 
 
 def _schedule_specs(name: str) -> st.SearchStrategy[ScheduleSpec]:
@@ -310,6 +343,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.schedule_generation: Counter[str] = Counter()
         self.schedule_tasks: dict[tuple[str, int], list[int]] = {}
         self.steps_since_crash = 0
+        self.limit_starts: dict[tuple[str, str | None], list[int]] = {}
+        """Every released start of an attempt that takes a rate limit, by limit and key."""
         self.engine = self._rebuild(None, failures=0)
 
     # --- the driver's part: step, commit, rebuild ---------------------------------------------
@@ -370,6 +405,7 @@ class EngineMachine(RuleBasedStateMachine):
             self._retire(token)
         for dispatch in result.dispatches:
             self._check_dispatch(dispatch.token, engine or self.engine, reported)
+            self._check_rates(dispatch.spec.limits)
             self.inflight[dispatch.token] = dispatch.spec.pool
             if dispatch.lease_id is not None:
                 self.lease_ids[dispatch.token] = dispatch.lease_id
@@ -489,6 +525,25 @@ class EngineMachine(RuleBasedStateMachine):
             model.finished_ns = update.at_ns
             model.leased_finish = update.lease is not None
 
+    def _check_rates(self, lane: tuple[tuple[str, str | None], ...]) -> None:
+        """A start leaves at most ``rate`` starts in any window of ``per`` seconds ending now,
+        and with a ``burst``, at most ``burst + elapsed / spacing`` since any earlier start:
+        whatever crashes and failovers came between (the log is the only memory)."""
+        for pair in lane:
+            limit = LIMITS_BY_NAME[pair[0]]
+            if limit.rate is None or limit.per is None:
+                continue
+            starts = self.limit_starts.setdefault(pair, [])
+            starts.append(self.now)
+            window = round(limit.per * S)
+            recent = [at for at in starts if at > self.now - window]
+            assert len(recent) <= limit.rate, f"{pair}: {len(recent)} starts in {limit.per}s"
+            if limit.burst is not None:
+                spacing = window // limit.rate
+                for index, since in enumerate(recent):
+                    allowed = limit.burst + (self.now - since) // spacing
+                    assert len(recent) - index <= allowed, f"{pair}: burst exceeded since {since}"
+
     def _check_dispatch(
         self, token: AttemptToken, engine: Engine, reported: Set[AttemptToken]
     ) -> None:
@@ -534,7 +589,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def _specs(self) -> st.SearchStrategy[TaskSpec]:
         live = [task_id for task_id, model in self.tasks.items() if model.live]
-        return _specs(self.now, live, self.ids[-5:])
+        return _specs(self.now, live, self.ids[-5:]).map(_with_pool_limits)
 
     # --- rules: callers -------------------------------------------------------------------
 
@@ -754,7 +809,21 @@ class EngineMachine(RuleBasedStateMachine):
             ),
             key=lambda summary: summary.task_id,
         )[:limit]
-        assert _reply(result, "list") == expected
+        listed = _reply(result, "list")
+        assert isinstance(listed, list)
+        assert [replace(summary, waiting_for=None) for summary in listed] == expected
+        # A ready task a limit holds back says which, and no other task says anything.
+        gates, live = self.engine._shared.gates, self._engine_live()
+        for summary in listed:
+            task = live.get(summary.task_id)
+            held = None
+            if task is not None and task.status is Status.READY:
+                held = gates.blocker(task.spec.limits, self.now)
+            if held is None:
+                assert summary.waiting_for is None, summary
+            else:
+                assert summary.waiting_for is not None
+                assert summary.waiting_for.startswith(f"limit {held.limit.name!r}"), summary
         self._persist(result)
 
     # --- rules: time ----------------------------------------------------------------------
@@ -901,9 +970,14 @@ class EngineMachine(RuleBasedStateMachine):
             for name, pool in self.engine._shared.pools.items()
             if pool.running < CONCURRENCY[name]
         }
+        gates = self.engine._shared.gates
         for task_id, task in self._engine_live().items():
-            # A task whose stopped attempt has not reported yet waits for it, not for a slot.
-            held_back = task_id in self.engine._attempts.zombies
+            # A task whose stopped attempt has not reported yet waits for it, not for a slot;
+            # one a limit holds back waits for that limit, and holds back no other task.
+            held_back = (
+                task_id in self.engine._attempts.zombies
+                or gates.blocker(task.spec.limits, self.now) is not None
+            )
             assert held_back or not (task.status is Status.READY and task.spec.pool in idle), (
                 task_id
             )
@@ -940,5 +1014,29 @@ class EngineMachine(RuleBasedStateMachine):
             slots = self.engine._shared.pools[config.name].running  # white box: the slot counter
             assert slots == count, (config.name, slots, count)
 
+    @invariant()
+    def limits_respect_concurrency(self) -> None:
+        """Per limit and key, the attempts that may still run (as ``pools_respect_concurrency``
+        counts them) never exceed its concurrency, and are what its gate counts."""
+        running = self.engine.running_tokens()
+        leased = {p.name for p in POOLS if p.lease_ns is not None}
+        holding: Counter[tuple[str, str | None]] = Counter()
+        for token, pool in self.inflight.items():
+            if pool not in leased or token in running:
+                holding.update(self.tasks[token.task_id].spec.limits)
+        for zombie in self.engine._attempts.zombies.values():
+            if zombie.pool in leased:
+                holding.update(zombie.lane)
+        gates = self.engine._shared.gates.gates
+        for limit in LIMITS:
+            for pair in [(limit.name, None), *((limit.name, key) for key in LIMIT_KEYS)]:
+                count = holding[pair]
+                if limit.concurrency is not None:
+                    assert count <= limit.concurrency, f"{pair}: {count} running"
+                gate = gates.get(pair)
+                assert (0 if gate is None else gate.running) == count, (pair, count)
+
+
+LIMITS_BY_NAME = {limit.name: limit for limit in LIMITS}
 
 TestEngineProperties = EngineMachine.TestCase

@@ -46,7 +46,9 @@ class Gate:
         self.tat = 0  # the theoretical arrival time of the burst's spacing (GCRA)
         self.queued: dict[int, None] = {}  # ready tasks naming it, not started
         self.holders: dict[int, None] = {}  # live tasks whose running attempt holds it
-        self.blocked: set[ParkedLane] = set()
+        # Ordered, not a set: the engine is deterministic, and a set of str tuples is ordered
+        # by the process's hash seed.
+        self.blocked: dict[ParkedLane, None] = {}
         self.wake: int | None = None  # when its rate lets the next start, while lanes wait
 
     def idle(self) -> bool:
@@ -205,7 +207,7 @@ class Gates:
     # --- parked lanes -------------------------------------------------------------------------
 
     def park(self, gate: Gate, parked: ParkedLane, now: int) -> None:
-        gate.blocked.add(parked)
+        gate.blocked[parked] = None
         limit = gate.limit
         if limit.concurrency is not None and gate.running >= limit.concurrency:
             return  # a release brings it back
