@@ -41,6 +41,7 @@ from cronoq_server._config import (
     loopback,
     open_store,
     remote_pools,
+    task_limits,
 )
 from cronoq_server._credentials import CredentialFiles, CredentialsError
 from cronoq_server._exits import EXIT_CANNOT_LISTEN, EXIT_FAILED, EXIT_INVALID, EXIT_OK, forced_exit
@@ -295,6 +296,7 @@ def make_replica(config: ServerConfig) -> Replica:
         max_payload_bytes=config.limits.max_message_bytes,
         fatal_attempts=config.runtime.store_fatal_attempts,
         tracing=config.tracing.enabled,
+        limits=task_limits(config),
     )
 
 
