@@ -9,8 +9,10 @@ import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
 import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
 from server_process import ServerProcess, config_toml, running_server
 from test_server_auth import MEMORY, TOKENS, identities_toml
 
@@ -53,6 +55,7 @@ AUTH = "[auth]\nreload_interval_s = 600\n" + identities_toml(
         "submitter": {"permissions": ["submit", "read"], "submit_pools": ["matrix"]},
         "worker-a": {"permissions": ["work"], "work_pools": ["matrix"]},
         "reader": {"permissions": ["read"]},
+        "watcher": {"permissions": ["metrics"]},
     },
     TOKENS,
 )
@@ -145,6 +148,12 @@ async def test_a_per_key_limit_holds_each_key_to_its_concurrency_on_remote_worke
         assert (pool_wide.running, [k.key for k in pool_wide.keys]) == (6, [None])
         assert by_name["gate"].limit.on_full is OnFull.REJECT
         assert [len(i.keys) for i in await client.list_limits(keys=0)] == [0, 0, 0]
+        # Prometheus: by limit, never by key.
+        series = await _limit_series(server)
+        assert series["cronoq_limit_running"] == {"gate": 0, "pool-wide": 6, "tenant": 6}
+        assert series["cronoq_limit_waiting"] == {"gate": 0, "pool-wide": 6, "tenant": 6}
+        assert series["cronoq_limit_keys"] == {"gate": 0, "pool-wide": 1, "tenant": 3}
+        assert series["cronoq_limit_starts"] == {"gate": 0, "pool-wide": 0, "tenant": 0}
 
         recorder.release.set()
         done = [await client.wait(task_id, timeout=TIMEOUT_S) for task_id in ids]
@@ -154,6 +163,22 @@ async def test_a_per_key_limit_holds_each_key_to_its_concurrency_on_remote_worke
     assert [t.status for t in done] == [Status.SUCCEEDED] * len(KEYS) * PER_KEY
     assert recorder.peak == dict.fromkeys(KEYS, 2)
     assert done[0].waiting_for is None
+
+
+async def _limit_series(server: ServerProcess) -> dict[str, dict[str, float]]:
+    """The cronoq_limit_* samples of a scrape, by name and then by their ``limit`` label."""
+    headers = {"Authorization": f"Bearer {TOKENS['watcher']}"}
+    url = f"{server.http}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url, headers=headers) as response:
+        assert response.status == 200
+        text = await response.text()
+    series: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith("cronoq_limit_"):
+            for sample in family.samples:
+                assert set(sample.labels) == {"limit"}
+                series.setdefault(sample.name, {})[sample.labels["limit"]] = sample.value
+    return series
 
 
 async def test_a_full_reject_limit_refuses_the_submission_with_limit_full(

@@ -346,6 +346,7 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
         lambda: replica.scheduler.workers if replica.scheduler is not None else 0,
         [pool.name for pool in config.pools],
         outbox=has_outbox(config),
+        limits=[limit.name for limit in config.task_limits],
     )
     registry = metrics_registry(collector)
     registry.register(security.collector)
@@ -374,6 +375,7 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
         registry=registry,
         metrics_auth=security.metrics_auth(config.auth.open_metrics),
         routes=dashboard.install,
+        before_scrape=collector.refresh,
     )
     pending: set[asyncio.Task[None]] = set()
 
