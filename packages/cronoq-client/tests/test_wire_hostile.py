@@ -529,7 +529,7 @@ _BAD: list[Callable[[], object]] = [
 BAD_VALUES = st.sampled_from(_BAD).map(lambda make: make())
 FIELDS = [
     "kind", "payload", "pool", "key", "tags", "name", "priority", "retry", "start_at",
-    "miss_policy", "grace", "deadline", "timeout", "after",
+    "miss_policy", "grace", "deadline", "timeout", "after", "limits",
 ]  # fmt: skip
 
 

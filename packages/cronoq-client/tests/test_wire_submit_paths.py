@@ -6,7 +6,7 @@ same exception with the same text, for any input."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from fractions import Fraction
@@ -77,6 +77,18 @@ def _reference_to_pb(request: object) -> bytes:
         w._set_instant(message, "deadline_time", "deadline_delay", request.deadline, "deadline")
     if request.timeout is not None:
         message.timeout.CopyFrom(w._duration(request.timeout, "timeout"))
+    if request.limits is not None:
+        if not isinstance(request.limits, Mapping):
+            given = type(request.limits).__name__
+            raise InvalidArgument(f"limits must be a mapping of limit name to key, got {given}")
+        for name in w._items(request.limits, "limits", "a mapping of limit name to key"):
+            key = request.limits[name]
+            message.limits.append(
+                pb.LimitKey(
+                    name=w._text(name, "limit name"),
+                    key=None if key is None else w._text(key, f"limit {name!r} key"),
+                )
+            )
     return message.SerializeToString(deterministic=True)
 
 
@@ -108,6 +120,17 @@ def _reference_from_pb(message: pb.TaskRequest) -> TaskRequest:
         fields["deadline"] = w._delay(message.deadline_delay, "deadline")
     if message.HasField("timeout"):
         fields["timeout"] = w._seconds(message.timeout, "timeout")
+    if message.limits:
+        if len(message.limits) > w.MAX_TASK_LIMITS:
+            raise InvalidArgument(
+                f"a task takes at most {w.MAX_TASK_LIMITS} limits (its pool's included), "
+                f"got {len(message.limits)}"
+            )
+        names = [entry.name for entry in message.limits]
+        for index, name in enumerate(names):
+            if name in names[:index]:
+                raise InvalidArgument(f"limits name limit {w._shown(name)} twice")
+        fields["limits"] = {e.name: e.key if e.HasField("key") else None for e in message.limits}
     return TaskRequest(**fields)
 
 

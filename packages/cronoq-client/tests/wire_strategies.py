@@ -94,6 +94,7 @@ task_requests = st.builds(
     deadline=st.none() | instants,
     timeout=st.none() | durations,
     after=st.lists(int64s, max_size=3),
+    limits=st.none() | st.dictionaries(texts, optional_texts, max_size=3),
 )
 
 task_infos = st.builds(
@@ -116,6 +117,10 @@ task_infos = st.builds(
     finished_at=st.none() | utc_datetimes,
     after=st.lists(int64s, max_size=3).map(tuple),
     schedule=optional_texts,
+    limits=st.dictionaries(texts, optional_texts, max_size=3).map(
+        lambda keys: tuple(sorted(keys.items()))
+    ),
+    waiting_for=optional_texts,
 )
 
 task_summaries = st.builds(
@@ -129,6 +134,7 @@ task_summaries = st.builds(
     tags=st.lists(texts, max_size=3).map(tuple),
     finished_ns=st.none() | st.integers(-62_135_596_800 * NS_PER_S, 253_402_300_800 * NS_PER_S - 1),
     error=optional_texts,
+    waiting_for=optional_texts,
 )
 
 schedule_infos = st.builds(
@@ -226,6 +232,7 @@ _REQUEST_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "deadline": st.none() | instants,
     "timeout": st.none() | durations,
     "after": st.lists(int64s, max_size=3),
+    "limits": st.none() | st.dictionaries(texts, optional_texts, max_size=3),
 }
 
 

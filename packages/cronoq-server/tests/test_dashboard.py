@@ -12,13 +12,14 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import quote
 
 import aiohttp
+import markupsafe
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -28,6 +29,7 @@ from server_pg import PG_DSN, pg_schema
 from cronoq import (
     InvalidArgument,
     LeasedAttempt,
+    Limit,
     MemoryStore,
     RemotePool,
     RetryPolicy,
@@ -62,6 +64,7 @@ TOKENS = {"admin": secrets.token_urlsafe(32), "reader": secrets.token_urlsafe(32
 WRONG = secrets.token_urlsafe(32)
 PERMISSIONS = {"admin": {"admin"}, "reader": {"read"}}
 HOSTILE = "<script>alert('x')</script>"
+ESCAPED = "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"
 
 
 def _identities() -> tuple[IdentitySettings, ...]:
@@ -102,6 +105,7 @@ async def harness(
     sign_ins: SignInLimiter | None = None,
     clock: Callable[[], float] = time.time,
     store: Callable[[], Awaitable[Store]] = _memory,
+    limits: Sequence[Limit] = (),
 ) -> AsyncIterator[Harness]:
     replica = Replica(
         store,
@@ -111,6 +115,7 @@ async def harness(
         drain_timeout=1.0,
         max_payload_bytes=1 << 20,
         fatal_attempts=3,
+        limits=limits,
     )
     guard = None
     if auth:
@@ -325,6 +330,47 @@ async def test_a_task_page_lists_its_attempts_failed_running_and_succeeded() -> 
         assert started.endswith("UTC") and ended.endswith("UTC")
         assert took == duration((success.finished_at - success.started_at).total_seconds())
         assert message == "attempt 3 succeeded"
+
+
+async def test_the_limits_page_shows_each_limits_use_and_a_held_task_what_it_waits_for() -> None:
+    limits = [Limit("tenant", concurrency=1, per_key=True), Limit("stripe", rate=5, per=1)]
+    async with harness(auth=False, limits=limits) as h:
+        sched = h.replica.leader()
+        async with sched.attach(["default"], slots=5) as link:
+            keys = {"tenant": HOSTILE, "stripe": None}
+            first = await sched.submit("limited", None, limits=keys)
+            attempt = await leased(link)
+            held = await sched.submit("limited", None, limits=keys)
+            page = await text(h.http, "/ui/limits")
+            assert HOSTILE not in page
+            rows = {row[0]: row[1:] for row in _table_rows(page, "limit-table")}
+            assert rows["tenant"] == [
+                "1 running, per key", "queue", "1", "1", "0", "1",
+                f"{ESCAPED} 1 running, 1 waiting",
+            ]  # fmt: skip
+            assert rows["stripe"][:6] == ["5 starts per 1s", "queue", "1", "1", "1", "1"]
+            task_page = await text(h.http, f"/ui/tasks/{held}")
+            assert HOSTILE not in task_page
+            waiting_for = (await sched.get(held)).waiting_for
+            assert waiting_for == f"limit 'tenant' key {HOSTILE!r}: 1 of 1 running"
+            waiting = markupsafe.escape(waiting_for)
+            assert f'<dd class="message waiting-for">{waiting}</dd>' in task_page
+            assert "Waiting for" not in await text(h.http, f"/ui/tasks/{first}")
+            assert '<a href="/ui/limits" aria-current="page">Limits</a>' in page
+            await sched.report_success(attempt.token, lease_id=attempt.lease_id)
+            second = await leased(link)
+            await sched.report_success(second.token, lease_id=second.lease_id)
+    async with harness(auth=False) as h:
+        assert "No task limit is configured" in await text(h.http, "/ui/limits")
+
+
+def _table_rows(page: str, table_id: str) -> list[list[str]]:
+    """The cells of a table's body rows, as text with their tags removed (entities kept)."""
+    body = page.split(f'id="{table_id}"', 1)[1].split("<tbody>", 1)[1].split("</tbody>", 1)[0]
+    return [
+        [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row)]
+        for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)
+    ]
 
 
 def test_a_schedule_time_reads_on_its_zones_clock_with_the_zones_abbreviation() -> None:

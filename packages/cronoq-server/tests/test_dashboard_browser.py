@@ -421,7 +421,10 @@ async def test_a_reader_is_offered_no_action_and_is_refused_one_it_forces(
     base = cluster.server.http
     await _sign_in(browser, base, TOKENS["reader"])
     target = cluster.queued[1]
-    pages = ("/ui/", "/ui/tasks", "/ui/schedules", "/ui/pools", "/ui/outbox", f"/ui/tasks/{target}")
+    pages = (
+        "/ui/", "/ui/tasks", "/ui/schedules", "/ui/pools", "/ui/limits", "/ui/outbox",
+        f"/ui/tasks/{target}",
+    )  # fmt: skip
     for path in pages:
         await _page(browser, f"{base}{path}")
         assert browser.find_elements(By.ID, "live"), path

@@ -68,6 +68,7 @@ REQUIRED = {
     "ReportMany": "work",
     "ListPools": "read",
     "ListWorkers": "read",
+    "ListLimits": "read",
     "PausePool": "admin",
     "ResumePool": "admin",
     "Retry": "admin",
@@ -159,6 +160,7 @@ def _request(method: str) -> Message:
         # Unknown names and ids: the server answers, and the module's pools stay unpaused.
         "ListPools": pb.ListPoolsRequest(),
         "ListWorkers": pb.ListWorkersRequest(),
+        "ListLimits": wire.list_limits_request(),
         "PausePool": pb.PausePoolRequest(name="absent"),
         "ResumePool": pb.ResumePoolRequest(name="absent"),
         "Retry": pb.RetryRequest(task_id=2**40),

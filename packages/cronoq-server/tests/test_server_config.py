@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cronoq import Limit
 from cronoq_server import (
     Address,
     ConfigError,
@@ -24,7 +25,7 @@ from cronoq_server import (
     mask_dsn,
     render_config,
 )
-from cronoq_server._config import has_outbox
+from cronoq_server._config import has_outbox, remote_pools, task_limits
 from cronoq_store_postgres import PgStoreConfig
 from cronoq_store_sqlite import SqliteStoreConfig
 
@@ -432,8 +433,9 @@ def test_mask_dsn(dsn: str, masked: str) -> None:
         (
             "CRONOQ_SERVER__PORT", "1",
             "server.port = '1' (from env CRONOQ_SERVER__PORT): unknown key; the top-level keys "
-            "are: commit_timeout_s, drain_timeout_s, keep_finished_s, pools, retention_s; the "
-            "sections: auth, limits, listen, logging, runtime, store, tls, tracing",
+            "are: commit_timeout_s, drain_timeout_s, keep_finished_s, pools, retention_s, "
+            "task_limits; the sections: auth, limits, listen, logging, runtime, store, tls, "
+            "tracing",
         ),
         (
             "CRONOQ_POOLS__0__NAME", "a",
@@ -458,7 +460,7 @@ def test_mask_dsn(dsn: str, masked: str) -> None:
         (
             "CRONOQ_POOLS", '[{"name": "a", "size": 1}]',
             "pools[0].size = 1 (from env CRONOQ_POOLS): unknown key; the keys of a pool are: "
-            "concurrency, lease_s, max_live, name",
+            "concurrency, lease_s, limits, max_live, name",
         ),
         (
             "CRONOQ_POOLS", '[{"name": ""}]',
@@ -620,8 +622,8 @@ def test_unknown_keys_in_the_file(tmp_path: Path) -> None:
     )
     assert problems(path) == [
         f"keep_finished = 1 (from {path}): unknown key; the top-level keys are: "
-        "commit_timeout_s, drain_timeout_s, keep_finished_s, pools, retention_s; the sections: "
-        "auth, limits, listen, logging, runtime, store, tls, tracing",
+        "commit_timeout_s, drain_timeout_s, keep_finished_s, pools, retention_s, task_limits; "
+        "the sections: auth, limits, listen, logging, runtime, store, tls, tracing",
         f"store.lock_poll = 0.5 (from {path}): unknown key; the keys of [store] are: "
         "busy_timeout_s, command_timeout_s, dsn, full_sync, journal_size_limit, keepalive_s, "
         "kind, lease_renew_s, lease_ttl_s, lock_poll_s, lock_timeout_s, migrate, outbox, "
@@ -633,7 +635,7 @@ def test_unknown_keys_in_the_file(tmp_path: Path) -> None:
         f"tls.certificate = 'x' (from {path}): unknown key; the keys of [tls] are: cert, "
         "client_ca, key, require_client_auth",
         f"pools[0].concurency = 3 (from {path}): unknown key; the keys of a pool are: "
-        "concurrency, lease_s, max_live, name",
+        "concurrency, lease_s, limits, max_live, name",
     ]
 
 
@@ -728,3 +730,111 @@ def test_the_default_configuration_rendered() -> None:
         "tracing": {"enabled": False},
         "pools": [{"name": "default", "concurrency": 1000, "lease_s": 30.0}],
     }
+
+
+# --- task limits (docs/limits.md) -----------------------------------------------------------
+
+
+def test_task_limits_and_pool_limits_from_the_file(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        [[pools]]
+        name = "payments"
+        limits = ["stripe"]
+        [[task_limits]]
+        name = "tenant"
+        concurrency = 2
+        per_key = true
+        [[task_limits]]
+        name = "stripe"
+        rate = 100
+        per_s = 1
+        burst = 10
+        on_full = "reject"
+        """,
+    )
+    config = load_config(path, {})
+    assert config.pools[0].limits == ("stripe",)
+    assert task_limits(config) == [
+        Limit("tenant", concurrency=2, per_key=True),
+        Limit("stripe", rate=100, per=1.0, burst=10, on_full="reject"),
+    ]
+    assert remote_pools(config)[0].limits == ("stripe",)
+    # The rendered configuration reloads as itself, limits included.
+    assert load_config(write(tmp_path, render_config(config)), {}) == config
+
+
+def test_task_limits_from_env_replace_the_file_s() -> None:
+    config = load_config(
+        None,
+        {
+            "CRONOQ_TASK_LIMITS": '[{"name": "t", "concurrency": 1, "per_key": true}]',
+            "CRONOQ_POOLS": '[{"name": "default"}]',
+        },
+    )
+    assert task_limits(config) == [Limit("t", concurrency=1, per_key=True)]
+    assert only_problem(CRONOQ_TASK_LIMITS__NAME="t") == (
+        "task_limits = 't' (from env CRONOQ_TASK_LIMITS__NAME): task_limits come from the "
+        "environment only as one JSON list in CRONOQ_TASK_LIMITS, e.g. "
+        '[{"name": "tenant", "concurrency": 2, "per_key": true}]'
+    )
+
+
+def test_invalid_task_limits_are_each_named(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        retention_s = 60
+        [[pools]]
+        name = "default"
+        limits = ["tenant"]
+        [[task_limits]]
+        name = "tenant"
+        concurrency = 2
+        per_key = true
+        [[task_limits]]
+        name = "x"
+        burst = 2
+        on_full = "drop"
+        [[task_limits]]
+        name = "y"
+        rate = 3
+        colour = 1
+        [[task_limits]]
+        name = "z"
+        rate = 3
+        per_s = 120
+        [[task_limits]]
+        name = "tenant"
+        concurrency = 0
+        """,
+    )
+    assert problems(path) == [
+        f"task_limits[1].on_full = 'drop' (from {path}): must be one of 'queue', 'reject', "
+        "'cancel_running', 'keep_latest'",
+        f"task_limits[2].colour = 1 (from {path}): unknown key; the keys of a task limit are: "
+        "burst, concurrency, name, on_full, per_key, per_s, rate",
+        f"task_limits[2] (from {path}): limit 'y': rate and per_s go together (starts per seconds)",
+        f"task_limits[3].per_s = 120.0 (from {path}): must be at most retention_s = 60.0 (from "
+        f"{path}): a new leader recounts a window's starts from the tasks it recovers",
+        f"task_limits[4].concurrency = 0 (from {path}): must be an integer from 1 to 1000000",
+        f"task_limits[4].name = 'tenant' (from {path}): must be unique, and task_limits[0] has "
+        "it too",
+        f"pools[0].limits = ['tenant'] (from {path}): names 'tenant', which is per key: a "
+        "pool's limits hold for all its tasks together; a per-key limit is named by each "
+        "submission, with its key",
+    ]
+
+
+def test_a_pool_names_only_configured_limits(tmp_path: Path) -> None:
+    path = write(tmp_path, '[[pools]]\nname = "default"\nlimits = ["nope", "nope"]\n')
+    assert only_problem(path) == (
+        f"pools[0].limits = ['nope', 'nope'] (from {path}): must be a list of at most 16 "
+        'distinct task limit names, e.g. limits = ["stripe"]'
+    )
+    path = write(tmp_path, '[[pools]]\nname = "default"\nlimits = ["nope"]\n')
+    assert only_problem(path) == (
+        f"pools[0].limits = ['nope'] (from {path}): names 'nope', which is no [[task_limits]] "
+        "entry (configured: none)"
+    )

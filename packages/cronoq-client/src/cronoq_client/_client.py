@@ -15,6 +15,7 @@ from grpc import aio
 from cronoq import (
     BytesCodec,
     Codec,
+    LimitInfo,
     PoolInfo,
     ScheduleInfo,
     Status,
@@ -623,6 +624,17 @@ class AsyncClient:
             lambda stub, timeout: stub.ListPools(message, timeout=timeout), idempotent=True
         )
         return [wire.pool_info_from_pb(p) for p in reply.pools]
+
+    async def list_limits(self, *, keys: int = 20) -> builtins.list[LimitInfo]:
+        """Every limit of the server (docs/limits.md): its bound, keys in use, attempts
+        running, starts in the current rate window and tasks waiting, with its ``keys``
+        (0..1000) busiest keys. A reply too large for the server's message limit leaves some
+        keys out (the server flags them; this list holds those it sent)."""
+        message = wire.list_limits_request(keys)
+        reply = await self._call(
+            lambda stub, timeout: stub.ListLimits(message, timeout=timeout), idempotent=True
+        )
+        return [wire.limit_info_from_pb(info) for info in reply.limits]
 
     async def retry(self, task_id: int, *, include_payload: bool = True) -> TaskInfo:
         """Make a failed or cancelled task live again (``Scheduler.retry``); raises

@@ -13,15 +13,21 @@ server accepted is ever impossible to send, which is what a limit on the request
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
-from cronoq import LEASE_ID_BYTES, TaskInfo, TaskRequest, TaskSummary
+from cronoq import LEASE_ID_BYTES, LimitInfo, TaskInfo, TaskRequest, TaskSummary
 from cronoq.errors import PayloadError
 from cronoq.store import QuarantinedRow, TaskSpec
 from cronoq_client._proto import cronoq_pb2 as pb
-from cronoq_client._wire import quarantined_row_to_pb, task_info_to_pb, task_summary_to_pb
+from cronoq_client._wire import (
+    limit_info_to_pb,
+    quarantined_row_to_pb,
+    task_info_to_pb,
+    task_summary_to_pb,
+)
 
 __all__ = [
     "MAX_LIST_PAGE",
@@ -29,6 +35,7 @@ __all__ = [
     "attempt_bytes",
     "check_attempts_fit",
     "fitted_task_info",
+    "list_limits_response_to_pb",
     "list_response_to_pb",
     "max_data_bytes",
     "outbox_quarantine_response_to_pb",
@@ -211,6 +218,30 @@ def list_response_to_pb(
     full = len(message.tasks) < len(tasks) or (asked is not None and len(tasks) == asked)
     if full and message.tasks:
         message.next_page_token = str(message.tasks[-1].task_id)
+    return message
+
+
+def list_limits_response_to_pb(infos: Sequence[LimitInfo], limit: int) -> pb.ListLimitsResponse:
+    """A ListLimits reply of at most ``limit`` bytes: every limit with its totals, then their
+    busiest keys while they fit (each limit's own, in turn, the busiest first); a limit whose
+    keys were cut says so (``keys_omitted``)."""
+    message = pb.ListLimitsResponse(limits=[limit_info_to_pb(i, keys=False) for i in infos])
+    size = message.ByteSize()
+    if size > limit:
+        raise PayloadError(
+            f"the {len(infos)} limits alone exceed the server's message limit of {limit} bytes "
+            "(raise limits.max_message_bytes)"
+        )
+    # Each key adds its own size and framing, and may lengthen its limit's length prefix.
+    for info, encoded in zip(infos, message.limits, strict=True):
+        for use in info.keys:
+            key = limit_info_to_pb(replace(info, keys=(use,))).keys[0]
+            cost = key.ByteSize() + 1 + _varint_bytes(key.ByteSize()) + 5
+            if size + cost + 2 > limit:
+                encoded.keys_omitted = True
+                break
+            encoded.keys.append(key)
+            size += cost
     return message
 
 

@@ -16,6 +16,8 @@ DuplicateSchedule                           ALREADY_EXISTS        DUPLICATE_SCHE
 TaskNotFound / ScheduleNotFound             NOT_FOUND             TASK_NOT_FOUND /
                                                                   SCHEDULE_NOT_FOUND
 AdmissionRejected                           RESOURCE_EXHAUSTED    ADMISSION_REJECTED
+LimitFull (an AdmissionRejected)            RESOURCE_EXHAUSTED    LIMIT_FULL
+UnknownLimit                                INVALID_ARGUMENT      UNKNOWN_LIMIT
 WaitTimedOut                                DEADLINE_EXCEEDED     WAIT_TIMED_OUT
 StaleAttempt                                FAILED_PRECONDITION   STALE_ATTEMPT (metadata ``why``:
                                                                   its ``reason``)
@@ -57,6 +59,7 @@ from cronoq.errors import (
     DuplicateSchedule,
     InvalidArgument,
     InvalidCron,
+    LimitFull,
     NotRetryable,
     PayloadError,
     PermissionDenied,
@@ -67,6 +70,7 @@ from cronoq.errors import (
     TaskNotFound,
     Unauthenticated,
     UnknownDependency,
+    UnknownLimit,
     UnknownPool,
     UnknownTimeZone,
     WaitTimedOut,
@@ -115,6 +119,8 @@ class Reason(StrEnum):
     TASK_NOT_FOUND = "TASK_NOT_FOUND"
     SCHEDULE_NOT_FOUND = "SCHEDULE_NOT_FOUND"
     ADMISSION_REJECTED = "ADMISSION_REJECTED"
+    LIMIT_FULL = "LIMIT_FULL"
+    UNKNOWN_LIMIT = "UNKNOWN_LIMIT"
     WAIT_TIMED_OUT = "WAIT_TIMED_OUT"
     STALE_ATTEMPT = "STALE_ATTEMPT"
     NOT_RETRYABLE = "NOT_RETRYABLE"
@@ -156,6 +162,8 @@ _BY_CLASS: dict[type[BaseException], tuple[grpc.StatusCode, Reason]] = {
     TaskNotFound: (Code.NOT_FOUND, Reason.TASK_NOT_FOUND),
     ScheduleNotFound: (Code.NOT_FOUND, Reason.SCHEDULE_NOT_FOUND),
     AdmissionRejected: (Code.RESOURCE_EXHAUSTED, Reason.ADMISSION_REJECTED),
+    LimitFull: (Code.RESOURCE_EXHAUSTED, Reason.LIMIT_FULL),
+    UnknownLimit: (Code.INVALID_ARGUMENT, Reason.UNKNOWN_LIMIT),
     WaitTimedOut: (Code.DEADLINE_EXCEEDED, Reason.WAIT_TIMED_OUT),
     StaleAttempt: (Code.FAILED_PRECONDITION, Reason.STALE_ATTEMPT),
     NotRetryable: (Code.FAILED_PRECONDITION, Reason.NOT_RETRYABLE),
@@ -381,6 +389,8 @@ _BY_REASON: dict[Reason, Callable[[str, Mapping[str, str]], CronoqError]] = {
     Reason.TASK_NOT_FOUND: lambda m, _: TaskNotFound(m),
     Reason.SCHEDULE_NOT_FOUND: lambda m, _: ScheduleNotFound(m),
     Reason.ADMISSION_REJECTED: lambda m, _: AdmissionRejected(m),
+    Reason.LIMIT_FULL: lambda m, _: LimitFull(m),
+    Reason.UNKNOWN_LIMIT: lambda m, _: UnknownLimit(m),
     Reason.WAIT_TIMED_OUT: lambda m, _: WaitTimedOut(m),
     Reason.STALE_ATTEMPT: lambda m, meta: StaleAttempt(m, reason=meta.get("why", "unknown")),
     Reason.UNAUTHENTICATED: lambda m, _: Unauthenticated(m),

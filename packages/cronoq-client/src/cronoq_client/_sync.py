@@ -26,6 +26,7 @@ import grpc
 
 from cronoq import (
     Codec,
+    LimitInfo,
     PoolInfo,
     ScheduleInfo,
     Status,
@@ -289,6 +290,10 @@ class Client:
     @_mirrors(AsyncClient.list_pools)
     def list_pools(self) -> builtins.list[PoolInfo]:
         return self._run(self._async.list_pools())
+
+    @_mirrors(AsyncClient.list_limits)
+    def list_limits(self, *, keys: int = 20) -> builtins.list[LimitInfo]:
+        return self._run(self._async.list_limits(keys=keys))
 
     @_mirrors(AsyncClient.retry)
     def retry(self, task_id: int, *, include_payload: bool = True) -> TaskInfo:

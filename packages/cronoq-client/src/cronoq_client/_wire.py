@@ -45,7 +45,11 @@ from cronoq import (
     CodecContext,
     LeasedAttempt,
     LeaseRenewed,
+    Limit,
+    LimitInfo,
+    LimitKeyInfo,
     MissPolicy,
+    OnFull,
     OverlapPolicy,
     PoolInfo,
     RetryPolicy,
@@ -74,6 +78,7 @@ __all__ = [
     "MAX_SUBMIT_EACH",
     "MAX_SUBMIT_MANY_REFERENCES",
     "MAX_SUBMIT_MANY_TASKS",
+    "MAX_TASK_LIMITS",
     "MAX_WORKER_ID_LENGTH",
     "MAX_WORKER_POOLS",
     "MAX_WORKER_SLOTS",
@@ -101,7 +106,11 @@ __all__ = [
     "heartbeat_token",
     "lease_renewed_from_pb",
     "lease_renewed_to_pb",
+    "limit_info_from_pb",
+    "limit_info_to_pb",
     "list_kwargs",
+    "list_limits_kwargs",
+    "list_limits_request",
     "list_request",
     "list_response",
     "outbox_quarantine_kwargs",
@@ -393,10 +402,12 @@ _STATUS = _table(Status, "STATUS_", pb.Status)
 _MISS = _table(MissPolicy, "MISS_POLICY_", pb.MissPolicy)
 _OVERLAP = _table(OverlapPolicy, "OVERLAP_POLICY_", pb.OverlapPolicy)
 _CATCH_UP = _table(CatchUpPolicy, "CATCH_UP_POLICY_", pb.CatchUpPolicy)
+_ON_FULL = _table(OnFull, "ON_FULL_", pb.OnFull)
 _STATUS_BACK = {number: member for member, number in _STATUS.items()}
 _MISS_BACK = {number: member for member, number in _MISS.items()}
 _OVERLAP_BACK = {number: member for member, number in _OVERLAP.items()}
 _CATCH_UP_BACK = {number: member for member, number in _CATCH_UP.items()}
+_ON_FULL_BACK = {number: member for member, number in _ON_FULL.items()}
 
 
 def status_to_pb(status: Status) -> pb.Status.ValueType:
@@ -522,7 +533,50 @@ def task_request_to_pb(request: object, codec: Codec) -> pb.TaskRequest:
         _set_instant(message, "deadline_time", "deadline_delay", request.deadline, "deadline")
     if request.timeout is not None:
         message.timeout.CopyFrom(_duration(request.timeout, "timeout"))
+    if request.limits is not None:
+        message.limits.extend(_limit_keys_to_pb(request.limits))
     return message
+
+
+def _limit_keys_to_pb(limits: object) -> list[pb.LimitKey]:
+    """A request's ``limits`` (a mapping of limit name to key or None) as LimitKey
+    messages, by name. Only what has no wire form is refused here; an unknown limit, a
+    missing or extra key and too many limits are the Scheduler's to refuse."""
+    if not isinstance(limits, Mapping):
+        raise InvalidArgument(
+            f"limits must be a mapping of limit name to key, got {type(limits).__name__}"
+        )
+    keys: list[pb.LimitKey] = []
+    for name in _items(limits, "limits", "a mapping of limit name to key"):
+        entry = pb.LimitKey(name=_text(name, "limit name"))
+        key = limits[name]
+        if key is not None:
+            entry.key = _text(key, f"limit {name!r} key")
+        keys.append(entry)
+    return keys
+
+
+MAX_TASK_LIMITS = 16
+"""Most limits one task names (cronoq's own bound, its pool's included): a request naming
+more is refused before its limits are decoded."""
+
+
+def _limit_keys_from_pb(entries: Sequence[pb.LimitKey]) -> dict[str, str | None] | None:
+    """A request's LimitKey messages as ``Scheduler.task_spec`` takes them: None for none
+    (its pool's limits still apply), each name once."""
+    if not entries:
+        return None
+    if len(entries) > MAX_TASK_LIMITS:
+        raise InvalidArgument(
+            f"a task takes at most {MAX_TASK_LIMITS} limits (its pool's included), "
+            f"got {len(entries)}"
+        )
+    keys: dict[str, str | None] = {}
+    for entry in entries:
+        if entry.name in keys:
+            raise InvalidArgument(f"limits name limit {_shown(entry.name)} twice")
+        keys[entry.name] = entry.key if entry.HasField("key") else None
+    return keys
 
 
 def _set_instant(message: pb.TaskRequest, at: str, delay: str, value: object, what: str) -> None:
@@ -596,6 +650,7 @@ def _task_spec(
         _seconds(message.timeout, "timeout") if has("timeout") else None,
         tuple(after) if after else (),
         trace_context,
+        _limit_keys_from_pb(message.limits),
     )
 
 
@@ -812,7 +867,17 @@ def task_info_to_pb(info: TaskInfo) -> pb.TaskInfo:
         message.finished_at.CopyFrom(_timestamp(info.finished_at, "finished_at"))
     if info.schedule is not None:
         message.schedule = info.schedule
+    for name, key in info.limits:
+        entry = message.limits.add(name=name)
+        if key is not None:
+            entry.key = key
+    if info.waiting_for is not None:
+        message.waiting_for = info.waiting_for
     return message
+
+
+def _task_limits_from_pb(entries: Sequence[pb.LimitKey]) -> tuple[tuple[str, str | None], ...]:
+    return tuple((e.name, e.key if e.HasField("key") else None) for e in entries)
 
 
 def task_info_from_pb(message: pb.TaskInfo, codec: Codec) -> TaskInfo:
@@ -860,6 +925,8 @@ def task_info_from_pb(message: pb.TaskInfo, codec: Codec) -> TaskInfo:
         ),
         after=tuple(message.after),
         schedule=message.schedule if message.HasField("schedule") else None,
+        limits=_task_limits_from_pb(message.limits),
+        waiting_for=message.waiting_for if message.HasField("waiting_for") else None,
     )
 
 
@@ -878,6 +945,8 @@ def task_summary_to_pb(summary: TaskSummary) -> pb.TaskSummary:
         message.finished_at.CopyFrom(_timestamp_of_ns(summary.finished_ns))
     if summary.error is not None:
         message.error = summary.error
+    if summary.waiting_for is not None:
+        message.waiting_for = summary.waiting_for
     return message
 
 
@@ -896,6 +965,7 @@ def task_summary_from_pb(message: pb.TaskSummary) -> TaskSummary:
             else None
         ),
         error=message.error if message.HasField("error") else None,
+        waiting_for=message.waiting_for if message.HasField("waiting_for") else None,
     )
 
 
@@ -1111,6 +1181,98 @@ def pool_info_from_pb(message: pb.PoolInfo) -> PoolInfo:
             raise InvalidArgument(f"depth: {_shown(name)} is not a task status") from None
     return PoolInfo(
         message.name, message.concurrency, message.paused, message.running, depth, message.remote
+    )
+
+
+LIST_LIMITS_KEYS_DEFAULT = 20
+"""How many of each limit's busiest keys ListLimits sends when the request does not say."""
+
+
+def list_limits_request(keys: object = LIST_LIMITS_KEYS_DEFAULT) -> pb.ListLimitsRequest:
+    return pb.ListLimitsRequest(keys=_int64(keys, "keys"))
+
+
+def list_limits_kwargs(message: pb.ListLimitsRequest) -> dict[str, Any]:
+    """The arguments of ``Scheduler.list_limits``, which checks the range of ``keys``."""
+    return {"keys": message.keys} if message.HasField("keys") else {}
+
+
+def _limit_to_pb(limit: Limit) -> pb.Limit:
+    message = pb.Limit(
+        name=limit.name,
+        per_key=limit.per_key,
+        on_full=pb.OnFull.ValueType(_ON_FULL[OnFull(limit.on_full)]),
+    )
+    if limit.concurrency is not None:
+        message.concurrency = limit.concurrency
+    if limit.rate is not None:
+        message.rate = limit.rate
+    per_ns = limit.per_ns
+    if per_ns is not None:
+        message.per.CopyFrom(_duration_of_ns(per_ns))
+    if limit.burst is not None:
+        message.burst = limit.burst
+    return message
+
+
+def _limit_from_pb(message: pb.Limit) -> Limit:
+    per: float | None = None
+    if message.HasField("per"):
+        ns = _ns(message.per, "per")
+        # Whole seconds as an int, so that Limit.describe() reads as the server's does.
+        per = ns // NS_PER_S if ns % NS_PER_S == 0 else ns / NS_PER_S
+    return Limit(
+        message.name,
+        concurrency=message.concurrency if message.HasField("concurrency") else None,
+        rate=message.rate if message.HasField("rate") else None,
+        per=per,
+        burst=message.burst if message.HasField("burst") else None,
+        per_key=message.per_key,
+        on_full=(
+            _enum_from_pb(message.on_full, _ON_FULL_BACK, "on_full")
+            if message.on_full != pb.ON_FULL_UNSPECIFIED
+            else OnFull.QUEUE
+        ),
+    )
+
+
+def _limit_key_use_to_pb(use: LimitKeyInfo) -> pb.LimitKeyUse:
+    message = pb.LimitKeyUse(running=use.running, starts=use.starts, waiting=use.waiting)
+    if use.key is not None:
+        message.key = use.key
+    return message
+
+
+def limit_info_to_pb(info: LimitInfo, *, keys: bool = True) -> pb.LimitInfo:
+    """A limit and its use; ``keys``: with its busiest keys (the server adds them while
+    they fit in its reply)."""
+    message = pb.LimitInfo(
+        limit=_limit_to_pb(info.limit),
+        keys_in_use=info.keys_in_use,
+        running=info.running,
+        starts=info.starts,
+        waiting=info.waiting,
+    )
+    if keys:
+        message.keys.extend(_limit_key_use_to_pb(use) for use in info.keys)
+    return message
+
+
+def limit_info_from_pb(message: pb.LimitInfo) -> LimitInfo:
+    """A limit and its use, as ``Scheduler.list_limits`` returns it. A limit this client
+    cannot build (a newer server's bound) is InvalidArgument."""
+    return LimitInfo(
+        _limit_from_pb(message.limit),
+        message.keys_in_use,
+        message.running,
+        message.starts,
+        message.waiting,
+        tuple(
+            LimitKeyInfo(
+                use.key if use.HasField("key") else None, use.running, use.starts, use.waiting
+            )
+            for use in message.keys
+        ),
     )
 
 

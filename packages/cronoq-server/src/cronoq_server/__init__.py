@@ -16,6 +16,7 @@ from cronoq_server._config import (
     ServerConfig,
     SqliteStoreSettings,
     StoreSettings,
+    TaskLimitSettings,
     TlsSettings,
     TracingSettings,
     load_config,
@@ -23,6 +24,7 @@ from cronoq_server._config import (
     open_store,
     remote_pools,
     render_config,
+    task_limits,
 )
 from cronoq_server._errors import ConfigError, ConfigIssue, CronoqServerError
 
@@ -41,6 +43,7 @@ __all__ = [
     "ServerConfig",
     "SqliteStoreSettings",
     "StoreSettings",
+    "TaskLimitSettings",
     "TlsSettings",
     "TracingSettings",
     "load_config",
@@ -48,4 +51,5 @@ __all__ = [
     "open_store",
     "remote_pools",
     "render_config",
+    "task_limits",
 ]

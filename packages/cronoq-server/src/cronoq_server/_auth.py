@@ -77,6 +77,9 @@ def _methods() -> dict[str, str | None]:
         "PreviewSchedule": "read",
         "ListPools": "read",
         "ListWorkers": "read",
+        # Limits' bounds and use, with their busiest keys (tenants, accounts): what a reader
+        # sees of any task's limits already.
+        "ListLimits": "read",
         # The outbox's figures and quarantined rows (their kinds, reasons and payloads' first
         # KiB): what a reader sees of any task already.
         "OutboxStatus": "read",

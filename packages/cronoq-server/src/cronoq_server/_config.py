@@ -3,7 +3,8 @@
 Environment variables win over the file. ``CRONOQ_KEEP_FINISHED_S`` sets the top-level
 ``keep_finished_s``; ``CRONOQ_STORE__DSN`` sets ``dsn`` in ``[store]`` (sections and keys are
 joined by a double underscore, names are case-insensitive). Pools come from the environment only
-as one JSON list in ``CRONOQ_POOLS``, which replaces the file's ``[[pools]]`` as a whole.
+as one JSON list in ``CRONOQ_POOLS``, which replaces the file's ``[[pools]]`` as a whole, and
+so do task limits (``[[task_limits]]``, docs/limits.md) in ``CRONOQ_TASK_LIMITS``.
 
 Every key of the file is known or an error, and so is every key under a known section in the
 environment. A ``CRONOQ_`` variable without a double underscore that names no top-level setting
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from cronoq import MemoryStore, RemotePool
+from cronoq import Limit, MemoryStore, RemotePool
 from cronoq.errors import InvalidArgument
 from cronoq.store import Store
 from cronoq_server._errors import ConfigError, ConfigIssue
@@ -55,6 +56,7 @@ __all__ = [
     "ServerConfig",
     "SqliteStoreSettings",
     "StoreSettings",
+    "TaskLimitSettings",
     "TlsSettings",
     "has_outbox",
     "load_config",
@@ -63,6 +65,7 @@ __all__ = [
     "open_store",
     "remote_pools",
     "render_config",
+    "task_limits",
 ]
 
 MAX_SECONDS = 10 * 366 * 24 * 3600
@@ -125,6 +128,38 @@ class PoolSettings:
     """Bound on live tasks in this pool; submissions beyond it are rejected."""
     lease_s: float = 30.0
     """Seconds without a heartbeat before an attempt counts as lost."""
+    limits: tuple[str, ...] = ()
+    """Names of the task limits (``[[task_limits]]``) every task of this pool takes; none of
+    them per key."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskLimitSettings:
+    """A limit tasks name and pools apply (a ``cronoq.Limit``, docs/limits.md). The TOML
+    array is ``[[task_limits]]``: ``[limits]`` is the message size table."""
+
+    name: str
+    concurrency: int | None = None
+    """Most running attempts (of each key, for a per-key limit)."""
+    rate: int | None = None
+    """Most attempt starts per ``per_s`` seconds."""
+    per_s: float | None = None
+    burst: int | None = None
+    """How many of ``rate`` may start back to back (None: ``rate``)."""
+    per_key: bool = False
+    on_full: str = "queue"
+    """queue, reject, cancel_running or keep_latest."""
+
+    def limit(self) -> Limit:
+        return Limit(
+            self.name,
+            concurrency=self.concurrency,
+            rate=self.rate,
+            per=self.per_s,
+            burst=self.burst,
+            per_key=self.per_key,
+            on_full=self.on_full,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +274,8 @@ class ServerConfig:
 
     store: StoreSettings = SqliteStoreSettings()
     pools: tuple[PoolSettings, ...] = (PoolSettings("default"),)
+    task_limits: tuple[TaskLimitSettings, ...] = ()
+    """The limits tasks may name and pools apply (docs/limits.md)."""
     keep_finished_s: float = 7 * 24 * 3600.0
     """Finished tasks are pruned from the store this long after they finished."""
     retention_s: float = 3600.0
@@ -470,12 +507,34 @@ _POOL_KEYS: dict[str, _Parser[Any]] = {
     "concurrency": _integer(1, 1_000_000),
     "max_live": _integer(1, 2**40),
     "lease_s": _seconds(allow_zero=False),
+    "limits": lambda raw: _limit_names(raw),
 }
+_TASK_LIMIT_KEYS: dict[str, _Parser[Any]] = {
+    "name": _text,
+    "concurrency": _integer(1, 1_000_000),
+    "rate": _integer(1, 1_000_000),
+    "per_s": _seconds(allow_zero=False),
+    "burst": _integer(1, 1_000_000),
+    "per_key": _boolean,
+    "on_full": _choice("queue", "reject", "cancel_running", "keep_latest"),
+}
+_MAX_TASK_LIMITS = 1000  # cronoq's bound on a scheduler's limits
+_MAX_POOL_LIMITS = 16  # and on the limits one task takes
 _MAX_NAME_LENGTH = 255  # cronoq's bound on pool names
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _IDENTITY_KEYS = frozenset(
     {"name", "permissions", "submit_pools", "submit_kinds", "work_pools", "token_sha256"}
 )
+
+
+def _limit_names(raw: _Raw) -> tuple[str, ...]:
+    names = _names(raw.value)
+    if names is None or len(names) > _MAX_POOL_LIMITS or len(set(names)) != len(names):
+        raise _Invalid(
+            f"must be a list of at most {_MAX_POOL_LIMITS} distinct task limit names, "
+            'e.g. limits = ["stripe"]'
+        )
+    return tuple(names)
 
 
 def _listed(keys: frozenset[str] | Mapping[str, object]) -> str:
@@ -523,7 +582,7 @@ class _Loader:
             self.issue("--config", source, _UNSET, f"is not valid TOML: {exc}")
             return
         for key, value in document.items():
-            if key in _TOP_KEYS or key == "pools":
+            if key in _TOP_KEYS or key in _TABLE_LISTS:
                 self.raw[key] = _Raw(value, source, text=False)
             elif key in _SECTIONS:
                 if not isinstance(value, dict):
@@ -546,14 +605,14 @@ class _Loader:
             source = f"env {name}"
             parts = name[len(ENV_PREFIX) :].lower().split("__")
             section = parts[0]
-            if section == "pools":
+            if section in _TABLE_LISTS:
                 if len(parts) == 1:
-                    self.raw["pools"] = _Raw(value, source, text=True)
+                    self.raw[section] = _Raw(value, source, text=True)
                 else:
                     self.issue(
-                        "pools", source, value,
-                        "pools come from the environment only as one JSON list in CRONOQ_POOLS,"
-                        ' e.g. [{"name": "default", "concurrency": 100}]',
+                        section, source, value,
+                        f"{section} come from the environment only as one JSON list in "
+                        f"{ENV_PREFIX}{section.upper()}, e.g. {_TABLE_LISTS[section][1]}",
                     )  # fmt: skip
             elif section in _SECTIONS:
                 if len(parts) == 2 and parts[1] in _SECTIONS[section]:
@@ -604,9 +663,13 @@ class _Loader:
                 f"{self.origins['retention_s']}): recovery relies on finished tasks of the "
                 "retention window still being in the store",
             )  # fmt: skip
+        pools = self.pools()
+        task_limits = self.task_limits(None if "retention_s" in self.failed else top["retention_s"])
+        self.pool_limits(pools, task_limits)
         config = ServerConfig(
             store=self.store(top["keep_finished_s"]),
-            pools=self.pools(),
+            pools=pools,
+            task_limits=task_limits,
             listen=self.listen(),
             limits=LimitSettings(
                 self.get(
@@ -715,27 +778,127 @@ class _Loader:
             )  # fmt: skip
             return None
 
-    def pools(self) -> tuple[PoolSettings, ...]:
-        raw = self.raw.get("pools")
+    def tables(self, key: str) -> tuple[_Raw, list[dict[str, Any]]] | None:
+        """The tables of an array of tables (``[[pools]]``, or a JSON list of objects from the
+        environment); None when it is not set, or not such a list (the issue recorded)."""
+        raw = self.raw.get(key)
         if raw is None:
-            self.origins["pools"] = "default"
-            return ServerConfig().pools
-        self.origins["pools"] = raw.source
+            self.origins[key] = "default"
+            return None
+        self.origins[key] = raw.source
         items: object = raw.value
         if raw.text:
             try:
                 items = json.loads(raw.value)  # type: ignore[arg-type]
             except ValueError as exc:
-                self.issue("pools", raw.source, raw.value, f"is not valid JSON: {exc}")
-                return ServerConfig().pools
+                self.issue(key, raw.source, raw.value, f"is not valid JSON: {exc}")
+                self.failed.add(key)
+                return None
         if not isinstance(items, list) or not all(isinstance(item, dict) for item in items):
             expected = (
-                'a JSON list of objects, e.g. [{"name": "default"}]'
+                f"a JSON list of objects, e.g. {_TABLE_LISTS[key][0]}"
                 if raw.text
-                else "an array of tables: [[pools]] with name = ..."
+                else f"an array of tables: [[{key}]] with name = ..."
             )
-            self.issue("pools", raw.source, raw.value, f"must be {expected}")
+            self.issue(key, raw.source, raw.value, f"must be {expected}")
+            self.failed.add(key)
+            return None
+        return raw, items
+
+    def task_limits(self, retention_s: float | None) -> tuple[TaskLimitSettings, ...]:
+        tables = self.tables("task_limits")
+        if tables is None:
+            return ()
+        raw, items = tables
+        if len(items) > _MAX_TASK_LIMITS:
+            self.issue(
+                "task_limits", raw.source, _UNSET,
+                f"lists {len(items)} limits; a server takes at most {_MAX_TASK_LIMITS}",
+            )  # fmt: skip
+            self.failed.add("task_limits")
+            return ()
+        limits: list[TaskLimitSettings] = []
+        first_of: dict[str, int] = {}
+        for index, item in enumerate(items):
+            prefix = f"task_limits[{index}]"
+            for key in item.keys() - _TASK_LIMIT_KEYS.keys():
+                self.issue(
+                    f"{prefix}.{key}", raw.source, item[key],
+                    f"unknown key; the keys of a task limit are: {_listed(_TASK_LIMIT_KEYS)}",
+                )  # fmt: skip
+            if "name" not in item:
+                self.issue(f"{prefix}.name", raw.source, _UNSET, "is required: every limit has one")
+                self.failed.add("task_limits")
+                continue
+            values: dict[str, Any] = {}
+            bad = False
+            for key, parse in _TASK_LIMIT_KEYS.items():
+                if key in item:
+                    try:
+                        values[key] = parse(_Raw(item[key], raw.source, text=False))
+                    except _Invalid as exc:
+                        self.issue(f"{prefix}.{key}", raw.source, item[key], exc.problem)
+                        bad = True
+            name = values.get("name")
+            if name is not None and name in first_of:
+                self.issue(
+                    f"{prefix}.name", raw.source, name,
+                    f"must be unique, and task_limits[{first_of[name]}] has it too",
+                )  # fmt: skip
+                bad = True
+            if name is not None:
+                first_of.setdefault(name, index)
+            if bad or name is None:
+                self.failed.add("task_limits")
+                continue
+            settings = TaskLimitSettings(**values)
+            try:
+                limit = settings.limit()  # the rules across keys: cronoq's own message
+            except InvalidArgument as exc:
+                self.issue(prefix, raw.source, _UNSET, str(exc).replace(" per ", " per_s ", 1)
+                           if "rate and per" in str(exc) else str(exc))  # fmt: skip
+                self.failed.add("task_limits")
+                continue
+            if retention_s is not None and (limit.per or 0) > retention_s:
+                self.issue(
+                    f"{prefix}.per_s", raw.source, limit.per,
+                    f"must be at most retention_s = {retention_s!r} (from "
+                    f"{self.origins.get('retention_s', 'default')}): a new leader recounts a "
+                    "window's starts from the tasks it recovers",
+                )  # fmt: skip
+                self.failed.add("task_limits")
+            limits.append(settings)
+        return tuple(limits)
+
+    def pool_limits(
+        self, pools: tuple[PoolSettings, ...], limits: tuple[TaskLimitSettings, ...]
+    ) -> None:
+        """Each pool's ``limits`` name configured limits, none per key."""
+        # A limit whose entry had an issue is missing: a name is unknown only if none had.
+        complete = "task_limits" not in self.failed
+        by_name = {limit.name: limit for limit in limits}
+        source = self.origins.get("pools", "default")
+        for index, pool in enumerate(pools):
+            for name in pool.limits:
+                limit = by_name.get(name)
+                if limit is None and complete:
+                    shown = ", ".join(sorted(by_name)[:20]) or "none"
+                    self.issue(
+                        f"pools[{index}].limits", source, list(pool.limits),
+                        f"names {name!r}, which is no [[task_limits]] entry (configured: {shown})",
+                    )  # fmt: skip
+                elif limit is not None and limit.per_key:
+                    self.issue(
+                        f"pools[{index}].limits", source, list(pool.limits),
+                        f"names {name!r}, which is per key: a pool's limits hold for all its "
+                        "tasks together; a per-key limit is named by each submission, with its key",
+                    )  # fmt: skip
+
+    def pools(self) -> tuple[PoolSettings, ...]:
+        tables = self.tables("pools")
+        if tables is None:
             return ServerConfig().pools
+        raw, items = tables
         if not items:
             self.issue("pools", raw.source, raw.value, "must list at least one pool")
         pools: list[PoolSettings] = []
@@ -757,6 +920,7 @@ class _Loader:
                         values[key] = parse(_Raw(item[key], raw.source, text=False))
                     except _Invalid as exc:
                         self.issue(f"{prefix}.{key}", raw.source, item[key], exc.problem)
+                        self.failed.add("pools")
             name = values.get("name")
             if name is None:
                 continue
@@ -959,9 +1123,16 @@ class _Unset:
 
 
 _UNSET: Any = _Unset()
+_TASK_LIMITS_EXAMPLE = '[{"name": "tenant", "concurrency": 2, "per_key": true}]'
+_TABLE_LISTS = {
+    "pools": ('[{"name": "default"}]', '[{"name": "default", "concurrency": 100}]'),
+    "task_limits": (_TASK_LIMITS_EXAMPLE, _TASK_LIMITS_EXAMPLE),
+}
+"""The arrays of tables, and examples of each as the environment gives it (JSON): the
+shortest, and a fuller one."""
 _UNKNOWN_TOP = (
     "unknown key; the top-level keys are: "
-    + _listed(frozenset({*_TOP_KEYS, "pools"}))
+    + _listed(frozenset({*_TOP_KEYS, *_TABLE_LISTS}))
     + "; the sections: "
     + _listed(_SECTIONS)
 )
@@ -1029,9 +1200,14 @@ def has_outbox(config: ServerConfig) -> bool:
 def remote_pools(config: ServerConfig) -> list[RemotePool]:
     """The configured pools, as the Scheduler's ``cronoq.RemotePool`` list."""
     return [
-        RemotePool(pool.name, pool.concurrency, pool.max_live, pool.lease_s)
+        RemotePool(pool.name, pool.concurrency, pool.max_live, pool.lease_s, limits=pool.limits)
         for pool in config.pools
     ]
+
+
+def task_limits(config: ServerConfig) -> list[Limit]:
+    """The configured task limits, as the Scheduler's ``cronoq.Limit`` list."""
+    return [settings.limit() for settings in config.task_limits]
 
 
 # --- showing the configuration --------------------------------------------------------------
@@ -1096,11 +1272,21 @@ def render_config(config: ServerConfig) -> str:
         lines += ["", f"[[pools]]  # {origins.get('pools', 'default')}"]
         for f in dataclasses.fields(pool):
             value = getattr(pool, f.name)
+            if f.name == "limits":
+                if value:
+                    lines.append(f"limits = {_toml_list(value, sort=False)}")
+                continue
             lines.append(
                 f"# {f.name}: not set (unbounded)"
                 if value is None
                 else f"{f.name} = {_toml_value(value)}"
             )
+    for limit in config.task_limits:
+        lines += ["", f"[[task_limits]]  # {origins.get('task_limits', 'default')}"]
+        for f in dataclasses.fields(limit):
+            value = getattr(limit, f.name)
+            if value is not None:
+                lines.append(f"{f.name} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"
 
 
@@ -1124,8 +1310,9 @@ def _render_auth(auth: AuthSettings, origins: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def _toml_list(values: Iterable[str]) -> str:
-    return "[" + ", ".join(_toml_value(value) for value in sorted(values)) + "]"
+def _toml_list(values: Iterable[str], *, sort: bool = True) -> str:
+    shown = sorted(values) if sort else list(values)
+    return "[" + ", ".join(_toml_value(value) for value in shown) + "]"
 
 
 def _toml_value(value: object) -> str:

@@ -63,8 +63,11 @@ class HttpServer:
         idle_timeout: float = IDLE_TIMEOUT_S,
         metrics_auth: Callable[[str], Unauthenticated | PermissionDenied | None] | None = None,
         routes: Callable[[web.Application], None] | None = None,
+        before_scrape: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        """``routes`` adds more to the application (the dashboard, ``_ui``)."""
+        """``routes`` adds more to the application (the dashboard, ``_ui``);
+        ``before_scrape`` reads what the collectors need from async calls."""
+        self._before_scrape = before_scrape
         self._address = address
         self._readiness = readiness
         self._registry = registry
@@ -151,6 +154,8 @@ class HttpServer:
             return response
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         try:
+            if self._before_scrape is not None:
+                await self._before_scrape()
             body = encoder(self._registry)
         except Exception:
             log.exception("collecting the metrics failed")

@@ -11,6 +11,10 @@ Every series labelled by pool exists for each configured pool from the first scr
 standby's gauges too: it holds none of the cluster's tasks), so that a rate or a sum over the
 replicas is 0 rather than missing until something happens.
 
+Task limits (docs/limits.md) are gauges by limit, never by key (keys are unbounded: a tenant
+each), read from the leader's ``list_limits(keys=0)`` just before each scrape (``refresh``): 0 on
+a standby, and for every configured limit from the first scrape.
+
 The outbox's series exist only on a server whose store has an outbox: its two counters from
 the first scrape, at 0 on a standby as the others; its gauges once the leader has read the
 outbox (within a second of leading), absent on a standby, which reads none.
@@ -18,6 +22,8 @@ outbox (within a second of leading), absent on a standby, which reads none.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -32,7 +38,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from cronoq import Status
+from cronoq import LimitInfo, Status
+from cronoq.errors import CronoqError
 
 if TYPE_CHECKING:
     from cronoq import Histogram, Scheduler, SchedulerMetrics
@@ -139,11 +146,20 @@ class SchedulerCollector(Collector):
     """Metrics of the scheduler being ``watch()``-ed, with the counts of those before it."""
 
     def __init__(
-        self, workers_connected: Callable[[], int], pools: Iterable[str], *, outbox: bool = False
+        self,
+        workers_connected: Callable[[], int],
+        pools: Iterable[str],
+        *,
+        outbox: bool = False,
+        limits: Iterable[str] = (),
     ) -> None:
-        """``outbox``: the server's store has an outbox, whose series it exports."""
+        """``outbox``: the server's store has an outbox, whose series it exports. ``limits``:
+        the names of the configured task limits."""
         self._workers_connected = workers_connected
         self._pools = tuple(pools)
+        self._limit_names = tuple(limits)
+        self._limits: list[LimitInfo] = []
+        """The current scheduler's limits at the last ``refresh``."""
         self._outbox = outbox
         self._current: Scheduler | None = None
         self._retiring: list[Scheduler] = []
@@ -164,6 +180,17 @@ class SchedulerCollector(Collector):
         if scheduler in self._retiring:
             self._retiring.remove(scheduler)  # watched again: counted as the current one
         self._current = scheduler
+
+    async def refresh(self) -> None:
+        """Read what a scrape needs that only an async call answers: the limits' use. A
+        scheduler that cannot answer at once (stopping, or slow) leaves them at 0."""
+        self._limits = []
+        scheduler = self._current
+        if scheduler is None or not self._limit_names:
+            return
+        with contextlib.suppress(CronoqError, TimeoutError):
+            async with asyncio.timeout(_LIMITS_TIMEOUT_S):
+                self._limits = await scheduler.list_limits(keys=0)
 
     def _totals(self, snapshot: SchedulerMetrics | None) -> _Totals:
         for scheduler in [s for s in self._retiring if not s.running]:
@@ -231,6 +258,16 @@ class SchedulerCollector(Collector):
         )
         if self._outbox:
             yield from _outbox_metrics(totals, snapshot)
+        yield from self._limit_metrics()
+
+    def _limit_metrics(self) -> Iterator[Metric]:
+        read = {info.limit.name: info for info in self._limits}
+        for name, field, help_text in _LIMIT_GAUGES:
+            gauge = GaugeMetricFamily(name, help_text, labels=("limit",))
+            for limit in sorted(self._limit_names):
+                info = read.get(limit)
+                gauge.add_metric((limit,), 0 if info is None else getattr(info, field))
+            yield gauge
 
     def _zeros(self, statuses: tuple[str, ...]) -> dict[object, int]:
         """0 for each configured pool (and each of ``statuses``), keyed as the scheduler's
@@ -239,6 +276,14 @@ class SchedulerCollector(Collector):
             return dict.fromkeys(self._pools, 0)
         return {(pool, status): 0 for pool in self._pools for status in statuses}
 
+
+_LIMITS_TIMEOUT_S = 1.0
+_LIMIT_GAUGES = (
+    ("cronoq_limit_running", "running", "Attempts holding a task limit, by limit."),
+    ("cronoq_limit_waiting", "waiting", "Ready tasks that name a task limit, by limit."),
+    ("cronoq_limit_starts", "starts", "Attempt starts in a rate limit's current window."),
+    ("cronoq_limit_keys", "keys_in_use", "Keys of a task limit in use (running or waiting)."),
+)
 
 _FINAL = tuple(status.value for status in Status if status.is_terminal)
 _LIVE = tuple(status.value for status in Status if not status.is_terminal)

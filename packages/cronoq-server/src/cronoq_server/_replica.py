@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
 
-from cronoq import BytesCodec, RemotePool, Scheduler
+from cronoq import BytesCodec, Limit, RemotePool, Scheduler
 from cronoq.errors import CronoqError, SchedulerError, StoreFatal
 from cronoq.store import Store
 from cronoq_server._errors import CronoqServerError
@@ -70,6 +70,7 @@ class Replica:
         max_payload_bytes: int,
         fatal_attempts: int,
         tracing: bool = False,
+        limits: Sequence[Limit] = (),
     ) -> None:
         self._open_store = open_store
         self._pools = pools
@@ -79,6 +80,7 @@ class Replica:
         self._max_payload = max_payload_bytes
         self._fatal_attempts = fatal_attempts
         self._tracing = tracing
+        self._limits = list(limits)
         self._fatal_count = 0
         self.store_problem: str | None = None
         """The last permanent store error, until the replica leads again."""
@@ -140,6 +142,7 @@ class Replica:
                 retention=self._retention,
                 max_payload_bytes=self._max_payload,
                 tracing=self._tracing,
+                limits=self._limits,
             )
             try:
                 pause = await self._lead(sched)

@@ -41,6 +41,7 @@ from cronoq_server._config import (
     loopback,
     open_store,
     remote_pools,
+    task_limits,
 )
 from cronoq_server._credentials import CredentialFiles, CredentialsError
 from cronoq_server._exits import EXIT_CANNOT_LISTEN, EXIT_FAILED, EXIT_INVALID, EXIT_OK, forced_exit
@@ -295,6 +296,7 @@ def make_replica(config: ServerConfig) -> Replica:
         max_payload_bytes=config.limits.max_message_bytes,
         fatal_attempts=config.runtime.store_fatal_attempts,
         tracing=config.tracing.enabled,
+        limits=task_limits(config),
     )
 
 
@@ -344,6 +346,7 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
         lambda: replica.scheduler.workers if replica.scheduler is not None else 0,
         [pool.name for pool in config.pools],
         outbox=has_outbox(config),
+        limits=[limit.name for limit in config.task_limits],
     )
     registry = metrics_registry(collector)
     registry.register(security.collector)
@@ -372,6 +375,7 @@ async def run(config: ServerConfig, *, ready: asyncio.Event | None = None) -> in
         registry=registry,
         metrics_auth=security.metrics_auth(config.auth.open_metrics),
         routes=dashboard.install,
+        before_scrape=collector.refresh,
     )
     pending: set[asyncio.Task[None]] = set()
 

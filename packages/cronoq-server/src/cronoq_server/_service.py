@@ -402,6 +402,13 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         return pb.ListPoolsResponse(pools=[wire.pool_info_to_pb(p) for p in pools])
 
     @_unary
+    async def ListLimits(
+        self, request: pb.ListLimitsRequest, context: Any
+    ) -> pb.ListLimitsResponse:
+        limits = await self._leader().list_limits(**wire.list_limits_kwargs(request))
+        return wire.list_limits_response_to_pb(limits, self._max_message_bytes)
+
+    @_unary
     async def Retry(self, request: pb.RetryRequest, context: Any) -> pb.TaskInfo:
         info = await self._leader().retry(request.task_id)
         return wire.fitted_task_info(

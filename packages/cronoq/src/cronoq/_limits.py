@@ -157,7 +157,9 @@ def limit_keys(
     for name in check.bounded(
         value, "limits", "a mapping of limit name to key", MAX_LIMITS_PER_TASK, lambda n: n
     ):
-        keys[_configured(name, configured)] = _key(configured[name], value[name])
+        # The name is checked first: an assignment evaluates its value before its target.
+        name = _configured(name, configured)
+        keys[name] = _key(configured[name], value[name])
     for name in pool_names:
         if name not in keys:
             keys[name] = _key(configured[name], None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 from cronoq_client._cli._completion import completion
+from cronoq_client._cli._limits import limits
 from cronoq_client._cli._outbox import outbox
 from cronoq_client._cli._pools import pools
 from cronoq_client._cli._root import cli
@@ -27,6 +28,7 @@ COMMANDS: tuple[click.Command, ...] = (
     submit,
     schedules,
     pools,
+    limits,
     workers,
     outbox,
     worker,

@@ -18,13 +18,14 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cronoq import PoolInfo, ScheduleInfo, TaskInfo, TaskSummary, WorkerInfo
+from cronoq import LimitInfo, PoolInfo, ScheduleInfo, TaskInfo, TaskSummary, WorkerInfo
 from cronoq_client._client import Unreachable
 from cronoq_client._outbox import OutboxStatus, QuarantinedOutboxRow
 
 __all__ = [
     "Columns",
     "emit",
+    "limit_record",
     "outbox_record",
     "output_option",
     "pool_record",
@@ -82,6 +83,8 @@ def _records(info: Any) -> dict[str, Any]:
 
 def task_record(info: TaskInfo) -> dict[str, Any]:
     record = _records(info)
+    # Name to key (null: not per key), as a submission gives them.
+    record["limits"] = dict(info.limits)
     traceback = info.traceback
     if traceback is not None:  # kept after the message's first line: shown as its own field
         record["message"] = info.description
@@ -107,6 +110,31 @@ def pool_record(info: PoolInfo) -> dict[str, Any]:
     # Keyed by the status's name: JSON's keys are strings, and a table column names one.
     record["depth"] = {status.value: count for status, count in info.depth.items()}
     return record
+
+
+def limit_record(info: LimitInfo) -> dict[str, Any]:
+    """A limit, its bound in words and as fields, and its use; ``busiest`` is the keys in
+    short for a table (``acme 2/1/0``: running, waiting, starts)."""
+    limit = info.limit
+    return {
+        "name": limit.name,
+        "bound": limit.describe(),
+        "concurrency": limit.concurrency,
+        "rate": limit.rate,
+        "per_s": limit.per,
+        "burst": limit.burst,
+        "per_key": limit.per_key,
+        "on_full": limit.on_full,
+        "keys_in_use": info.keys_in_use,
+        "running": info.running,
+        "starts": info.starts,
+        "waiting": info.waiting,
+        "keys": [_records(key) for key in info.keys],
+        "busiest": ", ".join(
+            f"{'-' if k.key is None else k.key} {k.running}/{k.waiting}/{k.starts}"
+            for k in info.keys
+        ),
+    }
 
 
 def worker_record(info: WorkerInfo) -> dict[str, Any]:

@@ -42,6 +42,7 @@ _LINE_FIELDS = frozenset(
         "timeout",
         "max_attempts",
         "after",
+        "limits",
     }
 )
 
@@ -71,6 +72,23 @@ def _start(text: str | None, where: str) -> datetime | timedelta | None:
         except ValueError:
             raise CommandFailed(f"{where}: {text!r} is not +SECONDS", ExitCode.USAGE) from None
     return _when(text, where)
+
+
+def _limits(given: tuple[str, ...]) -> dict[str, str | None] | None:
+    """``--limit tenant=acme --limit stripe``: name to key (None: no ``=``, no key)."""
+    if not given:
+        return None
+    keys: dict[str, str | None] = {}
+    for item in given:
+        name, sep, key = item.partition("=")
+        if not name:
+            raise click.BadParameter(
+                f"{item!r} names no limit: NAME or NAME=KEY", param_hint="--limit"
+            )
+        if name in keys:
+            raise click.BadParameter(f"limit {name!r} is given twice", param_hint="--limit")
+        keys[name] = key if sep else None
+    return keys
 
 
 def _request(line: dict[str, Any], codec: Codec, where: str) -> TaskRequest:
@@ -191,6 +209,13 @@ def _submit_file(file: IO[str], batch_size: int, output: str) -> None:
     type=click.IntRange(min=1),
     help="a task id it waits for (repeatable)",
 )
+@click.option(
+    "--limit",
+    "limit_keys",
+    multiple=True,
+    metavar="NAME[=KEY]",
+    help="a task limit it takes, with its key for a per-key limit (repeatable)",
+)
 @output_option
 def submit(
     kind: str | None,
@@ -207,6 +232,7 @@ def submit(
     attempt_timeout: float | None,
     max_attempts: int | None,
     parents: tuple[int, ...],
+    limit_keys: tuple[str, ...],
     output: str,
 ) -> None:
     """Submit task KIND with PAYLOAD_JSON (prints its id), or the tasks of --file."""
@@ -231,5 +257,6 @@ def submit(
         timeout=attempt_timeout,
         retry=None if max_attempts is None else RetryPolicy(max_attempts=max_attempts),
         after=parents,
+        limits=_limits(limit_keys),
     )
     emit(output, {"task_id": task_id}, lambda: str(task_id))

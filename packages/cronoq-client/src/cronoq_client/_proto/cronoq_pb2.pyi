@@ -149,6 +149,38 @@ CATCH_UP_POLICY_SKIP: CatchUpPolicy.ValueType  # 2
 """Run none of them; wait for the next occurrence."""
 Global___CatchUpPolicy: _TypeAlias = CatchUpPolicy  # noqa: Y015
 
+class _OnFull:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OnFullEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OnFull.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    ON_FULL_UNSPECIFIED: _OnFull.ValueType  # 0
+    """QUEUE."""
+    ON_FULL_QUEUE: _OnFull.ValueType  # 1
+    """The task waits until the limit lets it start."""
+    ON_FULL_REJECT: _OnFull.ValueType  # 2
+    """The submission fails (RESOURCE_EXHAUSTED, LIMIT_FULL); nothing is applied."""
+    ON_FULL_CANCEL_RUNNING: _OnFull.ValueType  # 3
+    """The oldest running attempt of that key is cancelled."""
+    ON_FULL_KEEP_LATEST: _OnFull.ValueType  # 4
+    """Tasks of that key waiting to start are cancelled in favour of the new one."""
+
+class OnFull(_OnFull, metaclass=_OnFullEnumTypeWrapper):
+    """What a submission does when a limit it names has no room (cronoq.OnFull)."""
+
+ON_FULL_UNSPECIFIED: OnFull.ValueType  # 0
+"""QUEUE."""
+ON_FULL_QUEUE: OnFull.ValueType  # 1
+"""The task waits until the limit lets it start."""
+ON_FULL_REJECT: OnFull.ValueType  # 2
+"""The submission fails (RESOURCE_EXHAUSTED, LIMIT_FULL); nothing is applied."""
+ON_FULL_CANCEL_RUNNING: OnFull.ValueType  # 3
+"""The oldest running attempt of that key is cancelled."""
+ON_FULL_KEEP_LATEST: OnFull.ValueType  # 4
+"""Tasks of that key waiting to start are cancelled in favour of the new one."""
+Global___OnFull: _TypeAlias = OnFull  # noqa: Y015
+
 class _TaskData:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -249,6 +281,7 @@ class TaskRequest(_message.Message):
     DEADLINE_DELAY_FIELD_NUMBER: _builtins.int
     TIMEOUT_FIELD_NUMBER: _builtins.int
     AFTER_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
     kind: _builtins.str
     payload: _builtins.bytes
     """Encoded by the client's codec. Absent: no payload (Python None)."""
@@ -288,6 +321,12 @@ class TaskRequest(_message.Message):
     def after(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Ids of the tasks this one runs after (all must succeed)."""
 
+    @_builtins.property
+    def limits(self) -> _containers.RepeatedCompositeFieldContainer[Global___LimitKey]:
+        """The limits it takes (docs/limits.md), each named once, at most 16 (its pool's included):
+        a per-key limit with its key, any other without one. Its pool's limits are added.
+        """
+
     def __init__(
         self,
         *,
@@ -307,10 +346,11 @@ class TaskRequest(_message.Message):
         deadline_delay: _duration_pb2.Duration | None = ...,
         timeout: _duration_pb2.Duration | None = ...,
         after: _abc.Iterable[_builtins.int] | None = ...,
+        limits: _abc.Iterable[Global___LimitKey] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_payload", b"_payload", "_pool", b"_pool", "deadline", b"deadline", "deadline_delay", b"deadline_delay", "deadline_time", b"deadline_time", "grace", b"grace", "key", b"key", "name", b"name", "payload", b"payload", "pool", b"pool", "retry", b"retry", "start_at", b"start_at", "start_delay", b"start_delay", "start_time", b"start_time", "timeout", b"timeout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_payload", b"_payload", "_pool", b"_pool", "after", b"after", "deadline", b"deadline", "deadline_delay", b"deadline_delay", "deadline_time", b"deadline_time", "grace", b"grace", "key", b"key", "kind", b"kind", "miss_policy", b"miss_policy", "name", b"name", "payload", b"payload", "pool", b"pool", "priority", b"priority", "retry", b"retry", "start_at", b"start_at", "start_delay", b"start_delay", "start_time", b"start_time", "tags", b"tags", "timeout", b"timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_payload", b"_payload", "_pool", b"_pool", "after", b"after", "deadline", b"deadline", "deadline_delay", b"deadline_delay", "deadline_time", b"deadline_time", "grace", b"grace", "key", b"key", "kind", b"kind", "limits", b"limits", "miss_policy", b"miss_policy", "name", b"name", "payload", b"payload", "pool", b"pool", "priority", b"priority", "retry", b"retry", "start_at", b"start_at", "start_delay", b"start_delay", "start_time", b"start_time", "tags", b"tags", "timeout", b"timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__key: _TypeAlias = _typing.Literal["key"]  # noqa: Y015
     _WhichOneofArgType__key: _TypeAlias = _typing.Literal["_key", b"_key"]  # noqa: Y015
@@ -340,6 +380,32 @@ class TaskRequest(_message.Message):
 Global___TaskRequest: _TypeAlias = TaskRequest  # noqa: Y015
 
 @_typing.final
+class LimitKey(_message.Message):
+    """A limit a task takes, with its key (absent for a limit that is not per key)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    key: _builtins.str
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        key: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "key", b"key", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__key: _TypeAlias = _typing.Literal["key"]  # noqa: Y015
+    _WhichOneofArgType__key: _TypeAlias = _typing.Literal["_key", b"_key"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__key) -> _WhichOneofReturnType__key | None: ...
+
+Global___LimitKey: _TypeAlias = LimitKey  # noqa: Y015
+
+@_typing.final
 class TaskInfo(_message.Message):
     """A task as the scheduler knows it (cronoq.TaskInfo)."""
 
@@ -364,6 +430,8 @@ class TaskInfo(_message.Message):
     SCHEDULE_FIELD_NUMBER: _builtins.int
     PAYLOAD_OMITTED_FIELD_NUMBER: _builtins.int
     OUTPUT_OMITTED_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    WAITING_FOR_FIELD_NUMBER: _builtins.int
     task_id: _builtins.int
     status: Global___Status.ValueType
     attempt: _builtins.int
@@ -386,6 +454,10 @@ class TaskInfo(_message.Message):
     the reply would exceed the server's message limit with it: GetTaskData sends it alone.
     """
     output_omitted: _builtins.bool
+    waiting_for: _builtins.str
+    """A ready task a limit holds back: which, and how full it is ("limit 'tenant' key 'acme':
+    2 of 2 running"). Absent when none does.
+    """
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -398,6 +470,10 @@ class TaskInfo(_message.Message):
 
     @_builtins.property
     def after(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def limits(self) -> _containers.RepeatedCompositeFieldContainer[Global___LimitKey]:
+        """The limits it takes with their keys, by name (its pool's included)."""
+
     def __init__(
         self,
         *,
@@ -420,10 +496,12 @@ class TaskInfo(_message.Message):
         schedule: _builtins.str | None = ...,
         payload_omitted: _builtins.bool = ...,
         output_omitted: _builtins.bool = ...,
+        limits: _abc.Iterable[Global___LimitKey] | None = ...,
+        waiting_for: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_output", b"_output", "_payload", b"_payload", "_schedule", b"_schedule", "finished_at", b"finished_at", "key", b"key", "name", b"name", "output", b"output", "payload", b"payload", "schedule", b"schedule", "submitted_at", b"submitted_at", "updated_at", b"updated_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_output", b"_output", "_payload", b"_payload", "_schedule", b"_schedule", "_waiting_for", b"_waiting_for", "finished_at", b"finished_at", "key", b"key", "name", b"name", "output", b"output", "payload", b"payload", "schedule", b"schedule", "submitted_at", b"submitted_at", "updated_at", b"updated_at", "waiting_for", b"waiting_for"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_output", b"_output", "_payload", b"_payload", "_schedule", b"_schedule", "after", b"after", "attempt", b"attempt", "finished_at", b"finished_at", "key", b"key", "kind", b"kind", "message", b"message", "name", b"name", "output", b"output", "output_omitted", b"output_omitted", "payload", b"payload", "payload_omitted", b"payload_omitted", "pool", b"pool", "priority", b"priority", "schedule", b"schedule", "status", b"status", "submitted_at", b"submitted_at", "tags", b"tags", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_output", b"_output", "_payload", b"_payload", "_schedule", b"_schedule", "_waiting_for", b"_waiting_for", "after", b"after", "attempt", b"attempt", "finished_at", b"finished_at", "key", b"key", "kind", b"kind", "limits", b"limits", "message", b"message", "name", b"name", "output", b"output", "output_omitted", b"output_omitted", "payload", b"payload", "payload_omitted", b"payload_omitted", "pool", b"pool", "priority", b"priority", "schedule", b"schedule", "status", b"status", "submitted_at", b"submitted_at", "tags", b"tags", "task_id", b"task_id", "updated_at", b"updated_at", "waiting_for", b"waiting_for"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__key: _TypeAlias = _typing.Literal["key"]  # noqa: Y015
     _WhichOneofArgType__key: _TypeAlias = _typing.Literal["_key", b"_key"]  # noqa: Y015
@@ -435,6 +513,8 @@ class TaskInfo(_message.Message):
     _WhichOneofArgType__payload: _TypeAlias = _typing.Literal["_payload", b"_payload"]  # noqa: Y015
     _WhichOneofReturnType__schedule: _TypeAlias = _typing.Literal["schedule"]  # noqa: Y015
     _WhichOneofArgType__schedule: _TypeAlias = _typing.Literal["_schedule", b"_schedule"]  # noqa: Y015
+    _WhichOneofReturnType__waiting_for: _TypeAlias = _typing.Literal["waiting_for"]  # noqa: Y015
+    _WhichOneofArgType__waiting_for: _TypeAlias = _typing.Literal["_waiting_for", b"_waiting_for"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__key) -> _WhichOneofReturnType__key | None: ...
     @_typing.overload
@@ -445,6 +525,8 @@ class TaskInfo(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__payload) -> _WhichOneofReturnType__payload | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__schedule) -> _WhichOneofReturnType__schedule | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__waiting_for) -> _WhichOneofReturnType__waiting_for | None: ...
 
 Global___TaskInfo: _TypeAlias = TaskInfo  # noqa: Y015
 
@@ -463,6 +545,7 @@ class TaskSummary(_message.Message):
     TAGS_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    WAITING_FOR_FIELD_NUMBER: _builtins.int
     task_id: _builtins.int
     status: Global___Status.ValueType
     attempt: _builtins.int
@@ -473,6 +556,8 @@ class TaskSummary(_message.Message):
     """A failed, cancelled or retrying task's error: its message's first line (at most 200
     characters). Absent in any other status.
     """
+    waiting_for: _builtins.str
+    """As TaskInfo.waiting_for."""
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -491,19 +576,24 @@ class TaskSummary(_message.Message):
         tags: _abc.Iterable[_builtins.str] | None = ...,
         finished_at: _timestamp_pb2.Timestamp | None = ...,
         error: _builtins.str | None = ...,
+        waiting_for: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "_key", b"_key", "error", b"error", "finished_at", b"finished_at", "key", b"key"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "_key", b"_key", "_waiting_for", b"_waiting_for", "error", b"error", "finished_at", b"finished_at", "key", b"key", "waiting_for", b"waiting_for"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "_key", b"_key", "attempt", b"attempt", "error", b"error", "finished_at", b"finished_at", "key", b"key", "kind", b"kind", "pool", b"pool", "status", b"status", "tags", b"tags", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_error", b"_error", "_key", b"_key", "_waiting_for", b"_waiting_for", "attempt", b"attempt", "error", b"error", "finished_at", b"finished_at", "key", b"key", "kind", b"kind", "pool", b"pool", "status", b"status", "tags", b"tags", "task_id", b"task_id", "waiting_for", b"waiting_for"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__error: _TypeAlias = _typing.Literal["error"]  # noqa: Y015
     _WhichOneofArgType__error: _TypeAlias = _typing.Literal["_error", b"_error"]  # noqa: Y015
     _WhichOneofReturnType__key: _TypeAlias = _typing.Literal["key"]  # noqa: Y015
     _WhichOneofArgType__key: _TypeAlias = _typing.Literal["_key", b"_key"]  # noqa: Y015
+    _WhichOneofReturnType__waiting_for: _TypeAlias = _typing.Literal["waiting_for"]  # noqa: Y015
+    _WhichOneofArgType__waiting_for: _TypeAlias = _typing.Literal["_waiting_for", b"_waiting_for"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__error) -> _WhichOneofReturnType__error | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__key) -> _WhichOneofReturnType__key | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__waiting_for) -> _WhichOneofReturnType__waiting_for | None: ...
 
 Global___TaskSummary: _TypeAlias = TaskSummary  # noqa: Y015
 
@@ -622,6 +712,182 @@ class PoolInfo(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PoolInfo: _TypeAlias = PoolInfo  # noqa: Y015
+
+@_typing.final
+class Limit(_message.Message):
+    """A configured limit (cronoq.Limit)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
+    RATE_FIELD_NUMBER: _builtins.int
+    PER_FIELD_NUMBER: _builtins.int
+    BURST_FIELD_NUMBER: _builtins.int
+    PER_KEY_FIELD_NUMBER: _builtins.int
+    ON_FULL_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    concurrency: _builtins.int
+    """Most running attempts. Absent: no such bound."""
+    rate: _builtins.int
+    """Most attempt starts per `per`. Both absent: no rate."""
+    burst: _builtins.int
+    """How many of `rate` may start back to back. Absent: rate."""
+    per_key: _builtins.bool
+    on_full: Global___OnFull.ValueType
+    @_builtins.property
+    def per(self) -> _duration_pb2.Duration: ...
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        concurrency: _builtins.int | None = ...,
+        rate: _builtins.int | None = ...,
+        per: _duration_pb2.Duration | None = ...,
+        burst: _builtins.int | None = ...,
+        per_key: _builtins.bool = ...,
+        on_full: Global___OnFull.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_burst", b"_burst", "_concurrency", b"_concurrency", "_rate", b"_rate", "burst", b"burst", "concurrency", b"concurrency", "per", b"per", "rate", b"rate"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_burst", b"_burst", "_concurrency", b"_concurrency", "_rate", b"_rate", "burst", b"burst", "concurrency", b"concurrency", "name", b"name", "on_full", b"on_full", "per", b"per", "per_key", b"per_key", "rate", b"rate"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__burst: _TypeAlias = _typing.Literal["burst"]  # noqa: Y015
+    _WhichOneofArgType__burst: _TypeAlias = _typing.Literal["_burst", b"_burst"]  # noqa: Y015
+    _WhichOneofReturnType__concurrency: _TypeAlias = _typing.Literal["concurrency"]  # noqa: Y015
+    _WhichOneofArgType__concurrency: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency"]  # noqa: Y015
+    _WhichOneofReturnType__rate: _TypeAlias = _typing.Literal["rate"]  # noqa: Y015
+    _WhichOneofArgType__rate: _TypeAlias = _typing.Literal["_rate", b"_rate"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__burst) -> _WhichOneofReturnType__burst | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__concurrency) -> _WhichOneofReturnType__concurrency | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rate) -> _WhichOneofReturnType__rate | None: ...
+
+Global___Limit: _TypeAlias = Limit  # noqa: Y015
+
+@_typing.final
+class LimitKeyUse(_message.Message):
+    """The use of one key of a per-key limit, or of another limit's one bound (key absent)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    STARTS_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    key: _builtins.str
+    running: _builtins.int
+    starts: _builtins.int
+    """Attempt starts in the current rate window (0 without a rate)."""
+    waiting: _builtins.int
+    """Ready tasks naming it that have not started."""
+    def __init__(
+        self,
+        *,
+        key: _builtins.str | None = ...,
+        running: _builtins.int = ...,
+        starts: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "key", b"key"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "key", b"key", "running", b"running", "starts", b"starts", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__key: _TypeAlias = _typing.Literal["key"]  # noqa: Y015
+    _WhichOneofArgType__key: _TypeAlias = _typing.Literal["_key", b"_key"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__key) -> _WhichOneofReturnType__key | None: ...
+
+Global___LimitKeyUse: _TypeAlias = LimitKeyUse  # noqa: Y015
+
+@_typing.final
+class LimitInfo(_message.Message):
+    """A limit and its use now (cronoq.LimitInfo)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMIT_FIELD_NUMBER: _builtins.int
+    KEYS_IN_USE_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    STARTS_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
+    KEYS_FIELD_NUMBER: _builtins.int
+    KEYS_OMITTED_FIELD_NUMBER: _builtins.int
+    keys_in_use: _builtins.int
+    running: _builtins.int
+    starts: _builtins.int
+    waiting: _builtins.int
+    keys_omitted: _builtins.bool
+    """Some of its busiest keys were left out: the reply would not fit the server's message
+    limit with them.
+    """
+    @_builtins.property
+    def limit(self) -> Global___Limit: ...
+    @_builtins.property
+    def keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___LimitKeyUse]:
+        """Its busiest keys, the most running and waiting first."""
+
+    def __init__(
+        self,
+        *,
+        limit: Global___Limit | None = ...,
+        keys_in_use: _builtins.int = ...,
+        running: _builtins.int = ...,
+        starts: _builtins.int = ...,
+        waiting: _builtins.int = ...,
+        keys: _abc.Iterable[Global___LimitKeyUse] | None = ...,
+        keys_omitted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys", b"keys", "keys_in_use", b"keys_in_use", "keys_omitted", b"keys_omitted", "limit", b"limit", "running", b"running", "starts", b"starts", "waiting", b"waiting"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LimitInfo: _TypeAlias = LimitInfo  # noqa: Y015
+
+@_typing.final
+class ListLimitsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEYS_FIELD_NUMBER: _builtins.int
+    keys: _builtins.int
+    """How many of each limit's busiest keys (0..1000). Absent: 20."""
+    def __init__(
+        self,
+        *,
+        keys: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_keys", b"_keys", "keys", b"keys"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_keys", b"_keys", "keys", b"keys"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__keys: _TypeAlias = _typing.Literal["keys"]  # noqa: Y015
+    _WhichOneofArgType__keys: _TypeAlias = _typing.Literal["_keys", b"_keys"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__keys) -> _WhichOneofReturnType__keys | None: ...
+
+Global___ListLimitsRequest: _TypeAlias = ListLimitsRequest  # noqa: Y015
+
+@_typing.final
+class ListLimitsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LIMITS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def limits(self) -> _containers.RepeatedCompositeFieldContainer[Global___LimitInfo]: ...
+    def __init__(
+        self,
+        *,
+        limits: _abc.Iterable[Global___LimitInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limits", b"limits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListLimitsResponse: _TypeAlias = ListLimitsResponse  # noqa: Y015
 
 @_typing.final
 class PausePoolRequest(_message.Message):

@@ -125,6 +125,11 @@ class SchedulerServiceStub:
                 request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListPoolsRequest.SerializeToString,
                 response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListPoolsResponse.FromString,
                 _registered_method=True)
+        self.ListLimits = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/ListLimits',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListLimitsRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListLimitsResponse.FromString,
+                _registered_method=True)
         self.Retry = channel.unary_unary(
                 '/cronoq.v1.SchedulerService/Retry',
                 request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.RetryRequest.SerializeToString,
@@ -301,6 +306,15 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListLimits(self, request, context):
+        """Every configured limit (docs/limits.md): its bound, and its use now (keys in use,
+        attempts running, starts in the current rate window, tasks waiting), with its busiest
+        keys. Permission: read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Retry(self, request, context):
         """Make a failed or cancelled task live again with one more attempt allowed (attempts keep
         counting); FAILED_PRECONDITION (NOT_RETRYABLE) for a live or succeeded task, or one that
@@ -451,6 +465,11 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListPools,
                     request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListPoolsRequest.FromString,
                     response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListPoolsResponse.SerializeToString,
+            ),
+            'ListLimits': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLimits,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListLimitsRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListLimitsResponse.SerializeToString,
             ),
             'Retry': grpc.unary_unary_rpc_method_handler(
                     servicer.Retry,
@@ -975,6 +994,33 @@ class SchedulerService:
             '/cronoq.v1.SchedulerService/ListPools',
             cronoq__client_dot___proto_dot_cronoq__pb2.ListPoolsRequest.SerializeToString,
             cronoq__client_dot___proto_dot_cronoq__pb2.ListPoolsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLimits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/ListLimits',
+            cronoq__client_dot___proto_dot_cronoq__pb2.ListLimitsRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.ListLimitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

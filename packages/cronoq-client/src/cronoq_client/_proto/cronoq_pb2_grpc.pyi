@@ -104,6 +104,11 @@ class SchedulerServiceStub:
     """Let a paused pool start attempts again. Permission: admin."""
     ListPools: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ListPoolsRequest, _cronoq_pb2.ListPoolsResponse]
     """Every configured pool: concurrency, pause, attempts running, live tasks by status."""
+    ListLimits: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ListLimitsRequest, _cronoq_pb2.ListLimitsResponse]
+    """Every configured limit (docs/limits.md): its bound, and its use now (keys in use,
+    attempts running, starts in the current rate window, tasks waiting), with its busiest
+    keys. Permission: read.
+    """
     Retry: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.RetryRequest, _cronoq_pb2.TaskInfo]
     """Make a failed or cancelled task live again with one more attempt allowed (attempts keep
     counting); FAILED_PRECONDITION (NOT_RETRYABLE) for a live or succeeded task, or one that
@@ -187,6 +192,11 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """Let a paused pool start attempts again. Permission: admin."""
     ListPools: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ListPoolsRequest, _cronoq_pb2.ListPoolsResponse]  # type: ignore[assignment]
     """Every configured pool: concurrency, pause, attempts running, live tasks by status."""
+    ListLimits: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ListLimitsRequest, _cronoq_pb2.ListLimitsResponse]  # type: ignore[assignment]
+    """Every configured limit (docs/limits.md): its bound, and its use now (keys in use,
+    attempts running, starts in the current rate window, tasks waiting), with its busiest
+    keys. Permission: read.
+    """
     Retry: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.RetryRequest, _cronoq_pb2.TaskInfo]  # type: ignore[assignment]
     """Make a failed or cancelled task live again with one more attempt allowed (attempts keep
     counting); FAILED_PRECONDITION (NOT_RETRYABLE) for a live or succeeded task, or one that
@@ -375,6 +385,17 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_cronoq_pb2.ListPoolsResponse, _abc.Awaitable[_cronoq_pb2.ListPoolsResponse]]:
         """Every configured pool: concurrency, pause, attempts running, live tasks by status."""
+
+    @_abc_1.abstractmethod
+    def ListLimits(
+        self,
+        request: _cronoq_pb2.ListLimitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.ListLimitsResponse, _abc.Awaitable[_cronoq_pb2.ListLimitsResponse]]:
+        """Every configured limit (docs/limits.md): its bound, and its use now (keys in use,
+        attempts running, starts in the current rate window, tasks waiting), with its busiest
+        keys. Permission: read.
+        """
 
     @_abc_1.abstractmethod
     def Retry(

@@ -95,6 +95,8 @@ with the next request."""
 _POOLS_FRESH_S = 2.0
 _MAX_TOKEN = 4096
 _MAX_SCHEDULES = 500
+_LIMIT_KEYS_SHOWN = 10
+"""The busiest keys the Limits page shows of each limit."""
 """Schedules one page shows (each with its next occurrences, computed in a thread)."""
 _NEXT_OCCURRENCES = 3
 _MAX_PARENTS_SHOWN = 100
@@ -447,6 +449,7 @@ class Dashboard:
         ui.router.add_get("/schedules", self._page(self._schedules))
         ui.router.add_get("/workers", self._page(self._workers_page))
         ui.router.add_get("/pools", self._page(self._pools))
+        ui.router.add_get("/limits", self._page(self._limits))
         ui.router.add_get("/outbox", self._page(self._outbox))
         ui.router.add_post("/act/{action}", self._page(self._act))
         ui.router.add_get("/signin", self._page(self._signin_page, signing_in=True))
@@ -672,6 +675,13 @@ class Dashboard:
     async def _pools(self, visit: _Visit) -> web.Response:
         sched = self._leader(visit)
         return self._render(visit, "pools.html", title="Pools", pools=await self._list_pools(sched))
+
+    async def _limits(self, visit: _Visit) -> web.Response:
+        sched = self._leader(visit)
+        limits = await sched.list_limits(keys=_LIMIT_KEYS_SHOWN)
+        return self._render(
+            visit, "limits.html", title="Limits", limits=limits, keys_shown=_LIMIT_KEYS_SHOWN
+        )
 
     async def _outbox(self, visit: _Visit) -> web.Response:
         sched = self._leader(visit)
