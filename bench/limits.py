@@ -2,6 +2,7 @@
 
 Run:  uv run python bench/limits.py              (5 rounds; medians)
       uv run python bench/limits.py --quick      (smaller, for a smoke run)
+      uv run python bench/limits.py --only a --shape keys --rounds 1   (one shape, to profile)
 
 (a) end to end: N no-op tasks through a Scheduler over MemoryStore, pool concurrency 1,000,
     ``submit_many`` in chunks of 1,000, timed until the last completion is committed, with each
@@ -57,6 +58,8 @@ NEVER = 1_000_000  # a concurrency or rate no run reaches
 
 @dataclass(frozen=True)
 class Shape:
+    name: str
+    """For ``--shape``."""
     label: str
     limits: tuple[Limit, ...]
     task_limits: Callable[[int], dict[str, str | None] | None]
@@ -64,13 +67,15 @@ class Shape:
 
 
 SHAPES = [
-    Shape("no limits", (), lambda i: None),
+    Shape("none", "no limits", (), lambda i: None),
     Shape(
+        "one",
         "1 limit per task (global, not binding)",
         (Limit("global", concurrency=NEVER),),
         lambda i: {"global": None},
     ),
     Shape(
+        "three",
         "3 limits per task (2 concurrency, 1 rate; none binding)",
         (
             Limit("global", concurrency=NEVER),
@@ -80,6 +85,7 @@ SHAPES = [
         lambda i: {"global": None, "region": None, "api": None},
     ),
     Shape(
+        "keys",
         f"per-key limit, {KEYS:,} keys (10 running per key)",
         (Limit("tenant", concurrency=10, per_key=True),),
         lambda i: {"tenant": f"tenant-{i % KEYS}"},
@@ -218,19 +224,26 @@ def main() -> int:
     parser.add_argument(
         "--only", choices=["a", "b", "c"], action="append", help="measure only these (repeat)"
     )
+    parser.add_argument(
+        "--shape",
+        choices=[shape.name for shape in SHAPES],
+        action="append",
+        help="only these shapes in (a) and (b) (repeat; for a profiler); ratios need 'none'",
+    )
     args = parser.parse_args()
     rounds = args.rounds or (3 if args.quick else 5)
     n = args.tasks or (10_000 if args.quick else 100_000)
     hot = args.hot or (2_000 if args.quick else 20_000)
     only = set(args.only or "abc")
+    shapes = [s for s in SHAPES if args.shape is None or s.name in args.shape]
 
     print(f"python {sys.version.split()[0]}, {rounds} rounds, medians (all runs in brackets)")
     if "a" in only:
         print(f"\n(a) end to end, submit_many, {n:,} tasks, pool concurrency 1,000 (tasks/s)")
-        interleaved(rounds, "tasks/s", lambda shape: asyncio.run(end_to_end(shape, n)))
+        interleaved(shapes, rounds, "tasks/s", lambda shape: asyncio.run(end_to_end(shape, n)))
     if "b" in only:
         print(f"\n(b) pure engine, {n:,} tasks (transitions/s)")
-        interleaved(rounds, "tr/s", lambda shape: engine_transitions(shape, n))
+        interleaved(shapes, rounds, "tr/s", lambda shape: engine_transitions(shape, n))
     if "c" in only:
         print(f"\n(c) a cold key behind {hot:,} hot tasks, pool concurrency 10")
         results: dict[str, list[tuple[float, int, int]]] = {s.label: [] for s in SPREADS}
@@ -251,20 +264,25 @@ def main() -> int:
     return 0
 
 
-def interleaved(rounds: int, unit: str, measure: Callable[[Shape], float]) -> None:
-    """Each shape once per round, in turn; then per shape its median and ratio to the first's."""
-    results: dict[str, list[float]] = {shape.label: [] for shape in SHAPES}
+def interleaved(
+    shapes: list[Shape], rounds: int, unit: str, measure: Callable[[Shape], float]
+) -> None:
+    """Each shape once per round, in turn; then per shape its median and its ratio to no
+    limits' (when that shape was measured)."""
+    results: dict[str, list[float]] = {shape.name: [] for shape in shapes}
     for _ in range(rounds):
-        for shape in SHAPES:
-            results[shape.label].append(measure(shape))
-    base = statistics.median(results[SHAPES[0].label])
-    for shape in SHAPES:
-        values = results[shape.label]
+        for shape in shapes:
+            results[shape.name].append(measure(shape))
+    base = statistics.median(results["none"]) if "none" in results else None
+    for shape in shapes:
+        values = results[shape.name]
         median = statistics.median(values)
-        note = f"  {median / base:.2f}x no limits ({(1 - median / base) * 100:+.1f}% slower)"
-        if shape is SHAPES[-1]:
-            note += f"  target >= 0.85x: {'met' if median / base >= 0.85 else 'MISSED'}"
-        row(shape.label, median, unit, values, note if shape is not SHAPES[0] else "")
+        note = ""
+        if base is not None and shape.name != "none":
+            note = f"  {median / base:.2f}x no limits ({(1 - median / base) * 100:+.1f}% slower)"
+            if shape.name == "keys":
+                note += f"  target >= 0.85x: {'met' if median / base >= 0.85 else 'MISSED'}"
+        row(shape.label, median, unit, values, note)
 
 
 if __name__ == "__main__":
