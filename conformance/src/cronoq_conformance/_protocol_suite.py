@@ -1042,6 +1042,40 @@ class StoreSuite:
             "was submitted with"
         )
 
+    async def test_limits_and_the_latest_start_round_trip_through_recovery(
+        self, cluster: StoreHarness
+    ) -> None:
+        # A new leader rebuilds its limits from the rows: which limits (and keys) each task
+        # takes, and when the latest attempt of each task started, finished ones included
+        # (the starts inside a rate window; docs/limits.md).
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        keyed = (("stripe", None), ("tenant", "acme \u00e9"))
+        await store.commit(epoch, [submitted(1, at, key="one", limits=keyed)])
+        await store.commit(
+            epoch,
+            [
+                submitted(2, at + 1),
+                submitted(3, at + 2, limits=(("tenant", "b"),)),
+                started(3, 1, at + 3, None),
+                finished(3, at + 4),
+            ],
+        )
+        expected = {1: keyed, 2: (), 3: (("tenant", "b"),)}
+        records = [await store.get_task(i) for i in expected]
+        looked_up = {r.task_id: r.spec.limits for r in records if r is not None}
+        assert looked_up == expected, "get_task must return the limits a task was submitted with"
+        _, state = await self.lead_after_crash(cluster, store)
+        recovered = by_id(state)
+        assert {i: r.spec.limits for i, r in recovered.items()} == expected, (
+            "recover() must return the limits (names and keys) each task was submitted with"
+        )
+        assert recovered[3].started_ns == at + 3, (
+            "recover() must return a finished task's latest start (started_ns): a new leader "
+            "recounts the starts inside each rate window from it"
+        )
+
     async def test_a_lease_round_trips_through_commit_and_lookups(
         self, cluster: StoreHarness
     ) -> None:

@@ -143,6 +143,8 @@ class Plain:
             }
             if isinstance(value, RecoveredState) and not value.paused_pools:
                 shown.pop("paused_pools", None)
+            if isinstance(value, InFlight) and not value.lanes:  # added with limits
+                shown.pop("lanes", None)
             return {"!": type(value).__name__, **shown}
         if isinstance(value, list | tuple):
             return [self(v) for v in value]

@@ -366,7 +366,8 @@ class EngineMachine(RuleBasedStateMachine):
         epoch (remote ones adopted from an earlier leader were never released by it)."""
         mine = {t: pool for t, pool in self.inflight.items() if t.epoch == self.epoch}
         lease_ids = {t: self.lease_ids[t] for t in mine if t in self.lease_ids}
-        return InFlight(executing=mine, lease_ids=lease_ids)
+        lanes = {t: self.tasks[t.task_id].spec.limits for t in mine}
+        return InFlight(executing=mine, lease_ids=lease_ids, lanes=lanes)
 
     def _report(
         self, token: AttemptToken, outcome: AttemptSucceeded | AttemptFailed, tag: str

@@ -109,6 +109,7 @@ class Driver:
         # Attempts released to executors that have not reported, and those a close left
         # running: what a rebuild in this epoch must know (see InFlight).
         self._executing: dict[AttemptToken, str] = {}
+        self._lanes: dict[AttemptToken, tuple[tuple[str, str | None], ...]] = {}
         self._lease_ids: dict[AttemptToken, bytes] = {}  # of the remote ones among them
         # Attempts whose executor reported them (a remote one with its lease id), until the
         # step that applies the report commits: a rebuild counts only these as reported.
@@ -405,6 +406,8 @@ class Driver:
         else:
             for dispatch in result.dispatches:
                 self._executing[dispatch.token] = dispatch.spec.pool
+                if dispatch.spec.limits:
+                    self._lanes[dispatch.token] = dispatch.spec.limits
                 if dispatch.lease_id is not None:
                     self._lease_ids[dispatch.token] = dispatch.lease_id
                 if self._tracing is not None:
@@ -422,6 +425,7 @@ class Driver:
     def _forget(self, token: AttemptToken) -> str | None:
         """The attempt no longer runs here (reported, withdrawn, let go): its pool, if it did."""
         self._lease_ids.pop(token, None)
+        self._lanes.pop(token, None)
         return self._executing.pop(token, None)
 
     def _arm_wait_timeout(self, item: WaitTask, timeout: float) -> None:
@@ -462,6 +466,7 @@ class Driver:
             reported=frozenset(reported),
             abandoned=frozenset(self._abandoned),
             lease_ids=dict(self._lease_ids),
+            lanes={t: lane for t, lane in self._lanes.items() if t in self._executing},
         )
         writers = [
             item

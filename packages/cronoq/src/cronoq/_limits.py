@@ -143,26 +143,34 @@ def limit_keys(
 ) -> LimitKeys:
     """The limits a task takes with their keys, checked: ``value`` maps a configured limit's
     name to its key (a str for a per-key limit, None for another); the limits its pool applies
-    (``pool_names``) are added, each with the key ``value`` gives it (a per-key one must have
-    one). Sorted by name."""
+    (``pool_names``) are added, each without a key (none of them is per key). Sorted by name."""
     if value is None or (type(value) is dict and not value):
-        if not pool_names:
-            return ()
-        value = {}
-    if not isinstance(value, Mapping):
+        return tuple((name, None) for name in sorted(pool_names))
+    if type(value) is dict:
+        if len(value) > MAX_LIMITS_PER_TASK:
+            raise InvalidArgument(
+                f"limits: more than {MAX_LIMITS_PER_TASK} items given; "
+                f"the limit is {MAX_LIMITS_PER_TASK}"
+            )
+        items = list(value.items())  # a plain dict: its size is known, its items are plain
+    elif isinstance(value, Mapping):
+        # Anything else is read one name at a time against the bound: it may be endless.
+        names = check.bounded(
+            value, "limits", "a mapping of limit name to key", MAX_LIMITS_PER_TASK, lambda n: n
+        )
+        items = [(name, value[name]) for name in names]
+    else:
         raise InvalidArgument(
             f"limits must be a mapping of limit name to key, got {type(value).__name__}"
         )
     keys: dict[str, str | None] = {}
-    for name in check.bounded(
-        value, "limits", "a mapping of limit name to key", MAX_LIMITS_PER_TASK, lambda n: n
-    ):
-        # The name is checked first: an assignment evaluates its value before its target.
-        name = _configured(name, configured)
-        keys[name] = _key(configured[name], value[name])
+    for name, key in items:
+        limit = configured.get(name) if type(name) is str else None
+        if limit is None:
+            limit = configured[_configured(name, configured)]  # raises the precise error
+        keys[limit.name] = _key(limit, key)
     for name in pool_names:
-        if name not in keys:
-            keys[name] = _key(configured[name], None)
+        keys.setdefault(name, None)
     if len(keys) > MAX_LIMITS_PER_TASK:
         raise InvalidArgument(
             f"a task takes at most {MAX_LIMITS_PER_TASK} limits (its pool's included), "

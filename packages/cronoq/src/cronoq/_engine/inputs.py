@@ -336,6 +336,9 @@ class InFlight:
     """Released, then left running without a report (a graceful close that timed out)."""
     lease_ids: Mapping[AttemptToken, bytes] = field(default_factory=dict, repr=False)
     """The lease ids of the remote ones among ``executing``."""
+    lanes: Mapping[AttemptToken, tuple[tuple[str, str | None], ...]] = field(default_factory=dict)
+    """The limits each of ``executing`` holds (``TaskSpec.limits``), for those that take any:
+    its task may be gone from the rows by the time of the rebuild."""
 
     def released(self, token: AttemptToken) -> bool:
         return token in self.executing or token in self.reported or token in self.abandoned

@@ -60,14 +60,25 @@ class Gate:
 
 
 class Gates:
-    """Every gate in use; a gate of a key nothing uses any more is dropped (keys are
-    unbounded, memory is not)."""
+    """Every gate in use. A gate nothing uses any more stays until the next ``sweep`` (keys
+    are unbounded, memory is not): dropped at once, a key whose tasks come one at a time
+    would build its gate again for each (lanes take turns, so its next task comes later)."""
 
     def __init__(self, limits: Sequence[Limit], pools: dict[str, Pool]) -> None:
         self.limits = {limit.name: limit for limit in limits}
         self.pools = pools
         self.gates: dict[tuple[str, str | None], Gate] = {}
+        self.kept = 0  # gates left by the last sweep
         self.wakes: list[tuple[int, tuple[str, str | None]]] = []
+        # The limits whose on_full does more than queue: a submission looks at no other.
+        self.rejecting = frozenset(
+            n for n, limit in self.limits.items() if limit.on_full is OnFull.REJECT
+        )
+        self.displacing = frozenset(
+            n
+            for n, limit in self.limits.items()
+            if limit.on_full in (OnFull.KEEP_LATEST, OnFull.CANCEL_RUNNING)
+        )
         # Per rate limit: its window and the spacing of starts past its burst, in ns.
         self._window = {n: limit.per_ns or 0 for n, limit in self.limits.items()}
         self._spacing = {
@@ -81,9 +92,16 @@ class Gates:
             gate = self.gates[pair] = Gate(self.limits[pair[0]], pair[1])
         return gate
 
-    def _drop_if_idle(self, gate: Gate) -> None:
-        if gate.idle():
-            self.gates.pop((gate.limit.name, gate.key), None)
+    def sweep(self, now: int) -> None:
+        """Drop the gates nothing uses (no attempt, start in its window, task or lane), once
+        they are most of them: amortised O(1) per gate made."""
+        if len(self.gates) <= 2 * self.kept + 1024:
+            return
+        for gate in self.gates.values():
+            if gate.starts:
+                self._prune(gate, now)
+        self.gates = {pair: gate for pair, gate in self.gates.items() if not gate.idle()}
+        self.kept = len(self.gates)
 
     def known(self, lane: Lane) -> Lane:
         """The lane without the limits no longer configured (a recovered task's)."""
@@ -178,7 +196,6 @@ class Gates:
             limit = gate.limit
             if gate.blocked and limit.concurrency is not None and gate.running < limit.concurrency:
                 self._unpark(gate)
-            self._drop_if_idle(gate)
 
     def forget(self, task_id: int, lane: Lane) -> None:
         """A task finished: it waits for no gate and holds none as a live task (its stopped
@@ -188,7 +205,6 @@ class Gates:
             if gate is not None:
                 gate.queued.pop(task_id, None)
                 gate.holders.pop(task_id, None)
-                self._drop_if_idle(gate)
 
     def recount_start(self, lane: Lane, at: int, attempts: int, now: int) -> None:
         """A recovered task's latest attempt started at ``at``: inside a rate window, all its
@@ -232,7 +248,6 @@ class Gates:
             gate = self.gates.get(pair)
             if gate is not None and gate.wake == at:
                 self._unpark(gate)
-                self._drop_if_idle(gate)
 
     def next_wake(self) -> int | None:
         wakes = self.wakes
@@ -250,11 +265,12 @@ class Gates:
         """A batch's tasks, checked against the limits that reject when full: each gate's
         room counts its waiting tasks and the batch's earlier ones."""
         added: dict[tuple[str, str | None], int] = {}
+        rejecting = self.rejecting
         for lane in lanes:
             for pair in lane:
-                limit = self.limits[pair[0]]
-                if limit.on_full is not OnFull.REJECT:
+                if pair[0] not in rejecting:
                     continue
+                limit = self.limits[pair[0]]
                 before = added.get(pair, 0)
                 added[pair] = before + 1
                 gate = self.gates.get(pair) or Gate(limit, pair[1])
@@ -280,6 +296,8 @@ class Gates:
         waiting: list[int] = []
         why = ""
         for pair in lane:
+            if pair[0] not in self.displacing:
+                continue
             limit = self.limits[pair[0]]
             gate = self.gates.get(pair)
             if gate is None:
@@ -336,6 +354,6 @@ class Gates:
 
 def unknown_or_full(gates: Gates, lanes: list[Lane], now: int) -> CronoqError | None:
     for lane in lanes:
-        if lane and (unknown := gates.unknown(lane)) is not None:
+        if (unknown := gates.unknown(lane)) is not None:
             return unknown
-    return gates.refuse((lane for lane in lanes if lane), now)
+    return gates.refuse(lanes, now) if gates.rejecting else None

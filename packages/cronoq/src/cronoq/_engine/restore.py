@@ -10,7 +10,6 @@ import dataclasses
 
 from cronoq._engine.attempts import Attempts, Zombie
 from cronoq._engine.inputs import AttemptToken, InFlight, lease_hash
-from cronoq._engine.limits import Lane
 from cronoq._engine.outputs import CancelAttempt
 from cronoq._engine.schedules import Schedules
 from cronoq._engine.state import Shared, Task, earliest
@@ -36,7 +35,6 @@ class Restorer:
         self.attempts = attempts
         self.schedules = schedules
         self.inflight = inflight
-        self.finished_lanes: dict[int, Lane] = {}
 
     def run(self, state: RecoveredState) -> None:
         shared = self.shared
@@ -57,9 +55,6 @@ class Restorer:
             if row.spec.limits:
                 task = shared.tasks[row.task_id]
                 task.spec = dataclasses.replace(row.spec, limits=gates.known(row.spec.limits))
-        self.finished_lanes = {
-            r.task_id: gates.known(r.spec.limits) for r in finished_rows if r.spec.limits
-        }
         for row in state.tasks:
             if row.spec.limits and row.started_ns is not None:
                 lane = gates.known(row.spec.limits)
@@ -97,7 +92,7 @@ class Restorer:
             reason = f"the task is {done.status}"
         pool_name = inflight.executing[token]
         pool = shared.pools.get(pool_name)
-        lane = self._lane(token.task_id, task)
+        lane = shared.gates.known(inflight.lanes.get(token, ()))
         if pool is None:
             shared.out.expired.append(token)  # nothing here can stop it or wait for it
             return
@@ -186,12 +181,6 @@ class Restorer:
                 became_ready = task.status is Status.READY
                 task.status = tasks.initial_status(task)
                 tasks.arm(task, check_miss=not became_ready)
-
-    def _lane(self, task_id: int, task: Task | None) -> Lane:
-        """The limits an attempt of this task holds: a live one's, or a finished row's."""
-        if task is not None:
-            return task.spec.limits
-        return self.finished_lanes.get(task_id, ())
 
     def _earlier(self, row: TaskRecord) -> bool:
         """Whether the row holds the lease of an earlier leader's remote attempt, which may

@@ -173,7 +173,7 @@ class Tasks:
         shared = self.shared
         # Callers check first (all or nothing); this guards the invariant ids rely on.
         assert self.ids_left(), self.ids_exhausted()
-        if spec.limits:
+        if spec.limits and shared.gates.displacing:
             self._displace(spec.limits)
         task = Task(self.next_id, spec, shared.now)
         self.next_id += 1

@@ -97,6 +97,7 @@ class Timers:
             shared.timers = [(t.wake_ns, t.id) for t in live.values() if t.wake_ns is not None]
             heapq.heapify(shared.timers)
         self.schedules.compact()
+        shared.gates.sweep(shared.now)
         for pool in shared.pools.values():
             if pool.entries > 2 * pool.live + 1024:
                 pool.compact(
