@@ -1029,6 +1029,12 @@ class EngineMachine(RuleBasedStateMachine):
             if zombie.pool in leased:
                 holding.update(zombie.lane)
         gates = self.engine._shared.gates.gates
+        waiting = Counter(
+            pair
+            for task in self._engine_live().values()
+            if task.status is Status.READY
+            for pair in task.spec.limits
+        )
         for limit in LIMITS:
             for pair in [(limit.name, None), *((limit.name, key) for key in LIMIT_KEYS)]:
                 count = holding[pair]
@@ -1036,6 +1042,8 @@ class EngineMachine(RuleBasedStateMachine):
                     assert count <= limit.concurrency, f"{pair}: {count} running"
                 gate = gates.get(pair)
                 assert (0 if gate is None else gate.running) == count, (pair, count)
+                # What list_limits and on_full="reject" count as waiting.
+                assert (0 if gate is None else gate.waiting) == waiting[pair], pair
 
 
 LIMITS_BY_NAME = {limit.name: limit for limit in LIMITS}

@@ -1,6 +1,7 @@
-"""Scheduler._spec takes a short path for a request whose fields other than pool, kind and
-payload are all at their defaults. It must build what the full checks build, and refuse what
-they refuse with the same error, for any request: the full checks are the reference."""
+"""Scheduler._spec takes a short path for a request whose fields other than pool, kind,
+payload and limits are all at their defaults. It must build what the full checks build, and
+refuse what they refuse with the same error, for any request: the full checks are the
+reference."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cronoq import MissPolicy, Pool, RetryPolicy, Scheduler, TaskContext, TaskRequest
+from cronoq import Limit, MissPolicy, Pool, RetryPolicy, Scheduler, TaskContext, TaskRequest
 
 _DEFAULTS = TaskRequest("")
 _NOW_NS = 1_700_000_000 * 1_000_000_000
@@ -37,6 +38,21 @@ _FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "deadline": st.sampled_from([None, timedelta(seconds=1), "soon"]),
     "timeout": st.sampled_from([None, 2.5, 0]),
     "after": st.sampled_from([(), [], (1,), (0,), "1", ""]),
+    "limits": st.sampled_from(
+        [
+            None,
+            {},
+            {"tenant": "a"},
+            {"tenant": None},
+            {"api": None},
+            {"api": "k"},
+            {"nope": 1},
+            {"tenant": "a", "api": None},
+            {3: None},
+            ["api"],
+            {"tenant": "a\x00"},
+        ]
+    ),
 }
 
 
@@ -59,7 +75,9 @@ def _outcome(call: Any) -> tuple[Any, ...]:
 @settings(max_examples=600, deadline=None)
 @given(_requests())
 def test_the_short_path_builds_and_refuses_as_the_full_checks(request: TaskRequest) -> None:
-    sched = Scheduler([Pool("default", _noop), Pool("slow", _noop)])
+    limits = [Limit("tenant", concurrency=1, per_key=True), Limit("api", rate=5, per=1.0)]
+    pools = [Pool("default", _noop), Pool("slow", _noop, limits=("api",))]
+    sched = Scheduler(pools, limits=limits)
     ours = _outcome(lambda: sched._spec(request, _NOW_NS))
     assert ours == _outcome(lambda: sched._checked_spec(request, _NOW_NS))
 

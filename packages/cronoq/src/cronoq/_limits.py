@@ -146,6 +146,12 @@ def limit_keys(
     (``pool_names``) are added, each without a key (none of them is per key). Sorted by name."""
     if value is None or (type(value) is dict and not value):
         return tuple((name, None) for name in sorted(pool_names))
+    if type(value) is dict and len(value) == 1 and not pool_names:
+        # One limit, as a tenant's task names its tenant: no list, dict or sort made.
+        ((name, key),) = value.items()
+        limit = configured.get(name) if type(name) is str else None
+        if limit is not None:
+            return ((name, _key(limit, key)),)
     if type(value) is dict:
         if len(value) > MAX_LIMITS_PER_TASK:
             raise InvalidArgument(

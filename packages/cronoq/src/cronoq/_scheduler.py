@@ -252,6 +252,11 @@ class TaskRequest:
         """Whether every field but kind, payload and pool holds its default object (not an
         equal value), as most requests do. Fast paths (the Scheduler's checks, the client's
         wire form) then take those fields as their defaults without looking at them."""
+        return self.limits is None and self.only_kind_payload_pool_limits
+
+    @property
+    def only_kind_payload_pool_limits(self) -> bool:
+        """As ``only_kind_payload_pool``, ``limits`` aside (a tenant's tasks name theirs)."""
         return (
             self.key is None
             and (type(self.tags) is tuple and not self.tags)
@@ -265,7 +270,6 @@ class TaskRequest:
             and self.timeout is None
             and (type(self.after) is tuple and not self.after)
             and self.trace_context is None
-            and self.limits is None
         )
 
 
@@ -717,12 +721,17 @@ class Scheduler:
     def _spec(self, request: object, now_ns: int) -> TaskSpec:
         if not isinstance(request, TaskRequest):
             raise InvalidArgument(f"expected a TaskRequest, got {type(request).__name__}")
-        if request.only_kind_payload_pool and not self._pool_limits.get(request.pool):
-            # Every field but these three at its default, as most submissions are: the checks
+        if request.only_kind_payload_pool_limits:
+            # Every field but these four at its default, as most submissions are: the checks
             # of _checked_spec would give the spec's defaults (test_spec_short_path.py).
             pool = self._pool(request.pool)
             kind = check.text(request.kind, "kind")
-            return TaskSpec(pool, kind, self._payload(request.payload, kind, pool, None))
+            payload = self._payload(request.payload, kind, pool, None)
+            pool_limits = self._pool_limits[pool]
+            if request.limits is None and not pool_limits:
+                return TaskSpec(pool, kind, payload)
+            limits = limit_keys(request.limits, self._limits, pool_limits)
+            return TaskSpec(pool, kind, payload, limits=limits)
         return self._checked_spec(request, now_ns)
 
     def _checked_spec(self, request: TaskRequest, now_ns: int) -> TaskSpec:

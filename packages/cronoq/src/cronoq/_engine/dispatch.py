@@ -132,10 +132,10 @@ class Dispatcher:
         message = f"attempt {task.attempt} started"
         shared.counters.start_delay.observe((shared.now - task.updated_ns) / NS_PER_S)
         self.tasks.transition(task, Status.RUNNING, message)
+        pool.running += 1
         lane = task.spec.limits
-        shared.take_slot(pool, lane)
         if lane:
-            shared.gates.started(task.id, lane, shared.now)
+            shared.gates.started(task.id, lane, shared.now)  # holds its gates, as take_slot
         if slot is not None:
             slot.free -= 1
         lease_id = lease = None

@@ -31,28 +31,50 @@ if TYPE_CHECKING:
 __all__ = ["Gate", "Gates", "Lane", "ParkedLane"]
 
 Lane = LimitKeys
+IDLE_GATES_KEPT = 16_384
+"""Gates nothing uses that may stay between sweeps (a few hundred bytes each)."""
 ParkedLane = tuple[str, int, Lane]
 """(pool, level, lane): a lane parked on a gate."""
 
 
 class Gate:
-    __slots__ = ("blocked", "holders", "key", "limit", "queued", "running", "starts", "tat", "wake")
+    __slots__ = (
+        "blocked",
+        "holders",
+        "key",
+        "limit",
+        "queued",
+        "running",
+        "starts",
+        "tat",
+        "waiting",
+        "wake",
+    )
 
     def __init__(self, limit: Limit, key: str | None) -> None:
+        # Only what its limit needs is made: a per-key limit may have a gate for each of
+        # thousands of keys, and each container is one more object for the collector to walk.
         self.limit = limit
         self.key = key
         self.running = 0
-        self.starts: deque[int] = deque()  # inside the window, oldest first (rate limits)
+        # Inside the window, oldest first (a rate limit's).
+        self.starts: deque[int] | None = None if limit.rate is None else deque()
         self.tat = 0  # the theoretical arrival time of the burst's spacing (GCRA)
-        self.queued: dict[int, None] = {}  # ready tasks naming it, not started
-        self.holders: dict[int, None] = {}  # live tasks whose running attempt holds it
-        # Ordered, not a set: the engine is deterministic, and a set of str tuples is ordered
-        # by the process's hash seed.
-        self.blocked: dict[ParkedLane, None] = {}
+        self.waiting = 0  # ready tasks naming it, not started
+        # Which they are, oldest first (a limit that cancels them: on_full="keep_latest").
+        self.queued: dict[int, None] | None = {} if limit.on_full is OnFull.KEEP_LATEST else None
+        # Live tasks whose running attempt holds it, oldest first (a limit that cancels the
+        # oldest: on_full="cancel_running").
+        self.holders: dict[int, None] | None = (
+            {} if limit.on_full is OnFull.CANCEL_RUNNING else None
+        )
+        # The lanes it holds back, in order (not a set: the engine is deterministic, and a
+        # set of str tuples is ordered by the process's hash seed).
+        self.blocked: dict[ParkedLane, None] | None = None
         self.wake: int | None = None  # when its rate lets the next start, while lanes wait
 
     def idle(self) -> bool:
-        return not (self.running or self.starts or self.queued or self.holders or self.blocked)
+        return not (self.running or self.starts or self.waiting or self.holders or self.blocked)
 
     def named(self) -> str:
         key = "" if self.key is None else f" key {self.key[:255]!r}"
@@ -69,6 +91,9 @@ class Gates:
         self.pools = pools
         self.gates: dict[tuple[str, str | None], Gate] = {}
         self.kept = 0  # gates left by the last sweep
+        # The tasks its gates count waiting: ready, queued, not started. (A task can become
+        # ready and finish before it is queued: a missed start, a deadline.)
+        self.waiting: set[int] = set()
         self.wakes: list[tuple[int, tuple[str, str | None]]] = []
         # The limits whose on_full does more than queue: a submission looks at no other.
         self.rejecting = frozenset(
@@ -94,8 +119,9 @@ class Gates:
 
     def sweep(self, now: int) -> None:
         """Drop the gates nothing uses (no attempt, start in its window, task or lane), once
-        they are most of them: amortised O(1) per gate made."""
-        if len(self.gates) <= 2 * self.kept + 1024:
+        they are most of them and more than ``IDLE_GATES_KEPT``: amortised O(1) per gate
+        made, and a key that comes back soon finds its gate."""
+        if len(self.gates) <= 2 * self.kept + IDLE_GATES_KEPT:
             return
         for gate in self.gates.values():
             if gate.starts:
@@ -120,6 +146,8 @@ class Gates:
 
     def _prune(self, gate: Gate, now: int) -> None:
         starts = gate.starts
+        if starts is None:
+            return
         horizon = now - self._window[gate.limit.name]
         while starts and starts[0] <= horizon:
             starts.popleft()
@@ -131,8 +159,9 @@ class Gates:
             return None
         self._prune(gate, now)
         free = now
-        if len(gate.starts) >= limit.rate:
-            free = gate.starts[len(gate.starts) - limit.rate] + self._window[limit.name]
+        starts = gate.starts
+        if starts is not None and len(starts) >= limit.rate:
+            free = starts[len(starts) - limit.rate] + self._window[limit.name]
         if limit.burst is not None:
             free = max(free, gate.tat - (limit.burst - 1) * self._spacing[limit.name])
         return free
@@ -156,19 +185,31 @@ class Gates:
     # --- a task's life ----------------------------------------------------------------------
 
     def queued(self, task_id: int, lane: Lane) -> None:
-        for pair in lane:
-            self._gate(pair).queued[task_id] = None
-
-    def started(self, task_id: int, lane: Lane, now: int) -> None:
-        """An attempt starts: its gates count the start (the slot: ``take``)."""
+        """A task of the lane became ready."""
+        self.waiting.add(task_id)
         for pair in lane:
             gate = self._gate(pair)
-            gate.queued.pop(task_id, None)
-            gate.holders[task_id] = None
-            if gate.limit.rate is not None:
+            gate.waiting += 1
+            if gate.queued is not None:
+                gate.queued[task_id] = None
+
+    def started(self, task_id: int, lane: Lane, now: int) -> None:
+        """An attempt starts: its gates count it running (as ``take``) and count its start."""
+        self.waiting.discard(task_id)
+        for pair in lane:
+            gate = self._gate(pair)
+            gate.running += 1
+            gate.waiting -= 1
+            if gate.holders is not None:
+                gate.holders[task_id] = None
+            if gate.queued is not None:
+                gate.queued.pop(task_id, None)
+            if gate.starts is not None:
                 self._count_start(gate, now, 1)
 
     def _count_start(self, gate: Gate, at: int, count: int) -> None:
+        if gate.starts is None:
+            return
         gate.starts.extend([at] * count)
         if gate.limit.burst is not None:
             spacing = self._spacing[gate.limit.name]
@@ -178,7 +219,7 @@ class Gates:
         """An attempt started at ``at`` reached no executor: its start does not count."""
         for pair in lane:
             gate = self.gates.get(pair)
-            if gate is not None and gate.limit.rate is not None and at in gate.starts:
+            if gate is not None and gate.starts is not None and at in gate.starts:
                 gate.starts.remove(at)
 
     def take(self, lane: Lane) -> None:
@@ -192,7 +233,8 @@ class Gates:
             if gate is None:
                 continue
             gate.running -= 1
-            gate.holders.pop(task_id, None)
+            if gate.holders is not None:
+                gate.holders.pop(task_id, None)
             limit = gate.limit
             if gate.blocked and limit.concurrency is not None and gate.running < limit.concurrency:
                 self._unpark(gate)
@@ -200,11 +242,17 @@ class Gates:
     def forget(self, task_id: int, lane: Lane) -> None:
         """A task finished: it waits for no gate and holds none as a live task (its stopped
         attempt, if any, still holds its slot until ``release``)."""
+        ready = task_id in self.waiting
+        self.waiting.discard(task_id)
         for pair in lane:
             gate = self.gates.get(pair)
             if gate is not None:
-                gate.queued.pop(task_id, None)
-                gate.holders.pop(task_id, None)
+                if ready:
+                    gate.waiting -= 1
+                    if gate.queued is not None:
+                        gate.queued.pop(task_id, None)
+                if gate.holders is not None:
+                    gate.holders.pop(task_id, None)
 
     def recount_start(self, lane: Lane, at: int, attempts: int, now: int) -> None:
         """A recovered task's latest attempt started at ``at``: inside a rate window, all its
@@ -223,6 +271,8 @@ class Gates:
     # --- parked lanes -------------------------------------------------------------------------
 
     def park(self, gate: Gate, parked: ParkedLane, now: int) -> None:
+        if gate.blocked is None:
+            gate.blocked = {}
         gate.blocked[parked] = None
         limit = gate.limit
         if limit.concurrency is not None and gate.running >= limit.concurrency:
@@ -233,11 +283,11 @@ class Gates:
             heapq.heappush(self.wakes, (free, (limit.name, gate.key)))
 
     def _unpark(self, gate: Gate) -> None:
-        for pool_name, level, lane in gate.blocked:
+        for pool_name, level, lane in gate.blocked or ():
             pool = self.pools.get(pool_name)
             if pool is not None:
                 pool.unpark(level, lane)
-        gate.blocked.clear()
+        gate.blocked = None
         gate.wake = None
 
     def fire(self, now: int) -> None:
@@ -274,7 +324,7 @@ class Gates:
                 before = added.get(pair, 0)
                 added[pair] = before + 1
                 gate = self.gates.get(pair) or Gate(limit, pair[1])
-                waiting = len(gate.queued) + before
+                waiting = gate.waiting + before
                 if limit.concurrency is not None and gate.running + waiting >= limit.concurrency:
                     return LimitFull(
                         f"{gate.named()} is full: {gate.running} running, {waiting} waiting, "
@@ -282,9 +332,9 @@ class Gates:
                     )
                 if limit.rate is not None:
                     self._prune(gate, now)
-                    if len(gate.starts) + waiting >= limit.rate:
+                    if len(gate.starts or ()) + waiting >= limit.rate:
                         return LimitFull(
-                            f"{gate.named()} is full: {len(gate.starts)} starts in the last "
+                            f"{gate.named()} is full: {len(gate.starts or ())} starts in the last "
                             f"{limit.per}s and {waiting} waiting, of {limit.rate}; retry later"
                         )
         return None
@@ -308,7 +358,7 @@ class Gates:
             elif (
                 limit.on_full is OnFull.CANCEL_RUNNING
                 and limit.concurrency is not None
-                and gate.running + len(gate.queued) >= limit.concurrency
+                and gate.running + gate.waiting >= limit.concurrency
                 and gate.holders
             ):
                 running.append(next(iter(gate.holders)))
@@ -325,16 +375,15 @@ class Gates:
         limit = gate.limit
         if limit.concurrency is not None and gate.running >= limit.concurrency:
             return f"{gate.named()}: {gate.running} of {limit.concurrency} running"
-        return f"{gate.named()}: {len(gate.starts)} of {limit.rate} starts per {limit.per}s"
+        return f"{gate.named()}: {len(gate.starts or ())} of {limit.rate} starts per {limit.per}s"
 
     def infos(self, top: int, now: int) -> list[LimitInfo]:
         per_limit: dict[str, list[LimitKeyInfo]] = {name: [] for name in self.limits}
         for (name, key), gate in self.gates.items():
             if gate.limit.rate is not None:
                 self._prune(gate, now)
-            per_limit[name].append(
-                LimitKeyInfo(key, gate.running, len(gate.starts), len(gate.queued))
-            )
+            starts = len(gate.starts or ())
+            per_limit[name].append(LimitKeyInfo(key, gate.running, starts, gate.waiting))
         infos = []
         for name, limit in self.limits.items():
             keys = per_limit[name]

@@ -254,7 +254,7 @@ class Shared:
         spec = task.spec
         lane = spec.limits
         self.pools[spec.pool].push(-spec.priority, lane, task.id)
-        if lane:
+        if lane and task.id not in self.gates.waiting:  # not if held back, ready all along
             self.gates.queued(task.id, lane)
 
     def take_slot(self, pool: Pool, lane: Lane) -> None:
