@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
 
 from hypothesis import strategies as st
@@ -240,3 +241,36 @@ def bad_enum(values: set[str]) -> st.SearchStrategy[object]:
 
 def unknown_names(known: set[str]) -> st.SearchStrategy[str]:
     return st.from_regex(r"[a-z][a-z_]{0,11}", fullmatch=True).filter(lambda n: n not in known)
+
+
+class EndlessMapping(Mapping[str, None]):
+    """A mapping that claims few entries and never ends when iterated."""
+
+    def __getitem__(self, name: str) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return 1
+
+    def __iter__(self) -> Iterator[str]:
+        return (f"limit-{n}" for n in itertools.count())
+
+
+def bad_limits(per_key: set[str], not_per_key: set[str]) -> st.SearchStrategy[object]:
+    """What a task's ``limits`` may not be, given the scheduler's limits: not a mapping, an
+    unknown or malformed name, a per-key limit without a key (or a bad one), a key for a limit
+    that is not per key, too many, endless."""
+    known = per_key | not_per_key
+    return st.one_of(
+        wrong_types(none=False).filter(lambda v: not isinstance(v, dict)),
+        st.just(["api"]),
+        st.builds(EndlessMapping),
+        st.builds(lambda name: {name: None}, unknown_names(known)),
+        st.builds(lambda name: {name: "k"}, bad_text()),
+        st.sampled_from(sorted(per_key)).map(lambda name: {name: None}),
+        st.tuples(st.sampled_from(sorted(per_key)), bad_text(1024)).map(lambda p: {p[0]: p[1]}),
+        st.tuples(st.sampled_from(sorted(not_per_key)), st.text(min_size=1, max_size=3)).map(
+            lambda p: {p[0]: p[1]}
+        ),
+        st.integers(17, 40).map(lambda n: {f"limit-{i}": None for i in range(n)}),
+    )

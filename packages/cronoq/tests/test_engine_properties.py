@@ -532,11 +532,11 @@ class EngineMachine(RuleBasedStateMachine):
         whatever crashes and failovers came between (the log is the only memory)."""
         for pair in lane:
             limit = LIMITS_BY_NAME[pair[0]]
-            if limit.rate is None or limit.per is None:
+            window = limit.per_ns
+            if limit.rate is None or window is None:
                 continue
             starts = self.limit_starts.setdefault(pair, [])
             starts.append(self.now)
-            window = round(limit.per * S)
             recent = [at for at in starts if at > self.now - window]
             assert len(recent) <= limit.rate, f"{pair}: {len(recent)} starts in {limit.per}s"
             if limit.burst is not None:

@@ -63,6 +63,7 @@ from hostile_values import (
     bad_ids,
     bad_instant,
     bad_int,
+    bad_limits,
     bad_payloads,
     bad_tags,
     bad_text,
@@ -80,6 +81,7 @@ from cronoq import (
     CronoqError,
     InvalidArgument,
     JsonCodec,
+    Limit,
     MemoryStore,
     Pool,
     RemotePool,
@@ -162,10 +164,11 @@ class Harness:
         self.runner = asyncio.Runner()
         self.store = MemoryStore(outbox=True)
         self.sched = Scheduler(
-            [Pool("default", echo), Pool("other", echo), RemotePool("remote")],
+            [Pool("default", echo), Pool("other", echo, limits=("api",)), RemotePool("remote")],
             store=self.store,
             codec=JsonCodec(),
             max_payload_bytes=4096,
+            limits=LIMITS,
         )
         self.runner.run(self._start())
         self.good = 0
@@ -257,6 +260,10 @@ def later() -> st.SearchStrategy[object]:
     return st.sampled_from([timedelta(hours=1), datetime.now(UTC) + timedelta(hours=1)])
 
 
+LIMITS = [
+    Limit("tenant", concurrency=5, per_key=True),
+    Limit("api", rate=1000, per=1.0),
+]
 TASK_GOOD: dict[str, st.SearchStrategy[object]] = {
     "kind": st.sampled_from(["job", "other-kind", "\u00e9t\u00e9"]),
     "payload": st.sampled_from([None, {"n": 1}, [1, "two"], "text"]),
@@ -272,6 +279,9 @@ TASK_GOOD: dict[str, st.SearchStrategy[object]] = {
     "deadline": st.sampled_from([None, timedelta(days=2)]),
     "timeout": st.sampled_from([None, 30, timedelta(minutes=1)]),
     "after": st.sampled_from([(), []]),
+    "limits": st.sampled_from(
+        [None, {}, {"tenant": "acme"}, {"api": None}, {"tenant": "é", "api": None}]
+    ),
 }
 TASK_BAD: dict[str, st.SearchStrategy[object]] = {
     "kind": bad_text(),
@@ -288,6 +298,7 @@ TASK_BAD: dict[str, st.SearchStrategy[object]] = {
     "deadline": bad_instant(),
     "timeout": bad_duration(allow_zero=False, optional=True),
     "after": bad_after(),
+    "limits": bad_limits({"tenant"}, {"api"}),
 }
 TASK_FIELDS = set(TASK_GOOD)
 
@@ -304,6 +315,7 @@ def test_fuzz_scheduler_constructor(harness: Harness) -> None:
         "max_live_tasks": st.sampled_from([None, 10]),
         "max_payload_bytes": st.sampled_from([1, 1024]),
         "seed": st.sampled_from([None, 0, 7]),
+        "limits": st.sampled_from([None, [], LIMITS]),
     }
     bad: dict[str, st.SearchStrategy[object]] = {
         "pools": st.one_of(
@@ -321,6 +333,12 @@ def test_fuzz_scheduler_constructor(harness: Harness) -> None:
         "retention": bad_duration(),
         "max_live_tasks": bad_int(1, 1 << 40, optional=True),
         "max_payload_bytes": bad_int(1, 1 << 31),
+        "limits": st.one_of(
+            wrong_types(none=False).filter(lambda v: not isinstance(v, list)),
+            st.lists(wrong_types(none=True), min_size=1, max_size=2),
+            st.just([Limit("a", concurrency=1), Limit("a", rate=1, per=1)]),
+            st.just([Limit("a", rate=1, per=timedelta(days=2))]),  # past any retention drawn
+        ),
         "seed": st.one_of(
             st.sampled_from([10**400, -(10**400), 2**64 + 1, -(2**64) - 1]),
             st.floats(),
@@ -345,12 +363,16 @@ def test_fuzz_pool(harness: Harness) -> None:
         "executor": st.just(echo),
         "concurrency": st.integers(1, 100),
         "max_live": st.sampled_from([None, 5]),
+        "limits": st.sampled_from([(), ["api"], ("api", "other")]),
     }
     bad: dict[str, st.SearchStrategy[object]] = {
         "name": bad_text(),
         "executor": wrong_types(none=True).filter(lambda v: not callable(v)),
         "concurrency": bad_int(1, 1_000_000),
         "max_live": bad_int(1, 1 << 40, optional=True),
+        "limits": st.one_of(
+            bad_tags(), st.just(["api", "api"]), st.integers(17, 30).map(lambda n: ["a"] * n)
+        ),
     }
 
     @FUZZ
@@ -359,6 +381,48 @@ def test_fuzz_pool(harness: Harness) -> None:
         name = args.pop("name", "p")
         executor = args.pop("executor", echo)
         harness.refuses("Pool()", lambda: Pool(name, executor, **args))
+
+    check()
+
+
+def test_fuzz_limit(harness: Harness) -> None:
+    good: dict[str, st.SearchStrategy[object]] = {
+        "name": st.sampled_from(["tenant", "été"]),
+        "concurrency": st.sampled_from([1, 10]),
+        "rate": st.sampled_from([5]),
+        "per": st.sampled_from([1, 0.5, timedelta(seconds=2)]),
+        "burst": st.sampled_from([None, 1, 5]),
+        "per_key": st.booleans(),
+        "on_full": st.sampled_from(["queue", "reject", "keep_latest"]),
+    }
+    bad: dict[str, st.SearchStrategy[object]] = {
+        "name": bad_text(),
+        "concurrency": bad_int(1, 1_000_000, optional=True),
+        "rate": bad_int(1, 1_000_000, optional=True),
+        "per": bad_duration(allow_zero=False, optional=True),
+        "burst": st.one_of(bad_int(1, 5, optional=True), st.just(6)),
+        "per_key": st.one_of(st.integers(0, 1), st.text(max_size=3), st.none()),
+        "on_full": bad_enum({"queue", "reject", "cancel_running", "keep_latest"}),
+    }
+
+    @FUZZ
+    @given(args=arguments(good, bad))
+    def check(args: dict[str, Any]) -> None:
+        # A rate without its window (or the reverse), or a burst without a rate, is refused
+        # too; give both so that the drawn bad value is what is refused, most of the time.
+        if "rate" in args and "per" not in args:
+            args["per"] = 1.0
+        name = args.pop("name", "tenant")
+        harness.refuses("Limit()", lambda: Limit(name, **args))
+
+    check()
+
+
+def test_fuzz_list_limits(harness: Harness) -> None:
+    @FUZZ
+    @given(keys=bad_int(0, 1000))
+    def check(keys: Any) -> None:
+        harness.refuses("list_limits", lambda: harness.sched.list_limits(keys=keys))
 
     check()
 

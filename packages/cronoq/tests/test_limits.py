@@ -41,6 +41,7 @@ from cronoq._engine import (
 )
 from cronoq._memory import MemoryCluster
 from cronoq._model import NS_PER_S, TaskSpec
+from cronoq.errors import PermissionDenied
 from cronoq.store import TimeBase
 
 S = NS_PER_S
@@ -392,3 +393,20 @@ async def test_a_pool_limit_holds_for_remote_and_scheduled_tasks_too() -> None:
         assert isinstance(following, LeasedAttempt) and following.token.task_id == second
         await scheduler.report_success(following.token, lease_id=following.lease_id)
         assert (await scheduler.wait(second, timeout=10)).status is Status.SUCCEEDED
+
+
+def test_a_scoped_submitter_cannot_cancel_another_pools_task_through_a_limit() -> None:
+    """A token that may submit only some kinds (cronoq-server's permissions) must not cancel,
+    by on_full, a task of a kind it could not touch: refused, nothing applied."""
+    log = Log([Limit("sync", concurrency=1, per_key=True, on_full="keep_latest")])
+    log.submit(T0, task(("sync", "a")))  # running
+    (theirs,) = log.submit(T0 + 1, task(("sync", "a")))  # waiting: kind "job"
+    mine = TaskSpec("p", "mine", b"", limits=(("sync", "a"),))
+    scoped = SubmitTasks([mine], "s", key_kinds=frozenset({"mine"}))
+    result = log.step(T0 + 2, [scoped])
+    assert isinstance(result.replies[0][1], PermissionDenied) and not result.mutations
+    assert log.get(T0 + 3, theirs).status is Status.READY  # type: ignore[attr-defined]
+    # Within its scope it replaces as anyone would.
+    allowed = SubmitTasks([mine], "s", key_kinds=frozenset({"mine", "job"}))
+    assert isinstance(log.step(T0 + 4, [allowed]).replies[0][1], list)
+    assert log.get(T0 + 5, theirs).status is Status.CANCELLED  # type: ignore[attr-defined]

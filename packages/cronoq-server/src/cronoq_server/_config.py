@@ -859,7 +859,7 @@ class _Loader:
                            if "rate and per" in str(exc) else str(exc))  # fmt: skip
                 self.failed.add("task_limits")
                 continue
-            if retention_s is not None and (limit.per or 0) > retention_s:
+            if retention_s is not None and (limit.per_ns or 0) > retention_s * 1e9:
                 self.issue(
                     f"{prefix}.per_s", raw.source, limit.per,
                     f"must be at most retention_s = {retention_s!r} (from "

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from enum import StrEnum
 
 from cronoq import _validate as check
+from cronoq._model import NS_PER_S
 from cronoq.errors import InvalidArgument, UnknownLimit
 
 __all__ = [
@@ -63,7 +65,8 @@ class Limit:
     name: str
     concurrency: int | None = None
     rate: int | None = None
-    per: float | None = None
+    per: float | timedelta | None = None
+    """Seconds (or a ``timedelta``), kept as float seconds."""
     burst: int | None = None
     per_key: bool = False
     on_full: OnFull | str = OnFull.QUEUE
@@ -77,7 +80,8 @@ class Limit:
             raise InvalidArgument(f"{what}: rate and per go together (starts per seconds)")
         if self.rate is not None:
             check.integer(self.rate, f"{what} rate", 1, MAX_RATE)
-            check.duration_ns(self.per, f"{what} per", allow_zero=False)
+            window = check.duration_ns(self.per, f"{what} per", allow_zero=False)
+            object.__setattr__(self, "per", window / NS_PER_S)
         if self.burst is not None:
             if self.rate is None:
                 raise InvalidArgument(f"{what}: burst needs a rate")

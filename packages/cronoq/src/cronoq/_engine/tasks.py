@@ -132,6 +132,10 @@ class Tasks:
                 new_lanes.append(spec.limits)
         if new_lanes and (refused := unknown_or_full(shared.gates, new_lanes, shared.now)):
             return refused
+        if scoped and new_lanes and shared.gates.displacing:
+            for lane in new_lanes:
+                if (denied := self._displaces_outside(lane, key_pools, key_kinds)) is not None:
+                    return denied
         rejected = self._admit(new_per_pool)
         if rejected is not None:
             return rejected
@@ -194,18 +198,40 @@ class Tasks:
             shared.set_wake(task, spec.deadline_ns)  # a waiting task still fails at its deadline
         return task
 
-    def _displace(self, lane: Lane) -> None:
-        """A new task of ``lane`` arrives: cancel what its limits' ``on_full`` says it
-        replaces (the oldest running attempt, or the tasks waiting to start)."""
+    def _displaces_outside(
+        self, lane: Lane, pools: frozenset[str] | None, kinds: frozenset[str] | None
+    ) -> PermissionDenied | None:
+        """A submission that may use only some pools and kinds must not cancel, through a
+        limit's on_full, a task it could not cancel itself (as it may not take a key such a
+        task holds)."""
+        victims, _ = self._victims(lane)
+        if all(self._within(task_id, pools, kinds) for task_id in victims):
+            return None
+        # Neither the task's id, pool nor kind: only that one would be cancelled.
+        return PermissionDenied(
+            "this task would cancel, by a limit's on_full, a task outside the pools and kinds "
+            "this submission may use",
+            "submit",
+        )
+
+    def _victims(self, lane: Lane) -> tuple[list[int], str]:
+        """The tasks a new task of ``lane`` cancels, per its limits' ``on_full``: those
+        waiting to start (keep_latest), and the oldest running attempt not already being
+        cancelled (cancel_running); and why."""
         holders, waiting, why = self.shared.gates.displaced(lane)
         tasks = self.shared.tasks
-        for task_id in waiting:
-            self.cancel(task_id, why)
         for task_id in holders:
             task = tasks.get(task_id)
             if task is not None and task.status is Status.RUNNING and not task.cancel_requested:
-                self.cancel(task_id, why)
-                break
+                return [*waiting, task_id], why
+        return waiting, why
+
+    def _displace(self, lane: Lane) -> None:
+        """A new task of ``lane`` arrives: cancel what its limits' ``on_full`` says it
+        replaces."""
+        victims, why = self._victims(lane)
+        for task_id in victims:
+            self.cancel(task_id, why)
 
     def link_parents(self, task: Task) -> tuple[int, Status] | None:
         """Count unfinished parents; return a parent that failed or was cancelled, if any."""
