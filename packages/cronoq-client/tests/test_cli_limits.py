@@ -28,7 +28,7 @@ per_key = true
 [[task_limits]]
 name = "stripe"
 rate = 1000
-per_s = 1
+per_s = 600
 """
 
 
@@ -92,7 +92,7 @@ def test_submit_with_limits_shows_the_held_task_and_the_limits_table(
         assert tenant["keys"] == [{"key": "acme", "running": 1, "starts": 0, "waiting": 1}]
         stripe = limits["stripe"]
         assert (stripe["bound"], stripe["per_s"], stripe["starts"]) == (
-            "1000 starts per 1s", 1, 1,
+            "1000 starts per 600s", 600, 1,
         )  # fmt: skip
         table = run(env, "limits").stdout.splitlines()
         assert table[0].split()[:3] == ["NAME", "BOUND", "ON"]

@@ -1035,6 +1035,11 @@ class EngineMachine(RuleBasedStateMachine):
             if task.status is Status.READY
             for pair in task.spec.limits
         )
+        running_tasks: dict[tuple[str, str | None], set[int]] = {}
+        for task in self._engine_live().values():
+            if task.status is Status.RUNNING:
+                for pair in task.spec.limits:
+                    running_tasks.setdefault(pair, set()).add(task.id)
         for limit in LIMITS:
             for pair in [(limit.name, None), *((limit.name, key) for key in LIMIT_KEYS)]:
                 count = holding[pair]
@@ -1044,6 +1049,11 @@ class EngineMachine(RuleBasedStateMachine):
                 assert (0 if gate is None else gate.running) == count, (pair, count)
                 # What list_limits and on_full="reject" count as waiting.
                 assert (0 if gate is None else gate.waiting) == waiting[pair], pair
+                # What on_full="cancel_running" may cancel: every task running an attempt
+                # that holds the gate, whichever leader started it (a stopped attempt stays
+                # among them until it ends; its task is not running, and is not cancelled).
+                if gate is not None and gate.holders is not None:
+                    assert running_tasks.get(pair, set()) <= set(gate.holders), pair
 
 
 LIMITS_BY_NAME = {limit.name: limit for limit in LIMITS}

@@ -353,7 +353,7 @@ def test_a_limit_refuses_what_bounds_nothing_or_cannot_hold(
 
 
 async def test_submissions_name_configured_limits_with_the_right_keys() -> None:
-    limits = [Limit("tenant", concurrency=2, per_key=True), Limit("api", rate=100, per=1.0)]
+    limits = [Limit("tenant", concurrency=2, per_key=True), Limit("api", rate=100, per=600.0)]
     store = MemoryStore()
     async with Scheduler([_pool(limits=("api",))], store=store, limits=limits) as scheduler:
         with pytest.raises(UnknownLimit, match="unknown limit 'nope'; configured: api, tenant"):

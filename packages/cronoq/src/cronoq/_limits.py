@@ -106,7 +106,7 @@ class Limit:
             parts.append(f"{self.concurrency} running")
         if self.rate is not None:
             burst = "" if self.burst is None else f" (burst {self.burst})"
-            parts.append(f"{self.rate} starts per {self.per}s{burst}")
+            parts.append(f"{self.rate} starts per {self.per:g}s{burst}")
         if self.per_key:
             parts.append("per key")
         return ", ".join(parts)

@@ -500,7 +500,7 @@ class Scheduler:
         for limit in self._limits.values():
             if (limit.per_ns or 0) > retention_ns:
                 raise InvalidArgument(
-                    f"limit {limit.name!r}: its window ({limit.per}s) is longer than the "
+                    f"limit {limit.name!r}: its window ({limit.per:g}s) is longer than the "
                     f"retention ({retention}s), which a new leader recounts its starts from; "
                     "raise retention or shorten the window"
                 )

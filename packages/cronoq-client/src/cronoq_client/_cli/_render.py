@@ -17,6 +17,7 @@ import click
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from cronoq import LimitInfo, PoolInfo, ScheduleInfo, TaskInfo, TaskSummary, WorkerInfo
 from cronoq_client._client import Unreachable
@@ -202,7 +203,7 @@ def table(records: Sequence[dict[str, Any]], columns: Columns) -> Table:
         # An id or a name cut over two lines could not be copied; the rest may fold.
         grid.add_column(title, overflow="fold", no_wrap=key in _WHOLE)
     for record in records:
-        grid.add_row(*(_cell(_value(record, key)) for key, _ in columns))
+        grid.add_row(*(_text(_cell(_value(record, key))) for key, _ in columns))
     return grid
 
 
@@ -212,8 +213,17 @@ def fields(record: dict[str, Any]) -> Table:
     grid.add_column(style="bold")
     grid.add_column(overflow="fold")
     for key, value in record.items():
-        grid.add_row(key, _cell(value, zone=True))
+        grid.add_row(_text(key), _text(_cell(value, zone=True)))
     return grid
+
+
+def _text(value: str) -> Text:
+    """A cell as plain text: a value is the callers' (a tenant's key, a task's kind), never
+    rich markup (``[/x]`` would fail the whole table, ``[link=...]`` would be a link) nor a
+    terminal escape; a character that does not print is shown escaped (``\\x1b``)."""
+    if not value.isprintable():
+        value = "".join(c if c.isprintable() else repr(c)[1:-1] for c in value)
+    return Text(value)
 
 
 _PIPE_WIDTH = 10_000

@@ -222,9 +222,14 @@ class Gates:
             if gate is not None and gate.starts is not None and at in gate.starts:
                 gate.starts.remove(at)
 
-    def take(self, lane: Lane) -> None:
+    def take(self, lane: Lane, holder: int | None = None) -> None:
+        """An attempt holds the lane's gates (one a rebuild found); ``holder``: its task, if
+        the task is running it (``cancel_running`` may cancel it)."""
         for pair in lane:
-            self._gate(pair).running += 1
+            gate = self._gate(pair)
+            gate.running += 1
+            if holder is not None and gate.holders is not None:
+                gate.holders[holder] = None
 
     def release(self, task_id: int, lane: Lane) -> None:
         """An attempt holding the lane's gates ended (or let go of its slot)."""
@@ -335,7 +340,7 @@ class Gates:
                     if len(gate.starts or ()) + waiting >= limit.rate:
                         return LimitFull(
                             f"{gate.named()} is full: {len(gate.starts or ())} starts in the last "
-                            f"{limit.per}s and {waiting} waiting, of {limit.rate}; retry later"
+                            f"{limit.per:g}s and {waiting} waiting, of {limit.rate}; retry later"
                         )
         return None
 
@@ -375,7 +380,7 @@ class Gates:
         limit = gate.limit
         if limit.concurrency is not None and gate.running >= limit.concurrency:
             return f"{gate.named()}: {gate.running} of {limit.concurrency} running"
-        return f"{gate.named()}: {len(gate.starts or ())} of {limit.rate} starts per {limit.per}s"
+        return f"{gate.named()}: {len(gate.starts or ())} of {limit.rate} starts per {limit.per:g}s"
 
     def infos(self, top: int, now: int) -> list[LimitInfo]:
         per_limit: dict[str, list[LimitKeyInfo]] = {name: [] for name in self.limits}

@@ -128,7 +128,7 @@ class Restorer:
         pool = shared.pools[spec.pool]
         waits_for_worker = self._earlier(row) and pool.config.lease_ns is not None
         if task.status is Status.RUNNING:
-            shared.take_slot(pool, spec.limits)
+            shared.take_slot(pool, spec.limits, task.id)
             token = task.token()
             if inflight is not None and (token in inflight.executing or token in inflight.reported):
                 self._keep(task, row.lease)

@@ -257,11 +257,12 @@ class Shared:
         if lane and task.id not in self.gates.waiting:  # not if held back, ready all along
             self.gates.queued(task.id, lane)
 
-    def take_slot(self, pool: Pool, lane: Lane) -> None:
-        """An attempt holds a slot of its pool and its limits until ``free_slot``."""
+    def take_slot(self, pool: Pool, lane: Lane, holder: int | None = None) -> None:
+        """An attempt holds a slot of its pool and its limits until ``free_slot``;
+        ``holder``: the task whose running attempt it is, if any."""
         pool.running += 1
         if lane:
-            self.gates.take(lane)
+            self.gates.take(lane, holder)
 
     def free_slot(self, pool_name: str, task_id: int, lane: Lane) -> None:
         pool = self.pools.get(pool_name)

@@ -104,6 +104,7 @@ class Tasks:
         # Validate the whole batch before applying any of it: nothing is half-applied.
         new_per_pool: dict[str, int] = {}
         new_lanes: list[Lane] = []
+        limited: list[TaskSpec] = []  # the new tasks that take limits
         batch_keys: set[str] = set()
         for spec in specs:
             if spec.pool not in shared.pools:
@@ -130,11 +131,15 @@ class Tasks:
             new_per_pool[spec.pool] = new_per_pool.get(spec.pool, 0) + 1
             if spec.limits:
                 new_lanes.append(spec.limits)
+                limited.append(spec)
         if new_lanes and (refused := unknown_or_full(shared.gates, new_lanes, shared.now)):
             return refused
         if scoped and new_lanes and shared.gates.displacing:
-            for lane in new_lanes:
-                if (denied := self._displaces_outside(lane, key_pools, key_kinds)) is not None:
+            for spec in limited:
+                if not self._ready_at_once(spec):
+                    continue
+                denied = self._displaces_outside(spec.limits, key_pools, key_kinds)
+                if denied is not None:
                     return denied
         rejected = self._admit(new_per_pool)
         if rejected is not None:
@@ -177,7 +182,7 @@ class Tasks:
         shared = self.shared
         # Callers check first (all or nothing); this guards the invariant ids rely on.
         assert self.ids_left(), self.ids_exhausted()
-        if spec.limits and shared.gates.displacing:
+        if spec.limits and shared.gates.displacing and self._ready_at_once(spec):
             self._displace(spec.limits)
         task = Task(self.next_id, spec, shared.now)
         self.next_id += 1
@@ -213,6 +218,12 @@ class Tasks:
             "this submission may use",
             "submit",
         )
+
+    def _ready_at_once(self, spec: TaskSpec) -> bool:
+        """Whether a new task is ready when submitted: only such a task displaces others by
+        its limits' on_full (one that starts tomorrow, or after its parents, does not)."""
+        start = spec.start_at_ns
+        return not spec.after and (start is None or start <= self.shared.now)
 
     def _victims(self, lane: Lane) -> tuple[list[int], str]:
         """The tasks a new task of ``lane`` cancels, per its limits' ``on_full``: those
@@ -399,6 +410,9 @@ class Tasks:
         if attempt >= spec.retry.max_attempts:
             retry = dataclasses.replace(spec.retry, max_attempts=attempt + 1)
             spec = dataclasses.replace(spec, retry=retry)
+        known = shared.gates.known(spec.limits)
+        if known != spec.limits:  # a limit no longer configured holds nothing (docs/limits.md)
+            spec = dataclasses.replace(spec, limits=known)
         task = Task(task_id, spec, row.submitted_ns)
         task.attempt = attempt
         task.message = message
