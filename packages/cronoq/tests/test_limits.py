@@ -29,6 +29,7 @@ from cronoq._engine import (
     AttemptReport,
     AttemptSucceeded,
     AttemptToken,
+    CancelTask,
     Engine,
     EngineConfig,
     GetTask,
@@ -36,6 +37,7 @@ from cronoq._engine import (
     Input,
     ListLimits,
     PoolConfig,
+    RetryTask,
     StepResult,
     SubmitTasks,
 )
@@ -410,3 +412,39 @@ def test_a_scoped_submitter_cannot_cancel_another_pools_task_through_a_limit() -
     allowed = SubmitTasks([mine], "s", key_kinds=frozenset({"mine", "job"}))
     assert isinstance(log.step(T0 + 4, [allowed]).replies[0][1], list)
     assert log.get(T0 + 5, theirs).status is Status.CANCELLED  # type: ignore[attr-defined]
+
+
+def test_a_retried_task_naming_a_removed_limit_runs_without_it() -> None:
+    """An operator's retry rebuilds a task from its row, which may name a limit no longer
+    configured: the limit is dropped (as recovery drops it), and the leader serves on."""
+    log = Log([Limit("gone", concurrency=1), Limit("kept", concurrency=5)])
+    (first,) = log.submit(T0, task(("gone", None), ("kept", None)))
+    log.step(T0 + 1, [CancelTask(first, "stop", "c")])
+    log.config = EngineConfig(
+        pools=log.config.pools, retention_ns=3600 * S, limits=[Limit("kept", concurrency=5)]
+    )
+    log.crash(T0 + S)
+    row = log.cluster.tasks[first]
+    result = log.step(T0 + 2 * S, [RetryTask(first, row, "again", "r")])
+    assert result.replies[0][1].spec.limits == (("kept", None),)  # type: ignore[attr-defined]
+    assert [d.token.task_id for d in result.dispatches] == [first]
+
+
+def test_a_task_not_ready_when_submitted_displaces_nothing() -> None:
+    """A task that starts tomorrow (or after its parents) does not cancel today's attempt
+    nor the tasks waiting now: only a task ready when submitted displaces."""
+    log = Log(
+        [
+            Limit("deploy", concurrency=1, per_key=True, on_full="cancel_running"),
+            Limit("sync", concurrency=1, per_key=True, on_full="keep_latest"),
+        ]
+    )
+    (running,) = log.submit(T0, task(("deploy", "web"), ("sync", "a")))
+    (waiting,) = log.submit(T0 + 1, task(("sync", "a")))
+    later = TaskSpec(
+        "p", "job", b"", start_at_ns=T0 + DAY, limits=(("deploy", "web"), ("sync", "a"))
+    )
+    result = log.step(T0 + 2, [SubmitTasks([later], "s")])
+    assert result.cancels == []
+    assert log.get(T0 + 3, waiting).status is Status.READY  # type: ignore[attr-defined]
+    assert running in log.running
