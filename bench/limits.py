@@ -26,6 +26,10 @@ Run:  uv run python bench/limits.py              (5 rounds; medians)
       limit itself does not bind, and dispatch takes the keys' lanes in turn.
     - limit binds: a per-key concurrency limit of 5: the hot key's lane is parked on its gate
       while 5 of its tasks run, and the pool's other slots are free for the cold key.
+
+(d) a binding limit over many lanes: the pure engine's starts per second while a global
+    concurrency limit of 10 binds over 100, 1,000 and 5,000 per-key lanes (20,000 tasks): a
+    freed slot brings back as many parked lanes as it has room for, not every one of them.
 """
 
 from __future__ import annotations
@@ -159,6 +163,32 @@ def engine_transitions(shape: Shape, n: int) -> float:
     return 3 * n / elapsed
 
 
+# --- (d) a binding limit over many lanes --------------------------------------------------------
+
+
+def binding_limit(lanes: int, n: int) -> float:
+    """Pure engine starts per second while a global concurrency limit of 10 binds over
+    ``lanes`` per-key lanes (tenant i mod lanes, each key's own limit 1): every freed slot
+    must bring back a parked lane, and only as many as it has room for."""
+    limits = (Limit("global", concurrency=10), Limit("tenant", concurrency=1, per_key=True))
+    config = EngineConfig([PoolConfig("default", concurrency=1000)], seed=1, limits=limits)
+    engine = Engine(config, epoch=1)
+    specs = [
+        TaskSpec("default", "noop", b"", limits=(("global", None), ("tenant", f"k{i}")))
+        for i in range(lanes)
+    ]
+    now = 1_000 * NS_PER_S
+    result = engine.step(now, [SubmitTasks([specs[i % lanes] for i in range(n)], object())])
+    ok = AttemptSucceeded(None)
+    starts = 0
+    start = time.perf_counter()
+    while result.dispatches:
+        starts += len(result.dispatches)
+        now += 1_000_000
+        result = engine.step(now, [AttemptReport(d.token, ok) for d in result.dispatches])
+    return starts / (time.perf_counter() - start)
+
+
 # --- (c) a cold key behind a hot one ----------------------------------------------------------
 
 
@@ -225,7 +255,7 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=None, help="tasks per run of (a) and (b)")
     parser.add_argument("--hot", type=int, default=None, help="hot tasks of (c)")
     parser.add_argument(
-        "--only", choices=["a", "b", "c"], action="append", help="measure only these (repeat)"
+        "--only", choices=["a", "b", "c", "d"], action="append", help="measure only these (repeat)"
     )
     parser.add_argument(
         "--shape",
@@ -237,7 +267,7 @@ def main() -> int:
     rounds = args.rounds or (3 if args.quick else 5)
     n = args.tasks or (10_000 if args.quick else 100_000)
     hot = args.hot or (2_000 if args.quick else 20_000)
-    only = set(args.only or "abc")
+    only = set(args.only or "abcd")
     shapes = [s for s in SHAPES if args.shape is None or s.name in args.shape]
 
     print(f"python {sys.version.split()[0]}, {rounds} rounds, medians (all runs in brackets)")
@@ -264,6 +294,12 @@ def main() -> int:
                 f"[{', '.join(f'{v:,.0f}' for v in behind)}] of {waiting:,.0f} waiting",
                 flush=True,
             )
+    if "d" in only:
+        tasks = 2_000 if args.quick else 20_000
+        print(f"\n(d) a global concurrency limit of 10 binding over per-key lanes, {tasks:,} tasks")
+        for lanes in (100, 1_000, 5_000):
+            values = [binding_limit(lanes, tasks) for _ in range(rounds)]
+            row(f"{lanes:,} lanes", statistics.median(values), "starts/s", values, "")
     return 0
 
 

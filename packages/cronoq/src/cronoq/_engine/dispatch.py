@@ -80,6 +80,14 @@ class Dispatcher:
     def dispatch_ready(self) -> None:
         if not self.dispatching:
             return
+        gates = self.shared.gates
+        gates.refill()
+        self._dispatch_pass()
+        while gates.recheck():  # lanes brought back that parked elsewhere: bring more
+            gates.refill()
+            self._dispatch_pass()
+
+    def _dispatch_pass(self) -> None:
         shared = self.shared
         tasks = shared.tasks
         gates = shared.gates

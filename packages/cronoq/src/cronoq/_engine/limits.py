@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from cronoq._limits import Limit, LimitInfo, LimitKeyInfo, LimitKeys, OnFull
+from cronoq._limits import MAX_RATE, Limit, LimitInfo, LimitKeyInfo, LimitKeys, OnFull
 from cronoq.errors import CronoqError, LimitFull, UnknownLimit
 
 if TYPE_CHECKING:
@@ -91,6 +91,11 @@ class Gates:
         self.pools = pools
         self.gates: dict[tuple[str, str | None], Gate] = {}
         self.kept = 0  # gates left by the last sweep
+        self.now = 0  # the step's time (``fire``)
+        # Gates that gained room while lanes were parked on them, for ``refill``; those it
+        # refilled, for ``recheck``. Ordered: the engine is deterministic.
+        self.freed: dict[tuple[str, str | None], None] = {}
+        self.refilled: dict[tuple[str, str | None], None] = {}
         # The tasks its gates count waiting: ready, queued, not started. (A task can become
         # ready and finish before it is queued: a missed start, a deadline.)
         self.waiting: set[int] = set()
@@ -242,7 +247,7 @@ class Gates:
                 gate.holders.pop(task_id, None)
             limit = gate.limit
             if gate.blocked and limit.concurrency is not None and gate.running < limit.concurrency:
-                self._unpark(gate)
+                self.freed[pair] = None
 
     def forget(self, task_id: int, lane: Lane) -> None:
         """A task finished: it waits for no gate and holds none as a live task (its stopped
@@ -279,30 +284,80 @@ class Gates:
         if gate.blocked is None:
             gate.blocked = {}
         gate.blocked[parked] = None
+        self._arm_wake(gate, now)
+
+    def _arm_wake(self, gate: Gate, now: int) -> None:
+        """A gate holding lanes back and without room: a timer for when its rate window has
+        room again (a release adds room to a concurrency itself: ``freed``)."""
         limit = gate.limit
         if limit.concurrency is not None and gate.running >= limit.concurrency:
-            return  # a release brings it back
+            return
         free = self._rate_free_at(gate, now)
-        if free is not None and gate.wake != free:
+        if free is not None and free > now and gate.wake != free:
             gate.wake = free
             heapq.heappush(self.wakes, (free, (limit.name, gate.key)))
 
-    def _unpark(self, gate: Gate) -> None:
-        for pool_name, level, lane in gate.blocked or ():
-            pool = self.pools.get(pool_name)
-            if pool is not None:
-                pool.unpark(level, lane)
-        gate.blocked = None
-        gate.wake = None
+    def _room(self, gate: Gate, now: int) -> int:
+        """How many more attempts the gate would let start now."""
+        limit = gate.limit
+        room = MAX_RATE
+        if limit.concurrency is not None:
+            room = limit.concurrency - gate.running
+        if limit.rate is not None:
+            free = self._rate_free_at(gate, now)
+            if free is not None and free > now:
+                return 0
+            room = min(room, limit.rate - len(gate.starts or ()))
+            if limit.burst is not None:
+                room = min(room, 1)  # the spacing is checked again after each start
+        return room
+
+    def refill(self) -> None:
+        """Bring back, for each gate that gained room, as many of its parked lanes as it has
+        room for, the longest parked first: not every lane, of which all but a few would
+        park again (a freed slot of a limit over 5,000 lanes would cost 5,000 checks)."""
+        now = self.now
+        for pair in self.freed:
+            gate = self.gates.get(pair)
+            if gate is None or not gate.blocked:
+                continue
+            gate.wake = None
+            room = self._room(gate, now)
+            for parked in list(gate.blocked)[: max(room, 0)]:
+                del gate.blocked[parked]
+                pool_name, level, lane = parked
+                pool = self.pools.get(pool_name)
+                if pool is not None:
+                    pool.unpark(level, lane)
+            self.refilled[pair] = None
+        self.freed.clear()
+
+    def recheck(self) -> bool:
+        """After a dispatch pass: whether a gate that was refilled still has room and lanes
+        parked (those brought back parked on another gate, or their tasks were gone), which
+        a next pass brings back; one with no room gets its timer."""
+        now = self.now
+        for pair in self.refilled:
+            gate = self.gates.get(pair)
+            if gate is None or not gate.blocked:
+                continue
+            if self._room(gate, now) > 0:
+                self.freed[pair] = None
+            else:
+                self._arm_wake(gate, now)
+        self.refilled.clear()
+        return bool(self.freed)
 
     def fire(self, now: int) -> None:
-        """Bring back the lanes of gates whose rate window has room again."""
+        """Gates whose rate window has room again: ``refill`` brings their lanes back."""
+        self.now = now
         wakes = self.wakes
         while wakes and wakes[0][0] <= now:
             at, pair = heapq.heappop(wakes)
             gate = self.gates.get(pair)
             if gate is not None and gate.wake == at:
-                self._unpark(gate)
+                gate.wake = None
+                self.freed[pair] = None
 
     def next_wake(self) -> int | None:
         wakes = self.wakes
@@ -383,26 +438,36 @@ class Gates:
         return f"{gate.named()}: {len(gate.starts or ())} of {limit.rate} starts per {limit.per:g}s"
 
     def infos(self, top: int, now: int) -> list[LimitInfo]:
-        per_limit: dict[str, list[LimitKeyInfo]] = {name: [] for name in self.limits}
-        for (name, key), gate in self.gates.items():
-            if gate.limit.rate is not None:
+        """Each limit's totals, and its ``top`` busiest keys: one pass over the gates, and a
+        partial selection (not a sort of every key) only when keys are asked for, since a
+        metrics scrape asks for none and keys are unbounded."""
+        totals = {name: [0, 0, 0, 0] for name in self.limits}  # keys in use, running, ...
+        per_limit: dict[str, list[Gate]] = {name: [] for name in self.limits}
+        for (name, _), gate in self.gates.items():
+            if gate.starts:
                 self._prune(gate, now)
             starts = len(gate.starts or ())
-            per_limit[name].append(LimitKeyInfo(key, gate.running, starts, gate.waiting))
+            total = totals[name]
+            if not (gate.running or gate.waiting or starts):
+                continue  # kept for reuse, in use by nothing: not shown
+            total[0] += 1
+            total[1] += gate.running
+            total[2] += starts
+            total[3] += gate.waiting
+            if top:
+                per_limit[name].append(gate)
         infos = []
         for name, limit in self.limits.items():
-            keys = per_limit[name]
-            keys.sort(key=lambda k: (-(k.running + k.waiting), -k.starts, k.key or ""))
-            infos.append(
-                LimitInfo(
-                    limit,
-                    sum(1 for k in keys if k.running or k.waiting or k.starts),
-                    sum(k.running for k in keys),
-                    sum(k.starts for k in keys),
-                    sum(k.waiting for k in keys),
-                    tuple(keys[:top]),
-                )
+            busiest = heapq.nsmallest(
+                top,
+                per_limit[name],
+                key=lambda g: (-(g.running + g.waiting), -len(g.starts or ()), g.key or ""),
             )
+            keys = tuple(
+                LimitKeyInfo(g.key, g.running, len(g.starts or ()), g.waiting) for g in busiest
+            )
+            in_use, running, starts, waiting = totals[name]
+            infos.append(LimitInfo(limit, in_use, running, starts, waiting, keys))
         return infos
 
 
