@@ -192,6 +192,8 @@ def test_a_burst_spaces_the_starts_past_it() -> None:
     log = Log([Limit("api", rate=4, per=4.0, burst=2)])
     ids = log.submit(T0, *(task(("api", None)) for _ in range(6)))
     assert sorted(log.running) == ids[:2]  # the burst
+    held = log.get(T0 + 1, ids[2])
+    assert held.waiting_for == "limit 'api': past its burst of 2, one start per 1s"  # type: ignore[attr-defined]
     waking = [(T0 + n * S, 1) for n in (1, 2)]  # then one a second
     for at, count in waking:
         assert len(started(log.step(at))) == count

@@ -168,7 +168,10 @@ def limit_keys(
         names = check.bounded(
             value, "limits", "a mapping of limit name to key", MAX_LIMITS_PER_TASK, lambda n: n
         )
-        items = [(name, value[name]) for name in names]
+        try:
+            items = [(name, value[name]) for name in names]
+        except Exception as exc:  # the caller's mapping: whatever it raises is its input's fault
+            raise InvalidArgument(f"limits: reading the mapping failed: {exc!r:.200}") from None
     else:
         raise InvalidArgument(
             f"limits must be a mapping of limit name to key, got {type(value).__name__}"

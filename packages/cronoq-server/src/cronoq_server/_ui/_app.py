@@ -95,9 +95,9 @@ with the next request."""
 _POOLS_FRESH_S = 2.0
 _MAX_TOKEN = 4096
 _MAX_SCHEDULES = 500
+"""Schedules one page shows (each with its next occurrences, computed in a thread)."""
 _LIMIT_KEYS_SHOWN = 10
 """The busiest keys the Limits page shows of each limit."""
-"""Schedules one page shows (each with its next occurrences, computed in a thread)."""
 _NEXT_OCCURRENCES = 3
 _MAX_PARENTS_SHOWN = 100
 _MAX_DEPENDANTS_SHOWN = 100

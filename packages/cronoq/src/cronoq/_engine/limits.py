@@ -435,7 +435,12 @@ class Gates:
         limit = gate.limit
         if limit.concurrency is not None and gate.running >= limit.concurrency:
             return f"{gate.named()}: {gate.running} of {limit.concurrency} running"
-        return f"{gate.named()}: {len(gate.starts or ())} of {limit.rate} starts per {limit.per:g}s"
+        starts = len(gate.starts or ())
+        if limit.rate is not None and starts < limit.rate:  # the burst's spacing holds it
+            return f"{gate.named()}: past its burst of {limit.burst}, one start per " + (
+                f"{limit.per / limit.rate:g}s" if limit.per else "window"
+            )
+        return f"{gate.named()}: {starts} of {limit.rate} starts per {limit.per:g}s"
 
     def infos(self, top: int, now: int) -> list[LimitInfo]:
         """Each limit's totals, and its ``top`` busiest keys: one pass over the gates, and a
