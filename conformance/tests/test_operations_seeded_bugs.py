@@ -1,6 +1,6 @@
 """The kit's checks of the operator calls' mutations (issue 21: PoolPaused, TaskRetried), of
-the trace context a task stores (issue 22), and of the batch rules those mutations and the
-attempt history are held to (issue 34: atomic, fenced, each pause on its own pool, a retry
+the trace context and the limits a task stores (issues 22 and 31), and of the batch rules
+those mutations and the attempt history are held to (issue 34: atomic, fenced, each pause on its own pool, a retry
 clearing a kept lease) fail on a store seeded with the matching bug, and pass on MemoryStore
 itself: a check that cannot fail proves nothing. Each seeded store wraps a MemoryStore and
 rewrites the batches it commits, as a store with that bug would persist them. (The SQL stores'
@@ -45,6 +45,10 @@ class Bug(enum.Enum):
     ATTEMPTS_UNFENCED = "a batch's ended attempts are written even when its commit is fenced"
     POOLS_MIXED_UP = "a batch's pools are paired with their flags in reverse order"
     RETRY_KEEPS_LEASE = "a TaskRetried keeps the lease a finished row kept"
+    LIMITS_DROPPED = "a spec is stored without its limits (issue 31)"
+    LIMIT_KEYS_DROPPED = "a spec's limits are stored without their keys"
+    START_FORGOTTEN = "a finished row forgets when its latest attempt started (a store that "
+    "writes a finished row whole, its start left out)"
 
 
 class BugStore(DelegatingStore):
@@ -69,6 +73,11 @@ class BugStore(DelegatingStore):
             seeded = await self._retries_keep_leases(seeded)
         try:
             await self.inner.commit(epoch, seeded)
+            if self.bug is Bug.START_FORGOTTEN:
+                cluster = self.memory._cluster
+                for task_id, record in list(cluster.tasks.items()):
+                    if record.status.is_terminal:
+                        cluster.tasks[task_id] = replace(record, started_ns=None)
         except Fenced:
             if self.bug is Bug.PAUSES_UNFENCED:
                 self._write_directly(pauses)
@@ -120,6 +129,11 @@ class BugStore(DelegatingStore):
                 return TaskUpdated(task_id, status, attempt, message, at_ns)
             case TaskSubmitted(spec=spec) if bug is Bug.TRACE_DROPPED:
                 return replace(mutation, spec=replace(spec, trace_context=None))
+            case TaskSubmitted(spec=spec) if bug is Bug.LIMITS_DROPPED:
+                return replace(mutation, spec=replace(spec, limits=()))
+            case TaskSubmitted(spec=spec) if bug is Bug.LIMIT_KEYS_DROPPED:
+                unkeyed = tuple((name, None) for name, _ in spec.limits)
+                return replace(mutation, spec=replace(spec, limits=unkeyed))
         return mutation
 
 
@@ -185,6 +199,21 @@ CASES: list[tuple[Check, Bug, str]] = [
         StoreSuite.test_a_trace_context_round_trips_through_recovery_and_lookups,
         Bug.TRACE_DROPPED,
         "get_task must return the trace context a task was submitted with",
+    ),
+    (
+        StoreSuite.test_limits_and_the_latest_start_round_trip_through_recovery,
+        Bug.LIMITS_DROPPED,
+        "get_task must return the limits a task was submitted with",
+    ),
+    (
+        StoreSuite.test_limits_and_the_latest_start_round_trip_through_recovery,
+        Bug.LIMIT_KEYS_DROPPED,
+        "get_task must return the limits a task was submitted with",
+    ),
+    (
+        StoreSuite.test_limits_and_the_latest_start_round_trip_through_recovery,
+        Bug.START_FORGOTTEN,
+        "must return a finished task's latest start",
     ),
     (
         StoreSuite.test_a_batch_that_fails_midway_leaves_nothing_behind,
