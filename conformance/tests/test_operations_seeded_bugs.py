@@ -1,10 +1,11 @@
 """The kit's checks of the operator calls' mutations (issue 21: PoolPaused, TaskRetried), of
 the trace context and the limits a task stores (issues 22 and 31), and of the batch rules
-those mutations and the attempt history are held to (issue 34: atomic, fenced, each pause on its own pool, a retry
-clearing a kept lease) fail on a store seeded with the matching bug, and pass on MemoryStore
-itself: a check that cannot fail proves nothing. Each seeded store wraps a MemoryStore and
-rewrites the batches it commits, as a store with that bug would persist them. (The SQL stores'
-tests seed the same bugs in SQL: test_sqlite_seeded_bugs, test_pg_seeded_bugs.)"""
+those mutations and the attempt history are held to (issue 34: atomic, fenced, each pause on
+its own pool, a retry clearing a kept lease) fail on a store seeded with the matching bug,
+and pass on MemoryStore itself: a check that cannot fail proves nothing. Each seeded store
+wraps a MemoryStore and rewrites the batches it commits, as a store with that bug would
+persist them. (The SQL stores' tests seed the same bugs in SQL: test_sqlite_seeded_bugs,
+test_pg_seeded_bugs.)"""
 
 from __future__ import annotations
 
