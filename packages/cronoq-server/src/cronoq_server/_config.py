@@ -27,7 +27,7 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeAlias, TypeVar, cast, get_args
@@ -805,6 +805,61 @@ class _Loader:
             return None
         return raw, items
 
+    def _named_entries(
+        self,
+        table: str,
+        raw: _Raw,
+        items: list[dict[str, Any]],
+        keys: Mapping[str, Callable[[_Raw], Any]],
+        nullable: tuple[str, ...] = (),
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The entries of an array of tables whose every key parsed and whose name is given,
+        not too long and not an earlier entry's: (``table[index]``, the parsed values). Every
+        other entry is reported, and ``table`` marked failed. ``nullable``: keys whose null
+        means "not set"."""
+        what = {"pools": "pool", "task_limits": "task limit"}.get(table, table)
+        first_of: dict[str, int] = {}
+        for index, item in enumerate(items):
+            prefix = f"{table}[{index}]"
+            for key in item.keys() - keys.keys():
+                self.issue(
+                    f"{prefix}.{key}", raw.source, item[key],
+                    f"unknown key; the keys of a {what} are: {_listed(keys)}",
+                )  # fmt: skip
+            if "name" not in item:
+                required = f"is required: every {what} has one"
+                self.issue(f"{prefix}.name", raw.source, _UNSET, required)
+                self.failed.add(table)
+                continue
+            values: dict[str, Any] = {}
+            bad = False
+            for key, parse in keys.items():
+                if key in item and not (key in nullable and item[key] is None):
+                    try:
+                        values[key] = parse(_Raw(item[key], raw.source, text=False))
+                    except _Invalid as exc:
+                        self.issue(f"{prefix}.{key}", raw.source, item[key], exc.problem)
+                        bad = True
+            name = values.get("name")
+            if name is not None and len(name) > _MAX_NAME_LENGTH:
+                self.issue(
+                    f"{prefix}.name", raw.source, name,
+                    f"must be at most {_MAX_NAME_LENGTH} characters",
+                )  # fmt: skip
+                bad = True
+            elif name is not None and name in first_of:
+                self.issue(
+                    f"{prefix}.name", raw.source, name,
+                    f"must be unique, and {table}[{first_of[name]}] has it too",
+                )  # fmt: skip
+                bad = True
+            if name is not None:
+                first_of.setdefault(name, index)
+            if bad or name is None:
+                self.failed.add(table)
+                continue
+            yield prefix, values
+
     def task_limits(self, retention_s: float | None) -> tuple[TaskLimitSettings, ...]:
         tables = self.tables("task_limits")
         if tables is None:
@@ -818,39 +873,7 @@ class _Loader:
             self.failed.add("task_limits")
             return ()
         limits: list[TaskLimitSettings] = []
-        first_of: dict[str, int] = {}
-        for index, item in enumerate(items):
-            prefix = f"task_limits[{index}]"
-            for key in item.keys() - _TASK_LIMIT_KEYS.keys():
-                self.issue(
-                    f"{prefix}.{key}", raw.source, item[key],
-                    f"unknown key; the keys of a task limit are: {_listed(_TASK_LIMIT_KEYS)}",
-                )  # fmt: skip
-            if "name" not in item:
-                self.issue(f"{prefix}.name", raw.source, _UNSET, "is required: every limit has one")
-                self.failed.add("task_limits")
-                continue
-            values: dict[str, Any] = {}
-            bad = False
-            for key, parse in _TASK_LIMIT_KEYS.items():
-                if key in item:
-                    try:
-                        values[key] = parse(_Raw(item[key], raw.source, text=False))
-                    except _Invalid as exc:
-                        self.issue(f"{prefix}.{key}", raw.source, item[key], exc.problem)
-                        bad = True
-            name = values.get("name")
-            if name is not None and name in first_of:
-                self.issue(
-                    f"{prefix}.name", raw.source, name,
-                    f"must be unique, and task_limits[{first_of[name]}] has it too",
-                )  # fmt: skip
-                bad = True
-            if name is not None:
-                first_of.setdefault(name, index)
-            if bad or name is None:
-                self.failed.add("task_limits")
-                continue
+        for prefix, values in self._named_entries("task_limits", raw, items, _TASK_LIMIT_KEYS):
             settings = TaskLimitSettings(**values)
             try:
                 limit = settings.limit()  # the rules across keys: cronoq's own message
@@ -902,39 +925,7 @@ class _Loader:
         if not items:
             self.issue("pools", raw.source, raw.value, "must list at least one pool")
         pools: list[PoolSettings] = []
-        first_of: dict[str, int] = {}
-        for index, item in enumerate(items):
-            prefix = f"pools[{index}]"
-            for key in item.keys() - _POOL_KEYS.keys():
-                self.issue(
-                    f"{prefix}.{key}", raw.source, item[key],
-                    f"unknown key; the keys of a pool are: {_listed(_POOL_KEYS)}",
-                )  # fmt: skip
-            if "name" not in item:
-                self.issue(f"{prefix}.name", raw.source, _UNSET, "is required: every pool has one")
-                continue
-            values: dict[str, Any] = {}
-            for key, parse in _POOL_KEYS.items():
-                if key in item and not (key == "max_live" and item[key] is None):
-                    try:
-                        values[key] = parse(_Raw(item[key], raw.source, text=False))
-                    except _Invalid as exc:
-                        self.issue(f"{prefix}.{key}", raw.source, item[key], exc.problem)
-                        self.failed.add("pools")
-            name = values.get("name")
-            if name is None:
-                continue
-            if len(name) > _MAX_NAME_LENGTH:
-                self.issue(
-                    f"{prefix}.name", raw.source, name,
-                    f"must be at most {_MAX_NAME_LENGTH} characters",
-                )  # fmt: skip
-            elif name in first_of:
-                self.issue(
-                    f"{prefix}.name", raw.source, name,
-                    f"must be unique, and pools[{first_of[name]}] has it too",
-                )  # fmt: skip
-            first_of.setdefault(name, index)
+        for _, values in self._named_entries("pools", raw, items, _POOL_KEYS, ("max_live",)):
             pools.append(PoolSettings(**values))
         return tuple(pools)
 
