@@ -75,3 +75,20 @@ def threaded_server(
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+def cli_env(target: str, tmp_path: Path, token: str = "") -> dict[str, str]:
+    """The environment of a ``cronoq`` command against ``target``: no config file or
+    credentials of the machine's user may leak in."""
+    return {
+        "CRONOQ_TARGET": target,
+        "CRONOQ_CONFIG": "",
+        "XDG_CONFIG_HOME": str(tmp_path / "no-config"),
+        "CRONOQ_CONTEXT": "",
+        "CRONOQ_TOKEN": token,
+        "CRONOQ_TOKEN_FILE": "",
+        "CRONOQ_TLS_CA": "",
+        "CRONOQ_TLS_CERT": "",
+        "CRONOQ_TLS_KEY": "",
+        "CRONOQ_CODEC": "",
+    }

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
-from server_thread import ThreadedServer, threaded_server
+from server_thread import ThreadedServer, cli_env, threaded_server
 
 from cronoq import (
     JsonCodec,
@@ -68,19 +68,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedServer]
 
 @pytest.fixture
 def env(server: ThreadedServer, tmp_path: Path) -> dict[str, str]:
-    # No config file or credentials of the machine's user may leak in.
-    return {
-        "CRONOQ_TARGET": server.target,
-        "CRONOQ_CONFIG": "",
-        "XDG_CONFIG_HOME": str(tmp_path / "no-config"),
-        "CRONOQ_CONTEXT": "",
-        "CRONOQ_TOKEN": "",
-        "CRONOQ_TOKEN_FILE": "",
-        "CRONOQ_TLS_CA": "",
-        "CRONOQ_TLS_CERT": "",
-        "CRONOQ_TLS_KEY": "",
-        "CRONOQ_CODEC": "",
-    }
+    return cli_env(server.target, tmp_path)
 
 
 def run(env: dict[str, str], *args: str, code: int = 0, stdin: str | None = None) -> Result:

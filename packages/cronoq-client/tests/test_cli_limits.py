@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from server_thread import ThreadedServer, threaded_server
+from server_thread import ThreadedServer, cli_env, threaded_server
 from test_cli import as_json, run
 
 from cronoq import TaskContext
@@ -40,18 +40,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadedServer]
 
 @pytest.fixture
 def env(server: ThreadedServer, tmp_path: Path) -> dict[str, str]:
-    return {
-        "CRONOQ_TARGET": server.target,
-        "CRONOQ_CONFIG": "",
-        "XDG_CONFIG_HOME": str(tmp_path / "no-config"),
-        "CRONOQ_CONTEXT": "",
-        "CRONOQ_TOKEN": "",
-        "CRONOQ_TOKEN_FILE": "",
-        "CRONOQ_TLS_CA": "",
-        "CRONOQ_TLS_CERT": "",
-        "CRONOQ_TLS_KEY": "",
-        "CRONOQ_CODEC": "",
-    }
+    return cli_env(server.target, tmp_path)
 
 
 def test_submit_with_limits_shows_the_held_task_and_the_limits_table(

@@ -24,7 +24,7 @@ from outbox_rows import (
     wait_until,
 )
 from server_pg import PG_DSN
-from server_thread import ThreadedServer, threaded_server
+from server_thread import ThreadedServer, cli_env, threaded_server
 from test_cli import as_json, run
 
 from cronoq_client import AsyncClient
@@ -56,25 +56,9 @@ def server(tmp_path_factory: pytest.TempPathFactory, schema: str) -> Iterator[Th
         yield on
 
 
-def _env(target: str, tmp_path: Path, token: str) -> dict[str, str]:
-    # No config file or credentials of the machine's user may leak in.
-    return {
-        "CRONOQ_TARGET": target,
-        "CRONOQ_CONFIG": "",
-        "XDG_CONFIG_HOME": str(tmp_path / "no-config"),
-        "CRONOQ_CONTEXT": "",
-        "CRONOQ_TOKEN": token,
-        "CRONOQ_TOKEN_FILE": "",
-        "CRONOQ_TLS_CA": "",
-        "CRONOQ_TLS_CERT": "",
-        "CRONOQ_TLS_KEY": "",
-        "CRONOQ_CODEC": "",
-    }
-
-
 @pytest.fixture
 def env(server: ThreadedServer, tmp_path: Path) -> dict[str, str]:
-    return _env(server.target, tmp_path, TOKENS["admin"])
+    return cli_env(server.target, tmp_path, TOKENS["admin"])
 
 
 def _quarantined(server: ThreadedServer, schema: str, *kinds: str) -> list[int]:
@@ -164,7 +148,7 @@ def test_errors_are_one_line_with_their_exit_code(
     server: ThreadedServer, schema: str, env: dict[str, str], tmp_path: Path
 ) -> None:
     [row_id] = _quarantined(server, schema, "cli-guarded")
-    reader = _env(server.target, tmp_path, TOKENS["reader"])
+    reader = cli_env(server.target, tmp_path, TOKENS["reader"])
     assert as_json(run(reader, "outbox", "status", "-o", "json"))["quarantined"] >= 1
     refused = run(reader, "outbox", "discard", str(row_id), code=ExitCode.PERMISSION_DENIED)
     assert refused.stderr == (
@@ -185,7 +169,7 @@ def test_errors_are_one_line_with_their_exit_code(
 
 def test_a_server_without_an_outbox_says_how_to_have_one(tmp_path: Path) -> None:
     with threaded_server(tmp_path) as memory:
-        env = _env(memory.target, tmp_path, "")  # a server without authentication
+        env = cli_env(memory.target, tmp_path, "")  # a server without authentication
         for command in (["status"], ["quarantine"], ["requeue", "1"], ["discard", "1"]):
             refused = run(env, "outbox", *command, code=ExitCode.INVALID)
             assert refused.stderr == f"error: {NO_OUTBOX}\n"
