@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
 import pytest
+from hostile_values import DayLongZone, HostileZone, NaiveZone, RaisingZone
 
 from cronoq import (
     MAX_BATCH,
@@ -560,32 +561,9 @@ async def test_lone_surrogates_are_refused_by_every_entry_point(sched: Scheduler
     assert [t.status for t in await sched.list()] == [Status.SCHEDULED]
 
 
-class HostileZone(tzinfo):
-    def dst(self, dt: datetime | None) -> None:
-        return None
-
-    def tzname(self, dt: datetime | None) -> None:
-        return None
-
-
-class RaisingZone(HostileZone):
-    def utcoffset(self, dt: datetime | None) -> timedelta:
-        raise RuntimeError("no offset today")
-
-
 class StringZone(HostileZone):
     def utcoffset(self, dt: datetime | None) -> timedelta:
         return "+01:00"  # type: ignore[return-value]
-
-
-class DayLongZone(HostileZone):
-    def utcoffset(self, dt: datetime | None) -> timedelta:
-        return timedelta(hours=25)
-
-
-class NoneZone(HostileZone):
-    def utcoffset(self, dt: datetime | None) -> None:
-        return None
 
 
 class DriftingZone(HostileZone):
@@ -606,7 +584,7 @@ class DriftingZone(HostileZone):
         (RaisingZone(), "its tzinfo (RaisingZone) failed in utcoffset(): RuntimeError"),
         (StringZone(), "its tzinfo (StringZone) failed in utcoffset(): TypeError"),
         (DayLongZone(), "its tzinfo (DayLongZone) failed in utcoffset(): ValueError"),
-        (NoneZone(), "must be timezone-aware, got naive 2031-01-01T00:00:00"),
+        (NaiveZone(), "must be timezone-aware, got naive 2031-01-01T00:00:00"),
     ],
 )
 async def test_a_hostile_tzinfo_gives_invalid_argument(
