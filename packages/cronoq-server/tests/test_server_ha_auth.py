@@ -341,3 +341,63 @@ async def test_a_failures_traceback_and_the_newest_first_list_survive_a_failover
             await shown(c)
     finally:
         await asyncio.gather(*(s.stop() for s in servers))
+
+
+async def test_a_per_key_limit_holds_across_a_failover_with_tokens(
+    tmp_path: Path, section: str
+) -> None:
+    """Limits as deployed: tokens, two replicas, remote workers. The new leader counts the
+    attempt it adopted against its key's limit, so the key's next task waits for it instead
+    of starting beside it."""
+    limit = '[[task_limits]]\nname = "tenant"\nconcurrency = 1\nper_key = true\n'
+    config = config_toml(section, pools=POOLS, tables=AUTH + limit)
+    first = await start_server(tmp_path, config)
+    servers: list[ServerProcess] = [first]
+    active = peak = 0
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def held(ctx: TaskContext, payload: bytes) -> bytes:
+        nonlocal active, peak
+        active += 1
+        peak = max(peak, active)
+        started.set()
+        try:
+            await release.wait()
+        finally:
+            active -= 1
+        return payload
+
+    targets = [first.target]
+    worker: Worker | None = None
+    working: asyncio.Future[None] | None = None
+    try:
+        await first.leading()
+        second = await start_server(tmp_path, config)
+        servers.append(second)
+        await second.wait_for("standby")
+        targets.append(second.target)
+        worker = Worker(targets, {"matrix": held}, slots=4, token=TOKENS["worker-a"])
+        working = asyncio.ensure_future(worker.run())
+        async with AsyncClient(targets, token=TOKENS["submitter"], timeout=TIMEOUT_S) as client:
+            limits = {"tenant": "acme"}
+            running = await client.submit("k", b"a", pool="matrix", limits=limits)
+            await asyncio.wait_for(started.wait(), TIMEOUT_S)
+            waiting = await client.submit("k", b"b", pool="matrix", limits=limits)
+            held_back = "limit 'tenant' key 'acme': 1 of 1 running"
+            assert (await client.get(waiting)).waiting_for == held_back
+            first.signal(signal.SIGKILL)
+            await second.leading()
+            # The new leader adopted the running attempt; its limit still holds the next.
+            assert (await client.get(running)).status is Status.RUNNING
+            assert (await client.get(waiting)).waiting_for == held_back
+            release.set()
+            for task_id in (running, waiting):
+                done = await client.wait(task_id, timeout=TIMEOUT_S)
+                assert (done.status, done.attempt) == (Status.SUCCEEDED, 1)
+    finally:
+        release.set()
+        if worker is not None and working is not None:
+            worker.stop()
+            await asyncio.gather(working, return_exceptions=True)
+        await asyncio.gather(*(s.stop() for s in servers))
+    assert peak == 1, f"{peak} attempts of one key ran at once"
