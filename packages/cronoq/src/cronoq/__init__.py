@@ -22,11 +22,13 @@ from cronoq._metrics import Histogram, SchedulerMetrics
 from cronoq._model import (
     CatchUpPolicy,
     MissPolicy,
+    OccurrenceOutcome,
     OverlapPolicy,
     RetryPolicy,
     Status,
     TraceContext,
 )
+from cronoq._occurrences import OccurrenceInfo
 from cronoq._remote import (
     CancelRequested,
     LeasedAttempt,
@@ -91,6 +93,8 @@ __all__ = [
     "MemoryStore",
     "MissPolicy",
     "NotRetryable",
+    "OccurrenceInfo",
+    "OccurrenceOutcome",
     "OnFull",
     "OverlapPolicy",
     "PayloadError",

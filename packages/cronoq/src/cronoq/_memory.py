@@ -30,6 +30,7 @@ from cronoq.store import (
     LeadershipLoss,
     Lease,
     Mutation,
+    OccurrenceRecorded,
     OutboxTaken,
     PoolPaused,
     RecoveredState,
@@ -65,6 +66,8 @@ class MemoryCluster:
         # Per task, its ended attempts (times in unix ns) by attempt number.
         self.attempts: dict[int, dict[int, AttemptEnded]] = {}
         self.schedules: dict[str, ScheduleRecord] = {}
+        # Per schedule, its occurrence records (times in unix ns) by due time.
+        self.occurrences: dict[str, dict[int, OccurrenceRecorded]] = {}
         self.paused_pools: set[str] = set()
         self.max_task_id = 0
         self.available = True
@@ -175,6 +178,18 @@ class MemoryCluster:
                     )
                     if len(kept) > ATTEMPTS_KEPT:
                         del kept[min(kept)]
+            case OccurrenceRecorded(schedule, due_ns, until_ns, _, _, at_ns, message):
+                due = to_unix(due_ns)
+                undo.occurrences(schedule)
+                ledger = self.occurrences.setdefault(schedule, {})
+                if due not in ledger:  # a repeated commit changes nothing
+                    ledger[due] = dataclasses.replace(
+                        mutation,
+                        due_ns=due,
+                        until_ns=to_unix(until_ns),
+                        at_ns=to_unix(at_ns),
+                        message=sanitize_message(message),
+                    )
             case OutboxTaken(row_ids):
                 for row_id in row_ids:
                     taken = self.outbox.rows.pop(row_id, None)
@@ -230,6 +245,11 @@ class MemoryCluster:
             key = self.tasks.pop(task_id).spec.key
             if key is not None and self.keys.get(key) == task_id:
                 del self.keys[key]
+        for name, kept in list(self.occurrences.items()):
+            for due in [due for due in kept if due < horizon_unix_ns]:
+                del kept[due]
+            if not kept:
+                del self.occurrences[name]
 
 
 class _Undo:
@@ -243,6 +263,7 @@ class _Undo:
         self._finished: dict[int, int | None] = {}
         self._attempts: dict[int, dict[int, AttemptEnded] | None] = {}
         self._schedules: dict[str, ScheduleRecord | None] = {}
+        self._occurrences: dict[str, dict[int, OccurrenceRecorded] | None] = {}
         self._paused_pools: set[str] | None = None
         self.outbox_rows: list[OutboxRow] = []
         """Outbox rows the batch took."""
@@ -268,6 +289,11 @@ class _Undo:
             kept = self._cluster.attempts.get(task_id)
             self._attempts[task_id] = None if kept is None else dict(kept)
 
+    def occurrences(self, schedule: str) -> None:
+        if schedule not in self._occurrences:
+            kept = self._cluster.occurrences.get(schedule)
+            self._occurrences[schedule] = None if kept is None else dict(kept)
+
     def schedule(self, name: str) -> None:
         if name not in self._schedules:
             self._schedules[name] = self._cluster.schedules.get(name)
@@ -280,6 +306,7 @@ class _Undo:
         _restore(cluster.finished, self._finished)
         _restore(cluster.attempts, self._attempts)
         _restore(cluster.schedules, self._schedules)
+        _restore(cluster.occurrences, self._occurrences)
         if self._paused_pools is not None:
             cluster.paused_pools = self._paused_pools
         for row in self.outbox_rows:
@@ -446,6 +473,26 @@ class MemoryStore:
                 ended_ns=to_engine(kept[attempt].ended_ns),
             )
             for attempt in sorted(kept)
+        ]
+
+    async def get_occurrences(
+        self, schedule: str, before_ns: int | None, limit: int
+    ) -> Sequence[OccurrenceRecorded]:
+        self.check_available()
+        kept = self._cluster.occurrences.get(schedule, {})
+        to_engine = self._time_base.to_engine
+        dues = sorted(kept, reverse=True)
+        if before_ns is not None:
+            before = self._time_base.to_unix(before_ns)
+            dues = [due for due in dues if due < before]
+        return [
+            dataclasses.replace(
+                kept[due],
+                due_ns=to_engine(due),
+                until_ns=to_engine(kept[due].until_ns),
+                at_ns=to_engine(kept[due].at_ns),
+            )
+            for due in dues[:limit]
         ]
 
 

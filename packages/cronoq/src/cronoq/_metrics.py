@@ -70,6 +70,7 @@ class Counters:
     retries: dict[str, int] = field(default_factory=dict)
     dead_lettered: dict[str, int] = field(default_factory=dict)
     attempts_lost: dict[str, int] = field(default_factory=dict)
+    occurrences: dict[tuple[str, str], int] = field(default_factory=dict)
     start_delay: HistogramCounter = field(default_factory=lambda: HistogramCounter(LATENCY_BOUNDS))
 
 
@@ -106,6 +107,9 @@ class SchedulerMetrics:
     """Mutations per commit."""
     start_delay_seconds: Histogram
     """From the moment a task became ready to the start of its attempt."""
+    occurrences: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    """Schedule occurrences that came due, by (schedule, outcome): each ledger record counts
+    once (see ``Scheduler.occurrences``). Schedules are few, so the label set stays small."""
     outbox_ingested: int = 0
     """Outbox rows this leader turned into tasks (or answered by a held key)."""
     outbox_quarantined: int = 0

@@ -92,6 +92,28 @@ class CatchUpPolicy(StrEnum):
     """Run none of them; wait for the next occurrence."""
 
 
+class OccurrenceOutcome(StrEnum):
+    """What became of a schedule's occurrence that came due (its ledger record, see
+    ``Scheduler.occurrences``)."""
+
+    STARTED = "started"
+    """It created its task."""
+    COALESCED = "coalesced"
+    """Several occurrences came due while no leader could fire them, and ran once, as one task
+    (``catch_up="coalesce"``)."""
+    SKIPPED = "skipped"
+    """The task of an earlier occurrence was still live (``overlap="skip"``)."""
+    MISSED = "missed"
+    """It came due while no leader could fire it, later than its grace
+    (``catch_up="skip"``)."""
+    PAUSED = "paused"
+    """It came due while the schedule was paused."""
+    NO_POOL = "no_pool"
+    """Its pool was not configured (removed from the scheduler's configuration)."""
+    REFUSED = "refused"
+    """The scheduler could not create its task (its epoch's task ids were used up)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """Attempts and exponential backoff: ``initial * multiplier**(n-1)``, capped, jittered.

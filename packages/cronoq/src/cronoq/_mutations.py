@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from cronoq._frozen import quick_init
-from cronoq._model import ScheduleSpec, Status, TaskSpec
+from cronoq._model import OccurrenceOutcome, ScheduleSpec, Status, TaskSpec
 
 __all__ = [
     "ATTEMPTS_KEPT",
@@ -14,6 +14,7 @@ __all__ = [
     "AttemptLease",
     "CancelRequested",
     "Mutation",
+    "OccurrenceRecorded",
     "PoolPaused",
     "ScheduleRecord",
     "ScheduleRemoved",
@@ -187,6 +188,30 @@ class OutboxTaken:
     row_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class OccurrenceRecorded:
+    """The ledger record of a schedule's occurrences that came due and were decided in one
+    firing: those due from ``due_ns`` up to (not including) ``until_ns``, the schedule's
+    next occurrence after the firing. Usually one occurrence; several when a leader fires
+    after downtime (coalesced, missed) or a paused schedule resumes. The records of a
+    schedule partition its timeline: each occurrence that came due is in exactly one.
+
+    ``task_id``: the task it created (started, coalesced), or the earlier task still live
+    (skipped); None otherwise. ``at_ns``: when it was decided. ``message``: why, for people.
+
+    Keyed by (``schedule``, ``due_ns``): a store writes it once (a repeated commit changes
+    nothing), returns it from ``get_occurrences``, and prunes it with the finished tasks
+    (its ``due_ns`` against the same horizon), whether or not the schedule still exists."""
+
+    schedule: str
+    due_ns: int
+    until_ns: int
+    outcome: OccurrenceOutcome
+    task_id: int | None
+    at_ns: int
+    message: str
+
+
 Mutation = (
     TaskSubmitted
     | TaskUpdated
@@ -197,6 +222,7 @@ Mutation = (
     | ScheduleRemoved
     | PoolPaused
     | OutboxTaken
+    | OccurrenceRecorded
 )
 
 

@@ -74,6 +74,7 @@ from cronoq._model import (
     TaskTemplate,
     TraceContext,
 )
+from cronoq._occurrences import OccurrenceInfo
 from cronoq._outbox import (
     MAX_OUTBOX_PAGE,
     OutboxRow,
@@ -87,13 +88,14 @@ from cronoq._tracebacks import split_traceback, stored_traceback
 from cronoq.errors import (
     InvalidArgument,
     PayloadError,
+    ScheduleNotFound,
     StaleAttempt,
     TaskError,
     TaskNotFound,
     UnknownLimit,
     UnknownPool,
 )
-from cronoq.store import ScheduleRecord, Store, TaskRecord
+from cronoq.store import MAX_OCCURRENCE_PAGE, ScheduleRecord, Store, TaskRecord
 
 if TYPE_CHECKING:  # the otel extra: imported only when a Scheduler is given tracing
     from opentelemetry.trace import TracerProvider
@@ -673,6 +675,7 @@ class Scheduler:
             retries=dict(counters.retries),
             dead_lettered=dict(counters.dead_lettered),
             attempts_lost=dict(counters.attempts_lost),
+            occurrences=dict(counters.occurrences),
             queue_depth=depth,
             running=running,
             commit_seconds=driver.commit_seconds.snapshot(),
@@ -1463,6 +1466,26 @@ class Scheduler:
     async def list_schedules(self) -> builtins.list[ScheduleInfo]:
         records: builtins.list[ScheduleRecord] = await self._call(lambda f: ListSchedules(f))
         return [_schedule_info(r) for r in records]
+
+    async def occurrences(
+        self, name: str, *, before: datetime | None = None, limit: int = 100
+    ) -> builtins.list[OccurrenceInfo]:
+        """The schedule's occurrence ledger, newest first: what became of each occurrence
+        that came due (``OccurrenceInfo``), kept as long as the store keeps finished tasks,
+        also after the schedule was removed. Page with ``before`` (the ``due_at`` of a page's
+        last record; only records due before it). At most ``limit`` (1 to 1,000) records.
+        Raises ScheduleNotFound if no such schedule exists and none is recorded."""
+        name = check.text(name, "schedule name")
+        check.integer(limit, "limit", 1, MAX_OCCURRENCE_PAGE)
+        before_ns = None
+        if before is not None:  # any year: a bound past int64 reads as "all"
+            before_ns = min(max(check.unix_ns(before, "before"), -(2**63)), 2**63 - 1)
+        records = await self._store.get_occurrences(name, before_ns, limit)
+        if not records and before_ns is None:
+            schedules: builtins.list[ScheduleRecord] = await self._call(ListSchedules)
+            if all(record.spec.name != name for record in schedules):
+                raise ScheduleNotFound(f"no schedule named {name!r}")
+        return [OccurrenceInfo.of(record) for record in records]
 
 
 def preview(

@@ -53,6 +53,11 @@ Obligations of every store (each one is checked by the conformance kit):
   committed rows, oldest id first, never one a batch of this leader whose outcome it did not
   learn may still take; ``quarantine`` moves rows with their reasons in one transaction,
   fenced like a commit; ``requeue`` and ``discard`` move or delete quarantined rows.
+- An ``OccurrenceRecorded`` is written once per (schedule, ``due_ns``): a repeated one (a
+  commit retried after it landed) changes nothing. ``get_occurrences`` returns a schedule's
+  records newest first (by ``due_ns``, names compared exactly), whether or not the schedule
+  still exists; a store prunes them when it prunes finished tasks, a record whose ``due_ns``
+  is older than the same horizon.
 - A store that upgrades a schema of an earlier version of itself keeps everything written
   under it: after the upgrade, every row (its lease and start included), pause, schedule,
   ended attempt and the id high-water mark read back as they were written; only what the
@@ -69,13 +74,21 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from cronoq._collapse import CollapsedBatch, NewTask, TaskChange, collapse_batch
 from cronoq._columns import NEW_TASK_COLUMNS, new_task_columns, varies
-from cronoq._model import RetryPolicy, ScheduleSpec, Status, TaskSpec, TaskTemplate
+from cronoq._model import (
+    OccurrenceOutcome,
+    RetryPolicy,
+    ScheduleSpec,
+    Status,
+    TaskSpec,
+    TaskTemplate,
+)
 from cronoq._mutations import (
     ATTEMPTS_KEPT,
     AttemptEnded,
     AttemptLease,
     CancelRequested,
     Mutation,
+    OccurrenceRecorded,
     OutboxTaken,
     PoolPaused,
     ScheduleRecord,
@@ -112,6 +125,7 @@ from cronoq.errors import CronoqError, Fenced, StoreError, StoreFatal, Unavailab
 
 __all__ = [
     "ATTEMPTS_KEPT",
+    "MAX_OCCURRENCE_PAGE",
     "MAX_OUTBOX_PAGE",
     "NEW_TASK_COLUMNS",
     "RECOVERY_COLUMNS",
@@ -125,6 +139,8 @@ __all__ = [
     "Lease",
     "Mutation",
     "NewTask",
+    "OccurrenceOutcome",
+    "OccurrenceRecorded",
     "OutboxRow",
     "OutboxSource",
     "OutboxStats",
@@ -169,6 +185,9 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+
+MAX_OCCURRENCE_PAGE = 1000
+"""The most ledger records ``Store.get_occurrences`` is asked for at once."""
 
 
 async def prune_in_batches(delete_batch: Callable[[], Awaitable[int]], batch_size: int) -> int:
@@ -311,6 +330,13 @@ class Store(Protocol):
     async def get_attempts(self, task_id: int) -> Sequence[AttemptEnded]:
         """The ended attempts the store keeps of the task (the latest ``ATTEMPTS_KEPT``), in
         attempt order, in engine time; empty if it has none or is unknown or pruned."""
+        ...
+
+    async def get_occurrences(
+        self, schedule: str, before_ns: int | None, limit: int
+    ) -> Sequence[OccurrenceRecorded]:
+        """The schedule's ledger records whose ``due_ns`` is before ``before_ns`` (None: all),
+        newest first, at most ``limit`` (1 to ``MAX_OCCURRENCE_PAGE``), in engine time."""
         ...
 
     async def close(self) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import heapq
 
 from cronoq._cron import CronSchedule
-from cronoq._engine.state import Shared
+from cronoq._engine.state import Shared, seconds
 from cronoq._engine.tasks import Tasks
-from cronoq._model import CatchUpPolicy, OverlapPolicy, ScheduleSpec, TaskSpec
+from cronoq._metrics import bump
+from cronoq._model import CatchUpPolicy, OccurrenceOutcome, OverlapPolicy, ScheduleSpec, TaskSpec
 from cronoq.errors import CronoqError, DuplicateSchedule, ScheduleNotFound, UnknownPool
-from cronoq.store import ScheduleRecord, ScheduleRemoved, ScheduleSaved
+from cronoq.store import OccurrenceRecorded, ScheduleRecord, ScheduleRemoved, ScheduleSaved
 
 __all__ = ["Schedules"]
 
@@ -72,8 +73,12 @@ class Schedules:
         if schedule.paused != paused:
             schedule.paused = paused
             if not paused:
-                # Occurrences that passed while paused are not caught up.
-                schedule.next_ns = schedule.cron.next_after(self.shared.now)
+                # Occurrences that passed while paused are not caught up, but recorded.
+                now = self.shared.now
+                due = schedule.next_ns
+                schedule.next_ns = schedule.cron.next_after(now)
+                if due <= now:
+                    self._record(schedule, due, OccurrenceOutcome.PAUSED, None, "paused")
             self._save(schedule)
         return schedule.record()
 
@@ -156,7 +161,6 @@ class Schedules:
 
     def fire(self) -> None:
         shared = self.shared
-        tasks = self.tasks
         timers = self.timers
         now = shared.now
         while timers and timers[0][0] <= now:
@@ -164,21 +168,57 @@ class Schedules:
             if not self._due(due, name):
                 continue  # a stale timer: removed, paused or rescheduled since
             schedule = self.schedules[name]
-            spec = schedule.spec
-            missed = now - due > spec.grace_ns
-            # A recovered schedule may name a pool no longer configured: its occurrences are
-            # skipped (the schedule stays listed) rather than breaking every step.
-            # Without ids left (see _ids.py) an occurrence is skipped like one whose pool left.
-            runnable = spec.template.pool in shared.pools and tasks.ids_left()
-            if (
-                runnable
-                and not self._overlapping(schedule)
-                and not (missed and spec.catch_up is CatchUpPolicy.SKIP)
-            ):
-                self._start(schedule)
             # Every occurrence up to now is covered by this firing (coalesced).
-            schedule.next_ns = schedule.cron.next_after(now)
+            until = schedule.cron.next_after(now)
+            outcome, message = self._decide(schedule, due, now)
+            task_id = schedule.last_task_id if outcome is OccurrenceOutcome.SKIPPED else None
+            if outcome is OccurrenceOutcome.STARTED:
+                task_id = self._start(schedule)
+                if schedule.cron.next_after(due) < until:
+                    outcome = OccurrenceOutcome.COALESCED
+                    message = "the occurrences due until the next ran once, as one task"
+            schedule.next_ns = until
+            self._record(schedule, due, outcome, task_id, message)
             self._save(schedule)
+
+    def _decide(self, schedule: _Schedule, due: int, now: int) -> tuple[OccurrenceOutcome, str]:
+        """Whether an occurrence due at ``due`` starts a task now, or why not."""
+        spec = schedule.spec
+        pool = spec.template.pool
+        # A recovered schedule may name a pool no longer configured: its occurrences are
+        # skipped (the schedule stays listed) rather than breaking every step.
+        if pool not in self.shared.pools:
+            return OccurrenceOutcome.NO_POOL, f"its pool {pool!r} is not configured"
+        late = now - due
+        if late > spec.grace_ns and spec.catch_up is CatchUpPolicy.SKIP:
+            return OccurrenceOutcome.MISSED, (
+                f"fired {seconds(late)} late, past its grace of {seconds(spec.grace_ns)} "
+                "(catch_up='skip'): no leader ran when it came due"
+            )
+        if self._overlapping(schedule):
+            return OccurrenceOutcome.SKIPPED, (
+                f"task {schedule.last_task_id} of an earlier occurrence was still live "
+                "(overlap='skip')"
+            )
+        if not self.tasks.ids_left():  # see _ids.py
+            return OccurrenceOutcome.REFUSED, str(self.tasks.ids_exhausted())
+        return OccurrenceOutcome.STARTED, ""
+
+    def _record(
+        self,
+        schedule: _Schedule,
+        due: int,
+        outcome: OccurrenceOutcome,
+        task_id: int | None,
+        message: str,
+    ) -> None:
+        """The ledger record of the occurrences due from ``due`` up to the schedule's next."""
+        shared = self.shared
+        name = schedule.spec.name
+        shared.out.mutations.append(
+            OccurrenceRecorded(name, due, schedule.next_ns, outcome, task_id, shared.now, message)
+        )
+        bump(shared.counters.occurrences, (name, outcome.value))
 
     def next_due(self) -> int | None:
         """The next occurrence of an active schedule (stale heads dropped on the way)."""
