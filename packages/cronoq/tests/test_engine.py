@@ -55,6 +55,7 @@ from cronoq._model import (
     NS_PER_S,
     CatchUpPolicy,
     MissPolicy,
+    OccurrenceOutcome,
     OverlapPolicy,
     RetryPolicy,
     ScheduleSpec,
@@ -77,6 +78,7 @@ from cronoq.errors import (
 from cronoq.store import (
     AttemptEnded,
     CancelRequested,
+    OccurrenceRecorded,
     RecoveredState,
     ScheduleRecord,
     ScheduleRemoved,
@@ -1602,6 +1604,15 @@ def test_schedule_fires_a_task_named_after_it() -> None:
     task_id = EPOCH1 | 1
     assert result.mutations == [
         TaskSubmitted(task_id, scheduled_task(), Status.READY, T + 5 * MINUTE),
+        OccurrenceRecorded(
+            "tick",
+            T + 5 * MINUTE,
+            T + 10 * MINUTE,
+            OccurrenceOutcome.STARTED,
+            task_id,
+            T + 5 * MINUTE,
+            "",
+        ),
         ScheduleSaved(ScheduleRecord(sched, T + 10 * MINUTE, False, task_id)),
         TaskUpdated(task_id, Status.RUNNING, 1, "attempt 1 started", T + 5 * MINUTE),
     ]
@@ -1615,8 +1626,18 @@ def test_overlap_skip_does_not_start_while_the_last_task_is_live() -> None:
     add_schedule(engine, T + S, sched)
     first = only_dispatch(run_to(engine, T + 5 * MINUTE))
     result = run_to(engine, T + 10 * MINUTE)
+    first_id = first.token.task_id
     assert result.mutations == [
-        ScheduleSaved(ScheduleRecord(sched, T + 15 * MINUTE, False, first.token.task_id))
+        OccurrenceRecorded(
+            "tick",
+            T + 10 * MINUTE,
+            T + 15 * MINUTE,
+            OccurrenceOutcome.SKIPPED,
+            first_id,
+            T + 10 * MINUTE,
+            f"task {first_id} of an earlier occurrence was still live (overlap='skip')",
+        ),
+        ScheduleSaved(ScheduleRecord(sched, T + 15 * MINUTE, False, first_id)),
     ]
     report_ok(engine, T + 11 * MINUTE, first)
     result = run_to(engine, T + 15 * MINUTE)
@@ -1645,6 +1666,18 @@ def test_catch_up_coalesce_creates_one_task_after_a_long_gap() -> None:
     assert [m.task_id for m in submitted(result)] == [EPOCH1 | 1]
     saves = [m for m in result.mutations if isinstance(m, ScheduleSaved)]
     assert saves == [ScheduleSaved(ScheduleRecord(sched, T + HOUR + 5 * MINUTE, False, EPOCH1 | 1))]
+    # One record covers the twelve: due from the first until the next after now.
+    assert [m for m in result.mutations if isinstance(m, OccurrenceRecorded)] == [
+        OccurrenceRecorded(
+            "tick",
+            T + 5 * MINUTE,
+            T + HOUR + 5 * MINUTE,
+            OccurrenceOutcome.COALESCED,
+            EPOCH1 | 1,
+            T + HOUR + 2 * MINUTE,
+            "the occurrences due until the next ran once, as one task",
+        )
+    ]
 
 
 def test_catch_up_skip_creates_none_when_late_beyond_grace() -> None:
@@ -1652,7 +1685,19 @@ def test_catch_up_skip_creates_none_when_late_beyond_grace() -> None:
     sched = schedule_spec(catch_up=CatchUpPolicy.SKIP, grace_ns=MINUTE)
     add_schedule(engine, T + S, sched)
     result = run_to(engine, T + 5 * MINUTE + 61 * S)
-    assert result.mutations == [ScheduleSaved(ScheduleRecord(sched, T + 10 * MINUTE, False, None))]
+    assert result.mutations == [
+        OccurrenceRecorded(
+            "tick",
+            T + 5 * MINUTE,
+            T + 10 * MINUTE,
+            OccurrenceOutcome.MISSED,
+            None,
+            T + 5 * MINUTE + 61 * S,
+            "fired 1m1s late, past its grace of 1m (catch_up='skip'): no leader ran when it "
+            "came due",
+        ),
+        ScheduleSaved(ScheduleRecord(sched, T + 10 * MINUTE, False, None)),
+    ]
     assert [m.task_id for m in submitted(run_to(engine, T + 10 * MINUTE))] == [EPOCH1 | 1]
 
 
@@ -1676,7 +1721,19 @@ def test_pause_stops_firing_and_resume_does_not_catch_up() -> None:
     value, result = call(engine, T + 21 * MINUTE, lambda to: ResumeSchedule("tick", to))
     resumed = ScheduleRecord(sched, T + 25 * MINUTE, paused=False, last_task_id=None)
     assert value == resumed
-    assert result.mutations == [ScheduleSaved(resumed)]
+    # Due at 5, 10, 15 and 20 minutes while paused: one record, until the next after now.
+    assert result.mutations == [
+        OccurrenceRecorded(
+            "tick",
+            T + 5 * MINUTE,
+            T + 25 * MINUTE,
+            OccurrenceOutcome.PAUSED,
+            None,
+            T + 21 * MINUTE,
+            "paused",
+        ),
+        ScheduleSaved(resumed),
+    ]
     assert result.next_wake_ns == T + 25 * MINUTE
     assert len(submitted(run_to(engine, T + 25 * MINUTE))) == 1
 

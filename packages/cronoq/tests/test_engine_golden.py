@@ -54,6 +54,7 @@ from cronoq._engine import (
     WithdrawAttempts,
 )
 from cronoq._memory import MemoryCluster
+from cronoq._mutations import OccurrenceRecorded
 from cronoq._metrics import Counters
 from cronoq._model import (
     NS_PER_S,
@@ -132,10 +133,14 @@ class Plain:
         if isinstance(value, Counters):
             fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
             histogram = fields.pop("start_delay")
+            fields.pop("occurrences")  # added with the occurrence ledger (issue 32)
             return {**{k: self(v) for k, v in fields.items()}, "start_delay": histogram.counts}
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             # A field at its default is left out: a new optional field changes no trace. (No
             # pool paused is an empty frozenset equal to the default, not the same object.)
+            if isinstance(value, StepResult):  # the ledger's records came after the recording
+                kept = [m for m in value.mutations if not isinstance(m, OccurrenceRecorded)]
+                value = dataclasses.replace(value, mutations=kept)
             shown = {
                 f.name: self(v)
                 for f in dataclasses.fields(value)
