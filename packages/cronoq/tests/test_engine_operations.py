@@ -243,7 +243,7 @@ def test_a_retry_refuses_what_it_cannot_run_and_changes_nothing() -> None:
     h.report(_dispatch_of(h, running), ok=True)
     succeeded = h.retry(running)
     assert isinstance(succeeded, NotRetryable)
-    assert str(succeeded) == f"task {running} succeeded: submit a new task to run it again"
+    assert str(succeeded) == f"task {running} succeeded: rerun it to run it again as a new task"
     missing = h.ask(lambda r: RetryTask(1 << 50, None, "retried by request", r))
     assert isinstance(missing, TaskNotFound)
     before = dict(h.cluster.tasks)
@@ -302,7 +302,7 @@ def test_a_retry_after_the_deadline_is_refused() -> None:
     h.now = T0 + 10 * S
     refused = h.retry(task_id)
     assert isinstance(refused, NotRetryable)
-    assert str(refused) == f"task {task_id}'s deadline has passed: submit a new task instead"
+    assert str(refused) == f"task {task_id}'s deadline has passed: rerun it as a new task instead"
 
 
 def test_a_retried_task_survives_a_new_leader() -> None:

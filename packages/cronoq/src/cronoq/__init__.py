@@ -16,6 +16,7 @@ from cronoq._codecs import (
 )
 from cronoq._engine import LEASE_ID_BYTES, AttemptToken, PoolInfo, TaskSummary
 from cronoq._executors import TaskContext
+from cronoq._explain import Explanation, Hold
 from cronoq._limits import Limit, LimitInfo, LimitKeyInfo, OnFull
 from cronoq._memory import MemoryStore
 from cronoq._metrics import Histogram, SchedulerMetrics
@@ -29,6 +30,7 @@ from cronoq._model import (
     TraceContext,
 )
 from cronoq._occurrences import OccurrenceInfo
+from cronoq._parents import ParentOutput, decode_parent_outputs
 from cronoq._remote import (
     CancelRequested,
     LeasedAttempt,
@@ -81,7 +83,9 @@ __all__ = [
     "CodecContext",
     "ContextCodec",
     "CronoqError",
+    "Explanation",
     "Histogram",
+    "Hold",
     "InvalidArgument",
     "JsonCodec",
     "LeaseRenewed",
@@ -97,6 +101,7 @@ __all__ = [
     "OccurrenceOutcome",
     "OnFull",
     "OverlapPolicy",
+    "ParentOutput",
     "PayloadError",
     "Pool",
     "PoolInfo",
@@ -124,6 +129,7 @@ __all__ = [
     "WorkerLink",
     "binds_context",
     "call_catching",
+    "decode_parent_outputs",
     "decode_with",
     "encode_with",
     "format_traceback",

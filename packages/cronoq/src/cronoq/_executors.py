@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cronoq._codecs import Codec, CodecContext, binds_context, decode_payload, encode_with
 from cronoq._engine import AttemptFailed, AttemptSucceeded, AttemptToken, Dispatch
 from cronoq._model import NS_PER_S
+from cronoq._parents import ParentLoader, decode_parent_outputs
 from cronoq._tracebacks import Raised, call_catching
-from cronoq.errors import InvalidArgument, TaskError
+from cronoq.errors import InvalidArgument, StoreError, TaskError
 
 if TYPE_CHECKING:  # the otel extra, imported only when tracing is on
     from cronoq.tracing import Tracing
@@ -48,6 +49,9 @@ class TaskContext:
     tags: tuple[str, ...]
     name: str | None
     deadline: datetime | None
+    parent_outputs: Mapping[int, Any] = field(default_factory=dict)
+    """The outputs of the tasks it was submitted ``after``, decoded, by parent id: each one
+    the store still keeps (a parent pruned by its retention is absent)."""
     cancel_reason: str | None = None
     """Why the attempt is asked to stop (a cancel, a timeout, a deadline, a shutdown), once it
     is; thread functions should poll ``cancelled`` and return."""
@@ -108,8 +112,10 @@ class LocalExecutor:
         concurrency: int,
         name: str,
         tracing: Tracing | None = None,
+        parents: ParentLoader | None = None,
     ) -> None:
         self._fn = fn
+        self._parents = parents
         self._tracing = tracing
         # A callable object with ``async def __call__`` is async too.
         self._is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
@@ -210,6 +216,15 @@ class LocalExecutor:
             value = decode_payload(self._codec, spec.payload, context)  # b"": no payload
         except InvalidArgument as exc:  # PayloadError is one; a recovered row's odd kind too
             return AttemptFailed(f"payload could not be decoded: {exc}", retryable=False)
+        if spec.after and self._parents is not None:
+            try:
+                parents = await self._parents(spec.after)
+            except StoreError as exc:  # the next attempt may find the store again
+                return AttemptFailed(f"the outputs of its parents could not be read: {exc}")
+            try:
+                ctx.parent_outputs = decode_parent_outputs(self._codec, parents)
+            except InvalidArgument as exc:
+                return AttemptFailed(str(exc), retryable=False)
         try:
             if self._is_async:
                 result = await self._fn(ctx, value)

@@ -297,6 +297,8 @@ class TaskSpec:
     limits: tuple[tuple[str, str | None], ...] = ()
     """The limits it takes, each with its key (None: not per key), sorted by name; its pool's
     limits included (``docs/limits.md``)."""
+    rerun_of: int | None = None
+    """The finished task this one runs again (``Scheduler.rerun``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,6 +99,9 @@ class LeasedAttempt:
     is never logged, stored or shown by any read)."""
     trace_context: TraceContext | None = None
     """The trace of the task's submission, which the worker's span of the attempt joins."""
+    after: tuple[int, ...] = ()
+    """The task's parents: their outputs are the attempt's ``parent_outputs``
+    (``Scheduler.parent_outputs`` reads them; the worker decodes them)."""
 
     @classmethod
     def of(cls, dispatch: Dispatch) -> LeasedAttempt:
@@ -118,6 +121,7 @@ class LeasedAttempt:
             lease_expires_at=_utc(dispatch.lease_expires_ns),
             lease_id=dispatch.lease_id,
             trace_context=spec.trace_context,
+            after=spec.after,
         )
 
 
@@ -172,9 +176,15 @@ class WorkerLink:
     """
 
     def __init__(
-        self, hub: RemoteExecutor, pools: frozenset[str], slots: int, stopped: asyncio.Event
+        self,
+        hub: RemoteExecutor,
+        pools: frozenset[str],
+        slots: int,
+        stopped: asyncio.Event,
+        name: str = "",
     ) -> None:
         self.pools = pools
+        self.name = name  # as the worker named itself: for people, not an identity
         self.slots = slots
         self.free = slots
         # Attempts the worker named on attaching that this process did not lease to it (an
@@ -307,8 +317,9 @@ class RemoteExecutor:
         slots: int,
         stopped: asyncio.Event,
         running: Sequence[tuple[AttemptToken, bytes]],
+        name: str = "",
     ) -> WorkerLink:
-        link = WorkerLink(self, pools, slots, stopped)
+        link = WorkerLink(self, pools, slots, stopped, name)
         # A reconnecting worker names the attempts it still runs, with their lease ids: each
         # takes a slot on the new link, whose reports free them (all of them, even beyond its
         # slots: the worker runs them whatever it asks for now). One leased here moves to the
@@ -329,6 +340,13 @@ class RemoteExecutor:
         self._links.append(link)
         self._poke()
         return link
+
+    def worker_of(self, task_id: int, attempt: int) -> str | None:
+        """The name of the worker this attempt was leased to, if it is on an open link."""
+        for token, link in self._leased.items():
+            if token.task_id == task_id and token.attempt == attempt and not link.closed:
+                return link.name or None
+        return None
 
     def _owns(self, token: AttemptToken, lease_id: bytes | None) -> bool:
         """Whether ``lease_id`` is the id this process leased ``token`` with."""

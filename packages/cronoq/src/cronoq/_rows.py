@@ -92,6 +92,8 @@ def encode_task_options(spec: TaskSpec) -> str:
         options["schedule"] = spec.schedule
     if spec.limits:
         options["limits"] = [list(pair) for pair in spec.limits]
+    if spec.rerun_of is not None:
+        options["rerun_of"] = spec.rerun_of
     if spec.trace_context is not None:
         options["traceparent"] = spec.trace_context.traceparent
         if spec.trace_context.tracestate:
@@ -149,6 +151,7 @@ def _task_spec(pool: str, kind: str, key: str | None, payload: bytes, options: A
         schedule=_typed(options, "schedule", str, None),
         trace_context=_trace_context(options),
         limits=_limits(options),
+        rerun_of=_typed(options, "rerun_of", int, None),
     )
 
 

@@ -35,6 +35,7 @@ from cronoq._engine import (
     AttemptToken,
     CancelTask,
     EngineConfig,
+    ExplainTask,
     GetDependants,
     GetTask,
     GetTaskByKey,
@@ -48,6 +49,7 @@ from cronoq._engine import (
     PoolConfig,
     PoolInfo,
     RemoveSchedule,
+    RerunTask,
     ResumeSchedule,
     RetryTask,
     SubmitResult,
@@ -57,6 +59,7 @@ from cronoq._engine import (
     error_of,
 )
 from cronoq._executors import Executor, LocalExecutor, TaskFunction
+from cronoq._explain import Explanation, Hold
 from cronoq._frozen import quick_init
 from cronoq._ingest import Ingester
 from cronoq._limits import Limit, LimitInfo, check_limits, limit_keys, pool_limits
@@ -83,6 +86,7 @@ from cronoq._outbox import (
     QuarantinedRow,
     decode_outbox_options,
 )
+from cronoq._parents import ParentOutput, load_parent_outputs
 from cronoq._remote import LeaseRenewed, RemoteExecutor, RemotePool, WorkerLink
 from cronoq._tracebacks import split_traceback, stored_traceback
 from cronoq.errors import (
@@ -311,6 +315,8 @@ class TaskInfo:
     waiting_for: str | None = None
     """For a ready task, the limit that holds it back now, and how full it is (``limit
     'tenant' key 'acme': 2 of 2 running``); None when none does."""
+    rerun_of: int | None = None
+    """The finished task it runs again (``Scheduler.rerun``)."""
 
     @property
     def error(self) -> str | None:
@@ -525,7 +531,14 @@ class Scheduler:
         self._remote = RemoteExecutor(frozenset(p.name for p in pools if isinstance(p, RemotePool)))
         executors: dict[str, Executor] = {
             p.name: (
-                LocalExecutor(p.executor, self._codec, p.concurrency, p.name, self._tracing)
+                LocalExecutor(
+                    p.executor,
+                    self._codec,
+                    p.concurrency,
+                    p.name,
+                    self._tracing,
+                    self.parent_outputs,
+                )
                 if isinstance(p, Pool)
                 else self._remote
             )
@@ -1141,6 +1154,7 @@ class Scheduler:
             schedule=spec.schedule,
             started_at=_utc_or_none(record.started_ns),
             limits=spec.limits,
+            rerun_of=spec.rerun_of,
             waiting_for=record.waiting_for,
         )
 
@@ -1215,6 +1229,83 @@ class Scheduler:
         retried: TaskRecord = await self._call(lambda f: RetryTask(task_id, record, message, f))
         return self._decode(retried)
 
+    async def rerun(self, task_id: int) -> int:
+        """Run a finished task again, as a new task: the id of the new task, whose
+        ``rerun_of`` names this one. Unlike ``retry``, which continues the same failed or
+        cancelled task (its attempts keep counting), this works for a succeeded task too,
+        and leaves the original as it ended.
+
+        The new task has the original's spec (pool, kind, payload, tags, priority, retry,
+        timeout, limits still configured, parents), starts now (the original's fixed start
+        and deadline are not copied), is no schedule's occurrence, and takes the original's
+        key over. Raises ``NotRetryable`` for a live task, a task another live task's key
+        blocks, a quarantined row, or a parent that failed or was cancelled;
+        ``TaskNotFound`` if it is unknown or pruned; ``AdmissionRejected`` if its pool is
+        full."""
+        check.integer(task_id, "task_id", 1, 2**63 - 1)
+        record = await self._store.get_task(task_id)  # memory keeps no finished spec
+        new_id: int = await self._call(lambda f: RerunTask(task_id, record, f))
+        return new_id
+
+    async def explain(self, task_id: int) -> Explanation:
+        """What holds the task now, since when, and what would release it (``Hold``): its
+        dependencies, a start time, a retry backoff, its pool full or paused, a limit, no
+        worker slot for its remote pool, a stopped attempt still holding its slot, or no
+        leader; for a running task its attempt (and a remote one's worker and lease end);
+        for a finished one how it ended. Raises TaskNotFound if it is unknown or pruned."""
+        check.integer(task_id, "task_id", 1, 2**63 - 1)
+        if not self.leading:
+            return await self._explain_stored(task_id)
+        try:
+            found: Explanation = await self._call(lambda f: ExplainTask(task_id, f))
+        except TaskNotFound:
+            return await self._explain_stored(task_id)
+        if found.hold in (Hold.RUNNING, Hold.CANCELLING):
+            worker = self._remote.worker_of(task_id, found.attempt)
+            if worker is not None:
+                found = dataclasses.replace(found, worker=worker)
+        return found
+
+    async def _explain_stored(self, task_id: int) -> Explanation:
+        """From the store's row, when memory cannot say: a task finished before the
+        retention, or any task while this scheduler does not lead."""
+        record = await self._store.get_task(task_id)
+        if record is None:
+            raise TaskNotFound(f"no task {task_id}")
+        since = _utc(record.updated_ns)
+        pool = record.spec.pool
+        if record.status.is_terminal:
+            message = split_traceback(record.message)[0]
+            summary = f"it {record.status}" + (f": {message}" if message else "")
+            return Explanation(
+                task_id,
+                record.status,
+                Hold.FINISHED,
+                summary,
+                since,
+                None,
+                record.attempt,
+                pool=pool,
+            )
+        return Explanation(
+            task_id,
+            record.status,
+            Hold.LEADER_CHANGE,
+            f"no leader here: this scheduler {'is taking over' if self.running else 'stopped'}; "
+            "the task waits for a leader, which starts it or counts its attempt",
+            since,
+            None,
+            record.attempt,
+            pool=pool,
+        )
+
+    async def parent_outputs(self, after: Sequence[int]) -> builtins.list[ParentOutput]:
+        """The stored outputs of these parents, as encoded (``ParentOutput``), for a worker
+        to decode with its codec (``decode_parent_outputs``); a parent the store no longer
+        keeps, or that did not succeed, is left out."""
+        parents = check.dependencies(after)
+        return await load_parent_outputs(self._store, parents)
+
     # --- pools ----------------------------------------------------------------------------
 
     async def pause_pool(self, name: str) -> PoolInfo:
@@ -1254,13 +1345,15 @@ class Scheduler:
         slots: int,
         *,
         running: Iterable[tuple[AttemptToken, bytes]] = (),
+        name: str = "",
     ) -> WorkerLink:
         """Attach a remote worker that runs attempts of these remote pools, ``slots`` at a
         time; attempts leased to it and cancellations arrive on the returned link.
 
         ``running`` names the attempts the worker still runs from an earlier link or an
         earlier leader, as (token, lease id) pairs: each keeps a slot on this one until the
-        worker reports it. Close the link when the worker goes away.
+        worker reports it. ``name``: what the worker calls itself (host and pid, say), shown
+        by ``explain`` for its attempts. Close the link when the worker goes away.
         """
         names = frozenset(
             check.bounded(pools, "pools", "an iterable of pool names", 1000, self._remote_pool)
@@ -1277,7 +1370,8 @@ class Scheduler:
         )
         if not self.running:
             raise self._driver.failure_error()
-        return self._remote.attach(names, slots, self._driver.stopped, tokens)
+        name = check.text(name, "name", max_length=check.MAX_NAME_LENGTH) if name else ""
+        return self._remote.attach(names, slots, self._driver.stopped, tokens, name)
 
     def _remote_pool(self, value: object) -> str:
         pool = self._pool(value)

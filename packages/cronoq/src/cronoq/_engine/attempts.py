@@ -302,6 +302,11 @@ class Attempts:
         """Whether a stopped attempt of this task still holds its slot."""
         return task_id in self.zombies
 
+    def stopped_until(self, task_id: int) -> int | None:
+        """When the stopped attempt of this task stops holding its slot at the latest (its
+        lease's end), if a lease bounds it."""
+        return self.zombie_leases.get(task_id)
+
     def hold(self, zombie: Zombie, lease_end: int | None) -> None:
         """A stopped attempt keeps its slot (already counted in its pool) until it reports,
         or until ``lease_end`` if its worker may be gone."""

@@ -165,6 +165,10 @@ class Dispatcher:
             )
         )
 
+    def has_free_slot(self, pool: str) -> bool:
+        """Whether a worker offers a free slot for this remote pool now."""
+        return self._free_slot(pool) is not None
+
     def _free_slot(self, pool: str) -> _SlotGroup | None:
         for slot in self.slots:
             if slot.free and pool in slot.pools:

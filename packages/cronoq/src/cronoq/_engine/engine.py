@@ -28,6 +28,7 @@ from cronoq._engine.inputs import (
     AttemptToken,
     CancelTask,
     EngineConfig,
+    ExplainTask,
     GetDependants,
     GetTask,
     GetTaskByKey,
@@ -42,6 +43,7 @@ from cronoq._engine.inputs import (
     PausePool,
     PauseSchedule,
     RemoveSchedule,
+    RerunTask,
     ResumeSchedule,
     RetryTask,
     SubmitTasks,
@@ -50,6 +52,8 @@ from cronoq._engine.inputs import (
     WithdrawAttempts,
 )
 from cronoq._engine.outputs import StepResult
+from cronoq._engine.reads import Reads
+from cronoq._engine.reruns import Reruns
 from cronoq._engine.restore import Restorer
 from cronoq._engine.schedules import Schedules
 from cronoq._engine.state import Shared
@@ -79,7 +83,9 @@ class Engine:
         self._shared = shared = Shared(config, epoch, self.counters)
         self._tasks = tasks = Tasks(shared, high_water_mark)
         self._attempts = attempts = Attempts(shared, tasks)
-        self._dispatcher = Dispatcher(shared, tasks, attempts)
+        self._dispatcher = dispatcher = Dispatcher(shared, tasks, attempts)
+        self._reads = Reads(shared, tasks, attempts, dispatcher)
+        self._reruns = Reruns(shared, tasks)
         self._schedules = schedules = Schedules(shared, tasks)
         self._timers = Timers(shared, tasks, attempts, schedules)
 
@@ -176,6 +182,7 @@ class Engine:
     def _apply(self, item: Input) -> None:
         reply = self._shared.reply
         tasks = self._tasks
+        reads = self._reads
         schedules = self._schedules
         match item:
             case AttemptReport():
@@ -190,15 +197,17 @@ class Engine:
             case Heartbeat():
                 self._attempts.heartbeat(item)
             case GetTask():
-                reply(item.reply_to, tasks.get(item.task_id))
+                reply(item.reply_to, reads.get(item.task_id))
             case GetDependants():
-                reply(item.reply_to, tasks.dependants(item.task_id))
+                reply(item.reply_to, reads.dependants(item.task_id))
             case GetTaskByKey():
-                reply(item.reply_to, tasks.get_by_key(item.key))
+                reply(item.reply_to, reads.get_by_key(item.key))
             case WaitTask():
-                tasks.wait(item.task_id, item.reply_to)
+                reads.wait(item.task_id, item.reply_to)
             case ListTasks():
-                reply(item.reply_to, tasks.list(item))
+                reply(item.reply_to, reads.list(item))
+            case ExplainTask():
+                reply(item.reply_to, reads.explain(item.task_id))
             case AddSchedule():
                 reply(item.reply_to, schedules.add(item.spec, item.replace))
             case PauseSchedule():
@@ -218,10 +227,12 @@ class Engine:
             case ListLimits():
                 reply(item.reply_to, self._shared.gates.infos(item.keys, self._shared.now))
             case RetryTask():
-                retried = tasks.retry(item.task_id, item.record, item.message)
+                retried = self._reruns.retry(item.task_id, item.record, item.message)
                 if isinstance(retried, TaskRecord):
                     self._attempts.retried(item.task_id)
                 reply(item.reply_to, retried)
+            case RerunTask():
+                reply(item.reply_to, self._reruns.rerun(item.task_id, item.record))
             case OfferSlots():
                 self._dispatcher.offer(item)
             case WithdrawAttempts():

@@ -242,6 +242,22 @@ class RetryTask:
 
 
 @dataclass(frozen=True, slots=True)
+class RerunTask:
+    """Submit a new task with a finished task's spec. ``record`` is its row as the store had
+    it (memory keeps no spec of a finished task), None if the store has none."""
+
+    task_id: int
+    record: TaskRecord | None
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainTask:
+    task_id: int
+    reply_to: object
+
+
+@dataclass(frozen=True, slots=True)
 class GetTask:
     task_id: int
     reply_to: object
@@ -320,6 +336,8 @@ Input = (
     | ListPools
     | ListLimits
     | RetryTask
+    | RerunTask
+    | ExplainTask
 )
 
 

@@ -178,6 +178,15 @@ class Gates:
         free = self._rate_free_at(gate, now)
         return free is not None and free > now
 
+    def free_at(self, gate: Gate, now: int) -> int | None:
+        """When the gate's rate lets the next start, if its rate holds it now (None: only a
+        release frees it)."""
+        limit = gate.limit
+        if limit.concurrency is not None and gate.running >= limit.concurrency:
+            return None
+        free = self._rate_free_at(gate, now)
+        return free if free is not None and free > now else None
+
     def blocker(self, lane: Lane, now: int) -> Gate | None:
         """The first gate of the lane with no room now, if any."""
         gates = self.gates

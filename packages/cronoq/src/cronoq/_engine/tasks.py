@@ -1,26 +1,23 @@
 """The task table: ids, submission and admission, keys, dependencies, cancellation, the move
-to a terminal status (with its cascade to dependants), retention of finished tasks, and the
-reads of tasks (get, wait, list)."""
+to a terminal status (with its cascade to dependants), and
+retention of finished tasks. Reads of the table are in ``reads.py``, an operator's retry and
+rerun in ``reruns.py``."""
 
 from __future__ import annotations
 
 import dataclasses
-from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import replace
 
-from cronoq._engine.inputs import ListTasks
 from cronoq._engine.limits import Lane, unknown_or_full
 from cronoq._engine.outputs import CancelAttempt, SubmitResult, TaskSummary
 from cronoq._engine.state import NO_TASK, Shared, Task, earliest, seconds
 from cronoq._ids import first_id, last_id
 from cronoq._metrics import bump
-from cronoq._model import LEGAL_TRANSITIONS, MAX_ATTEMPTS, MissPolicy, Status, TaskSpec
+from cronoq._model import LEGAL_TRANSITIONS, MissPolicy, Status, TaskSpec
 from cronoq._tracebacks import escape_header, split_traceback, with_traceback
 from cronoq.errors import (
     AdmissionRejected,
     CronoqError,
-    NotRetryable,
     PermissionDenied,
     SchedulerError,
     TaskNotFound,
@@ -31,7 +28,6 @@ from cronoq.store import (
     AttemptEnded,
     CancelRequested,
     TaskRecord,
-    TaskRetried,
     TaskSubmitted,
     TaskUpdated,
     quarantine_message,
@@ -141,7 +137,7 @@ class Tasks:
                 denied = self._displaces_outside(spec.limits, key_pools, key_kinds)
                 if denied is not None:
                     return denied
-        rejected = self._admit(new_per_pool)
+        rejected = self.admit(new_per_pool)
         if rejected is not None:
             return rejected
         total_new = sum(new_per_pool.values())
@@ -386,100 +382,7 @@ class Tasks:
                     child_status, child_message = _parent_verdict(task.id, status)
                     pending.append((child, child_status, child_message, None, ""))
 
-    # --- an operator's retry of a finished task ----------------------------------------------
-
-    def retry(self, task_id: int, row: TaskRecord | None, message: str) -> TaskRecord | CronoqError:
-        """Make a failed or cancelled task live again, with one more attempt allowed.
-
-        Its attempts keep counting (the next is its last + 1), and if it had used all its
-        policy allows, the policy's ``max_attempts`` becomes that next attempt: it keeps the
-        attempts it had left, or gets exactly one more. It takes its key back. Dependants that
-        its failure already ended stay ended (each may be retried in turn, and then waits for
-        it). Refused, changing nothing, when running it could not work: see ``_unretryable``.
-        """
-        shared = self.shared
-        found = self._unretryable(task_id, row)
-        if found is not None:
-            return found
-        assert row is not None  # _unretryable refuses a task whose row the store lacks
-        done = self.finished.pop(task_id, None)
-        if done is None:
-            self.index(task_id)  # finished before the retention window: out of ``listed``
-        attempt = row.attempt if done is None else done.attempt
-        spec = row.spec
-        if attempt >= spec.retry.max_attempts:
-            retry = dataclasses.replace(spec.retry, max_attempts=attempt + 1)
-            spec = dataclasses.replace(spec, retry=retry)
-        known = shared.gates.known(spec.limits)
-        if known != spec.limits:  # a limit no longer configured holds nothing (docs/limits.md)
-            spec = dataclasses.replace(spec, limits=known)
-        task = Task(task_id, spec, row.submitted_ns)
-        task.attempt = attempt
-        task.message = message
-        task.updated_ns = shared.now
-        shared.tasks[task_id] = task
-        shared.pools[spec.pool].live += 1
-        if spec.key is not None:
-            self.keys[spec.key] = task_id
-        self.link_parents(task)  # no parent failed (checked): it counts those still live
-        task.status = Status.WAITING if task.pending else self.initial_status(task)
-        shared.out.mutations.append(
-            TaskRetried(task_id, spec, task.status, attempt, message, shared.now)
-        )
-        if task.pending:
-            shared.set_wake(task, spec.deadline_ns)
-        else:
-            # An operator asked for it now: a fixed start missed long ago does not skip it.
-            self.arm(task, check_miss=False)
-        return task.record()
-
-    def _unretryable(self, task_id: int, row: TaskRecord | None) -> CronoqError | None:
-        """Why the task cannot be retried now, if it cannot."""
-        shared = self.shared
-        name = f"task {task_id}"
-        live = shared.tasks.get(task_id)
-        if live is not None:
-            return NotRetryable(
-                f"{name} is {live.status}: only a failed or cancelled task can be retried"
-            )
-        quarantined = row is not None and row.message.startswith(quarantine_message(""))
-        if task_id in self.quarantined or quarantined:
-            return NotRetryable(f"{name} was quarantined (its row could not be decoded)")
-        done = self.finished.get(task_id)
-        if row is None:
-            if done is None:
-                return TaskNotFound(f"no task {task_id}")
-            # Finished in a step whose commit had not landed when the row was read.
-            return SchedulerError(f"{name} finished a moment ago; try again", applied=False)
-        status = row.status if done is None else done.status
-        if status is Status.SUCCEEDED:
-            return NotRetryable(f"{name} succeeded: submit a new task to run it again")
-        if not status.is_terminal:  # live in the store, not here: it finished meanwhile
-            return SchedulerError(f"{name} is changing; try again", applied=False)
-        spec = row.spec
-        if spec.pool not in shared.pools:
-            return UnknownPool(
-                f"{name} is in pool {spec.pool!r}, which is not configured; "
-                f"configured: {shared.pool_names()}"
-            )
-        attempt = row.attempt if done is None else done.attempt
-        if attempt >= MAX_ATTEMPTS:
-            return NotRetryable(f"{name} has used {attempt} attempts, the most a task may have")
-        if spec.deadline_ns is not None and shared.now >= spec.deadline_ns:
-            return NotRetryable(f"{name}'s deadline has passed: submit a new task instead")
-        holder = None if spec.key is None else self.keys.get(spec.key)
-        if holder is not None and holder != task_id and holder in shared.tasks:
-            return NotRetryable(f"{name}'s key {spec.key!r} is held by live task {holder}")
-        for parent_id in spec.after:
-            parent = self.finished.get(parent_id)
-            if parent is not None and parent.status is not Status.SUCCEEDED:
-                return NotRetryable(
-                    f"{name} depends on task {parent_id}, which {parent.status}: "
-                    f"retry task {parent_id} first"
-                )
-        return self._admit({spec.pool: 1})
-
-    def _admit(self, new_per_pool: dict[str, int]) -> AdmissionRejected | None:
+    def admit(self, new_per_pool: dict[str, int]) -> AdmissionRejected | None:
         """Why this many new live tasks (by pool) would not fit the bounds, if they would not."""
         shared = self.shared
         limit = shared.config.max_live_tasks
@@ -603,99 +506,6 @@ class Tasks:
             self.keys[row.spec.key] = task.id
         if row.spec.pool in shared.pools:
             shared.pools[row.spec.pool].live += 1
-
-    # --- reads ----------------------------------------------------------------------------
-
-    def get(self, task_id: int) -> TaskRecord | TaskSummary | CronoqError:
-        task = self.shared.tasks.get(task_id)
-        if task is not None:
-            record = task.record()
-            waiting_for = self._waiting_for(task)
-            return record if waiting_for is None else replace(record, waiting_for=waiting_for)
-        quarantined = self.quarantined.get(task_id)
-        if quarantined is not None:
-            return quarantined
-        done = self.finished.get(task_id)
-        if done is not None:
-            return done
-        return TaskNotFound(f"no task {task_id}")
-
-    def _waiting_for(self, task: Task) -> str | None:
-        """The limit that holds a ready task back now, if one does."""
-        if task.status is not Status.READY or not task.spec.limits:
-            return None
-        return self.shared.gates.describe_wait(task.spec.limits, self.shared.now)
-
-    def dependants(self, task_id: int) -> list[int] | CronoqError:
-        """The ids of the tasks that depend on this one, ascending, as far as memory knows:
-        see ``dependents``. A finished task inside the retention window answers with those
-        its live life had (none after a recovery: recovery links a live task only to its
-        live parents)."""
-        if task_id not in self.shared.tasks and task_id not in self.finished:
-            return TaskNotFound(f"no task {task_id}")
-        found = self.dependents.get(task_id, []) + self.finished_dependents.get(task_id, [])
-        return sorted(set(found))
-
-    def get_by_key(self, key: str) -> TaskRecord | TaskSummary | CronoqError | None:
-        task_id = self.keys.get(key)
-        return None if task_id is None else self.get(task_id)
-
-    def wait(self, task_id: int, reply_to: object) -> None:
-        if task_id in self.shared.tasks:
-            self.waiters.setdefault(task_id, {})[id(reply_to)] = reply_to
-        else:
-            self.shared.reply(reply_to, self.get(task_id))
-
-    def list(self, query: ListTasks) -> list[TaskSummary]:
-        """The matching tasks between ``after`` and ``before`` (ids excluded), in ascending id
-        (submission) order, or descending with ``newest_first``, so that either bound pages
-        through a stable order: filters applied to each id in turn until ``limit`` matched."""
-        listed = self.listed
-        if not self.listed_sorted:
-            listed.sort()  # a recovery's rows; a duplicate is skipped below
-            self.listed_sorted = True
-        low = bisect_right(listed, query.after) if query.after is not None else 0
-        high = bisect_left(listed, query.before) if query.before is not None else len(listed)
-        ids = range(high - 1, low - 1, -1) if query.newest_first else range(low, high)
-        tasks = self.shared.tasks
-        finished = self.finished
-        limit = query.limit
-        found: list[TaskSummary] = []
-        previous = -1
-        for index in ids:
-            task_id = listed[index]
-            if task_id == previous:
-                continue
-            previous = task_id
-            task = tasks.get(task_id)
-            if task is not None:
-                spec = task.spec
-                if not _matches(query, task.status, spec.pool, spec.kind, spec.tags):
-                    continue
-                summary = task.summary()
-                waiting_for = self._waiting_for(task)
-                if waiting_for is not None:
-                    summary = replace(summary, waiting_for=waiting_for)
-                found.append(summary)
-            else:
-                done = finished.get(task_id)
-                if done is None or not _matches(
-                    query, done.status, done.pool, done.kind, done.tags
-                ):
-                    continue  # pruned, or not wanted
-                found.append(done)
-            if len(found) == limit:
-                break
-        return found
-
-
-def _matches(query: ListTasks, status: Status, pool: str, kind: str, tags: tuple[str, ...]) -> bool:
-    return (
-        (query.statuses is None or status in query.statuses)
-        and (query.pool is None or pool == query.pool)
-        and (query.kind is None or kind == query.kind)
-        and (query.tag is None or query.tag in tags)
-    )
 
 
 def _parent_verdict(parent_id: int, parent_status: Status) -> tuple[Status, str]:
