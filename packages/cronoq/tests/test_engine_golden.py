@@ -54,7 +54,6 @@ from cronoq._engine import (
     WithdrawAttempts,
 )
 from cronoq._memory import MemoryCluster
-from cronoq._mutations import OccurrenceRecorded
 from cronoq._metrics import Counters
 from cronoq._model import (
     NS_PER_S,
@@ -67,6 +66,7 @@ from cronoq._model import (
     TaskSpec,
     TaskTemplate,
 )
+from cronoq._mutations import OccurrenceRecorded
 from cronoq.store import RecoveredState, TimeBase
 
 DATA = Path(__file__).parent / "data" / "engine_golden.jsonl.xz"

@@ -97,7 +97,9 @@ async def test_retry_refuses_live_succeeded_and_unknown_tasks() -> None:
     async with Scheduler([Pool("default", runs)]) as sched:
         task_id = await sched.submit("job")
         await sched.wait(task_id, timeout=5)
-        with pytest.raises(NotRetryable, match=f"^task {task_id} succeeded: rerun it to run it again as a new task"):
+        with pytest.raises(
+            NotRetryable, match=f"^task {task_id} succeeded: rerun it to run it again as a new task"
+        ):
             await sched.retry(task_id)
         with pytest.raises(TaskNotFound, match=r"^no task 99$"):
             await sched.retry(99)
