@@ -50,6 +50,7 @@ from cronoq._engine import (
     SubmitTasks,
 )
 from cronoq._engine.state import Task
+from cronoq._explain import Explanation, Hold
 from cronoq._ids import epoch_of
 from cronoq._limits import Limit
 from cronoq._memory import MemoryCluster
@@ -58,6 +59,7 @@ from cronoq._model import (
     NS_PER_S,
     CatchUpPolicy,
     MissPolicy,
+    OccurrenceOutcome,
     OverlapPolicy,
     RetryPolicy,
     ScheduleSpec,
@@ -70,6 +72,7 @@ from cronoq.store import (
     AttemptEnded,
     CancelRequested,
     Mutation,
+    OccurrenceRecorded,
     ScheduleRecord,
     ScheduleRemoved,
     ScheduleSaved,
@@ -343,6 +346,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.schedule_generation: Counter[str] = Counter()
         self.schedule_tasks: dict[tuple[str, int], list[int]] = {}
         self.steps_since_crash = 0
+        self.occurrence_spans: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        """Per schedule (and generation), the spans its ledger records cover, in order."""
         self.limit_starts: dict[tuple[str, str | None], list[int]] = {}
         """Every released start of an attempt that takes a rate limit, by limit and key."""
         self.engine = self._rebuild(None, failures=0)
@@ -441,6 +446,25 @@ class EngineMachine(RuleBasedStateMachine):
                     pass
                 case AttemptEnded():
                     self._observe_attempt_ended(mutation)
+                case OccurrenceRecorded():
+                    self._observe_occurrence(mutation)
+
+    def _observe_occurrence(self, record: OccurrenceRecorded) -> None:
+        """The ledger: each occurrence decided once, whatever crashes and failed commits
+        happened (a firing whose commit did not land is decided again, recorded once), never
+        before it came due, and the spans of one schedule follow each other with neither
+        overlap nor gap (every schedule here runs every second, so that replacing one keeps
+        its timetable): each occurrence that came due is in exactly one record."""
+        owner = (record.schedule, self.schedule_generation[record.schedule])
+        spans = self.occurrence_spans.setdefault(owner, [])
+        where = f"{record} after {spans[-3:]}"
+        assert record.due_ns <= record.at_ns == self.now < record.until_ns, where
+        assert not spans or spans[-1][1] == record.due_ns, where
+        spans.append((record.due_ns, record.until_ns))
+        created = record.outcome in (OccurrenceOutcome.STARTED, OccurrenceOutcome.COALESCED)
+        assert (record.task_id is not None) is (
+            created or record.outcome is OccurrenceOutcome.SKIPPED
+        ), where
 
     def _observe_attempt_ended(self, ended: AttemptEnded) -> None:
         """An attempt's history row: written once, for the running attempt, with its start
@@ -982,6 +1006,53 @@ class EngineMachine(RuleBasedStateMachine):
             assert held_back or not (task.status is Status.READY and task.spec.pool in idle), (
                 task_id
             )
+
+    @invariant()
+    def every_live_task_is_explained_by_a_true_hold(self) -> None:
+        """``explain`` names what really holds each live task: a ready one is never said to
+        be about to start (every rule leaves the engine stepped), and the hold it names is
+        the case (the pool full, the limit without room, the stopped attempt, no slot)."""
+        shared = self.engine._shared
+        reads = self.engine._reads  # white box: the read the Scheduler's explain makes
+        for task_id, task in self._engine_live().items():
+            found = reads.explain(task_id)
+            assert isinstance(found, Explanation), found
+            assert found.status is task.status and found.pool == task.spec.pool, found
+            where = (task_id, found)
+            match task.status:
+                case Status.WAITING:
+                    assert found.hold is Hold.DEPENDENCIES and found.parents, where
+                    assert all(p in shared.tasks for p in found.parents), where
+                case Status.SCHEDULED:
+                    assert found.hold is Hold.START_TIME, where
+                case Status.RETRYING:
+                    assert found.hold is Hold.RETRY_BACKOFF and found.until is not None, where
+                case Status.RUNNING:
+                    hold = Hold.CANCELLING if task.cancel_requested else Hold.RUNNING
+                    assert found.hold is hold and found.attempt == task.attempt, where
+                case _:
+                    self._check_ready_hold(task, found)
+
+    def _check_ready_hold(self, task: Task, found: Explanation) -> None:
+        shared = self.engine._shared
+        pool = shared.pools[task.spec.pool]
+        where = (task.id, found)
+        match found.hold:
+            case Hold.STOPPED_ATTEMPT:
+                assert task.id in self.engine._attempts.zombies, where
+            case Hold.POOL_PAUSED:
+                assert pool.paused, where
+            case Hold.POOL_FULL:
+                assert pool.running >= CONCURRENCY[task.spec.pool] == found.concurrency, where
+            case Hold.LIMIT:
+                gate = shared.gates.blocker(task.spec.limits, self.now)
+                assert gate is not None, where
+                assert (found.limit, found.limit_key) == (gate.limit.name, gate.key), where
+            case Hold.NO_WORKER_SLOTS:
+                assert pool.config.lease_ns is not None, where
+                assert not self.engine._dispatcher.has_free_slot(task.spec.pool), where
+            case _:
+                raise AssertionError(f"ready task {task.id} explained as {found}")
 
     @invariant()
     def a_key_has_one_live_task(self) -> None:
