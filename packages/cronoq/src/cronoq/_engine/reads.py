@@ -204,7 +204,7 @@ class Reads:
     def _ready(self, task: Task) -> Explanation:
         shared = self.shared
         spec = task.spec
-        if task.id in shared.deferred:
+        if self.attempts.stopping(task.id):  # deferred, or about to be once a slot frees
             end = self.attempts.stopped_until(task.id)
             summary = (
                 f"attempt {task.attempt} was stopped but may still run on its worker; the next "
