@@ -10,6 +10,7 @@ from typing import Any
 
 from cronoq._codecs import Codec, CodecContext, binds_context, decode_with
 from cronoq._model import Status
+from cronoq.errors import PayloadError
 from cronoq.store import Store
 
 __all__ = ["ParentLoader", "ParentOutput", "decode_parent_outputs", "load_parent_outputs"]
@@ -56,7 +57,9 @@ def decode_parent_outputs(codec: Codec, parents: Iterable[ParentOutput]) -> dict
         context = None
         if binds:  # as the parent's attempt encoded it: bound to the parent
             context = CodecContext("output", parent.kind, parent.pool, parent.key, parent.task_id)
-        decoded[parent.task_id] = decode_with(
-            codec, parent.output, f"output of parent task {parent.task_id}", context
-        )
+        what = f"output of parent task {parent.task_id}"
+        try:
+            decoded[parent.task_id] = decode_with(codec, parent.output, what, context)
+        except PayloadError as exc:  # a codec's own PayloadError does not say which value
+            raise PayloadError(f"{what}: {exc}") from exc
     return decoded
