@@ -206,7 +206,7 @@ def _binding_codec() -> EncryptedCodec:
 async def test_outputs_bound_to_their_task_reach_children_and_remote_workers() -> None:
     codec = _binding_codec()
     calls = Calls()
-    pools = [Pool("default", calls), RemotePool("remote", lease=5.0)]
+    pools: list[Pool | RemotePool] = [Pool("default", calls), RemotePool("remote", lease=5.0)]
     async with Scheduler(pools, store=MemoryStore(), codec=codec) as sched:
         parent = await sched.submit("double", 21, key="p")
         await sched.wait(parent, timeout=5)
