@@ -481,7 +481,9 @@ def test_fuzz_get_wait_cancel(harness: Harness) -> None:
 
     @FUZZ
     @given(
-        which=st.sampled_from(["get", "wait", "cancel", "attempts", "dependants"]),
+        which=st.sampled_from(
+            ["get", "wait", "cancel", "attempts", "dependants", "explain", "rerun"]
+        ),
         case=st.one_of(malformed, never_issued),
     )
     def check_ids(which: str, case: tuple[Any, type[CronoqError]]) -> None:
@@ -668,6 +670,39 @@ def test_fuzz_schedule_calls(harness: Harness) -> None:
     check()
 
 
+def test_fuzz_occurrences_and_parent_outputs(harness: Harness) -> None:
+    good: dict[str, st.SearchStrategy[object]] = {
+        "name": st.just("nightly"),
+        "before": st.sampled_from([None, datetime.now(UTC)]),
+        "limit": st.sampled_from([1, 1000]),
+    }
+    bad: dict[str, st.SearchStrategy[object]] = {
+        "name": bad_text(),
+        "before": wrong_types(none=False).filter(lambda v: not isinstance(v, datetime)),
+        "limit": bad_int(1, 1000),
+    }
+
+    @FUZZ
+    @given(args=arguments(good, bad))
+    def check(args: dict[str, Any]) -> None:
+        name = args.pop("name", "nightly")
+        harness.refuses("occurrences", lambda: harness.sched.occurrences(name, **args))
+
+    @FUZZ
+    @given(name=unknown_names({"nightly"}))
+    def check_unknown(name: str) -> None:
+        harness.refuses("occurrences", lambda: harness.sched.occurrences(name), (ScheduleNotFound,))
+
+    @FUZZ
+    @given(after=bad_after().filter(lambda v: v != [2**62]))  # an unknown parent has no output
+    def check_parent_outputs(after: Any) -> None:
+        harness.refuses("parent_outputs", lambda: harness.sched.parent_outputs(after))
+
+    check()
+    check_unknown()
+    check_parent_outputs()
+
+
 def test_fuzz_preview(harness: Harness) -> None:
     good: dict[str, st.SearchStrategy[object]] = {
         "cron": st.sampled_from(["* * * * *", "0 0 29 2 *"]),
@@ -737,6 +772,7 @@ def test_fuzz_remote_pools(harness: Harness) -> None:
             wrong_types(none=True, strings=False),
         ),
         slots=st.one_of(st.just(1), bad_int(1, 100_000)),
+        name=st.one_of(st.just(""), bad_text(255)),
         running=st.one_of(
             st.just(()),
             endless(),
@@ -745,10 +781,15 @@ def test_fuzz_remote_pools(harness: Harness) -> None:
             st.lists(st.tuples(st.just(good_token), bad_leases), min_size=1, max_size=2),
         ),
     )
-    def check_attach(pools: Any, slots: Any, running: Any) -> None:
-        if pools == ["remote"] and slots == 1 and running == ():
+    def check_attach(pools: Any, slots: Any, name: Any, running: Any) -> None:
+        if pools == ["remote"] and slots == 1 and running == () and name == "":
             return  # every argument good
-        harness.refuses("attach", lambda: sched.attach(pools, slots, running=running))
+        harness.refuses("attach", lambda: sched.attach(pools, slots, running=running, name=name))
+
+    @FUZZ
+    @given(name=bad_text(255).filter(lambda v: v != ""))  # "" is the default: no name
+    def check_attach_name(name: Any) -> None:
+        harness.refuses("attach", lambda: sched.attach(["remote"], 1, name=name))
 
     @FUZZ
     @given(pool=st.text(min_size=1, max_size=8).filter(lambda p: p.isalnum()))
@@ -834,6 +875,7 @@ def test_fuzz_remote_pools(harness: Harness) -> None:
         harness.refuses("WorkerLink.unsent", lambda: link.unsent(event))
 
     check_attach()
+    check_attach_name()
     check_attach_unknown_pool()
     check_heartbeat()
     check_report_success()

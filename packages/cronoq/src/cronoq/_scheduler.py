@@ -1370,7 +1370,7 @@ class Scheduler:
         )
         if not self.running:
             raise self._driver.failure_error()
-        name = check.text(name, "name", max_length=check.MAX_NAME_LENGTH) if name else ""
+        name = "" if isinstance(name, str) and not name else check.text(name, "worker name")
         return self._remote.attach(names, slots, self._driver.stopped, tokens, name)
 
     def _remote_pool(self, value: object) -> str:
