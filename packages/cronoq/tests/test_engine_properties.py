@@ -43,6 +43,7 @@ from cronoq._engine import (
     PauseSchedule,
     PoolConfig,
     RemoveSchedule,
+    RerunTask,
     ResumeSchedule,
     StaleAttempt,
     StepResult,
@@ -67,7 +68,13 @@ from cronoq._model import (
     TaskSpec,
     TaskTemplate,
 )
-from cronoq.errors import DuplicateSchedule, ScheduleNotFound, SchedulerError, TaskNotFound
+from cronoq.errors import (
+    CronoqError,
+    DuplicateSchedule,
+    ScheduleNotFound,
+    SchedulerError,
+    TaskNotFound,
+)
 from cronoq.store import (
     AttemptEnded,
     CancelRequested,
@@ -675,6 +682,36 @@ class EngineMachine(RuleBasedStateMachine):
             # Cancelled now, or the terminal status the task already had.
             assert isinstance(reply, Status) and reply.is_terminal, reply
             assert model.status is reply, (task_id, reply, model.statuses)
+
+    @precondition(lambda self: bool(self.ids))
+    @rule(data=st.data(), fail=FAIL)
+    def rerun(self, data: st.DataObject, fail: bool) -> None:
+        """An operator runs a task again, as the Scheduler asks: with its row as stored."""
+        task_id = data.draw(st.sampled_from(self.ids), label="task_id")
+        model = self.tasks[task_id]
+        first_new = len(self.ids)
+        row = self.cluster.tasks.get(task_id)
+        result = self._run([RerunTask(task_id, row, "rerun")], fail)
+        if result is None:
+            return
+        reply = _reply(result, "rerun")
+        if not isinstance(reply, int):
+            assert isinstance(reply, CronoqError), reply
+            assert len(self.ids) == first_new, "a refused rerun created a task"
+            assert not isinstance(reply, TaskNotFound) or row is None, (task_id, reply)
+            return
+        assert model.status.is_terminal, (task_id, model.statuses)
+        assert self.ids[first_new] == reply, (reply, self.ids)
+        spec = self.tasks[reply].spec
+        assert spec.rerun_of == task_id and spec.start_at_ns is None and spec.schedule is None
+        assert replace(spec, rerun_of=None, limits=model.spec.limits) == replace(
+            model.spec,
+            start_at_ns=None,
+            deadline_ns=None,
+            schedule=None,
+            trace_context=None,
+            rerun_of=None,
+        )
 
     @precondition(lambda self: bool(self.ids))
     @rule(data=st.data(), fail=FAIL)

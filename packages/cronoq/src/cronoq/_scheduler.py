@@ -1575,7 +1575,8 @@ class Scheduler:
         if before is not None:  # any year: a bound past int64 reads as "all"
             before_ns = min(max(check.unix_ns(before, "before"), -(2**63)), 2**63 - 1)
         records = await self._store.get_occurrences(name, before_ns, limit)
-        if not records and before_ns is None:
+        # Whether it exists is the leader's to say: a standby answers with what is recorded.
+        if not records and before_ns is None and self.leading:
             schedules: builtins.list[ScheduleRecord] = await self._call(ListSchedules)
             if all(record.spec.name != name for record in schedules):
                 raise ScheduleNotFound(f"no schedule named {name!r}")
