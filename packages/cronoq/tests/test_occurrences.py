@@ -188,3 +188,21 @@ async def test_the_ledger_across_a_killed_leader_of_real_schedulers() -> None:
             await second.occurrences("tick", limit=0)
         metrics = second.metrics()
         assert metrics.occurrences.get(("tick", "started"), 0) >= 1
+
+
+def test_replacing_a_paused_schedule_records_what_its_pause_held_back() -> None:
+    """Found by the property machine: a redeploy re-registering a paused schedule recomputed
+    its next occurrence, and the occurrences due while paused had no record."""
+    spec = _spec(CatchUpPolicy.COALESCE)
+    log = Cluster(spec)
+    log.step(T0 + S)
+    log.step(T0 + 2 * S, PauseSchedule("tick", None))
+    log.step(T0 + 3 * MINUTE + S, AddSchedule(spec, True, None))
+    log.step(T0 + 3 * MINUTE + 2 * S, ResumeSchedule("tick", None))
+    log.step(T0 + 4 * MINUTE + S)
+    outcomes = [(r.due_ns - T0, r.until_ns - T0, r.outcome) for r in log.records()]
+    assert outcomes == [
+        (0, MINUTE, OccurrenceOutcome.STARTED),
+        (MINUTE, 4 * MINUTE, OccurrenceOutcome.PAUSED),
+        (4 * MINUTE, 5 * MINUTE, OccurrenceOutcome.STARTED),
+    ]

@@ -63,6 +63,16 @@ class Schedules:
             last_task_id=existing.last_task_id if existing else None,
         )
         self.schedules[spec.name] = schedule = _Schedule(record, cron)
+        if existing is not None and existing.next_ns <= shared.now:
+            # Due (while paused, or in this very step) and not fired: the ledger says so.
+            if existing.paused:
+                outcome, message = OccurrenceOutcome.PAUSED, "paused"
+            else:
+                outcome, message = (
+                    OccurrenceOutcome.MISSED,
+                    "the schedule was replaced as it came due",
+                )
+            self._record(schedule, existing.next_ns, outcome, None, message)
         self._save(schedule)
         return record
 
