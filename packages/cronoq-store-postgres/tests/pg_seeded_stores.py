@@ -40,7 +40,7 @@ class GenerationBlindPgStore(PgStore):
 
 class UnfencedPrunePgStore(PgStore):
     """Pruning asks only the instance's own belief that it leads, not the leader row: a
-    leader replaced behind its back still deletes."""
+    leader replaced behind its back still deletes (tasks and ledger records alike)."""
 
     def __init__(self, dsn: str, pool: asyncpg.Pool, config: PgStoreConfig) -> None:
         super().__init__(dsn, pool, config)
@@ -50,6 +50,13 @@ class UnfencedPrunePgStore(PgStore):
                 DELETE FROM {s}.cronoq_tasks WHERE id IN (
                     SELECT id FROM {s}.cronoq_tasks WHERE finished_ns < $3 LIMIT $4)
                     AND $1::bigint IS NOT NULL AND $2::bigint IS NOT NULL
+                RETURNING 1
+            )
+            SELECT 1 AS leading, (SELECT count(*) FROM pruned) AS pruned"""
+        self._sql.prune_occurrences = f"""
+            WITH pruned AS (
+                DELETE FROM {s}.cronoq_occurrences WHERE due_ns < $3
+                    AND $1::bigint IS NOT NULL AND $2::bigint IS NOT NULL AND $4 > 0
                 RETURNING 1
             )
             SELECT 1 AS leading, (SELECT count(*) FROM pruned) AS pruned"""

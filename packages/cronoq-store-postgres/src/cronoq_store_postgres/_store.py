@@ -29,6 +29,8 @@ from cronoq.store import (
     AttemptEnded,
     Lease,
     Mutation,
+    OccurrenceOutcome,
+    OccurrenceRecorded,
     RecoveredState,
     ScheduleRecord,
     TaskRecord,
@@ -62,6 +64,7 @@ __all__ = ["PgStore"]
 
 log = logging.getLogger("cronoq.postgres")
 NS = 1_000_000_000
+_MIN_BIGINT, _MAX_BIGINT = -(2**63), 2**63 - 1
 _T = TypeVar("_T")
 
 
@@ -110,6 +113,15 @@ class _Sql:
         self.attempts = f"""
             SELECT attempt, started_ns, ended_ns, message FROM {s}.cronoq_attempts
             WHERE task_id = $1 ORDER BY attempt"""
+        # A record whose outcome this build does not know (a newer build's, or written by
+        # hand) is skipped by the query, so that it neither fails the read nor shortens a page.
+        # No bound ($2 NULL) reads all: each call is planned for its values.
+        known = ", ".join(f"'{outcome.value}'" for outcome in OccurrenceOutcome)
+        self.occurrences = f"""
+            SELECT due_ns, until_ns, outcome, task_id, at_ns, message
+            FROM {s}.cronoq_occurrences
+            WHERE schedule = $1 AND ($2::bigint IS NULL OR due_ns < $2) AND outcome IN ({known})
+            ORDER BY due_ns DESC LIMIT $3"""
         self.prune = f"""
             WITH {fence}, pruned AS (
                 DELETE FROM {s}.cronoq_tasks WHERE id IN (
@@ -119,6 +131,17 @@ class _Sql:
                 RETURNING id
             ), pruned_attempts AS (
                 DELETE FROM {s}.cronoq_attempts WHERE task_id IN (SELECT id FROM pruned)
+            )
+            SELECT (SELECT count(*) FROM fence) AS leading,
+                (SELECT count(*) FROM pruned) AS pruned"""
+        # Ledger records go by their due time, whether or not their schedule still exists.
+        self.prune_occurrences = f"""
+            WITH {fence}, pruned AS (
+                DELETE FROM {s}.cronoq_occurrences WHERE (schedule, due_ns) IN (
+                    SELECT schedule, due_ns FROM {s}.cronoq_occurrences WHERE due_ns < $3
+                    LIMIT $4)
+                    AND EXISTS (SELECT FROM fence)
+                RETURNING 1
             )
             SELECT (SELECT count(*) FROM fence) AS leading,
                 (SELECT count(*) FROM pruned) AS pruned"""
@@ -502,6 +525,24 @@ class PgStore:
             for r in await self._fetch(self._sql.attempts, task_id)
         ]  # fmt: skip
 
+    async def get_occurrences(
+        self, schedule: str, before_ns: int | None, limit: int
+    ) -> Sequence[OccurrenceRecorded]:
+        to_engine = self._time_base.to_engine
+        before = None if before_ns is None else self._time_base.to_unix(before_ns)
+        if before is not None:
+            # A bound past a bigint (another time base): every record is due before one
+            # above it, and none before one below.
+            before = None if before > _MAX_BIGINT else max(before, _MIN_BIGINT)
+        return [
+            OccurrenceRecorded(
+                schedule, to_engine(r["due_ns"]), to_engine(r["until_ns"]),
+                OccurrenceOutcome(r["outcome"]), r["task_id"], to_engine(r["at_ns"]),
+                r["message"],
+            )
+            for r in await self._fetch(self._sql.occurrences, schedule, before, limit)
+        ]  # fmt: skip
+
     async def _lookup(self, where: str, value: object) -> TaskRecord | None:
         rows = await self._fetch(self._sql.lookup + where, value)
         if not rows:
@@ -511,17 +552,24 @@ class PgStore:
     # --- pruning and shutdown -------------------------------------------------------------
 
     async def prune(self, horizon_unix_ns: int) -> int:
-        """Delete tasks finished before the horizon, a batch per transaction; return how many.
+        """Delete tasks finished before the horizon, then ledger records due before it, a
+        batch per transaction; return how many tasks.
 
         Only the leader prunes: each batch is gated on its epoch, so a store that does not
         lead, or no longer does, raises ``Fenced`` and deletes nothing. The id high-water mark
         lives in ``cronoq_leader``, so ids stay unique after pruning.
         """
-        return await prune_in_batches(
-            lambda: shielded(self._prune_batch(horizon_unix_ns)), self._config.prune_batch
+        sql, size = self._sql, self._config.prune_batch
+        tasks = await prune_in_batches(
+            lambda: shielded(self._prune_batch(horizon_unix_ns, sql.prune)), size
         )
+        await prune_in_batches(
+            lambda: shielded(self._prune_batch(horizon_unix_ns, sql.prune_occurrences)), size
+        )
+        return tasks
 
-    async def _prune_batch(self, horizon_unix_ns: int) -> int:
+    async def _prune_batch(self, horizon_unix_ns: int, statement: str) -> int:
+        """One fenced ``statement`` (the prune's or the ledger's); how many rows it deleted."""
         async with self._serial:
             epoch = self._epoch
             self._check_leading(epoch)
@@ -529,9 +577,8 @@ class PgStore:
 
             async def write(conn: Connection) -> asyncpg.Record | None:
                 return await conn.fetchrow(
-                    self._sql.prune, epoch, self._generation, horizon_unix_ns,
-                    self._config.prune_batch,
-                )  # fmt: skip
+                    statement, epoch, self._generation, horizon_unix_ns, self._config.prune_batch
+                )
 
             row = await self._write(epoch, "pruning", write)
         assert row is not None
