@@ -21,6 +21,7 @@ __all__ = [
     "GenerationBlindPgStore",
     "NewTaskLeaseDroppedPgStore",
     "PoolsMixedUpPgStore",
+    "SqlSeededPgStore",
     "UnfencedPrunePgStore",
 ]
 
@@ -150,3 +151,20 @@ class CommitSqlSeededPgStore(PgStore):
             return sql(u, rows, conflict).replace(self.old, self.new)
 
         return seeded
+
+
+class SqlSeededPgStore(PgStore):
+    """The text ``old`` of the store's statement ``statement`` (an attribute of its ``_Sql``)
+    replaced by ``new``, in which ``{s}`` is the quoted schema (a subclass sets all three):
+    the SQL of a store with that one bug in a read or a prune."""
+
+    statement = ""
+    old = ""
+    new = ""
+
+    def __init__(self, dsn: str, pool: asyncpg.Pool, config: PgStoreConfig) -> None:
+        super().__init__(dsn, pool, config)
+        sql = getattr(self._sql, self.statement)
+        assert self.old in sql, "the seeded bug no longer applies to PgStore"
+        new = self.new.format(s=quote_ident(config.schema))
+        setattr(self._sql, self.statement, sql.replace(self.old, new))
