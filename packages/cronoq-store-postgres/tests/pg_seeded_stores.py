@@ -52,15 +52,11 @@ class UnfencedPrunePgStore(PgStore):
                     SELECT id FROM {s}.cronoq_tasks WHERE finished_ns < $3 LIMIT $4)
                     AND $1::bigint IS NOT NULL AND $2::bigint IS NOT NULL
                 RETURNING 1
+            ), records AS (
+                DELETE FROM {s}.cronoq_occurrences WHERE due_ns < $3 RETURNING 1
             )
-            SELECT 1 AS leading, (SELECT count(*) FROM pruned) AS pruned"""
-        self._sql.prune_occurrences = f"""
-            WITH pruned AS (
-                DELETE FROM {s}.cronoq_occurrences WHERE due_ns < $3
-                    AND $1::bigint IS NOT NULL AND $2::bigint IS NOT NULL AND $4 > 0
-                RETURNING 1
-            )
-            SELECT 1 AS leading, (SELECT count(*) FROM pruned) AS pruned"""
+            SELECT 1 AS leading, (SELECT count(*) FROM pruned) AS pruned,
+                (SELECT count(*) FROM records) AS records"""
 
 
 class RowsSeededPgStore(PgStore):

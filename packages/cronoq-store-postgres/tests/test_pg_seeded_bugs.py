@@ -145,7 +145,7 @@ class OccurrencesByILikePgStore(SqlSeededPgStore):
 
 
 class LedgerPruneSparesRemovedPgStore(SqlSeededPgStore):
-    statement = "prune_occurrences"
+    statement = "prune"
     old = "WHERE due_ns < $3"
     new = "WHERE due_ns < $3 AND schedule IN (SELECT name FROM {s}.cronoq_schedules)"
 

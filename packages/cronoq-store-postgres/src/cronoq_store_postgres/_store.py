@@ -131,12 +131,7 @@ class _Sql:
                 RETURNING id
             ), pruned_attempts AS (
                 DELETE FROM {s}.cronoq_attempts WHERE task_id IN (SELECT id FROM pruned)
-            )
-            SELECT (SELECT count(*) FROM fence) AS leading,
-                (SELECT count(*) FROM pruned) AS pruned"""
-        # Ledger records go by their due time, whether or not their schedule still exists.
-        self.prune_occurrences = f"""
-            WITH {fence}, pruned AS (
+            ), pruned_occurrences AS (
                 DELETE FROM {s}.cronoq_occurrences WHERE (schedule, due_ns) IN (
                     SELECT schedule, due_ns FROM {s}.cronoq_occurrences WHERE due_ns < $3
                     LIMIT $4)
@@ -144,7 +139,8 @@ class _Sql:
                 RETURNING 1
             )
             SELECT (SELECT count(*) FROM fence) AS leading,
-                (SELECT count(*) FROM pruned) AS pruned"""
+                (SELECT count(*) FROM pruned) AS pruned,
+                (SELECT count(*) FROM pruned_occurrences) AS records"""
 
 
 class _Connection(asyncpg.Connection):
@@ -552,24 +548,27 @@ class PgStore:
     # --- pruning and shutdown -------------------------------------------------------------
 
     async def prune(self, horizon_unix_ns: int) -> int:
-        """Delete tasks finished before the horizon, then ledger records due before it, a
-        batch per transaction; return how many tasks.
+        """Delete tasks finished before the horizon and ledger records due before it (by
+        their due time, whether or not their schedule still exists), a batch of each per
+        statement; return how many tasks.
 
         Only the leader prunes: each batch is gated on its epoch, so a store that does not
         lead, or no longer does, raises ``Fenced`` and deletes nothing. The id high-water mark
         lives in ``cronoq_leader``, so ids stay unique after pruning.
         """
-        sql, size = self._sql, self._config.prune_batch
-        tasks = await prune_in_batches(
-            lambda: shielded(self._prune_batch(horizon_unix_ns, sql.prune)), size
-        )
-        await prune_in_batches(
-            lambda: shielded(self._prune_batch(horizon_unix_ns, sql.prune_occurrences)), size
-        )
+        tasks = 0
+
+        async def batch() -> int:
+            nonlocal tasks
+            pruned, records = await shielded(self._prune_batch(horizon_unix_ns))
+            tasks += pruned
+            return max(pruned, records)  # another batch while either kind filled this one
+
+        await prune_in_batches(batch, self._config.prune_batch)
         return tasks
 
-    async def _prune_batch(self, horizon_unix_ns: int, statement: str) -> int:
-        """One fenced ``statement`` (the prune's or the ledger's); how many rows it deleted."""
+    async def _prune_batch(self, horizon_unix_ns: int) -> tuple[int, int]:
+        """One fenced statement: the tasks it deleted, and the ledger records."""
         async with self._serial:
             epoch = self._epoch
             self._check_leading(epoch)
@@ -577,14 +576,15 @@ class PgStore:
 
             async def write(conn: Connection) -> asyncpg.Record | None:
                 return await conn.fetchrow(
-                    statement, epoch, self._generation, horizon_unix_ns, self._config.prune_batch
-                )
+                    self._sql.prune, epoch, self._generation, horizon_unix_ns,
+                    self._config.prune_batch,
+                )  # fmt: skip
 
             row = await self._write(epoch, "pruning", write)
         assert row is not None
         if row["leading"] == 0:
             raise Fenced(f"epoch {epoch} was superseded: it prunes nothing")
-        return int(row["pruned"])
+        return int(row["pruned"]), int(row["records"])
 
     async def _prune_regularly(self) -> None:
         config = self._config

@@ -655,34 +655,34 @@ class SqliteStore:
     # --- pruning and shutdown -------------------------------------------------------------
 
     async def prune(self, horizon_unix_ns: int) -> int:
-        """Delete tasks finished before the horizon, then ledger records due before it, a
-        batch per transaction; return how many tasks.
+        """Delete tasks finished before the horizon and ledger records due before it, a batch
+        of each per transaction; return how many tasks.
 
         Only the leader prunes: each batch is fenced like a commit, so an instance that lost
         its lease (whether it knows or not) deletes nothing and gets ``Fenced``. The id
         high-water mark lives in ``cronoq_leader``, so ids stay unique after pruning.
         """
         epoch = self._leading_epoch("prune")
-        size = self._config.prune_batch
-        tasks = await prune_in_batches(
-            lambda: shielded(self._prune_batch(epoch, horizon_unix_ns, _PRUNE_ATTEMPTS, _PRUNE)),
-            size,
-        )
-        await prune_in_batches(
-            lambda: shielded(self._prune_batch(epoch, horizon_unix_ns, _PRUNE_OCCURRENCES)), size
-        )
+        tasks = 0
+
+        async def batch() -> int:
+            nonlocal tasks
+            pruned, records = await shielded(self._prune_batch(epoch, horizon_unix_ns))
+            tasks += pruned
+            return max(pruned, records)  # another batch while either kind filled this one
+
+        await prune_in_batches(batch, self._config.prune_batch)
         return tasks
 
-    async def _prune_batch(self, epoch: int, horizon_unix_ns: int, *statements: str) -> int:
-        """One fenced transaction of ``statements``; the rows the last one deleted."""
+    async def _prune_batch(self, epoch: int, horizon_unix_ns: int) -> tuple[int, int]:
+        """One fenced transaction: the tasks it deleted, and the ledger records."""
 
-        def prune(db: sqlite3.Connection) -> int:
+        def prune(db: sqlite3.Connection) -> tuple[int, int]:
             self._fence(db, epoch)
             arguments = (horizon_unix_ns, self._config.prune_batch)
-            deleted = 0
-            for statement in statements:
-                deleted = db.execute(statement, arguments).rowcount
-            return deleted
+            db.execute(_PRUNE_ATTEMPTS, arguments)
+            pruned = db.execute(_PRUNE, arguments).rowcount
+            return pruned, db.execute(_PRUNE_OCCURRENCES, arguments).rowcount
 
         return await self._transaction("pruning", prune, epoch=epoch)
 
