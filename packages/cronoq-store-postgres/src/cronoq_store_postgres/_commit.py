@@ -222,8 +222,7 @@ def _parts(s: str) -> tuple[_Part, ...]:
             )"""
         ),
     )
-    # Written once, as attempts are; collapse_batch gives each key once (one statement may
-    # not insert a key twice).
+    # Written once, as attempts are; collapse_batch gives each key once (the batch's first).
     occurrences = _Part(
         (
             ("schedule", "text"),

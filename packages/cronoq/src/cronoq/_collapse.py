@@ -163,8 +163,8 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
             case OutboxTaken(row_ids):
                 taken.update(dict.fromkeys(row_ids))
             case OccurrenceRecorded(schedule, due_ns, message=message):
-                # The first is kept, as a store keeps the record a repeated commit wrote first
-                # (and one statement may not insert a key twice).
+                # The first is kept, as a store keeps the record a repeated commit wrote first;
+                # which of two a multi-row insert keeps would be up to the database.
                 if (schedule, due_ns) not in recorded:
                     clean = sanitize_message(message)
                     recorded[schedule, due_ns] = (
