@@ -27,6 +27,7 @@ from cronoq.store import (
     AttemptEnded,
     Lease,
     Mutation,
+    OccurrenceRecorded,
     RecoveredState,
     Store,
     TaskRecord,
@@ -77,6 +78,11 @@ class DelegatingStore:
 
     async def get_attempts(self, task_id: int) -> Sequence[AttemptEnded]:
         return await self.inner.get_attempts(task_id)
+
+    async def get_occurrences(
+        self, schedule: str, before_ns: int | None, limit: int
+    ) -> Sequence[OccurrenceRecorded]:
+        return await self.inner.get_occurrences(schedule, before_ns, limit)
 
     async def close(self) -> None:
         await self.inner.close()

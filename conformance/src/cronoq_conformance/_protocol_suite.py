@@ -32,10 +32,13 @@ from cronoq._model import (
 from cronoq.errors import Fenced, StoreError, StoreFatal, Unavailable
 from cronoq.store import (
     ATTEMPTS_KEPT,
+    MAX_OCCURRENCE_PAGE,
     AttemptEnded,
     AttemptLease,
     CancelRequested,
     Mutation,
+    OccurrenceOutcome,
+    OccurrenceRecorded,
     OutboxRow,
     OutboxSource,
     OutboxTaken,
@@ -51,13 +54,15 @@ from cronoq.store import (
     TaskSubmitted,
     TaskUpdated,
     TimeBase,
+    sanitize_message,
 )
 from cronoq_conformance._footprint import changes, footprint
 from cronoq_conformance._harness import Capability, ClusterRows, DatabaseCondition, StoreHarness
 
 __all__ = ["StoreSuite"]
 
-HOUR_NS = 3600 * 1_000_000_000
+SECOND_NS = 1_000_000_000
+HOUR_NS = 3600 * SECOND_NS
 FULL_SPEC = TaskSpec(
     pool="mail",
     kind="send",
@@ -156,6 +161,20 @@ async def leases_looked_up(store: Store, task_ids: Sequence[int]) -> list[Attemp
         assert record is not None, f"task {task_id} is unknown to get_task"
         found.append(record.lease)
     return found
+
+
+def recorded(schedule: str, due_ns: int, message: str = "started") -> OccurrenceRecorded:
+    """A ledger record of one occurrence that started a task."""
+    return OccurrenceRecorded(
+        schedule, due_ns, due_ns + 60 * SECOND_NS, OccurrenceOutcome.STARTED, 7, due_ns + 3, message
+    )
+
+
+async def ledger(
+    store: Store, schedule: str, before_ns: int | None = None
+) -> list[OccurrenceRecorded]:
+    """The schedule's records ``get_occurrences`` returns, a page of the most it is asked for."""
+    return list(await store.get_occurrences(schedule, before_ns, MAX_OCCURRENCE_PAGE))
 
 
 def by_id(state: RecoveredState) -> dict[int, TaskRecord]:
@@ -1001,6 +1020,224 @@ class StoreSuite:
             await store.commit(epoch, [*batch, finished(1, at + 2)])
         assert list(await store.get_attempts(1)) == []
 
+    # --- occurrence ledger (issue 32) --------------------------------------------------------
+    # A schedule's firing leaves an OccurrenceRecorded: written once per (schedule, due_ns),
+    # read newest first by exact name, kept after its schedule is removed, pruned by its due
+    # time with the finished tasks, and a write of its batch like any other (all or nothing
+    # with it, fenced with it).
+
+    async def test_occurrence_records_read_back_exactly_in_the_time_base_of_the_reader(
+        self, cluster: StoreHarness
+    ) -> None:
+        first = await cluster.open()
+        epoch, _ = await self.lead(first)
+        at = now_ns()
+        messages = [
+            "",
+            "ran once\x00",
+            "lone \ud800 surrogate",
+            "ünïcødé ✓",
+            "x" * 2000,
+            "quote ' and \"",
+            "line\nbreak",
+        ]
+        # Every outcome, a task id or none, messages a store must sanitize or keep as they are,
+        # times at nanosecond precision: each column differs from record to record...
+        varied = [
+            OccurrenceRecorded(
+                "nightly", at - (20 - i) * SECOND_NS + i, at + 7 * i + 3, outcome,
+                i if i % 2 else None, at + 11 * i + 1, messages[i % len(messages)],
+            )
+            for i, outcome in enumerate(OccurrenceOutcome)
+        ]  # fmt: skip
+        # ... and all but the due time are the same in every record of this batch.
+        alike = [
+            OccurrenceRecorded(
+                "nightly", at + i * SECOND_NS, at + HOUR_NS, OccurrenceOutcome.MISSED, None, at,
+                "fired late",
+            )
+            for i in (1, 2, 3)
+        ]  # fmt: skip
+        await first.commit(epoch, varied)
+        await first.commit(epoch, alike)
+        written = sorted(varied + alike, key=lambda r: r.due_ns, reverse=True)
+        expected = [replace(r, message=sanitize_message(r.message)) for r in written]
+        assert await ledger(first, "nightly") == expected, (
+            "get_occurrences must return each record as written, newest first: times at "
+            "nanosecond precision, NUL and lone surrogates in its message as U+FFFD"
+        )
+        await cluster.crash(first)
+        second = await cluster.open()
+        lease = await second.acquire_leadership()
+        base = TimeBase(unix_nanos_at_zero=1_000_000_000_000_000_000)
+        await second.recover(lease.epoch, base, HOUR_NS)
+        shifted = [
+            replace(
+                r,
+                due_ns=base.to_engine(r.due_ns),
+                until_ns=base.to_engine(r.until_ns),
+                at_ns=base.to_engine(r.at_ns),
+            )
+            for r in expected
+        ]
+        in_engine_time = "in the engine time of the TimeBase given to recover()"
+        assert await ledger(second, "nightly") == shifted, (
+            f"a new instance's get_occurrences must return the records {in_engine_time}"
+        )
+        assert await ledger(second, "nightly", shifted[2].due_ns) == shifted[3:], (
+            f"get_occurrences' before_ns is {in_engine_time} too"
+        )
+        # The largest bound (the scheduler's for a `before` far in the future) reads them all,
+        # whatever the time base adds to it.
+        assert await ledger(second, "nightly", 2**63 - 1) == shifted
+
+    async def test_a_repeated_occurrence_record_changes_nothing(
+        self, cluster: StoreHarness
+    ) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        first = recorded("nightly", at, "first")
+        again = OccurrenceRecorded(
+            "nightly", at, at + HOUR_NS, OccurrenceOutcome.SKIPPED, 6, at + 9, "again"
+        )
+        await store.commit(epoch, [first])
+        await store.commit(epoch, [again])
+        await store.commit(epoch, [again, first])
+        # Twice in one batch (the first stays), and that batch applied twice.
+        later = recorded("nightly", at + 5, "first of its batch")
+        batch: list[Mutation] = [later, replace(later, message="second of its batch")]
+        await store.commit(epoch, batch)
+        await store.commit(epoch, batch)
+        assert await ledger(store, "nightly") == [later, first], (
+            "a repeated OccurrenceRecorded (the same schedule and due_ns: a commit retried "
+            "after it landed) changes nothing: the first one written stays"
+        )
+
+    async def test_occurrences_come_newest_first_before_the_bound_up_to_the_limit_by_name(
+        self, cluster: StoreHarness
+    ) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        dues = [at + offset for offset in (5, 1, 9, 3, 7, 2, 8)]
+        mine = [recorded("a", due) for due in dues]
+        for batch in (mine[:3], mine[3:5], mine[5:]):  # out of order, over three batches
+            await store.commit(epoch, batch)
+        # Names that a LIKE pattern, a comparison ignoring case or padding spaces, or a prefix
+        # match takes for "a" (or "a" for them).
+        others = ["a%", "A", "_", "%", "a ", " a", "ab", "á"]
+        await store.commit(epoch, [recorded(name, due) for name in others for due in dues])
+        newest = sorted(mine, key=lambda r: r.due_ns, reverse=True)
+        assert await ledger(store, "a") == newest, (
+            "get_occurrences returns the schedule's records newest first (by due_ns), and only "
+            "its own: names compared exactly"
+        )
+        for name in others:
+            theirs = [recorded(name, r.due_ns) for r in newest]
+            assert await ledger(store, name) == theirs, (
+                f"get_occurrences({name!r}) returns the schedule's records newest first, and "
+                "only its own: names compared exactly"
+            )
+        assert await ledger(store, "b") == [], "a schedule without records has none"
+        assert list(await store.get_occurrences("a", None, 3)) == newest[:3], (
+            "get_occurrences returns at most limit records, the newest"
+        )
+        assert await ledger(store, "a", newest[2].due_ns) == newest[3:], (
+            "get_occurrences returns only the records due before before_ns (exclusive)"
+        )
+        assert await ledger(store, "a", newest[-1].due_ns) == [], "none is due before the oldest"
+        # Paging by the due time of a page's last record reads each record once.
+        paged: list[OccurrenceRecorded] = []
+        before: int | None = None
+        for _ in range(len(newest)):
+            page = list(await store.get_occurrences("a", before, 2))
+            if not page:
+                break
+            paged += page
+            before = page[-1].due_ns
+        assert paged == newest, "pages of 2, each before the last one's oldest, read each once"
+
+    async def test_a_batch_that_fails_midway_writes_no_occurrence(
+        self, cluster: StoreHarness
+    ) -> None:
+        self.require(cluster, Capability.FAULT_MID_BATCH)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        await store.commit(epoch, [submitted(1, at)])
+        await cluster.fail_next_commit_midway(store)
+        # The records first: the fault meets the task's update after them.
+        batch: list[Mutation] = [recorded("nightly", at + i) for i in range(8)]
+        batch.append(finished(1, at + 9))
+        with pytest.raises(StoreError):
+            await store.commit(epoch, batch)
+        assert await ledger(store, "nightly") == [], (
+            "a batch that fails midway must write no OccurrenceRecorded: the records are "
+            "written in the batch's transaction, all or nothing with it"
+        )
+        # The check can fail: the same batch, landing, writes them.
+        await store.commit(epoch, batch)
+        assert len(await ledger(store, "nightly")) == 8
+
+    async def test_a_replaced_leader_that_has_not_noticed_writes_no_occurrence(
+        self, cluster: StoreHarness
+    ) -> None:
+        at = now_ns()
+        late: list[Mutation] = [recorded("nightly", at), recorded("hourly", at + 1)]
+        successor, epoch, _ = await self.replaced_leader_commits(
+            cluster, [submitted(1, at), recorded("nightly", at - 1)], late
+        )
+        assert await ledger(successor, "nightly") == [recorded("nightly", at - 1)], (
+            "a commit by a leader replaced behind its back wrote its OccurrenceRecorded: gate "
+            "the records' insert on the fence, as the rows' are"
+        )
+        assert await ledger(successor, "hourly") == [], "(the fenced batch's other record)"
+        # The check can fail: the same batch of the leader writes them.
+        await successor.commit(epoch, late)
+        assert await ledger(successor, "hourly") == [recorded("hourly", at + 1)]
+
+    async def test_pruning_removes_the_occurrence_records_due_before_the_horizon(
+        self, cluster: StoreHarness
+    ) -> None:
+        self.require(cluster, Capability.PRUNE)
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        horizon = at - 30 * SECOND_NS
+        dues = [horizon - 60 * SECOND_NS, horizon - 1, horizon, horizon + 1, at]
+        # "kept" still exists, "gone" was removed: their records are pruned alike.
+        schedules = [
+            ScheduleRecord(replace(SCHEDULE, name=n), at + HOUR_NS) for n in ("kept", "gone")
+        ]
+        await store.commit(epoch, [ScheduleSaved(record) for record in schedules])
+        await store.commit(epoch, [recorded(n, due) for n in ("kept", "gone") for due in dues])
+        await store.commit(epoch, [ScheduleRemoved("gone")])
+        await cluster.prune(store, horizon)
+        for name in ("kept", "gone"):
+            assert [r.due_ns for r in await ledger(store, name)] == [at, horizon + 1, horizon], (
+                "pruning up to a horizon deletes the ledger records due before it, and only "
+                f"those, whether or not their schedule still exists (schedule {name!r})"
+            )
+
+    async def test_the_records_of_a_removed_schedule_remain(self, cluster: StoreHarness) -> None:
+        store = await cluster.open()
+        epoch, _ = await self.lead(store)
+        at = now_ns()
+        early, last = recorded("gone", at - 2 * SECOND_NS), recorded("gone", at - SECOND_NS)
+        saved = ScheduleSaved(ScheduleRecord(replace(SCHEDULE, name="gone"), at + HOUR_NS))
+        await store.commit(epoch, [saved, early])
+        # Its last firing and its removal in one batch, as when it is removed as it fires.
+        await store.commit(epoch, [last, ScheduleRemoved("gone")])
+        await cluster.crash(store)
+        reopened = await cluster.open()
+        _, state = await self.lead(reopened)
+        assert [s.spec.name for s in state.schedules] == []
+        assert await ledger(reopened, "gone") == [last, early], (
+            "a removed schedule's records remain: get_occurrences returns them whether or not "
+            "the schedule still exists"
+        )
+
     # --- attempt leases (issue 19) ---------------------------------------------------------
     # A remote attempt's lease is kept with its row, so that a new leader waits for the
     # attempt's worker instead of starting another attempt, and can verify that worker when it
@@ -1500,16 +1737,24 @@ class StoreSuite:
             f"{when}: recover() must return every schedule as written"
         )
         assert state.max_task_id == kept.max_task_id, f"{when}: the id high-water mark changed"
-        # The upgraded schema takes leases, starts, pauses and attempts like a new one.
+        # No earlier version had a ledger: it is empty.
+        for name in map(_name, kept.schedules):
+            assert await ledger(store, name) == [], (
+                f"{when}: the ledger of schedule {name!r} must be empty"
+            )
+        # The upgraded schema takes leases, starts, pauses, attempts and ledger records like a
+        # new one.
         at = now_ns()
         fresh = lease(epoch, "after the upgrade")
         ended = AttemptEnded(3, 2, at, at + 1, "attempt 2 failed")
-        await store.commit(epoch, [started(2, 1, at, fresh), ended, PoolPaused("sms", True)])
+        fired = recorded(_name(kept.schedules[0]), at)
+        await store.commit(epoch, [started(2, 1, at, fresh), ended, PoolPaused("sms", True), fired])
         updated = await store.get_task(2)
         assert updated is not None and (updated.lease, updated.started_ns) == (fresh, at), (
             f"{when}: the upgraded schema must keep a new lease and start"
         )
         assert ended in await store.get_attempts(3), f"{when}: an attempt was not written"
+        assert await ledger(store, fired.schedule) == [fired], f"{when}: a record was not written"
         again = await store.recover(epoch, TimeBase(), HOUR_NS)
         assert "sms" in again.paused_pools, f"{when}: a pause was not written"
 
@@ -1683,11 +1928,13 @@ class StoreSuite:
         return successor, lease.epoch
 
     async def prunable(self, store: Store, epoch: int) -> None:
-        """Tasks 1-3 finished a minute ago, task 4 live: a prune up to now deletes 1-3, and
-        the stores' own pruning (which keeps finished tasks longer) does not."""
-        old = now_ns() - 60 * 1_000_000_000
+        """Tasks 1-3 finished a minute ago, task 4 live, and a ledger record of schedule
+        "pruned" due a minute ago: a prune up to now deletes 1-3 and the record, and the
+        stores' own pruning (which keeps finished tasks longer) does not."""
+        old = now_ns() - 60 * SECOND_NS
         batch: list[Mutation] = [submitted(i, old) for i in (1, 2, 3, 4)]
-        await store.commit(epoch, batch + [finished(i, old) for i in (1, 2, 3)])
+        batch += [finished(i, old) for i in (1, 2, 3)]
+        await store.commit(epoch, [*batch, recorded("pruned", old)])
 
     @staticmethod
     async def prunes_nothing(
@@ -1704,6 +1951,7 @@ class StoreSuite:
             f"{who} must be told it is fenced when it prunes, not {told!r} (it pruned {pruned})"
         )
         assert pruned == [], f"{who} pruned tasks {pruned}"
+        assert await ledger(reader, "pruned"), f"{who} pruned ledger records"
 
     async def test_an_instance_that_does_not_lead_prunes_nothing(
         self, cluster: StoreHarness
@@ -1720,6 +1968,7 @@ class StoreSuite:
         # The check can fail: the leader's prune deletes them.
         await cluster.prune(second, now_ns())
         assert [i for i in (1, 2, 3, 4) if await second.get_task(i) is not None] == [4]
+        assert await ledger(second, "pruned") == []
 
     async def test_a_replaced_leader_that_has_not_noticed_prunes_nothing(
         self, cluster: StoreHarness
@@ -1740,6 +1989,7 @@ class StoreSuite:
             await successor.recover(successor_epoch, TimeBase(), HOUR_NS)
             await cluster.prune(successor, now_ns())
             assert [i for i in (1, 2, 3, 4) if await successor.get_task(i) is not None] == [4]
+            assert await ledger(successor, "pruned") == []
 
     async def test_no_file_of_the_store_is_readable_by_group_or_others(
         self, cluster: StoreHarness

@@ -21,6 +21,7 @@ __all__ = [
     "GenerationBlindPgStore",
     "NewTaskLeaseDroppedPgStore",
     "PoolsMixedUpPgStore",
+    "SqlSeededPgStore",
     "UnfencedPrunePgStore",
 ]
 
@@ -40,7 +41,7 @@ class GenerationBlindPgStore(PgStore):
 
 class UnfencedPrunePgStore(PgStore):
     """Pruning asks only the instance's own belief that it leads, not the leader row: a
-    leader replaced behind its back still deletes."""
+    leader replaced behind its back still deletes (tasks and ledger records alike)."""
 
     def __init__(self, dsn: str, pool: asyncpg.Pool, config: PgStoreConfig) -> None:
         super().__init__(dsn, pool, config)
@@ -51,8 +52,11 @@ class UnfencedPrunePgStore(PgStore):
                     SELECT id FROM {s}.cronoq_tasks WHERE finished_ns < $3 LIMIT $4)
                     AND $1::bigint IS NOT NULL AND $2::bigint IS NOT NULL
                 RETURNING 1
+            ), records AS (
+                DELETE FROM {s}.cronoq_occurrences WHERE due_ns < $3 RETURNING 1
             )
-            SELECT 1 AS leading, (SELECT count(*) FROM pruned) AS pruned"""
+            SELECT 1 AS leading, (SELECT count(*) FROM pruned) AS pruned,
+                (SELECT count(*) FROM records) AS records"""
 
 
 class RowsSeededPgStore(PgStore):
@@ -143,3 +147,20 @@ class CommitSqlSeededPgStore(PgStore):
             return sql(u, rows, conflict).replace(self.old, self.new)
 
         return seeded
+
+
+class SqlSeededPgStore(PgStore):
+    """The text ``old`` of the store's statement ``statement`` (an attribute of its ``_Sql``)
+    replaced by ``new``, in which ``{s}`` is the quoted schema (a subclass sets all three):
+    the SQL of a store with that one bug in a read or a prune."""
+
+    statement = ""
+    old = ""
+    new = ""
+
+    def __init__(self, dsn: str, pool: asyncpg.Pool, config: PgStoreConfig) -> None:
+        super().__init__(dsn, pool, config)
+        sql = getattr(self._sql, self.statement)
+        assert self.old in sql, "the seeded bug no longer applies to PgStore"
+        new = self.new.format(s=quote_ident(config.schema))
+        setattr(self._sql, self.statement, sql.replace(self.old, new))

@@ -23,6 +23,7 @@ SCHEDULER_TABLES = (
     "cronoq_tasks",
     "cronoq_schedules",
     "cronoq_attempts",
+    "cronoq_occurrences",
     "cronoq_pools",
     "cronoq_leader",
     "cronoq_schema_version",

@@ -1,6 +1,7 @@
 """The lease columns of schema version 3 (issue 19): a schema of version 2 is migrated (to the
-latest: 4 adds the pools table, 5 the attempts table of issue 22) and its running rows recover
-without a lease; a malformed lease is quarantined, not read as None."""
+latest: 4 adds the pools table, 5 the attempts table of issue 22, 6 the outbox, 7 the occurrence
+ledger of issue 32) and its running rows recover without a lease; a malformed lease is
+quarantined, not read as None."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ async def version_2_schema(schema: str, now: int) -> None:
 async def test_a_version_2_schema_is_migrated_and_its_running_rows_have_no_lease(
     schema: str,
 ) -> None:
-    assert SCHEMA_VERSION == 6  # what this test knows the upgrade leads to (issue 30: 6)
+    assert SCHEMA_VERSION == 7  # what this test knows the upgrade leads to (issue 32: 7)
     await version_2_schema(schema, time.time_ns())
     store = await PgStore.connect(DSN, config(schema))
     try:

@@ -32,6 +32,7 @@ REPLICA_GRANTS = (
     "GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.cronoq_tasks, {s}.cronoq_schedules TO {r}",
     "GRANT SELECT, INSERT, UPDATE ON {s}.cronoq_pools TO {r}",
     "GRANT SELECT, INSERT, DELETE ON {s}.cronoq_attempts TO {r}",
+    "GRANT SELECT, INSERT, DELETE ON {s}.cronoq_occurrences TO {r}",
     "GRANT SELECT, INSERT, DELETE ON {s}.cronoq_outbox TO {r}",
     "GRANT SELECT, INSERT, UPDATE, DELETE ON {s}.cronoq_outbox_quarantine TO {r}",
 )
@@ -97,6 +98,14 @@ async def runs_a_task(store: PgStore) -> None:
             assert ingested is not None
             assert (await sched.wait(ingested.task_id, timeout=10)).status is Status.SUCCEEDED
             assert await store.prune(2**62) == 2, "pruning deletes the finished tasks"
+            # The occurrence ledger, written, read and pruned with the replica's grants.
+            await sched.add_schedule("tick", "* * * * * *", kind="job")
+            async with asyncio.timeout(10):
+                while not await sched.occurrences("tick"):  # noqa: ASYNC110 (no event)
+                    await asyncio.sleep(0.01)
+            await sched.remove_schedule("tick")
+            await store.prune(2**62)
+            assert await store.get_occurrences("tick", None, 10) == []
     finally:
         await store.close()
 

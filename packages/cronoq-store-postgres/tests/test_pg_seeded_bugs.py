@@ -1,4 +1,4 @@
-"""The conformance kit's checks of issues 25, 19, 21 and 34 fail on PgStore with the matching
+"""The conformance kit's checks of issues 25, 19, 21, 34 and 32 fail on PgStore with the matching
 bug seeded (pg_seeded_stores), and pass on PgStore itself (test_pg_conformance): a check that
 cannot fail proves nothing. Each runs one check of the kit as a store author's test module
 would."""
@@ -15,6 +15,7 @@ from pg_seeded_stores import (
     GenerationBlindPgStore,
     NewTaskLeaseDroppedPgStore,
     PoolsMixedUpPgStore,
+    SqlSeededPgStore,
     UnfencedPrunePgStore,
 )
 
@@ -124,6 +125,31 @@ class AttemptsUnfencedPgStore(CommitSqlSeededPgStore):
     new = "ON CONFLICT (task_id, attempt)"
 
 
+# --- issue 32: the occurrence ledger ------------------------------------------------------
+
+
+class OccurrencesUnfencedPgStore(CommitSqlSeededPgStore):
+    old = """WHERE EXISTS (SELECT FROM fence)
+                ON CONFLICT (schedule, due_ns)"""
+    new = "ON CONFLICT (schedule, due_ns)"
+
+
+class OccurrencesUpsertedPgStore(CommitSqlSeededPgStore):
+    old = "ON CONFLICT (schedule, due_ns) DO NOTHING"
+    new = """ON CONFLICT (schedule, due_ns) DO UPDATE SET outcome = excluded.outcome,
+                    message = excluded.message"""
+
+
+class OccurrencesByILikePgStore(SqlSeededPgStore):
+    statement, old, new = "occurrences", "schedule = $1", "schedule ILIKE $1"
+
+
+class LedgerPruneSparesRemovedPgStore(SqlSeededPgStore):
+    statement = "prune"
+    old = "WHERE due_ns < $3"
+    new = "WHERE due_ns < $3 AND schedule IN (SELECT name FROM {s}.cronoq_schedules)"
+
+
 @pytest.mark.parametrize(
     ("store_class", "check", "message"),
     [
@@ -166,6 +192,26 @@ class AttemptsUnfencedPgStore(CommitSqlSeededPgStore):
             AttemptsUnfencedPgStore,
             StoreSuite.test_a_replaced_leader_that_has_not_noticed_writes_no_attempt,
             "wrote its AttemptEnded",
+        ),
+        (
+            OccurrencesUnfencedPgStore,
+            StoreSuite.test_a_replaced_leader_that_has_not_noticed_writes_no_occurrence,
+            "wrote its OccurrenceRecorded",
+        ),
+        (
+            OccurrencesUpsertedPgStore,
+            StoreSuite.test_a_repeated_occurrence_record_changes_nothing,
+            "the first one written stays",
+        ),
+        (
+            OccurrencesByILikePgStore,
+            StoreSuite.test_occurrences_come_newest_first_before_the_bound_up_to_the_limit_by_name,
+            "names compared exactly",
+        ),
+        (
+            LedgerPruneSparesRemovedPgStore,
+            StoreSuite.test_pruning_removes_the_occurrence_records_due_before_the_horizon,
+            "whether or not their schedule still exists .*'gone'",
         ),
     ],
     ids=lambda value: getattr(value, "__name__", ""),

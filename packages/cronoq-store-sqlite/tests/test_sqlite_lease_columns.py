@@ -1,7 +1,7 @@
 """The lease columns of schema version 2 (issue 19): a database of version 1 is migrated (to the
-latest version: 3 adds the pools table of issue 21, 4 the attempts table of issue 22) and its
-running rows recover without a lease and no pool paused; a malformed lease is quarantined, not
-read as None."""
+latest version: 3 adds the pools table of issue 21, 4 the attempts table of issue 22, 5 the
+occurrence ledger of issue 32) and its running rows recover without a lease and no pool paused;
+a malformed lease is quarantined, not read as None."""
 
 from __future__ import annotations
 
@@ -54,14 +54,14 @@ def schema_version(path: Path) -> int:
 async def test_a_version_1_database_is_migrated_and_its_running_rows_have_no_lease(
     tmp_path: Path,
 ) -> None:
-    assert SCHEMA_VERSION == 4
+    assert SCHEMA_VERSION == 5
     path = tmp_path / "old.db"
     now = time.time_ns()
     version_1_database(path, now)
     harness = SqliteHarness(path)
     try:
         store = await harness.open()
-        assert schema_version(path) == 4
+        assert schema_version(path) == 5
         lease = await store.acquire_leadership()
         assert lease.epoch == 4
         state = await store.recover(lease.epoch, TimeBase(), 3600 * 10**9)

@@ -252,3 +252,102 @@ async def test_the_upgrade_check_fails_on_a_migration_that_drops_the_leases(
             await check(StoreSuite(), harness)
     finally:
         await harness.close_all()
+
+
+# --- the kit's ledger checks (issue 32) fail on SqliteStore with a ledger bug seeded ----------
+
+# Both reads: with a bound and without (the same query, its bound left out).
+READS = ("_OCCURRENCES", "_OCCURRENCES_ALL")
+LEDGER_BUGS = [
+    pytest.param(
+        ("_SAVE_OCCURRENCE",),
+        "DO NOTHING",
+        "DO UPDATE SET outcome = excluded.outcome, message = excluded.message",
+        StoreSuite.test_a_repeated_occurrence_record_changes_nothing,
+        "the first one written stays",
+        id="a-repeated-record-replaces-the-first",
+    ),
+    pytest.param(
+        READS,
+        "ORDER BY due_ns DESC",
+        "ORDER BY due_ns",
+        StoreSuite.test_occurrences_come_newest_first_before_the_bound_up_to_the_limit_by_name,
+        "newest first",
+        id="oldest-first",
+    ),
+    pytest.param(
+        READS,
+        "due_ns < ?",
+        "due_ns <= ?",
+        StoreSuite.test_occurrences_come_newest_first_before_the_bound_up_to_the_limit_by_name,
+        r"before before_ns \(exclusive\)",
+        id="an-inclusive-bound",
+    ),
+    pytest.param(
+        READS,
+        "LIMIT ?",
+        "LIMIT -1 + 0 * ?",
+        StoreSuite.test_occurrences_come_newest_first_before_the_bound_up_to_the_limit_by_name,
+        "at most limit records",
+        id="no-limit",
+    ),
+    pytest.param(
+        READS,
+        "schedule = ?",
+        "schedule LIKE ?",
+        StoreSuite.test_occurrences_come_newest_first_before_the_bound_up_to_the_limit_by_name,
+        "names compared exactly",
+        id="names-matched-by-like",
+    ),
+    pytest.param(
+        READS,
+        "schedule = ?",
+        "schedule = ? COLLATE NOCASE",
+        StoreSuite.test_occurrences_come_newest_first_before_the_bound_up_to_the_limit_by_name,
+        "names compared exactly",
+        id="names-compared-ignoring-case",
+    ),
+    pytest.param(
+        ("_PRUNE_OCCURRENCES",),
+        "WHERE due_ns < ?",
+        "WHERE due_ns < ? AND schedule IN (SELECT name FROM cronoq_schedules)",
+        StoreSuite.test_pruning_removes_the_occurrence_records_due_before_the_horizon,
+        "whether or not their schedule still exists .*'gone'",
+        id="pruning-spares-removed-schedules",
+    ),
+    pytest.param(
+        ("_PRUNE_OCCURRENCES",),
+        "due_ns < ?",
+        "due_ns <= ?",
+        StoreSuite.test_pruning_removes_the_occurrence_records_due_before_the_horizon,
+        "and only those",
+        id="pruning-takes-the-horizon",
+    ),
+]
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+@pytest.mark.parametrize(("names", "old", "new", "check", "message"), LEDGER_BUGS)
+async def test_each_ledger_check_fails_on_its_seeded_bug(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    seeded: bool,
+    names: tuple[str, ...],
+    old: str,
+    new: str,
+    check: Callable[[StoreSuite, SqliteHarness], Awaitable[None]],
+    message: str,
+) -> None:
+    if seeded:
+        for name in names:  # the first must hold the text (seed checks); the others may not
+            if old in getattr(cronoq_store_sqlite._store, name) or name == names[0]:
+                seed(monkeypatch, name, old, new)
+    harness = SqliteHarness(tmp_path / "cronoq.db")
+    try:
+        if not seeded:
+            await check(StoreSuite(), harness)
+            return
+        with pytest.raises(AssertionError, match=message):
+            await check(StoreSuite(), harness)
+    finally:
+        await harness.close_all()

@@ -2,8 +2,8 @@
 
 The batch is folded into the final state of each row it touches (``collapse_batch``); each
 part of the statement (new tasks, changed tasks, saved and removed schedules, paused pools,
-ended attempts) writes its rows
-from ``unnest`` of one array per column, and is gated on the fence: an ``UPDATE ... WHERE
+ended attempts, taken outbox rows, occurrence records) writes its rows from ``unnest`` of one
+array per column, and is gated on the fence: an ``UPDATE ... WHERE
 epoch = $2 AND generation = $3`` of the leader row. That row lock makes a concurrent takeover
 (which bumps the row) wait until the commit is over; a stale epoch or generation writes nothing.
 
@@ -43,10 +43,10 @@ Shape = tuple[tuple[bool, ...] | None, ...]
 
 MAX_SHAPES = 64
 """Shapes with scalar columns, per store; a batch of another shape sends every column as an
-array (127 statements at most, by the parts present). Each statement is prepared once on each
+array (255 statements at most, by the parts present). Each statement is prepared once on each
 pooled connection: with the ON CONFLICT variants and the store's other statements they stay
 within the pool's statement cache (``STATEMENT_CACHE_SIZE``), so no commit prepares again."""
-STATEMENT_CACHE_SIZE = 2 * (MAX_SHAPES + 128) + 32
+STATEMENT_CACHE_SIZE = 2 * (MAX_SHAPES + 256) + 32
 
 
 _NEW_TASK_TYPES = {
@@ -222,7 +222,30 @@ def _parts(s: str) -> tuple[_Part, ...]:
             )"""
         ),
     )
-    return new_tasks, changed, saved, removed, pools, attempts, outbox
+    # Written once, as attempts are; collapse_batch gives each key once (the batch's first).
+    occurrences = _Part(
+        (
+            ("schedule", "text"),
+            ("due", "bigint"),
+            ("until", "bigint"),
+            ("outcome", "text"),
+            ("task_id", "bigint"),
+            ("at", "bigint"),
+            ("message", "text"),
+        ),
+        lambda u, rows, _: (
+            f"""occurrences AS (
+                INSERT INTO {s}.cronoq_occurrences (schedule, due_ns, until_ns, outcome,
+                    task_id, at_ns, message)
+                SELECT {u("schedule")}, {u("due")}, {u("until")}, {u("outcome")},
+                    {u("task_id")}, {u("at")}, {u("message")}
+                FROM {rows}
+                WHERE EXISTS (SELECT FROM fence)
+                ON CONFLICT (schedule, due_ns) DO NOTHING
+            )"""
+        ),
+    )
+    return new_tasks, changed, saved, removed, pools, attempts, outbox, occurrences
 
 
 class CommitStatements:
@@ -316,7 +339,7 @@ class CommitStatements:
             return None if ns is None else unix(ns)
 
         new, changes, saved = rows.new_tasks, rows.changes, rows.saved_schedules
-        ended = rows.ended_attempts
+        ended, recorded = rows.ended_attempts, rows.occurrences
         return (
             [
                 *new_task_columns(new, unix),
@@ -364,6 +387,17 @@ class CommitStatements:
             if ended
             else None,
             ([*rows.outbox_taken],) if rows.outbox_taken else None,
+            (
+                [o.schedule for o in recorded],
+                [unix(o.due_ns) for o in recorded],
+                [unix(o.until_ns) for o in recorded],
+                [o.outcome.value for o in recorded],
+                _objects(o.task_id for o in recorded),
+                [unix(o.at_ns) for o in recorded],
+                [o.message for o in recorded],
+            )
+            if recorded
+            else None,
         )
 
 

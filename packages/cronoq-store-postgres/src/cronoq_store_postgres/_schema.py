@@ -14,7 +14,7 @@ from cronoq.errors import StoreFatal
 # A plain connection or one borrowed from a pool: both run the statements alike.
 Connection: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def quote_ident(name: str) -> str:
@@ -107,6 +107,22 @@ def _migrations(s: str) -> list[list[str]]:
             )""",
         ],
         _outbox_migration(s, outbox_channel(s)),
+        [
+            # The occurrence ledger (cronoq.store.OccurrenceRecorded): a record per schedule
+            # and due time, kept whether or not the schedule still exists, and pruned by its
+            # due time (the index) with the finished tasks. A new table: no row is touched.
+            f"""CREATE TABLE {s}.cronoq_occurrences (
+                schedule text NOT NULL,
+                due_ns bigint NOT NULL,
+                until_ns bigint NOT NULL,
+                outcome text NOT NULL,
+                task_id bigint,
+                at_ns bigint NOT NULL,
+                message text NOT NULL,
+                PRIMARY KEY (schedule, due_ns)
+            )""",
+            f"CREATE INDEX cronoq_occurrences_due ON {s}.cronoq_occurrences (due_ns)",
+        ],
     ]
 
 

@@ -29,6 +29,8 @@ from cronoq.store import (
     AttemptEnded,
     Lease,
     Mutation,
+    OccurrenceOutcome,
+    OccurrenceRecorded,
     RecoveredState,
     ScheduleRecord,
     TaskRecord,
@@ -62,6 +64,7 @@ __all__ = ["PgStore"]
 
 log = logging.getLogger("cronoq.postgres")
 NS = 1_000_000_000
+_MIN_BIGINT, _MAX_BIGINT = -(2**63), 2**63 - 1
 _T = TypeVar("_T")
 
 
@@ -110,6 +113,15 @@ class _Sql:
         self.attempts = f"""
             SELECT attempt, started_ns, ended_ns, message FROM {s}.cronoq_attempts
             WHERE task_id = $1 ORDER BY attempt"""
+        # A record whose outcome this build does not know (a newer build's, or written by
+        # hand) is skipped by the query, so that it neither fails the read nor shortens a page.
+        # No bound ($2 NULL) reads all: each call is planned for its values.
+        known = ", ".join(f"'{outcome.value}'" for outcome in OccurrenceOutcome)
+        self.occurrences = f"""
+            SELECT due_ns, until_ns, outcome, task_id, at_ns, message
+            FROM {s}.cronoq_occurrences
+            WHERE schedule = $1 AND ($2::bigint IS NULL OR due_ns < $2) AND outcome IN ({known})
+            ORDER BY due_ns DESC LIMIT $3"""
         self.prune = f"""
             WITH {fence}, pruned AS (
                 DELETE FROM {s}.cronoq_tasks WHERE id IN (
@@ -119,9 +131,16 @@ class _Sql:
                 RETURNING id
             ), pruned_attempts AS (
                 DELETE FROM {s}.cronoq_attempts WHERE task_id IN (SELECT id FROM pruned)
+            ), pruned_occurrences AS (
+                DELETE FROM {s}.cronoq_occurrences WHERE (schedule, due_ns) IN (
+                    SELECT schedule, due_ns FROM {s}.cronoq_occurrences WHERE due_ns < $3
+                    LIMIT $4)
+                    AND EXISTS (SELECT FROM fence)
+                RETURNING 1
             )
             SELECT (SELECT count(*) FROM fence) AS leading,
-                (SELECT count(*) FROM pruned) AS pruned"""
+                (SELECT count(*) FROM pruned) AS pruned,
+                (SELECT count(*) FROM pruned_occurrences) AS records"""
 
 
 class _Connection(asyncpg.Connection):
@@ -502,6 +521,24 @@ class PgStore:
             for r in await self._fetch(self._sql.attempts, task_id)
         ]  # fmt: skip
 
+    async def get_occurrences(
+        self, schedule: str, before_ns: int | None, limit: int
+    ) -> Sequence[OccurrenceRecorded]:
+        to_engine = self._time_base.to_engine
+        before = None if before_ns is None else self._time_base.to_unix(before_ns)
+        if before is not None:
+            # A bound past a bigint (another time base): every record is due before one
+            # above it, and none before one below.
+            before = None if before > _MAX_BIGINT else max(before, _MIN_BIGINT)
+        return [
+            OccurrenceRecorded(
+                schedule, to_engine(r["due_ns"]), to_engine(r["until_ns"]),
+                OccurrenceOutcome(r["outcome"]), r["task_id"], to_engine(r["at_ns"]),
+                r["message"],
+            )
+            for r in await self._fetch(self._sql.occurrences, schedule, before, limit)
+        ]  # fmt: skip
+
     async def _lookup(self, where: str, value: object) -> TaskRecord | None:
         rows = await self._fetch(self._sql.lookup + where, value)
         if not rows:
@@ -511,17 +548,27 @@ class PgStore:
     # --- pruning and shutdown -------------------------------------------------------------
 
     async def prune(self, horizon_unix_ns: int) -> int:
-        """Delete tasks finished before the horizon, a batch per transaction; return how many.
+        """Delete tasks finished before the horizon and ledger records due before it (by
+        their due time, whether or not their schedule still exists), a batch of each per
+        statement; return how many tasks.
 
         Only the leader prunes: each batch is gated on its epoch, so a store that does not
         lead, or no longer does, raises ``Fenced`` and deletes nothing. The id high-water mark
         lives in ``cronoq_leader``, so ids stay unique after pruning.
         """
-        return await prune_in_batches(
-            lambda: shielded(self._prune_batch(horizon_unix_ns)), self._config.prune_batch
-        )
+        tasks = 0
 
-    async def _prune_batch(self, horizon_unix_ns: int) -> int:
+        async def batch() -> int:
+            nonlocal tasks
+            pruned, records = await shielded(self._prune_batch(horizon_unix_ns))
+            tasks += pruned
+            return max(pruned, records)  # another batch while either kind filled this one
+
+        await prune_in_batches(batch, self._config.prune_batch)
+        return tasks
+
+    async def _prune_batch(self, horizon_unix_ns: int) -> tuple[int, int]:
+        """One fenced statement: the tasks it deleted, and the ledger records."""
         async with self._serial:
             epoch = self._epoch
             self._check_leading(epoch)
@@ -537,7 +584,7 @@ class PgStore:
         assert row is not None
         if row["leading"] == 0:
             raise Fenced(f"epoch {epoch} was superseded: it prunes nothing")
-        return int(row["pruned"])
+        return int(row["pruned"]), int(row["records"])
 
     async def _prune_regularly(self) -> None:
         config = self._config

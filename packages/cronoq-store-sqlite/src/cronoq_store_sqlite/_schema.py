@@ -13,7 +13,7 @@ from cronoq.errors import StoreFatal
 from cronoq_store_sqlite._errors import classify
 from cronoq_store_sqlite._ownership import refuse_unless_ours
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Each entry moves the schema from version i to i + 1.
 _MIGRATIONS = [
@@ -84,6 +84,22 @@ _MIGRATIONS = [
         message TEXT NOT NULL,
         PRIMARY KEY (task_id, attempt)
     ) WITHOUT ROWID;
+    """,
+    # The occurrence ledger (cronoq.store.OccurrenceRecorded): a record per schedule and due
+    # time, kept whether or not the schedule still exists, and pruned by its due time (the
+    # index) with the finished tasks. A new table: no existing row is touched.
+    """
+    CREATE TABLE cronoq_occurrences (
+        schedule TEXT NOT NULL,
+        due_ns INTEGER NOT NULL,
+        until_ns INTEGER NOT NULL,
+        outcome TEXT NOT NULL,
+        task_id INTEGER,
+        at_ns INTEGER NOT NULL,
+        message TEXT NOT NULL,
+        PRIMARY KEY (schedule, due_ns)
+    ) WITHOUT ROWID;
+    CREATE INDEX cronoq_occurrences_due ON cronoq_occurrences (due_ns);
     """,
 ]
 assert len(_MIGRATIONS) == SCHEMA_VERSION

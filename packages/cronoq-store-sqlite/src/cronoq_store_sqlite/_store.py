@@ -42,6 +42,8 @@ from cronoq.store import (
     LeadershipLoss,
     Lease,
     Mutation,
+    OccurrenceOutcome,
+    OccurrenceRecorded,
     RecoveredState,
     ScheduleRecord,
     TaskRecord,
@@ -68,6 +70,8 @@ __all__ = ["SqliteStore"]
 log = logging.getLogger("cronoq.sqlite")
 _T = TypeVar("_T")
 NS = 1_000_000_000
+_MIN_INTEGER, _MAX_INTEGER = -(2**63), 2**63 - 1
+"""What an SQLite INTEGER holds."""
 
 # A row whose options are not valid JSON must not break the whole recovery query.
 _RECOVER = f"""
@@ -116,6 +120,25 @@ _TRIM_ATTEMPTS = "DELETE FROM cronoq_attempts WHERE task_id = ? AND attempt <= ?
 _ATTEMPTS = """
     SELECT attempt, started_ns, ended_ns, message FROM cronoq_attempts
     WHERE task_id = ? ORDER BY attempt
+"""
+# A ledger record is written once: a commit retried after it landed changes nothing.
+_SAVE_OCCURRENCE = """
+    INSERT INTO cronoq_occurrences (schedule, due_ns, until_ns, outcome, task_id, at_ns, message)
+    VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (schedule, due_ns) DO NOTHING
+"""
+# A record whose outcome this build does not know (written by a newer one, or by hand) is
+# skipped by the query, so that it neither fails the read nor shortens a page.
+_OCCURRENCES = f"""
+    SELECT due_ns, until_ns, outcome, task_id, at_ns, message FROM cronoq_occurrences
+    WHERE schedule = ? AND due_ns < ?
+        AND outcome IN ({", ".join(f"'{o.value}'" for o in OccurrenceOutcome)})
+    ORDER BY due_ns DESC LIMIT ?
+"""
+_OCCURRENCES_ALL = _OCCURRENCES.replace("AND due_ns < ?", "")
+# Ledger records go by their due time, whether or not their schedule still exists.
+_PRUNE_OCCURRENCES = """
+    DELETE FROM cronoq_occurrences WHERE (schedule, due_ns) IN (
+        SELECT schedule, due_ns FROM cronoq_occurrences WHERE due_ns < ? LIMIT ?)
 """
 _SAVE_SCHEDULE = """
     INSERT INTO cronoq_schedules (name, spec, next_ns, paused, last_task_id)
@@ -486,6 +509,18 @@ class SqliteStore:
             for a in rows.ended_attempts
         ]
         trims = [(a.task_id, a.attempt - ATTEMPTS_KEPT) for a in rows.ended_attempts]
+        occurrences = [
+            (
+                o.schedule,
+                to_unix(o.due_ns),
+                to_unix(o.until_ns),
+                o.outcome.value,
+                o.task_id,
+                to_unix(o.at_ns),
+                o.message,
+            )
+            for o in rows.occurrences
+        ]
 
         def write(db: sqlite3.Connection) -> None:
             self._fence(db, epoch, rows.max_task_id)
@@ -502,6 +537,8 @@ class SqliteStore:
             if attempts:
                 db.executemany(_SAVE_ATTEMPT, attempts)
                 db.executemany(_TRIM_ATTEMPTS, trims)
+            if occurrences:
+                db.executemany(_SAVE_OCCURRENCE, occurrences)
 
         await self._transaction("committing a batch", write, epoch=epoch)
 
@@ -590,6 +627,25 @@ class SqliteStore:
             for attempt, started, ended, message in await self._read(_ATTEMPTS, (task_id,))
         ]
 
+    async def get_occurrences(
+        self, schedule: str, before_ns: int | None, limit: int
+    ) -> Sequence[OccurrenceRecorded]:
+        to_engine = self._time_base.to_engine
+        before = None if before_ns is None else self._time_base.to_unix(before_ns)
+        # A bound past what an INTEGER holds (another time base) cannot be bound: every
+        # record is due before one above it, and none before one below.
+        if before is None or before > _MAX_INTEGER:
+            rows = await self._read(_OCCURRENCES_ALL, (schedule, limit))
+        else:
+            rows = await self._read(_OCCURRENCES, (schedule, max(before, _MIN_INTEGER), limit))
+        return [
+            OccurrenceRecorded(
+                schedule, to_engine(due), to_engine(until), OccurrenceOutcome(outcome), task_id,
+                to_engine(at), message,
+            )
+            for due, until, outcome, task_id, at, message in rows
+        ]  # fmt: skip
+
     async def _lookup(self, where: str, value: object) -> TaskRecord | None:
         rows = await self._read(f"SELECT {TASK_COLUMNS} FROM cronoq_tasks WHERE {where}", (value,))
         if not rows:
@@ -599,23 +655,34 @@ class SqliteStore:
     # --- pruning and shutdown -------------------------------------------------------------
 
     async def prune(self, horizon_unix_ns: int) -> int:
-        """Delete tasks finished before the horizon, a batch per transaction; return how many.
+        """Delete tasks finished before the horizon and ledger records due before it, a batch
+        of each per transaction; return how many tasks.
 
         Only the leader prunes: each batch is fenced like a commit, so an instance that lost
         its lease (whether it knows or not) deletes nothing and gets ``Fenced``. The id
         high-water mark lives in ``cronoq_leader``, so ids stay unique after pruning.
         """
         epoch = self._leading_epoch("prune")
-        return await prune_in_batches(
-            lambda: shielded(self._prune_batch(epoch, horizon_unix_ns)), self._config.prune_batch
-        )
+        tasks = 0
 
-    async def _prune_batch(self, epoch: int, horizon_unix_ns: int) -> int:
-        def prune(db: sqlite3.Connection) -> int:
+        async def batch() -> int:
+            nonlocal tasks
+            pruned, records = await shielded(self._prune_batch(epoch, horizon_unix_ns))
+            tasks += pruned
+            return max(pruned, records)  # another batch while either kind filled this one
+
+        await prune_in_batches(batch, self._config.prune_batch)
+        return tasks
+
+    async def _prune_batch(self, epoch: int, horizon_unix_ns: int) -> tuple[int, int]:
+        """One fenced transaction: the tasks it deleted, and the ledger records."""
+
+        def prune(db: sqlite3.Connection) -> tuple[int, int]:
             self._fence(db, epoch)
             arguments = (horizon_unix_ns, self._config.prune_batch)
             db.execute(_PRUNE_ATTEMPTS, arguments)
-            return db.execute(_PRUNE, arguments).rowcount
+            pruned = db.execute(_PRUNE, arguments).rowcount
+            return pruned, db.execute(_PRUNE_OCCURRENCES, arguments).rowcount
 
         return await self._transaction("pruning", prune, epoch=epoch)
 

@@ -2,14 +2,14 @@
 
 A SQL store can then write a whole batch with one insert, one update, one upsert and one
 delete, each touching a row at most once, as one statement demands, and in any order. Ended
-attempts are history, not state: each is kept (once per task and attempt, the latest
-``ATTEMPTS_KEPT`` of a task).
+attempts and occurrence records are history, not state: each is kept (once per task and
+attempt, the latest ``ATTEMPTS_KEPT`` of a task; once per schedule and due time).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cronoq._model import Status, TaskSpec
 from cronoq._mutations import (
@@ -18,6 +18,7 @@ from cronoq._mutations import (
     AttemptLease,
     CancelRequested,
     Mutation,
+    OccurrenceRecorded,
     OutboxTaken,
     PoolPaused,
     ScheduleRecord,
@@ -92,6 +93,9 @@ class CollapsedBatch:
     first), at most ``ATTEMPTS_KEPT`` per task (its latest), in batch order."""
     outbox_taken: list[int]
     """The outbox rows the batch deletes (``OutboxTaken``), each once, in batch order."""
+    occurrences: list[OccurrenceRecorded]
+    """The batch's ``OccurrenceRecorded``, messages sanitized, one per (schedule, due time)
+    (the first), in batch order."""
 
 
 def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
@@ -102,6 +106,7 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
     pools: dict[str, bool] = {}
     ended: dict[tuple[int, int], AttemptEnded] = {}
     taken: dict[int, None] = {}
+    recorded: dict[tuple[str, int], OccurrenceRecorded] = {}
     for mutation in batch:
         match mutation:
             # The two that make up most of a batch are matched without positional captures,
@@ -157,6 +162,14 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
                     ended[task_id, attempt] = AttemptEnded(task_id, attempt, started, at, clean)
             case OutboxTaken(row_ids):
                 taken.update(dict.fromkeys(row_ids))
+            case OccurrenceRecorded(schedule, due_ns, message=message):
+                # The first is kept, as a store keeps the record a repeated commit wrote first;
+                # which of two a multi-row insert keeps would be up to the database.
+                if (schedule, due_ns) not in recorded:
+                    clean = sanitize_message(message)
+                    recorded[schedule, due_ns] = (
+                        mutation if clean == message else replace(mutation, message=clean)
+                    )
     return CollapsedBatch(
         new_tasks=list(new.values()),
         changes=list(changes.values()),
@@ -166,6 +179,7 @@ def collapse_batch(batch: Sequence[Mutation]) -> CollapsedBatch:
         max_task_id=max(new, default=0),
         ended_attempts=_latest_attempts(ended) if ended else [],
         outbox_taken=list(taken),
+        occurrences=list(recorded.values()),
     )
 
 
