@@ -66,7 +66,7 @@ from cronoq._model import (
     TaskSpec,
     TaskTemplate,
 )
-from cronoq._mutations import OccurrenceRecorded
+from cronoq._mutations import Mutation, OccurrenceRecorded
 from cronoq.store import RecoveredState, TimeBase
 
 DATA = Path(__file__).parent / "data" / "engine_golden.jsonl.xz"
@@ -139,7 +139,9 @@ class Plain:
             # A field at its default is left out: a new optional field changes no trace. (No
             # pool paused is an empty frozenset equal to the default, not the same object.)
             if isinstance(value, StepResult):  # the ledger's records came after the recording
-                kept = [m for m in value.mutations if not isinstance(m, OccurrenceRecorded)]
+                kept: list[Mutation] = [
+                    m for m in value.mutations if not isinstance(m, OccurrenceRecorded)
+                ]
                 value = dataclasses.replace(value, mutations=kept)
             shown = {
                 f.name: self(v)
