@@ -57,7 +57,7 @@ async def test_the_counts_survive_a_new_scheduler_and_a_hostile_name_is_escaped(
     await fired(first, HOSTILE, 1)
     await first.pause_schedule(HOSTILE)
     counted = by(scrape(registry)["cronoq_schedule_occurrences_total"], "schedule", "outcome")
-    before = sum(counted.values())
+    before = int(sum(counted.values()))
     await first.close()
     async with Scheduler(pools(), store=store.connect_another()) as again:
         collector.watch(again)
