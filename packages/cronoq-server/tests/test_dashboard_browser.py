@@ -192,7 +192,7 @@ async def _cluster(directory: Path, config: str, schema: str) -> AsyncIterator[C
                 await client.add_schedule("weekly-digest", "30 9 * * 1", kind="report",
                                           pool="reports", timezone="Asia/Kolkata")  # fmt: skip
                 await client.pause_schedule("weekly-digest")
-                await _ledger(client)
+                await _fill_a_ledger(client)
                 quarantined = await enqueue(schema, *OUTBOX_ROWS)
                 for row_id in quarantined:
                     await logged_quarantine(server, row_id)
@@ -208,7 +208,7 @@ async def _cluster(directory: Path, config: str, schema: str) -> AsyncIterator[C
 LEDGERED = "every-second"
 
 
-async def _ledger(client: AsyncClient) -> None:
+async def _fill_a_ledger(client: AsyncClient) -> None:
     """Records of every outcome a schedule's page may show in a few seconds: the schedule fires
     every second into the paused archive pool, so its first occurrence starts a task and the
     next ones are skipped while that task waits (overlap skip); paused, the occurrences due
@@ -367,9 +367,8 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
     await _click(browser, f"rerun-{cluster.succeeded}", f"task {cluster.succeeded} rerun as task")
     rerun = int(browser.current_url.rsplit("/", 1)[1])
     assert rerun != cluster.succeeded
-    assert browser.find_element(By.ID, "rerun-of").get_attribute("href") == (
-        f"{base}/ui/tasks/{cluster.succeeded}"
-    )
+    original_page = browser.execute_script('return document.getElementById("rerun-of").href')
+    assert original_page == f"{base}/ui/tasks/{cluster.succeeded}"
     done = await client.wait(rerun, timeout=WAIT_S)
     original = await client.get(cluster.succeeded)
     assert (done.status, done.kind, done.tags) == (Status.SUCCEEDED, original.kind, original.tags)
@@ -397,29 +396,26 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
     assert (await client.get(schedule.last_task_id)).schedule == "nightly"
 
     # A schedule's page, from the list: its ledger, the newest first, on its clock and UTC's.
-    await asyncio.to_thread(browser.find_element(By.LINK_TEXT, cluster.ledgered).click)
-    await _until(browser, lambda b: "/ui/schedule?name=" in b.current_url)
+    await _follow(browser, cluster.ledgered, lambda url: "/ui/schedule?name=" in url)
     # (A leader that fires a second late coalesces; an occurrence may come due between the
     # fixture's resume and pause.)
     outcomes = _outcomes(browser)
     assert outcomes[-1] in ("started", "coalesced") and "paused" in outcomes[:2], outcomes
     assert set(outcomes) <= {"started", "coalesced", "skipped", "paused"}, outcomes
     assert len(outcomes) >= 3, outcomes
-    due = browser.find_element(By.CSS_SELECTOR, "#occurrence-table td[data-label=Due]").text
+    rows = _ledger(browser)
+    due = rows[0]["Due"]
     assert due.endswith("UTC") and ("CET" in due or "CEST" in due), due
     held = await _schedule(client, cluster.ledgered)
-    started = browser.find_elements(By.CSS_SELECTOR, "#occurrence-table td[data-label=Task] a")
-    assert started[-1].text == str(held.last_task_id)
+    assert rows[-1]["Task"] == str(held.last_task_id)  # the task its first occurrence started
     _shot(browser, screenshots, "schedule", DESKTOP)
     _shot(browser, screenshots, "schedule-phone", PHONE)
     # A page of two, then the older ones: the link carries the last due time shown.
     await _page(browser, f"{browser.current_url}&limit=2")
     assert len(_outcomes(browser)) == 2
-    await asyncio.to_thread(browser.find_element(By.LINK_TEXT, "Older").click)
-    await _until(browser, lambda b: "before=" in b.current_url)
+    await _follow(browser, "Older", lambda url: "before=" in url)
     assert _outcomes(browser) == outcomes[2:4]
-    await asyncio.to_thread(browser.find_element(By.LINK_TEXT, "Newest").click)
-    await _until(browser, lambda b: "before=" not in b.current_url)
+    await _follow(browser, "Newest", lambda url: "before=" not in url)
     assert _outcomes(browser) == outcomes[:2]
     # Its actions act on it and come back to its page.
     await _click(browser, "resume-schedule", f"schedule {cluster.ledgered} resumed")
@@ -476,16 +472,45 @@ def _explained(browser: WebDriver) -> list[str]:
     return shown
 
 
-_OUTCOMES = """
-return [...document.querySelectorAll("#occurrence-table td[data-label=Outcome]")]
-  .map(td => td.innerText.trim().replace(" ", "_"));
+_LEDGER = """
+return [...document.querySelectorAll("#occurrence-table tbody tr")].map(tr => Object.fromEntries(
+  [...tr.querySelectorAll("td[data-label]")].map(td => [td.dataset.label, td.innerText.trim()])
+));
 """
 
 
+def _ledger(browser: WebDriver) -> list[dict[str, str]]:
+    """The rows of a schedule's page's ledger, the newest first, each cell's text by its
+    column's name (read in one script: a snapshot)."""
+    rows: list[dict[str, str]] = browser.execute_script(_LEDGER)
+    return rows
+
+
 def _outcomes(browser: WebDriver) -> list[str]:
-    """The outcomes a schedule's page lists, the newest first (read in one script)."""
-    found: list[str] = browser.execute_script(_OUTCOMES)
-    return found
+    """The outcomes a schedule's page lists, the newest first (``no_pool`` as the API has it)."""
+    return [row["Outcome"].replace(" ", "_") for row in _ledger(browser)]
+
+
+_FOLLOW = """
+const link = [...document.querySelectorAll("#content a")]
+  .find(a => a.textContent.trim() === arguments[0]);
+if (link === undefined) return false;
+link.click();
+return true;
+"""
+
+
+async def _follow(browser: WebDriver, text: str, arrived: Callable[[str], bool]) -> None:
+    """Follow the link of this text, found and clicked in one script (a poll cannot swap it
+    between the two), and wait until the browser's address says the page arrived."""
+
+    def press() -> None:
+        # The page may begin to unload as the script returns: the click was made.
+        with contextlib.suppress(WebDriverException):
+            assert browser.execute_script(_FOLLOW, text), f"no link {text!r}"
+
+    await asyncio.to_thread(press)
+    await _until(browser, lambda b: arrived(b.current_url))
 
 
 _READY_COUNT = """
