@@ -504,6 +504,12 @@ async def test_a_reader_sees_a_schedules_page_without_its_actions() -> None:
         (schedule_page("nightly", before="yesterday"), 400, "before must be an ISO 8601 time"),
         (schedule_page("nightly", before="2026-07-01T03:00:00"), 400, "with its UTC offset"),
         (schedule_page("nightly", before="2" * 65), 400, "before must be an ISO 8601 time"),
+        (schedule_page("nightly", before="2026-07-01T03:00:00+25:00"), 400, "ISO 8601"),
+        # Past what a clock can show in some zone, or a store can hold: refused, not a 500.
+        (schedule_page("nightly", before="0001-01-01T00:00:00+14:00"), 400, "ISO 8601"),
+        (schedule_page("nightly", before="9999-12-31T23:59:59-14:00"), 400, "ISO 8601"),
+        (schedule_page("nightly", before="1677-01-01T00:00:00+00:00"), 400, "between 1678-01-01"),
+        (schedule_page("nightly", before="9999-12-31T00:00:00+00:00"), 400, "and 2262-01-01"),
         (schedule_page("nowhere"), 404, "no schedule named &#39;nowhere&#39;"),
     ],
 )

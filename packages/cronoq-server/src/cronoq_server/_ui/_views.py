@@ -236,11 +236,21 @@ def _instant_of(text: str, what: str) -> datetime:
         raise refused
     try:
         moment = datetime.fromisoformat(text)
-    except ValueError:
+        if moment.tzinfo is None or moment.utcoffset() is None:
+            raise refused
+        moment = moment.astimezone(UTC)
+    except (ValueError, OverflowError):  # not a time, or past year 1 or 9999 in UTC
         raise refused from None
-    if moment.tzinfo is None or moment.utcoffset() is None:
-        raise refused
+    if not _EARLIEST <= moment <= _LATEST:
+        raise InvalidArgument(
+            f"{what} must be between {_EARLIEST:%Y-%m-%d} and {_LATEST:%Y-%m-%d} (what a store "
+            "keeps: Unix nanoseconds in 64 bits)"
+        )
     return moment
+
+
+_EARLIEST = datetime(1678, 1, 1, tzinfo=UTC)
+_LATEST = datetime(2262, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
