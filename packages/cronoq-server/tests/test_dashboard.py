@@ -106,10 +106,11 @@ async def harness(
     clock: Callable[[], float] = time.time,
     store: Callable[[], Awaitable[Store]] = _memory,
     limits: Sequence[Limit] = (),
+    pools: Sequence[RemotePool] = (RemotePool("default"), RemotePool("other")),
 ) -> AsyncIterator[Harness]:
     replica = Replica(
         store,
-        [RemotePool("default"), RemotePool("other")],
+        list(pools),
         commit_timeout=2.0,
         retention=3600.0,
         drain_timeout=1.0,

@@ -103,6 +103,9 @@ class Cluster:
     quarantined: list[int]
     """Outbox rows that could not become tasks: a kind, options and a reason at their longest
     without a space, a binary payload."""
+    ledgered: str
+    """A schedule that came due several times (its first task started, then skipped while that
+    one waited in the paused pool, then paused), in a zone of its own: its page has a ledger."""
 
 
 LONG_MESSAGE = (
@@ -189,16 +192,35 @@ async def _cluster(directory: Path, config: str, schema: str) -> AsyncIterator[C
                 await client.add_schedule("weekly-digest", "30 9 * * 1", kind="report",
                                           pool="reports", timezone="Asia/Kolkata")  # fmt: skip
                 await client.pause_schedule("weekly-digest")
+                await _fill_a_ledger(client)
                 quarantined = await enqueue(schema, *OUTBOX_ROWS)
                 for row_id in quarantined:
                     await logged_quarantine(server, row_id)
                 yield Cluster(
-                    server, client, succeeded, failed, queued, child, crashed, quarantined
+                    server, client, succeeded, failed, queued, child, crashed, quarantined, LEDGERED
                 )
         finally:
             _HELD[-1].set()
             worker.stop()
             await asyncio.gather(working, return_exceptions=True)
+
+
+LEDGERED = "every-second"
+
+
+async def _fill_a_ledger(client: AsyncClient) -> None:
+    """Records of every outcome a schedule's page may show in a few seconds: the schedule fires
+    every second into the paused archive pool, so its first occurrence starts a task and the
+    next ones are skipped while that task waits (overlap skip); paused, the occurrences due
+    meanwhile are recorded as such when it resumes; paused again for good, so that the pages
+    stay as they are while the tests look."""
+    await client.add_schedule(LEDGERED, "* * * * * *", kind="compact", pool="archive",
+                              timezone="Europe/Paris")  # fmt: skip
+    await asyncio.sleep(3.5)
+    await client.pause_schedule(LEDGERED)
+    await asyncio.sleep(2.5)
+    await client.resume_schedule(LEDGERED)
+    await client.pause_schedule(LEDGERED)
 
 
 async def _until(browser: WebDriver, condition: Callable[[WebDriver], object]) -> None:
@@ -338,6 +360,29 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
     again = await client.wait(cluster.failed, timeout=WAIT_S)
     assert (again.status, again.attempt) == (Status.FAILED, 2)
 
+    # Rerun the succeeded task: the new task's page, which names the original; the worker
+    # runs it as it ran the original.
+    await _page(browser, f"{base}/ui/tasks/{cluster.succeeded}")
+    assert _explained(browser)[0] == "finished"
+    await _click(browser, f"rerun-{cluster.succeeded}", f"task {cluster.succeeded} rerun as task")
+    rerun = int(browser.current_url.rsplit("/", 1)[1])
+    assert rerun != cluster.succeeded
+    original_page = browser.execute_script('return document.getElementById("rerun-of").href')
+    assert original_page == f"{base}/ui/tasks/{cluster.succeeded}"
+    done = await client.wait(rerun, timeout=WAIT_S)
+    original = await client.get(cluster.succeeded)
+    assert (done.status, done.kind, done.tags) == (Status.SUCCEEDED, original.kind, original.tags)
+    await _until(browser, lambda b: _explained(b)[0] == "finished")  # the page caught up
+    _shot(browser, screenshots, "task-rerun", DESKTOP)
+    # A task the paused pool holds: the panel says which pool, and that it is paused.
+    held = await _schedule(client, cluster.ledgered)
+    assert held.last_task_id is not None
+    await _page(browser, f"{base}/ui/tasks/{held.last_task_id}")
+    assert _explained(browser) == [
+        "pool_paused",
+        "its pool 'archive' is paused: resume it to start",
+    ]
+
     # Schedules: pause, resume, run now.
     await _page(browser, f"{base}/ui/schedules")
     _shot(browser, screenshots, "schedules", DESKTOP)
@@ -349,6 +394,34 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
     schedule = await _schedule(client, "nightly")
     assert schedule.last_task_id is not None
     assert (await client.get(schedule.last_task_id)).schedule == "nightly"
+
+    # A schedule's page, from the list: its ledger, the newest first, on its clock and UTC's.
+    await _follow(browser, cluster.ledgered, lambda url: "/ui/schedule?name=" in url)
+    # (A leader that fires a second late coalesces; an occurrence may come due between the
+    # fixture's resume and pause.)
+    outcomes = _outcomes(browser)
+    assert outcomes[-1] in ("started", "coalesced") and "paused" in outcomes[:2], outcomes
+    assert set(outcomes) <= {"started", "coalesced", "skipped", "paused"}, outcomes
+    assert len(outcomes) >= 3, outcomes
+    rows = _ledger(browser)
+    due = rows[0]["Due"]
+    assert due.endswith("UTC") and ("CET" in due or "CEST" in due), due
+    held = await _schedule(client, cluster.ledgered)
+    assert rows[-1]["Task"] == str(held.last_task_id)  # the task its first occurrence started
+    _shot(browser, screenshots, "schedule", DESKTOP)
+    _shot(browser, screenshots, "schedule-phone", PHONE)
+    # A page of two, then the older ones: the link carries the last due time shown.
+    await _page(browser, f"{browser.current_url}&limit=2")
+    assert len(_outcomes(browser)) == 2
+    await _follow(browser, "Older", lambda url: "before=" in url)
+    assert _outcomes(browser) == outcomes[2:4]
+    await _follow(browser, "Newest", lambda url: "before=" not in url)
+    assert _outcomes(browser) == outcomes[:2]
+    # Its actions act on it and come back to its page.
+    await _click(browser, "resume-schedule", f"schedule {cluster.ledgered} resumed")
+    assert "/ui/schedule?name=" in browser.current_url
+    await _click(browser, "pause-schedule", f"schedule {cluster.ledgered} paused")
+    assert (await _schedule(client, cluster.ledgered)).paused
 
     # Workers: the attached one.
     await _page(browser, f"{base}/ui/workers")
@@ -384,6 +457,60 @@ async def test_every_page_loads_and_every_action_shows_its_effect_through_the_ap
     )
     _shot(browser, screenshots, "overview", DESKTOP)
     _shot(browser, screenshots, "overview-phone", PHONE)
+
+
+_EXPLAINED = """
+const panel = document.querySelector("section.explain");
+if (panel === null) return ["", ""];
+return [panel.querySelector(".badge").title, panel.querySelector(".summary .message").innerText];
+"""
+
+
+def _explained(browser: WebDriver) -> list[str]:
+    """The hold and the summary of a task page's Explain panel (read in one script)."""
+    shown: list[str] = browser.execute_script(_EXPLAINED)
+    return shown
+
+
+_LEDGER = """
+return [...document.querySelectorAll("#occurrence-table tbody tr")].map(tr => Object.fromEntries(
+  [...tr.querySelectorAll("td[data-label]")].map(td => [td.dataset.label, td.innerText.trim()])
+));
+"""
+
+
+def _ledger(browser: WebDriver) -> list[dict[str, str]]:
+    """The rows of a schedule's page's ledger, the newest first, each cell's text by its
+    column's name (read in one script: a snapshot)."""
+    rows: list[dict[str, str]] = browser.execute_script(_LEDGER)
+    return rows
+
+
+def _outcomes(browser: WebDriver) -> list[str]:
+    """The outcomes a schedule's page lists, the newest first (``no_pool`` as the API has it)."""
+    return [row["Outcome"].replace(" ", "_") for row in _ledger(browser)]
+
+
+_FOLLOW = """
+const link = [...document.querySelectorAll("#content a")]
+  .find(a => a.textContent.trim() === arguments[0]);
+if (link === undefined) return false;
+link.click();
+return true;
+"""
+
+
+async def _follow(browser: WebDriver, text: str, arrived: Callable[[str], bool]) -> None:
+    """Follow the link of this text, found and clicked in one script (a poll cannot swap it
+    between the two), and wait until the browser's address says the page arrived."""
+
+    def press() -> None:
+        # The page may begin to unload as the script returns: the click was made.
+        with contextlib.suppress(WebDriverException):
+            assert browser.execute_script(_FOLLOW, text), f"no link {text!r}"
+
+    await asyncio.to_thread(press)
+    await _until(browser, lambda b: arrived(b.current_url))
 
 
 _READY_COUNT = """
@@ -423,18 +550,26 @@ async def test_a_reader_is_offered_no_action_and_is_refused_one_it_forces(
     target = cluster.queued[1]
     pages = (
         "/ui/", "/ui/tasks", "/ui/schedules", "/ui/pools", "/ui/limits", "/ui/outbox",
-        f"/ui/tasks/{target}",
+        f"/ui/tasks/{target}", f"/ui/schedule?name={cluster.ledgered}",
+        f"/ui/tasks/{cluster.succeeded}",
     )  # fmt: skip
     for path in pages:
         await _page(browser, f"{base}{path}")
         assert browser.find_elements(By.ID, "live"), path
         assert _actions(browser) == [], path
+    await _page(browser, f"{base}/ui/tasks/{target}")
     _shot(browser, screenshots, "task-read-only", DESKTOP)
     status = await asyncio.to_thread(
         browser.execute_async_script, _FORCE, f"{base}/ui/act/cancel", str(target)
     )
     assert status == 403
     assert (await cluster.client.get(target)).status is Status.READY
+    before = [t.task_id for t in await cluster.client.list()]
+    status = await asyncio.to_thread(
+        browser.execute_async_script, _FORCE, f"{base}/ui/act/rerun", str(cluster.succeeded)
+    )
+    assert status == 403
+    assert [t.task_id for t in await cluster.client.list()] == before  # no task made
 
 
 _WIDTHS = """
@@ -536,6 +671,7 @@ async def test_every_page_fits_the_width_and_every_control_is_reachable_by_scrol
             "tasks": "/ui/tasks",
             "task": f"/ui/tasks/{cluster.crashed[0]}",
             "schedules": "/ui/schedules",
+            "schedule": f"/ui/schedule?name={cluster.ledgered}",
             "workers": "/ui/workers",
             "pools": "/ui/pools",
             "outbox": "/ui/outbox",

@@ -11,6 +11,11 @@ Every series labelled by pool exists for each configured pool from the first scr
 standby's gauges too: it holds none of the cluster's tasks), so that a rate or a sum over the
 replicas is 0 rather than missing until something happens.
 
+Schedule occurrences count by schedule and outcome (``SchedulerMetrics.occurrences``, one per
+occurrence-ledger record): a schedule's series appear, every outcome at 0, once one of its
+occurrences came due (the collector knows no list of schedules). A schedule's name may be any
+text: the exposition escapes it as any label value (backslash, double quote, newline).
+
 Task limits (docs/limits.md) are gauges by limit, never by key (keys are unbounded: a tenant
 each), read from the leader's ``list_limits(keys=0)`` just before each scrape (``refresh``): 0 on
 a standby, and for every configured limit from the first scrape.
@@ -38,7 +43,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from cronoq import LimitInfo, Status
+from cronoq import LimitInfo, OccurrenceOutcome, Status
 from cronoq.errors import CronoqError
 
 if TYPE_CHECKING:
@@ -57,6 +62,12 @@ _COUNTERS: tuple[tuple[str, str, tuple[str, ...], str], ...] = (
     ("cronoq_task_retries", "retries", ("pool",), "Failed attempts whose task will retry."),
     ("cronoq_tasks_dead_lettered", "dead_lettered", ("pool",), "Tasks failed for good."),
     ("cronoq_attempts_lost", "attempts_lost", ("pool",), "Attempts whose executor vanished."),
+    (
+        "cronoq_schedule_occurrences",
+        "occurrences",
+        ("schedule", "outcome"),
+        "Schedule occurrences that came due, by schedule and outcome (a ledger record each).",
+    ),
 )
 _OUTBOX_COUNTERS: tuple[tuple[str, str, str], ...] = (
     ("cronoq_outbox_ingested", "outbox_ingested", "Outbox rows turned into tasks."),
@@ -209,8 +220,12 @@ class SchedulerCollector(Collector):
         totals = self._totals(snapshot)
         for name, field, labels, help_text in _COUNTERS:
             counter = CounterMetricFamily(name, help_text, labels=labels)
-            statuses = _FINAL if "status" in labels else ()
-            counts = self._zeros(statuses) | totals.counters[field]
+            counted = totals.counters[field]
+            if labels[0] == "schedule":
+                zeros = _outcome_zeros(counted)
+            else:
+                zeros = self._zeros(_FINAL if "status" in labels else ())
+            counts = zeros | counted
             for key, value in sorted(counts.items(), key=_label_order):
                 counter.add_metric(_labels(key), value)
             yield counter
@@ -286,6 +301,17 @@ _LIMIT_GAUGES = (
 )
 
 _FINAL = tuple(status.value for status in Status if status.is_terminal)
+_OUTCOMES = tuple(outcome.value for outcome in OccurrenceOutcome)
+
+
+def _outcome_zeros(counted: Mapping[object, int]) -> dict[object, int]:
+    """0 for every outcome of each schedule counted so far (keyed (schedule, outcome)), so that
+    a rate of its misses or skips is 0 rather than missing once the schedule came due. A
+    schedule is unknown here until then: the collector is given no list of them."""
+    schedules = {key[0] for key in counted if isinstance(key, tuple)}
+    return {(schedule, outcome): 0 for schedule in schedules for outcome in _OUTCOMES}
+
+
 _LIVE = tuple(status.value for status in Status if not status.is_terminal)
 
 

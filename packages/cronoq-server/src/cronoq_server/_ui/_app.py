@@ -3,10 +3,11 @@
 
 Who may do what is the gRPC API's: each page needs the permission of the call it makes
 (``List`` and the like: ``read``), each action that of its call (``Cancel``: ``cancel``,
-``Retry``: ``admin``, ...), looked up in ``METHOD_PERMISSIONS``. A browser signs in with a
-bearer token once (``Guard.sign_in``) and then holds a session cookie (``_sessions``); with
-authentication off, every browser gets an anonymous session that may do everything, as every
-gRPC caller may, but only if the HTTP port is on loopback (or ``auth.insecure`` says so).
+``Retry``: ``admin``, ...), looked up in ``METHOD_PERMISSIONS`` (Rerun, which has no method of
+its own, needs Retry's). A browser signs in with a bearer token once (``Guard.sign_in``) and
+then holds a session cookie (``_sessions``); with authentication off, every browser gets an
+anonymous session that may do everything, as every gRPC caller may, but only if the HTTP port
+is on loopback (or ``auth.insecure`` says so).
 
 Every POST is checked twice against cross-site requests: its ``Origin`` (when a browser sends
 one) must be this host, and its form must carry the session's CSRF token. Pages are rendered by
@@ -38,7 +39,16 @@ from aiohttp import web
 from aiohttp.web_request import FileField
 from multidict import MultiDictProxy
 
-from cronoq import PoolInfo, Scheduler, Status, TaskInfo, TaskSummary, WorkerInfo, preview
+from cronoq import (
+    Hold,
+    PoolInfo,
+    Scheduler,
+    Status,
+    TaskInfo,
+    TaskSummary,
+    WorkerInfo,
+    preview,
+)
 from cronoq.errors import (
     CronoqError,
     InvalidArgument,
@@ -72,10 +82,13 @@ from cronoq_server._ui._sessions import (
     SignInLimiter,
 )
 from cronoq_server._ui._views import (
+    OccurrenceQuery,
+    OccurrenceRow,
     OutboxQuery,
     TaskQuery,
     attempt_rows,
     duration,
+    occurrence_rows,
     parse_id,
     quarantine_rows,
 )
@@ -100,6 +113,8 @@ _LIMIT_KEYS_SHOWN = 10
 """The busiest keys the Limits page shows of each limit."""
 _NEXT_OCCURRENCES = 3
 _MAX_PARENTS_SHOWN = 100
+"""A task's page shows this many of its parents (``after``), and of those an explanation
+says it waits for."""
 _MAX_DEPENDANTS_SHOWN = 100
 """A task's page shows this many of its dependants (``Scheduler.dependants``), each looked
 up for its status."""
@@ -129,7 +144,17 @@ class _Refused(Exception):
 
 # --- actions ----------------------------------------------------------------------------------
 
-_Run = Callable[[Scheduler, Any, Grant], Awaitable[str]]
+
+@dataclass(frozen=True, slots=True)
+class _Moved:
+    """An action's answer that leads to another page than its form's ``back``: the page of
+    what it made (a rerun: the new task's)."""
+
+    message: str
+    page: str
+
+
+_Run = Callable[[Scheduler, Any, Grant], Awaitable[str | _Moved]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +165,7 @@ class _Action:
     """``task`` or ``row`` (an id: of a task, of a quarantined outbox row), ``pool`` or
     ``schedule`` (a name)."""
     run: _Run
-    """The call; returns what to tell the user."""
+    """The call; returns what to tell the user (and, for ``_Moved``, where to go)."""
 
     @property
     def permission(self) -> str:
@@ -155,6 +180,11 @@ async def _cancel(sched: Scheduler, task_id: int, grant: Grant) -> str:
 async def _retry(sched: Scheduler, task_id: int, grant: Grant) -> str:
     info = await sched.retry(task_id)
     return f"task {task_id} retried: it is {info.status.value} (attempt {info.attempt} done)"
+
+
+async def _rerun(sched: Scheduler, task_id: int, grant: Grant) -> _Moved:
+    new_id = await sched.rerun(task_id)
+    return _Moved(f"task {task_id} rerun as task {new_id}", f"{PREFIX}/tasks/{new_id}")
 
 
 async def _pause_pool(sched: Scheduler, name: str, grant: Grant) -> str:
@@ -208,6 +238,10 @@ _NOT_QUARANTINED = "outbox row {} is not in the quarantine (requeued or discarde
 ACTIONS: Mapping[str, _Action] = {
     "cancel": _Action("Cancel", "task", _cancel),
     "retry": _Action("Retry", "task", _retry),
+    # A rerun runs a finished task again, as a new task: an operator's call, as a retry of a
+    # failed one is, so it needs what Retry needs (admin). (The gRPC API has no Rerun method
+    # in this build to take the permission of.)
+    "rerun": _Action("Retry", "task", _rerun),
     "pause-pool": _Action("PausePool", "pool", _pause_pool),
     "resume-pool": _Action("ResumePool", "pool", _resume_pool),
     "pause-schedule": _Action("PauseSchedule", "schedule", _pause_schedule),
@@ -315,6 +349,7 @@ def _environment() -> jinja2.Environment:
         poll_s=POLL_S,
         live=set(_LIVE),
         Status=Status,
+        Hold=Hold,
         sample_s=SAMPLE_INTERVAL_S,
         headline_s=HEADLINE_S,
         headline_min=round(HEADLINE_S / 60),
@@ -447,6 +482,9 @@ class Dashboard:
         ui.router.add_get("/tasks", self._page(self._tasks))
         ui.router.add_get("/tasks/{task_id}", self._page(self._task))
         ui.router.add_get("/schedules", self._page(self._schedules))
+        # A schedule's page: its name in the query, not the path, since a name is any text
+        # ("a/b", "..", "%", "#"), which a path would split or a browser resolve.
+        ui.router.add_get("/schedule", self._page(self._schedule))
         ui.router.add_get("/workers", self._page(self._workers_page))
         ui.router.add_get("/pools", self._page(self._pools))
         ui.router.add_get("/limits", self._page(self._limits))
@@ -629,8 +667,8 @@ class Dashboard:
         sched = self._leader(visit)
         task_id = parse_id(visit.request.match_info["task_id"], "task id")
         info = await sched.get(task_id)
-        history, dependant_ids = await asyncio.gather(
-            sched.attempts(task_id), sched.dependants(task_id)
+        history, dependant_ids, why = await asyncio.gather(
+            sched.attempts(task_id), sched.dependants(task_id), sched.explain(task_id)
         )
         # A dependant pruned meanwhile is left out (TaskNotFound), as a list page would.
         found = await asyncio.gather(
@@ -645,6 +683,8 @@ class Dashboard:
             attempts=attempt_rows(info, history),
             attempts_kept=ATTEMPTS_KEPT,
             parents=info.after[:_MAX_PARENTS_SHOWN],
+            why=why,
+            why_parents=why.parents[:_MAX_PARENTS_SHOWN],
             dependants=[_summary(d) for d in found if isinstance(d, TaskInfo)],
             dependant_count=len(dependant_ids),
             payload=data_preview(info.payload),
@@ -666,6 +706,41 @@ class Dashboard:
             title="Schedules",
             schedules=list(zip(shown, await asyncio.to_thread(occurrences), strict=True)),
             hidden=len(schedules) - len(shown),
+        )
+
+    async def _schedule(self, visit: _Visit) -> web.Response:
+        sched = self._leader(visit)
+        query = OccurrenceQuery.parse(visit.request.query)
+        # The ledger first: it says ScheduleNotFound (a 404) for a name neither listed nor
+        # recorded; a removed schedule's records are kept, and shown without it.
+        records = await sched.occurrences(query.name, before=query.before, limit=query.limit)
+        found = [s for s in await sched.list_schedules() if s.name == query.name]
+        schedule = found[0] if found else None
+        zone = "UTC" if schedule is None else schedule.timezone
+
+        def computed() -> tuple[list[datetime], list[OccurrenceRow]]:
+            # Parsing and stepping a cron expression is CPU work: off the event loop.
+            if schedule is None:
+                return [], occurrence_rows(records, None, zone)
+            upcoming = preview(schedule.cron, zone, _NEXT_OCCURRENCES)
+            return upcoming, occurrence_rows(records, schedule.cron, zone)
+
+        upcoming, rows = await asyncio.to_thread(computed)
+        return self._render(
+            visit,
+            "schedule.html",
+            title=f"Schedule {query.name}",
+            name=query.name,
+            schedule=schedule,
+            zone=zone,
+            upcoming=upcoming,
+            rows=rows,
+            query=query,
+            # This page's own address, encoded from its fields (a name may hold "&", "%" or
+            # "#", which the request's decoded query would not carry back intact).
+            here=f"{PREFIX}/schedule?{query.page(query.before)}",
+            older=query.page(records[-1].due_at) if len(records) == query.limit else None,
+            newest=query.page(None) if query.before is not None else None,
         )
 
     async def _workers_page(self, visit: _Visit) -> web.Response:
@@ -731,11 +806,16 @@ class Dashboard:
         sched = self._replica.leader()
         self._pools_seen = None  # the next page shows the pool as the action left it
         try:
-            visit.session.notice = ("ok", await action.run(sched, target, grant))
+            done = await action.run(sched, target, grant)
         except (NotServing, PermissionDenied):
             raise
         except CronoqError as exc:  # refused by the scheduler (not retryable, unknown, ...)
             visit.session.notice = ("error", str(exc))
+        else:
+            if isinstance(done, _Moved):  # to the page of what it made
+                back = done.page
+                done = done.message
+            visit.session.notice = ("ok", done)
         log.info("dashboard action", extra={"identity": grant.name, "action": name})
         return _redirect(back)
 

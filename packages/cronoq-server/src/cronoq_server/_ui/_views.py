@@ -12,8 +12,9 @@ from datetime import UTC, datetime
 from typing import overload
 from urllib.parse import urlencode
 
-from cronoq import AttemptInfo, Status, TaskInfo
-from cronoq.errors import InvalidArgument
+from cronoq import AttemptInfo, OccurrenceInfo, OccurrenceOutcome, Status, TaskInfo
+from cronoq import preview as cron_preview
+from cronoq.errors import CronoqError, InvalidArgument
 from cronoq.store import QuarantinedRow
 from cronoq_client.protocol import cut_text
 
@@ -25,12 +26,15 @@ __all__ = [
     "OUTBOX_TEXT_BYTES",
     "PREVIEW_BYTES",
     "AttemptRow",
+    "OccurrenceQuery",
+    "OccurrenceRow",
     "OutboxQuery",
     "Preview",
     "QuarantineRow",
     "TaskQuery",
     "attempt_rows",
     "duration",
+    "occurrence_rows",
     "parse_id",
     "preview",
     "quarantine_rows",
@@ -181,6 +185,118 @@ class OutboxQuery:
         if last is not None:
             fields["after"] = str(last)
         return urlencode(fields)
+
+
+_MAX_INSTANT = 64
+"""Characters of an ISO 8601 time in a query (``2026-07-01T03:00:00.123456+05:30`` is 32)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OccurrenceQuery:
+    """A schedule's page: its ``name`` (exact: not stripped), and its place in the occurrence
+    ledger, ``limit`` records due before ``before`` (the due time of the previous page's last
+    record; None: the newest)."""
+
+    name: str
+    before: datetime | None = None
+    limit: int = DEFAULT_PAGE
+
+    @classmethod
+    def parse(cls, query: Mapping[str, str]) -> OccurrenceQuery:
+        """InvalidArgument, saying which field, for anything out of bounds (the scheduler
+        checks the name's own bounds: 255 characters)."""
+        name = query.get("name", "")
+        if not name:
+            raise InvalidArgument("name is required: the schedule's name")
+        if len(name) > MAX_FIELD:
+            raise InvalidArgument(f"name is longer than {MAX_FIELD} characters")
+        before = _field(query, "before")
+        limit = _field(query, "limit")
+        size = DEFAULT_PAGE if limit is None else parse_id(limit, "limit")
+        if size > MAX_PAGE:
+            raise InvalidArgument(f"limit must be at most {MAX_PAGE}")
+        return cls(name, None if before is None else _instant_of(before, "before"), size)
+
+    def page(self, last: datetime | None) -> str:
+        """The query string of the page of records due before ``last`` (None: the newest)."""
+        fields = {"name": self.name}
+        if self.limit != DEFAULT_PAGE:
+            fields["limit"] = str(self.limit)
+        if last is not None:
+            fields["before"] = last.isoformat()
+        return urlencode(fields)
+
+
+def _instant_of(text: str, what: str) -> datetime:
+    refused = InvalidArgument(
+        f"{what} must be an ISO 8601 time with its UTC offset (a record's due time, "
+        f"2026-07-01T03:00:00+00:00), got {text[:40]!r}"
+    )
+    if len(text) > _MAX_INSTANT:
+        raise refused
+    try:
+        moment = datetime.fromisoformat(text)
+        if moment.tzinfo is None or moment.utcoffset() is None:
+            raise refused
+        moment = moment.astimezone(UTC)
+    except (ValueError, OverflowError):  # not a time, or past year 1 or 9999 in UTC
+        raise refused from None
+    if not _EARLIEST <= moment <= _LATEST:
+        raise InvalidArgument(
+            f"{what} must be between {_EARLIEST:%Y-%m-%d} and {_LATEST:%Y-%m-%d} (what a store "
+            "keeps: Unix nanoseconds in 64 bits)"
+        )
+    return moment
+
+
+_EARLIEST = datetime(1678, 1, 1, tzinfo=UTC)
+_LATEST = datetime(2262, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class OccurrenceRow:
+    """A ledger record as a schedule's page shows it."""
+
+    due_at: datetime
+    until: datetime
+    outcome: OccurrenceOutcome
+    task_id: int | None
+    decided_at: datetime
+    message: str
+    several: bool
+    """It covers more than the occurrence due at ``due_at``: those up to ``until`` (not
+    included) were decided together."""
+
+
+def occurrence_rows(
+    records: Sequence[OccurrenceInfo], cron: str | None, timezone: str
+) -> list[OccurrenceRow]:
+    """The rows of a page of the ledger. A record covers several occurrences when the
+    schedule's next occurrence after its due time comes before its ``until``, as the scheduler
+    decides it; without the cron (a removed schedule, or one that no longer parses), every
+    record shows its span. CPU work (a cron step a record): run it off the event loop."""
+    rows = []
+    for record in records:
+        several = True
+        if cron is not None:
+            try:
+                (following,) = cron_preview(cron, timezone, 1, after=record.due_at)
+            except CronoqError:
+                pass
+            else:
+                several = following < record.until
+        rows.append(
+            OccurrenceRow(
+                record.due_at,
+                record.until,
+                record.outcome,
+                record.task_id,
+                record.decided_at,
+                record.message,
+                several,
+            )
+        )
+    return rows
 
 
 @dataclass(frozen=True, slots=True)
