@@ -7,6 +7,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from cronoq._model import Status
+from cronoq._tracebacks import split_traceback
 
 __all__ = ["Explanation", "Hold"]
 
@@ -71,3 +72,12 @@ class Explanation:
     limit_key: str | None = None
     worker: str | None = None
     """For a running remote attempt: the worker it was leased to, as it named itself."""
+
+    @classmethod
+    def finished(
+        cls, task_id: int, status: Status, attempt: int, at: datetime, message: str, pool: str
+    ) -> Explanation:
+        """A task that ended: how, from its message (without a traceback kept after it)."""
+        line = split_traceback(message)[0]
+        summary = f"it {status}" + (f": {line}" if line else "")
+        return cls(task_id, status, Hold.FINISHED, summary, at, attempt=attempt, pool=pool)

@@ -1275,17 +1275,8 @@ class Scheduler:
         since = _utc(record.updated_ns)
         pool = record.spec.pool
         if record.status.is_terminal:
-            message = split_traceback(record.message)[0]
-            summary = f"it {record.status}" + (f": {message}" if message else "")
-            return Explanation(
-                task_id,
-                record.status,
-                Hold.FINISHED,
-                summary,
-                since,
-                None,
-                record.attempt,
-                pool=pool,
+            return Explanation.finished(
+                task_id, record.status, record.attempt, since, record.message, pool
             )
         return Explanation(
             task_id,

@@ -15,7 +15,6 @@ from cronoq._engine.state import Shared, Task, seconds
 from cronoq._engine.tasks import Tasks
 from cronoq._explain import Explanation, Hold
 from cronoq._model import NS_PER_S, Status
-from cronoq._tracebacks import split_traceback
 from cronoq.errors import CronoqError, TaskNotFound
 from cronoq.store import TaskRecord
 
@@ -171,15 +170,8 @@ class Reads:
             finished, message, pool = found.updated_ns, found.message, found.spec.pool
         else:
             finished, message, pool = found.finished_ns or 0, found.error or "", found.pool
-        summary = f"it {found.status}" + (f": {split_traceback(message)[0]}" if message else "")
-        return Explanation(
-            task_id,
-            found.status,
-            Hold.FINISHED,
-            summary,
-            _utc(finished),
-            attempt=found.attempt,
-            pool=pool,
+        return Explanation.finished(
+            task_id, found.status, found.attempt, _utc(finished), message, pool
         )
 
     def _waiting(self, task: Task) -> Explanation:

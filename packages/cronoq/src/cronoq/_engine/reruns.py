@@ -68,12 +68,7 @@ class Reruns:
         """Why the task cannot be retried now, if it cannot."""
         shared = self.shared
         name = f"task {task_id}"
-        live = shared.tasks.get(task_id)
-        if live is not None:
-            return NotRetryable(
-                f"{name} is {live.status}: only a failed or cancelled task can be retried"
-            )
-        found = self._unrunnable(task_id, row)
+        found = self._unrunnable(task_id, row, "only a failed or cancelled task can be retried")
         if found is not None:
             return found
         assert row is not None  # _unrunnable refuses a task whose row the store lacks
@@ -101,13 +96,9 @@ class Reruns:
         shared = self.shared
         tasks = self.tasks
         name = f"task {task_id}"
-        live = shared.tasks.get(task_id)
-        if live is not None:
-            return NotRetryable(
-                f"{name} is {live.status}: only a finished task can be run again (cancel it "
-                "first, or wait for it)"
-            )
-        found = self._unrunnable(task_id, row)
+        found = self._unrunnable(
+            task_id, row, "only a finished task can be run again (cancel it first, or wait for it)"
+        )
         if found is not None:
             return found
         assert row is not None  # _unrunnable refuses a task whose row the store lacks
@@ -130,12 +121,15 @@ class Reruns:
         )
         return tasks.create(spec).id
 
-    def _unrunnable(self, task_id: int, row: TaskRecord | None) -> CronoqError | None:
+    def _unrunnable(self, task_id: int, row: TaskRecord | None, only: str) -> CronoqError | None:
         """Why a finished task's spec cannot make a task now, if it cannot: shared by retry
-        and rerun."""
+        and rerun. ``only``: what a live task is told it should be instead."""
         shared = self.shared
         tasks = self.tasks
         name = f"task {task_id}"
+        live = shared.tasks.get(task_id)
+        if live is not None:
+            return NotRetryable(f"{name} is {live.status}: {only}")
         quarantined = row is not None and row.message.startswith(quarantine_message(""))
         if task_id in tasks.quarantined or quarantined:
             return NotRetryable(f"{name} was quarantined (its row could not be decoded)")
