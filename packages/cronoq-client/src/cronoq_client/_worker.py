@@ -46,6 +46,7 @@ from cronoq import (
     TaskError,
     binds_context,
     call_catching,
+    decode_parent_outputs,
     decode_with,
     encode_with,
 )
@@ -74,6 +75,7 @@ from cronoq_client._retry import Backoff, Verdict, judge
 from cronoq_client._status import error_from_rpc, error_info
 from cronoq_client._wire import (
     Attached,
+    RemoteAttempt,
     ReportFailure,
     ReportSuccess,
     UnreadableAttempt,
@@ -475,6 +477,16 @@ class Worker:
             )
         except InvalidArgument as exc:  # PayloadError is one
             return ReportFailure(f"payload could not be decoded: {exc}", retryable=False)
+        if isinstance(leased, RemoteAttempt) and leased.parent_outputs:
+            # As a local pool's attempt gets them: decoded here, by the codec that runs it,
+            # each bound to its parent. One this codec refuses fails the attempt for good
+            # (PayloadError names the parent): every attempt would read the same bytes.
+            try:
+                attempt.ctx.parent_outputs = decode_parent_outputs(
+                    self._codec, leased.parent_outputs
+                )
+            except InvalidArgument as exc:
+                return ReportFailure(_truncate(str(exc)), retryable=False)
         fn = self._pools.get(leased.pool)
         if fn is None:  # the server sent a pool this worker did not attach to: a server bug
             return ReportFailure(f"worker {self.worker_id} has no function for {leased.pool!r}")
