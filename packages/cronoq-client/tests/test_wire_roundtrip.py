@@ -9,6 +9,7 @@ apply).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -509,7 +510,7 @@ def test_long_replies_end_early_and_name_the_next_page() -> None:
 
 
 def test_client_refusals_of_issue_32_read_like_the_schedulers() -> None:
-    for call, match in [
+    cases: list[tuple[Callable[[], object], str]] = [
         (lambda: w.explain_request(2**64), "task_id must be between"),
         (lambda: w.rerun_request("7"), "task_id must be an int"),
         (lambda: w.get_attempts_request(True), "task_id must be an int"),
@@ -517,7 +518,8 @@ def test_client_refusals_of_issue_32_read_like_the_schedulers() -> None:
         (lambda: w.list_occurrences_request("s\udc00"), "schedule name must be valid Unicode"),
         (lambda: w.list_occurrences_request("s", datetime(2030, 1, 1)), "before must be timezone"),
         (lambda: w.list_occurrences_request("s", None, "10"), "limit must be an int"),
-    ]:
+    ]
+    for call, match in cases:
         with pytest.raises(InvalidArgument, match=match):
             call()
 
