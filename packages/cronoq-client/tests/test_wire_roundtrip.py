@@ -77,6 +77,7 @@ from cronoq.errors import (
 from cronoq_client import _wire as w
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._sizes import (
+    attempt_bytes,
     attempts_response_to_pb,
     dependants_response_to_pb,
     explanation_response,
@@ -714,6 +715,24 @@ def test_a_failure_message_with_a_lone_surrogate_is_still_reported() -> None:
     token = AttemptToken(1, 2, 3)
     message = w.report_request(token, bytes(16), w.ReportFailure("bad \udc00 byte"))
     assert wire(message).failure.message == "bad \\udc00 byte"
+
+
+def test_an_attempts_parents_count_in_the_size_its_submission_must_fit() -> None:
+    """An attempt carries its task's ``after``: the size a submission is checked against
+    counts it, so an accepted task's attempt always fits (its parents' outputs, which no
+    submission can count, the server checks as it sends them)."""
+    after = tuple(range(2**62, 2**62 + 1000))
+    largest = 2**63 - 1
+    attempt = LeasedAttempt(
+        AttemptToken(largest, largest, largest), "default", "k", None, (), None, None, None,
+        b"x" * 100, datetime(9999, 12, 31, tzinfo=UTC), bytes(16), after=after,
+    )  # fmt: skip
+    sent = pb.AttachResponse(events=[w.worker_event_to_pb(attempt)]).ByteSize()
+    counted = attempt_bytes(TaskRequest("k", b"x" * 100, after=after))
+    assert sent <= counted
+    assert (
+        counted - attempt_bytes(TaskRequest("k", b"x" * 100)) == pb.Attempt(after=after).ByteSize()
+    )
 
 
 def test_an_empty_payload_is_no_payload_on_the_wire() -> None:
