@@ -29,6 +29,7 @@ from cronoq import (
     TaskInfo,
     TaskRequest,
     TraceContext,
+    WorkerLink,
     preview,
 )
 from cronoq.errors import CronoqError, InvalidArgument, PermissionDenied, WaitTimedOut
@@ -593,7 +594,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                     except CronoqError as exc:  # detached, or the scheduler stopped
                         await _abort(context, exc)
                         return
-                    found = await _event_to_pb(sched, first)
+                    found = await _event_to_pb(sched, link, first)
                     if found is None:
                         continue
                     encoded = found
@@ -606,7 +607,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                 # a batch per message, and alone one at once (nothing waits to fill a batch).
                 while link.queued and len(message.events) < _MAX_EVENTS_PER_MESSAGE:
                     event = await link.next()
-                    found = await _event_to_pb(sched, event)
+                    found = await _event_to_pb(sched, link, event)
                     if found is None:
                         continue
                     size += found.ByteSize() + _EVENT_FRAMING_BYTES
@@ -716,12 +717,12 @@ async def _report(sched: Scheduler, request: pb.ReportRequest) -> None:
 
 
 async def _event_to_pb(
-    sched: Scheduler, event: LeasedAttempt | CancelRequested
+    sched: Scheduler, link: WorkerLink, event: LeasedAttempt | CancelRequested
 ) -> pb.WorkerEvent | None:
-    """An event as the stream carries it: an attempt with the stored outputs of its parents,
-    read here (``Scheduler.parent_outputs``) for the worker to decode with its codec. None:
-    the outputs could not be read and the attempt was failed instead, retryable (the next
-    attempt may find the store again), as a local pool's attempt would be."""
+    """An event of ``link`` as the stream carries it: an attempt with the stored outputs of
+    its parents, read here (``Scheduler.parent_outputs``) for the worker to decode with its
+    codec. None: the outputs could not be read and the attempt was failed instead, retryable
+    (the next attempt may find the store again), as a local pool's attempt would be."""
     if not isinstance(event, LeasedAttempt) or not event.after:
         return wire.worker_event_to_pb(event)
     try:
@@ -732,6 +733,11 @@ async def _event_to_pb(
             sched, event, f"the outputs of its parents could not be read: {exc}", retryable=True
         )
         return None
+    except BaseException:
+        # The stream ended (cancelled) while they were read: the attempt never left, so it
+        # goes back to its queue uncounted, as one that could not be written.
+        link.unsent(event)
+        raise
     return wire.worker_event_to_pb(wire.RemoteAttempt.carrying(event, parents))
 
 
