@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone, tzinfo
@@ -32,6 +33,7 @@ from wire_strategies import decoded_request, wire
 from cronoq import (
     BytesCodec,
     CheckedTask,
+    Codec,
     JsonCodec,
     MemoryStore,
     Pool,
@@ -40,9 +42,19 @@ from cronoq import (
     TaskContext,
     TaskInfo,
     TaskRequest,
+    decode_parent_outputs,
     preview,
 )
-from cronoq.errors import InvalidArgument, StaleAttempt, TaskNotFound, WaitTimedOut
+from cronoq.crypto import EncryptedCodec
+from cronoq.errors import (
+    InvalidArgument,
+    NotRetryable,
+    ScheduleNotFound,
+    StaleAttempt,
+    TaskNotFound,
+    WaitTimedOut,
+)
+from cronoq_client import AsyncClient
 from cronoq_client import _wire as w
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._sizes import fitted_task_info, task_data_response
@@ -345,6 +357,59 @@ def test_hostile_cancels(harness: Harness, message: pb.CancelRequest) -> None:
         harness.takes(lambda: harness.sched.cancel(**kwargs), TaskNotFound)
 
 
+_TASK_READS = st.sampled_from(
+    [pb.ExplainRequest, pb.GetAttemptsRequest, pb.GetDependantsRequest, pb.RerunRequest]
+)
+
+
+@HOSTILE
+@given(_TASK_READS.flatmap(messages))
+def test_hostile_calls_on_a_task_of_issue_32(
+    harness: Harness,
+    message: pb.ExplainRequest | pb.GetAttemptsRequest | pb.GetDependantsRequest | pb.RerunRequest,
+) -> None:
+    """As the server answers them: the task id goes to the Scheduler as it is (an attempt
+    number or id to page ``after`` is only compared). The harness's one task is finished."""
+    _finished_with_payload_and_output(harness)
+    sched = harness.sched
+    match message:
+        case pb.ExplainRequest():
+            harness.takes(lambda: sched.explain(message.task_id), TaskNotFound)
+        case pb.GetAttemptsRequest():
+            harness.takes(lambda: sched.attempts(message.task_id), TaskNotFound)
+        case pb.GetDependantsRequest():
+            harness.takes(lambda: sched.dependants(message.task_id), TaskNotFound)
+        case pb.RerunRequest():
+            harness.takes(lambda: sched.rerun(message.task_id), TaskNotFound, NotRetryable)
+
+
+@HOSTILE
+@given(messages(pb.ListOccurrencesRequest))
+def test_hostile_occurrence_reads(harness: Harness, message: pb.ListOccurrencesRequest) -> None:
+    kwargs = _decoded(lambda: w.list_occurrences_kwargs(message))
+    if kwargs is not None:
+        harness.takes(lambda: harness.sched.occurrences(**kwargs), ScheduleNotFound)
+
+
+_CODECS: list[Codec] = [
+    JsonCodec(),
+    BytesCodec(),
+    EncryptedCodec({"k1": EncryptedCodec.generate_key()}, "k1"),
+]
+
+
+@HOSTILE
+@given(messages(pb.Attempt), st.sampled_from(_CODECS))
+def test_hostile_parent_outputs_decode_or_raise_invalid_argument(
+    message: pb.Attempt, codec: Codec
+) -> None:
+    """What a worker does with an attempt's parents: any kind, pool, key and bytes a server
+    sends decode with the worker's codec, or raise InvalidArgument (the attempt then fails)."""
+    event = _decoded(lambda: w.worker_event_from_pb(pb.WorkerEvent(attempt=message)))
+    if isinstance(event, w.RemoteAttempt):
+        _decoded(lambda: decode_parent_outputs(codec, event.parent_outputs))
+
+
 @HOSTILE
 @given(messages(pb.AddScheduleRequest))
 def test_hostile_schedules(harness: Harness, message: pb.AddScheduleRequest) -> None:
@@ -423,6 +488,11 @@ REPLIES: list[tuple[type[Message], Callable[[Any], object]]] = [
     (pb.HeartbeatResponse, w.lease_renewed_from_pb),
     (pb.HeartbeatResult, w.heartbeat_result_from_pb),
     (pb.RetryPolicy, w.retry_from_pb),
+    (pb.Explanation, w.explanation_from_pb),
+    (pb.ListOccurrencesResponse, w.occurrences_response),
+    (pb.GetAttemptsResponse, w.attempts_response),
+    (pb.GetDependantsResponse, w.dependants_response),
+    (pb.ParentOutput, w.parent_output_from_pb),
 ]
 
 
@@ -543,6 +613,38 @@ def test_hostile_client_values_raise_invalid_argument_or_encode(fields: dict[str
     _decoded(lambda: w.add_schedule_request(BytesCodec(), "n", "* * * * *", kind="k", **options))
     _decoded(lambda: w.wait_request(fields.get("priority", 1), fields.get("timeout")))
     _decoded(lambda: w.preview_request("* * * * *", after=fields.get("start_at")))
+    task_id, after = fields.get("priority", 1), fields.get("after", 0)
+    _decoded(lambda: w.explain_request(task_id))
+    _decoded(lambda: w.rerun_request(task_id))
+    _decoded(lambda: w.get_attempts_request(task_id, after))
+    _decoded(lambda: w.get_dependants_request(task_id, after))
+    _decoded(
+        lambda: w.list_occurrences_request(
+            fields.get("name", "s"), fields.get("start_at"), fields.get("priority")
+        )
+    )
+
+
+async def test_the_calls_of_issue_32_refuse_bad_arguments_before_any_call() -> None:
+    """Each new call of AsyncClient checks its arguments as the wire builders do, before it
+    connects: against a port where nothing listens, a bad value is InvalidArgument at once."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        target = f"127.0.0.1:{unused.getsockname()[1]}"
+    async with AsyncClient(target, timeout=1.0, connect_timeout=0.5) as client:
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: client.explain(cast(Any, "1")),
+            lambda: client.rerun(2**64),
+            lambda: client.attempts(cast(Any, 1.5)),
+            lambda: client.dependants(cast(Any, None)),
+            lambda: client.occurrences(cast(Any, 7)),
+            lambda: client.occurrences("s\udc00"),
+            lambda: client.occurrences("s", before=datetime(2030, 1, 1)),
+            lambda: client.occurrences("s", limit=cast(Any, True)),
+        ]
+        for call in calls:
+            with pytest.raises(InvalidArgument):
+                await call()
 
 
 def test_an_endless_iterable_is_refused_not_read_forever() -> None:

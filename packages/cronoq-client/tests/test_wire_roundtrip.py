@@ -9,6 +9,7 @@ apply).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,14 +18,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from wire_strategies import (
     TEN_YEARS_NS,
+    attempt_infos,
     decoded_request,
     decoded_requests,
     duration_ns,
     durations,
     enum_values,
+    explanations,
     instant,
     int64s,
     leased_attempts,
+    occurrence_infos,
     optional_texts,
     retry_policies,
     schedule_infos,
@@ -39,15 +43,20 @@ from wire_strategies import (
 )
 
 from cronoq import (
+    AttemptInfo,
     AttemptToken,
     BytesCodec,
     CancelRequested,
     CatchUpPolicy,
     CodecContext,
+    Explanation,
+    Hold,
     JsonCodec,
     LeasedAttempt,
     LeaseRenewed,
     MissPolicy,
+    OccurrenceInfo,
+    OccurrenceOutcome,
     OverlapPolicy,
     Pool,
     RetryPolicy,
@@ -67,7 +76,14 @@ from cronoq.errors import (
 )
 from cronoq_client import _wire as w
 from cronoq_client._proto import cronoq_pb2 as pb
-from cronoq_client._sizes import list_response_to_pb
+from cronoq_client._sizes import (
+    attempt_bytes,
+    attempts_response_to_pb,
+    dependants_response_to_pb,
+    explanation_response,
+    list_response_to_pb,
+    occurrences_response_to_pb,
+)
 from cronoq_client._status import error_from_report_result, report_result, status_of
 from cronoq_client._wire import NS_PER_S
 
@@ -406,13 +422,131 @@ def test_get_requests_carry_their_argument() -> None:
     assert wire(w.get_by_key_request("k\x00")).key == "k\x00"
 
 
+# --- issue 32: explain, occurrences, attempts, dependants, rerun --------------------------
+
+
+@ROUND_TRIPS
+@given(explanations)
+def test_an_explanation_reaches_the_client_as_the_server_had_it(explanation: Explanation) -> None:
+    assert w.explanation_from_pb(wire(w.explanation_to_pb(explanation))) == explanation
+
+
+@ROUND_TRIPS
+@given(st.lists(occurrence_infos, max_size=4), st.integers(1, 1000))
+def test_occurrence_records_reach_the_client_as_the_server_had_them(
+    records: list[OccurrenceInfo], asked: int
+) -> None:
+    message = occurrences_response_to_pb(records, asked, 4 * 1024 * 1024)
+    found, following = w.occurrences_response(wire(message))
+    assert found == records
+    # A page as long as asked may be followed by another, before its last record's time.
+    assert following == (records[-1].due_at if records and len(records) == asked else None)
+
+
+@ROUND_TRIPS
+@given(st.lists(attempt_infos, max_size=4))
+def test_attempts_reach_the_client_as_the_server_had_them(attempts: list[AttemptInfo]) -> None:
+    message = attempts_response_to_pb(attempts, 4 * 1024 * 1024)
+    assert w.attempts_response(wire(message)) == (attempts, None)
+
+
+@ROUND_TRIPS
+@given(st.lists(st.integers(1, 2**63 - 1), max_size=5))
+def test_dependants_reach_the_client_as_the_server_had_them(task_ids: list[int]) -> None:
+    message = dependants_response_to_pb(task_ids, 4 * 1024 * 1024)
+    assert w.dependants_response(wire(message)) == (task_ids, None)
+
+
+@ROUND_TRIPS
+@given(texts, st.none() | utc_datetimes, st.none() | int64s)
+def test_occurrence_requests_carry_their_arguments(
+    name: str, before: datetime | None, limit: int | None
+) -> None:
+    kwargs = w.list_occurrences_kwargs(wire(w.list_occurrences_request(name, before, limit)))
+    expected: dict[str, Any] = {"name": name, "limit": 100 if limit is None else limit}
+    if before is not None:
+        expected["before"] = before
+    assert kwargs == expected
+
+
+def test_the_task_calls_of_issue_32_carry_their_task_id() -> None:
+    assert wire(w.explain_request(7)).task_id == 7
+    assert wire(w.rerun_request(8)).task_id == 8
+    assert wire(w.get_attempts_request(9, 2)).task_id == 9
+    assert wire(w.get_attempts_request(9)).after == 0
+    assert wire(w.get_dependants_request(10, after=3)).after == 3
+
+
+def test_long_replies_end_early_and_name_the_next_page() -> None:
+    """Under the smallest limit a server takes (1 KiB): attempts and dependants end where the
+    next would not fit, with the ``after`` of the rest; occurrences with the ``before``."""
+    limit = 1024
+    when = datetime(2030, 1, 1, tzinfo=UTC)
+    attempts = [AttemptInfo(n, when, when, "x" * 300) for n in range(1, 6)]
+    reply = attempts_response_to_pb(attempts, limit)
+    assert reply.ByteSize() <= limit
+    sent, following = w.attempts_response(wire(reply))
+    assert sent == attempts[: len(sent)] and 0 < len(sent) < 5 and following == len(sent)
+    ids = list(range(1, 5000))
+    reply_ids = dependants_response_to_pb(ids, limit)
+    assert reply_ids.ByteSize() <= limit
+    sent_ids, after = w.dependants_response(wire(reply_ids))
+    assert sent_ids == ids[: len(sent_ids)] and after == sent_ids[-1]
+    records = [
+        OccurrenceInfo(
+            "s", when - timedelta(minutes=n), when, OccurrenceOutcome.STARTED, n, when, "m" * 200
+        )
+        for n in range(1, 20)
+    ]
+    page = occurrences_response_to_pb(records, 100, limit)
+    assert page.ByteSize() <= limit
+    found, before = w.occurrences_response(wire(page))
+    assert found == records[: len(found)] and before == found[-1].due_at
+    parents = tuple(range(2**40, 2**40 + 1000))
+    waiting = Explanation(1, Status.WAITING, Hold.DEPENDENCIES, "s", when, parents=parents)
+    with pytest.raises(PayloadError, match="over the server's message limit of 1024 bytes"):
+        explanation_response(waiting, limit)
+    with pytest.raises(PayloadError, match="alone exceeds the server's message limit"):
+        attempts_response_to_pb([AttemptInfo(1, when, when, "y" * 2000)], limit)
+
+
+def test_client_refusals_of_issue_32_read_like_the_schedulers() -> None:
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: w.explain_request(2**64), "task_id must be between"),
+        (lambda: w.rerun_request("7"), "task_id must be an int"),
+        (lambda: w.get_attempts_request(True), "task_id must be an int"),
+        (lambda: w.get_dependants_request(1, after=1.5), "after must be an int"),
+        (lambda: w.list_occurrences_request("s\udc00"), "schedule name must be valid Unicode"),
+        (lambda: w.list_occurrences_request("s", datetime(2030, 1, 1)), "before must be timezone"),
+        (lambda: w.list_occurrences_request("s", None, "10"), "limit must be an int"),
+    ]
+    for call, match in cases:
+        with pytest.raises(InvalidArgument, match=match):
+            call()
+
+
 # --- remote workers -------------------------------------------------------------------------
 
 
 @ROUND_TRIPS
 @given(leased_attempts)
-def test_leased_attempt_reaches_the_worker_as_leased(attempt: LeasedAttempt) -> None:
+def test_leased_attempt_reaches_the_worker_as_leased(attempt: w.RemoteAttempt) -> None:
+    """With its parents and their outputs as stored: None (no output) still distinct from
+    b"", a parent's key absent or not."""
     assert w.worker_event_from_pb(wire(w.worker_event_to_pb(attempt))) == attempt
+
+
+@ROUND_TRIPS
+@given(leased_attempts)
+def test_a_leased_attempt_without_outputs_reaches_the_worker_as_one_with_none(
+    attempt: w.RemoteAttempt,
+) -> None:
+    """The server sends the scheduler's own LeasedAttempt when it has no parents: the worker
+    reads it as a RemoteAttempt with no outputs, every other field as it was."""
+    fields = {name: getattr(attempt, name) for name in LeasedAttempt.__dataclass_fields__}
+    plain = LeasedAttempt(**fields)
+    expected = w.RemoteAttempt.carrying(plain, ())
+    assert w.worker_event_from_pb(wire(w.worker_event_to_pb(plain))) == expected
 
 
 @ROUND_TRIPS
@@ -448,6 +582,7 @@ def test_attach_arguments_round_trip(
         "pools": tuple(pools),
         "slots": slots,
         "running": tuple(running),
+        "name": worker_id,  # what explain shows for its attempts
     }
 
 
@@ -460,7 +595,7 @@ def test_attach_arguments_round_trip(
     )
 )
 def test_a_stream_message_carries_its_events_in_order(
-    events: list[LeasedAttempt | CancelRequested],
+    events: list[w.RemoteAttempt | CancelRequested],
 ) -> None:
     assert w.worker_events_from_pb(wire(w.worker_events_to_pb(events))) == events
 
@@ -582,6 +717,24 @@ def test_a_failure_message_with_a_lone_surrogate_is_still_reported() -> None:
     assert wire(message).failure.message == "bad \\udc00 byte"
 
 
+def test_an_attempts_parents_count_in_the_size_its_submission_must_fit() -> None:
+    """An attempt carries its task's ``after``: the size a submission is checked against
+    counts it, so an accepted task's attempt always fits (its parents' outputs, which no
+    submission can count, the server checks as it sends them)."""
+    after = tuple(range(2**62, 2**62 + 1000))
+    largest = 2**63 - 1
+    attempt = LeasedAttempt(
+        AttemptToken(largest, largest, largest), "default", "k", None, (), None, None, None,
+        b"x" * 100, datetime(9999, 12, 31, tzinfo=UTC), bytes(16), after=after,
+    )  # fmt: skip
+    sent = pb.AttachResponse(events=[w.worker_event_to_pb(attempt)]).ByteSize()
+    counted = attempt_bytes(TaskRequest("k", b"x" * 100, after=after))
+    assert sent <= counted
+    assert (
+        counted - attempt_bytes(TaskRequest("k", b"x" * 100)) == pb.Attempt(after=after).ByteSize()
+    )
+
+
 def test_an_empty_payload_is_no_payload_on_the_wire() -> None:
     attempt = LeasedAttempt(
         AttemptToken(1, 2, 3), "p", "k", None, (), None, None, None, b"",
@@ -589,7 +742,7 @@ def test_an_empty_payload_is_no_payload_on_the_wire() -> None:
     )  # fmt: skip
     message = w.worker_event_to_pb(attempt)
     assert not message.attempt.HasField("payload")
-    assert w.worker_event_from_pb(wire(message)) == attempt
+    assert w.worker_event_from_pb(wire(message)) == w.RemoteAttempt.carrying(attempt, ())
 
 
 # --- through a real Scheduler ---------------------------------------------------------------

@@ -13,11 +13,16 @@ from google.protobuf.message import Message
 from hypothesis import strategies as st
 
 from cronoq import (
+    AttemptInfo,
     AttemptToken,
     CatchUpPolicy,
-    LeasedAttempt,
+    Explanation,
+    Hold,
     MissPolicy,
+    OccurrenceInfo,
+    OccurrenceOutcome,
     OverlapPolicy,
+    ParentOutput,
     RetryPolicy,
     ScheduleInfo,
     Scheduler,
@@ -121,6 +126,41 @@ task_infos = st.builds(
         lambda keys: tuple(sorted(keys.items()))
     ),
     waiting_for=optional_texts,
+    started_at=st.none() | utc_datetimes,
+    rerun_of=st.none() | int64s,
+)
+
+explanations = st.builds(
+    Explanation,
+    task_id=int64s,
+    status=st.sampled_from(list(Status)),
+    hold=st.sampled_from(list(Hold)),
+    summary=texts,
+    since=utc_datetimes,
+    until=st.none() | utc_datetimes,
+    attempt=int64s,
+    parents=st.lists(int64s, max_size=3).map(tuple),
+    pool=texts,
+    running=st.none() | int64s,
+    concurrency=st.none() | int64s,
+    limit=optional_texts,
+    limit_key=optional_texts,
+    worker=optional_texts,
+)
+
+occurrence_infos = st.builds(
+    OccurrenceInfo,
+    schedule=texts,
+    due_at=utc_datetimes,
+    until=utc_datetimes,
+    outcome=st.sampled_from(list(OccurrenceOutcome)),
+    task_id=st.none() | int64s,
+    decided_at=utc_datetimes,
+    message=texts,
+)
+
+attempt_infos = st.builds(
+    AttemptInfo, attempt=int64s, started_at=utc_datetimes, ended_at=utc_datetimes, message=texts
 )
 
 task_summaries = st.builds(
@@ -203,8 +243,17 @@ def instant(value: timedelta | datetime) -> tuple[str, int]:
 
 tokens = st.builds(AttemptToken, epoch=int64s, task_id=int64s, attempt=int64s)
 
+parent_outputs = st.builds(
+    ParentOutput,
+    task_id=int64s,
+    kind=texts,
+    pool=texts,
+    key=optional_texts,
+    output=st.none() | st.binary(max_size=20),
+)
+
 leased_attempts = st.builds(
-    LeasedAttempt,
+    w.RemoteAttempt,
     token=tokens,
     pool=texts,
     kind=texts,
@@ -217,7 +266,10 @@ leased_attempts = st.builds(
     payload=st.binary(max_size=40),
     lease_expires_at=utc_datetimes,
     lease_id=st.binary(min_size=16, max_size=16),
+    after=st.lists(int64s, max_size=3).map(tuple),
+    parent_outputs=st.lists(parent_outputs, max_size=3).map(tuple),
 )
+"""Attempts as the Attach stream carries them: with their parents' outputs."""
 
 _REQUEST_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "pool": st.just("default") | texts,

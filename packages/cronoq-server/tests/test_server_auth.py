@@ -77,6 +77,11 @@ REQUIRED = {
     "ListOutboxQuarantine": "read",
     "RequeueOutbox": "admin",
     "DiscardOutbox": "admin",
+    "Explain": "read",
+    "ListOccurrences": "read",
+    "GetAttempts": "read",
+    "GetDependants": "read",
+    "Rerun": "admin",
 }
 IDENTITIES: dict[str, dict[str, Any]] = {
     "reader": {"permissions": ["read"]},
@@ -170,6 +175,11 @@ def _request(method: str) -> Message:
         "ListOutboxQuarantine": pb.ListOutboxQuarantineRequest(),
         "RequeueOutbox": pb.RequeueOutboxRequest(row_ids=[2**40]),
         "DiscardOutbox": pb.DiscardOutboxRequest(row_ids=[2**40]),
+        "Explain": wire.explain_request(2**40),
+        "ListOccurrences": wire.list_occurrences_request("absent"),
+        "GetAttempts": wire.get_attempts_request(2**40),
+        "GetDependants": wire.get_dependants_request(2**40),
+        "Rerun": wire.rerun_request(2**40),
     }
     return requests[method]
 
@@ -309,6 +319,36 @@ async def _submit(channel: grpc.aio.Channel, pool: str) -> int:
     request = wire.submit_request(TaskRequest("k", pool=pool), BytesCodec())
     reply = await stub.Submit(request, metadata=metadata(TOKENS["admin"]), timeout=TIMEOUT)
     return reply.task_id
+
+
+async def test_rerun_needs_admin_whatever_the_tasks_pool_as_retry_does(
+    channel: grpc.aio.Channel,
+) -> None:
+    """Rerun is Retry's: an operator call (docs/security.md), so an identity scoped to pools
+    may rerun no task, one of its own pools included, and a reader none; an admin reruns any.
+    The reads of issue 32 are a reader's."""
+    stub = wire.pb_grpc.SchedulerServiceStub(channel)
+    admin = metadata(TOKENS["admin"])
+    inside, outside = await _submit(channel, "pool-a"), await _submit(channel, "pool-b")
+    for task_id in (inside, outside):  # finished: what a rerun takes
+        await stub.Cancel(wire.cancel_request(task_id), metadata=admin, timeout=TIMEOUT)
+    for identity in ("submitter", "kind-limited", "reader"):
+        for task_id in (inside, outside):
+            err = await call(channel, "Rerun", TOKENS[identity], wire.rerun_request(task_id))
+            assert err is not None and err.code() is Code.PERMISSION_DENIED, (identity, err)
+            assert err.details() == f"identity {identity!r} lacks the permission 'admin'"
+    for method, request in (
+        ("Explain", wire.explain_request(outside)),
+        ("GetAttempts", wire.get_attempts_request(outside)),
+        ("GetDependants", wire.get_dependants_request(outside)),
+    ):
+        assert await call(channel, method, TOKENS["reader"], request) is None, method
+    rerun = await stub.Rerun(wire.rerun_request(outside), metadata=admin, timeout=TIMEOUT)
+    try:
+        info = await stub.Get(wire.get_request(rerun.task_id), metadata=admin, timeout=TIMEOUT)
+        assert (info.rerun_of, info.pool, info.status) == (outside, "pool-b", pb.STATUS_READY)
+    finally:  # no live task left in pool-b for the workers of the other tests
+        await stub.Cancel(wire.cancel_request(rerun.task_id), metadata=admin, timeout=TIMEOUT)
 
 
 async def _attach(channel: grpc.aio.Channel, token: str, pools: list[str]) -> AttachStream:

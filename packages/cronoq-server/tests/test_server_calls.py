@@ -1476,6 +1476,11 @@ VALID: dict[str, Message] = {
     "HeartbeatMany": pb.HeartbeatManyRequest(
         heartbeats=[pb.HeartbeatRequest(token=token(1, 1, 1))]
     ),
+    "Explain": pb.ExplainRequest(task_id=1),
+    "ListOccurrences": pb.ListOccurrencesRequest(name="fuzzed", limit=3),
+    "GetAttempts": pb.GetAttemptsRequest(task_id=1),
+    "GetDependants": pb.GetDependantsRequest(task_id=1),
+    "Rerun": pb.RerunRequest(task_id=1),
 }
 """A valid request of each method with arguments, for the fuzzing to vary a field or two of."""
 
@@ -1675,6 +1680,15 @@ async def happy_path(api: Api) -> None:
         worker.close()
     done = await api.tasks.Wait(pb.WaitRequest(**BOTH, task_id=task_id, timeout=seconds(5)))
     assert (done.status, done.output) == (pb.STATUS_SUCCEEDED, b"out")
+    explained = await api.tasks.Explain(pb.ExplainRequest(task_id=task_id))
+    assert (explained.status, explained.hold) == (pb.STATUS_SUCCEEDED, pb.HOLD_FINISHED)
+    dependants = await api.tasks.GetDependants(pb.GetDependantsRequest(task_id=task_id))
+    assert list(dependants.task_ids) == [many.task_ids[1]]
+    assert not (await api.tasks.GetAttempts(pb.GetAttemptsRequest(task_id=task_id))).attempts
+    rerun = await api.tasks.Rerun(pb.RerunRequest(task_id=task_id))
+    again = await api.tasks.Get(pb.GetRequest(task_id=rerun.task_id))
+    assert (again.rerun_of, again.key, again.status) == (task_id, key, pb.STATUS_READY)
+    assert done.HasField("started_at") and not again.HasField("started_at")
     name = unique("s")
     await api.tasks.AddSchedule(schedule(name=name))
     assert (await api.tasks.PauseSchedule(pb.PauseScheduleRequest(name=name))).paused

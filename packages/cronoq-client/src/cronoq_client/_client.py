@@ -13,9 +13,12 @@ import grpc
 from grpc import aio
 
 from cronoq import (
+    AttemptInfo,
     BytesCodec,
     Codec,
+    Explanation,
     LimitInfo,
+    OccurrenceInfo,
     PoolInfo,
     ScheduleInfo,
     Status,
@@ -649,6 +652,18 @@ class AsyncClient:
         )
         return await self._task(reply)
 
+    async def rerun(self, task_id: int) -> int:
+        """Run a finished task again as a new task (``Scheduler.rerun``): the new task's id,
+        whose ``TaskInfo.rerun_of`` names this one. Raises ``NotRetryable`` for a live task,
+        one another live task's key blocks, or one whose parent failed. Needs the ``admin``
+        permission. Not repeated when its outcome is unknown (a repeat could make a second
+        task)."""
+        message = wire.rerun_request(task_id)
+        reply = await self._call(
+            lambda stub, timeout: stub.Rerun(message, timeout=timeout), idempotent=False
+        )
+        return reply.task_id
+
     async def trigger_schedule(self, name: str) -> int | None:
         """Run one occurrence of the schedule now, through its overlap policy: the task it
         created, or None if the policy skipped it. Needs the ``admin`` permission. Not
@@ -667,6 +682,79 @@ class AsyncClient:
             lambda stub, timeout: stub.ListWorkers(message, timeout=timeout), idempotent=True
         )
         return [wire.worker_info_from_pb(w) for w in reply.workers]
+
+    # --- why a task is where it is (issue 32) -----------------------------------------------
+
+    async def explain(self, task_id: int) -> Explanation:
+        """What holds the task now, since when, and what would release it
+        (``Scheduler.explain``). Raises TaskNotFound if it is unknown or pruned. Needs the
+        ``read`` permission."""
+        message = wire.explain_request(task_id)
+        reply = await self._call(
+            lambda stub, timeout: stub.Explain(message, timeout=timeout), idempotent=True
+        )
+        return wire.explanation_from_pb(reply)
+
+    async def occurrences(
+        self, name: str, *, before: datetime | None = None, limit: int = 100
+    ) -> builtins.list[OccurrenceInfo]:
+        """The schedule's occurrence ledger, newest first (``Scheduler.occurrences``): only
+        records due before ``before``, at most ``limit`` (1 to 1,000); the next page is
+        ``before=`` the last record's ``due_at``. A page the server ended early (its message
+        limit) is followed until ``limit`` records or the last one. Raises ScheduleNotFound if
+        no such schedule exists and none is recorded. Needs the ``read`` permission."""
+        found: builtins.list[OccurrenceInfo] = []
+        message = wire.list_occurrences_request(name, before, limit)
+        while True:
+            records, following = wire.occurrences_response(await self._occurrences_page(message))
+            found.extend(records)
+            if following is None or not records or len(found) >= limit:
+                return found
+            message = wire.list_occurrences_request(name, following, limit - len(found))
+
+    async def attempts(self, task_id: int) -> builtins.list[AttemptInfo]:
+        """The task's attempts that ended without success, oldest first
+        (``Scheduler.attempts``): the latest 25 the store keeps. Raises TaskNotFound if the
+        task is unknown or pruned. Needs the ``read`` permission."""
+        found: builtins.list[AttemptInfo] = []
+        message = wire.get_attempts_request(task_id)
+        while True:
+            attempts, after = wire.attempts_response(await self._attempts_page(message))
+            found.extend(attempts)
+            if after is None or not attempts:
+                return found
+            message = wire.get_attempts_request(task_id, after)
+
+    async def dependants(self, task_id: int) -> builtins.list[int]:
+        """The ids of the tasks that depend on this one, ascending, as the leader's memory
+        knows them (``Scheduler.dependants``: empty for a task finished before it recovered,
+        or before the retention). Raises TaskNotFound if the task is unknown or pruned. Needs
+        the ``read`` permission."""
+        found: builtins.list[int] = []
+        message = wire.get_dependants_request(task_id)
+        while True:
+            task_ids, after = wire.dependants_response(await self._dependants_page(message))
+            found.extend(task_ids)
+            if after is None or not task_ids:
+                return found
+            message = wire.get_dependants_request(task_id, after)
+
+    async def _occurrences_page(
+        self, message: pb.ListOccurrencesRequest
+    ) -> pb.ListOccurrencesResponse:
+        return await self._call(
+            lambda stub, timeout: stub.ListOccurrences(message, timeout=timeout), idempotent=True
+        )
+
+    async def _attempts_page(self, message: pb.GetAttemptsRequest) -> pb.GetAttemptsResponse:
+        return await self._call(
+            lambda stub, timeout: stub.GetAttempts(message, timeout=timeout), idempotent=True
+        )
+
+    async def _dependants_page(self, message: pb.GetDependantsRequest) -> pb.GetDependantsResponse:
+        return await self._call(
+            lambda stub, timeout: stub.GetDependants(message, timeout=timeout), idempotent=True
+        )
 
     # --- the outbox -------------------------------------------------------------------------
 

@@ -18,12 +18,24 @@ from dataclasses import replace
 from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
 
-from cronoq import LEASE_ID_BYTES, LimitInfo, TaskInfo, TaskRequest, TaskSummary
+from cronoq import (
+    LEASE_ID_BYTES,
+    AttemptInfo,
+    Explanation,
+    LimitInfo,
+    OccurrenceInfo,
+    TaskInfo,
+    TaskRequest,
+    TaskSummary,
+)
 from cronoq.errors import PayloadError
 from cronoq.store import QuarantinedRow, TaskSpec
 from cronoq_client._proto import cronoq_pb2 as pb
 from cronoq_client._wire import (
+    attempt_info_to_pb,
+    explanation_to_pb,
     limit_info_to_pb,
+    occurrence_to_pb,
     quarantined_row_to_pb,
     task_info_to_pb,
     task_summary_to_pb,
@@ -33,11 +45,15 @@ __all__ = [
     "MAX_LIST_PAGE",
     "TOKEN_RESERVE_BYTES",
     "attempt_bytes",
+    "attempts_response_to_pb",
     "check_attempts_fit",
+    "dependants_response_to_pb",
+    "explanation_response",
     "fitted_task_info",
     "list_limits_response_to_pb",
     "list_response_to_pb",
     "max_data_bytes",
+    "occurrences_response_to_pb",
     "outbox_quarantine_response_to_pb",
     "task_data_response",
 ]
@@ -118,6 +134,8 @@ def attempt_bytes(request: TaskSpec | TaskRequest) -> int:
         attempt.timeout.CopyFrom(_LONGEST)
     if request.payload:
         attempt.payload = request.payload
+    if request.after:
+        attempt.after.extend(request.after)
     if request.trace_context is not None:
         attempt.traceparent = request.trace_context.traceparent
         if request.trace_context.tracestate:
@@ -265,4 +283,86 @@ def outbox_quarantine_response_to_pb(
         message.rows.append(encoded)
     if message.rows and (len(message.rows) < len(rows) or len(rows) == asked):
         message.next_after = message.rows[-1].row_id
+    return message
+
+
+_NEXT_BEFORE_BYTES = pb.ListOccurrencesResponse(next_before=_LATEST).ByteSize()
+_NEXT_AFTER_BYTES = 1 + 10
+"""An optional int64's tag and its longest varint (``next_after`` of a reply)."""
+
+
+def explanation_response(explanation: Explanation, limit: int) -> pb.Explanation:
+    """An Explain reply; one larger than ``limit`` (a task of a thousand unfinished parents
+    under a tiny limit, whose ``Get`` fails alike) is refused."""
+    message = explanation_to_pb(explanation)
+    if message.ByteSize() > limit:
+        raise PayloadError(
+            f"the explanation of task {explanation.task_id} takes {message.ByteSize()} bytes, "
+            f"over the server's message limit of {limit} bytes (raise limits.max_message_bytes)"
+        )
+    return message
+
+
+def occurrences_response_to_pb(
+    records: Sequence[OccurrenceInfo], asked: int, limit: int
+) -> pb.ListOccurrencesResponse:
+    """A ListOccurrences reply of at most ``limit`` bytes: the records in order (the newest
+    first) while they fit (at least one), with ``next_before`` when it ended early or is as
+    long as ``asked``."""
+    message = pb.ListOccurrencesResponse()
+    size = 0
+    for record in records:
+        encoded = occurrence_to_pb(record)
+        size += encoded.ByteSize() + 1 + _varint_bytes(encoded.ByteSize())
+        if size + _NEXT_BEFORE_BYTES > limit:
+            if not message.occurrences:
+                raise PayloadError(
+                    f"the occurrence record of {record.due_at.isoformat()} alone exceeds the "
+                    f"server's message limit of {limit} bytes (raise limits.max_message_bytes)"
+                )
+            break
+        message.occurrences.append(encoded)
+    if message.occurrences and (len(message.occurrences) < len(records) or len(records) == asked):
+        message.next_before.CopyFrom(message.occurrences[-1].due_at)
+    return message
+
+
+def attempts_response_to_pb(attempts: Sequence[AttemptInfo], limit: int) -> pb.GetAttemptsResponse:
+    """A GetAttempts reply of at most ``limit`` bytes: the attempts in order (the oldest
+    first) while they fit (at least one), with ``next_after`` when it ended early. An attempt's
+    message is bounded (64 Ki characters and its kept traceback), but 25 of them need not fit
+    in one reply."""
+    message = pb.GetAttemptsResponse()
+    size = 0
+    for attempt in attempts:
+        encoded = attempt_info_to_pb(attempt)
+        size += encoded.ByteSize() + 1 + _varint_bytes(encoded.ByteSize())
+        if size + _NEXT_AFTER_BYTES > limit:
+            if not message.attempts:
+                raise PayloadError(
+                    f"attempt {attempt.attempt} alone exceeds the server's message limit of "
+                    f"{limit} bytes (raise limits.max_message_bytes)"
+                )
+            message.next_after = message.attempts[-1].attempt
+            break
+        message.attempts.append(encoded)
+    return message
+
+
+def dependants_response_to_pb(task_ids: Sequence[int], limit: int) -> pb.GetDependantsResponse:
+    """A GetDependants reply of at most ``limit`` bytes: the ids in order while they fit, with
+    ``next_after`` when it ended early (a task may have any number of dependants)."""
+    message = pb.GetDependantsResponse()
+    packed = 0  # the packed field's content: each id's varint
+    taken = 0
+    for task_id in task_ids:
+        grown = packed + _varint_bytes(task_id)
+        if 1 + _varint_bytes(grown) + grown + _NEXT_AFTER_BYTES > limit:
+            break
+        packed, taken = grown, taken + 1
+    if task_ids and not taken:  # below any limit the configuration allows (1 KiB)
+        raise PayloadError(f"no task id fits in the server's message limit of {limit} bytes")
+    message.task_ids.extend(task_ids[:taken])
+    if taken < len(task_ids):
+        message.next_after = task_ids[taken - 1]
     return message

@@ -25,8 +25,11 @@ from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar
 import grpc
 
 from cronoq import (
+    AttemptInfo,
     Codec,
+    Explanation,
     LimitInfo,
+    OccurrenceInfo,
     PoolInfo,
     ScheduleInfo,
     Status,
@@ -299,6 +302,10 @@ class Client:
     def retry(self, task_id: int, *, include_payload: bool = True) -> TaskInfo:
         return self._run(self._async.retry(task_id, include_payload=include_payload))
 
+    @_mirrors(AsyncClient.rerun)
+    def rerun(self, task_id: int) -> int:
+        return self._run(self._async.rerun(task_id))
+
     @_mirrors(AsyncClient.trigger_schedule)
     def trigger_schedule(self, name: str) -> int | None:
         return self._run(self._async.trigger_schedule(name))
@@ -306,6 +313,24 @@ class Client:
     @_mirrors(AsyncClient.list_workers)
     def list_workers(self) -> builtins.list[WorkerInfo]:
         return self._run(self._async.list_workers())
+
+    @_mirrors(AsyncClient.explain)
+    def explain(self, task_id: int) -> Explanation:
+        return self._run(self._async.explain(task_id))
+
+    @_mirrors(AsyncClient.occurrences)
+    def occurrences(
+        self, name: str, *, before: datetime | None = None, limit: int = 100
+    ) -> builtins.list[OccurrenceInfo]:
+        return self._run(self._async.occurrences(name, before=before, limit=limit))
+
+    @_mirrors(AsyncClient.attempts)
+    def attempts(self, task_id: int) -> builtins.list[AttemptInfo]:
+        return self._run(self._async.attempts(task_id))
+
+    @_mirrors(AsyncClient.dependants)
+    def dependants(self, task_id: int) -> builtins.list[int]:
+        return self._run(self._async.dependants(task_id))
 
     @_mirrors(AsyncClient.outbox_status)
     def outbox_status(self) -> OutboxStatus:

@@ -37,20 +37,26 @@ from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import DecodeError, Message
 
 from cronoq import (
+    AttemptInfo,
     AttemptToken,
     CancelRequested,
     CatchUpPolicy,
     CheckedTask,
     Codec,
     CodecContext,
+    Explanation,
+    Hold,
     LeasedAttempt,
     LeaseRenewed,
     Limit,
     LimitInfo,
     LimitKeyInfo,
     MissPolicy,
+    OccurrenceInfo,
+    OccurrenceOutcome,
     OnFull,
     OverlapPolicy,
+    ParentOutput,
     PoolInfo,
     RetryPolicy,
     ScheduleInfo,
@@ -87,6 +93,7 @@ __all__ = [
     "OUTBOX_PAYLOAD_HEAD_BYTES",
     "OUTBOX_TEXT_BYTES",
     "Attached",
+    "RemoteAttempt",
     "ReportFailure",
     "ReportSuccess",
     "UnreadableAttempt",
@@ -95,9 +102,18 @@ __all__ = [
     "attach_kwargs",
     "attach_message_limit",
     "attach_request",
+    "attempt_info_from_pb",
+    "attempt_info_to_pb",
+    "attempts_response",
     "cancel_kwargs",
     "cancel_request",
+    "dependants_response",
+    "explain_request",
+    "explanation_from_pb",
+    "explanation_to_pb",
+    "get_attempts_request",
     "get_by_key_request",
+    "get_dependants_request",
     "get_request",
     "heartbeat_many_from_pb",
     "heartbeat_request",
@@ -111,14 +127,21 @@ __all__ = [
     "list_kwargs",
     "list_limits_kwargs",
     "list_limits_request",
+    "list_occurrences_kwargs",
+    "list_occurrences_request",
     "list_request",
     "list_response",
+    "occurrence_from_pb",
+    "occurrence_to_pb",
+    "occurrences_response",
     "outbox_quarantine_kwargs",
     "outbox_quarantine_request",
     "outbox_quarantine_response",
     "outbox_row_ids",
     "outbox_status_from_pb",
     "outbox_status_to_pb",
+    "parent_output_from_pb",
+    "parent_output_to_pb",
     "parse",
     "pool_and_kind",
     "pool_info_from_pb",
@@ -132,6 +155,7 @@ __all__ = [
     "report_from_pb",
     "report_many_from_pb",
     "report_request",
+    "rerun_request",
     "retry_from_pb",
     "retry_to_pb",
     "schedule_info_from_pb",
@@ -403,11 +427,15 @@ _MISS = _table(MissPolicy, "MISS_POLICY_", pb.MissPolicy)
 _OVERLAP = _table(OverlapPolicy, "OVERLAP_POLICY_", pb.OverlapPolicy)
 _CATCH_UP = _table(CatchUpPolicy, "CATCH_UP_POLICY_", pb.CatchUpPolicy)
 _ON_FULL = _table(OnFull, "ON_FULL_", pb.OnFull)
+_HOLD = _table(Hold, "HOLD_", pb.Hold)
+_OUTCOME = _table(OccurrenceOutcome, "OCCURRENCE_OUTCOME_", pb.OccurrenceOutcome)
 _STATUS_BACK = {number: member for member, number in _STATUS.items()}
 _MISS_BACK = {number: member for member, number in _MISS.items()}
 _OVERLAP_BACK = {number: member for member, number in _OVERLAP.items()}
 _CATCH_UP_BACK = {number: member for member, number in _CATCH_UP.items()}
 _ON_FULL_BACK = {number: member for member, number in _ON_FULL.items()}
+_HOLD_BACK = {number: member for member, number in _HOLD.items()}
+_OUTCOME_BACK = {number: member for member, number in _OUTCOME.items()}
 
 
 def status_to_pb(status: Status) -> pb.Status.ValueType:
@@ -873,6 +901,10 @@ def task_info_to_pb(info: TaskInfo) -> pb.TaskInfo:
             entry.key = key
     if info.waiting_for is not None:
         message.waiting_for = info.waiting_for
+    if info.started_at is not None:
+        message.started_at.CopyFrom(_timestamp(info.started_at, "started_at"))
+    if info.rerun_of is not None:
+        message.rerun_of = info.rerun_of
     return message
 
 
@@ -925,8 +957,12 @@ def task_info_from_pb(message: pb.TaskInfo, codec: Codec) -> TaskInfo:
         ),
         after=tuple(message.after),
         schedule=message.schedule if message.HasField("schedule") else None,
+        started_at=(
+            _datetime(message.started_at, "started_at") if message.HasField("started_at") else None
+        ),
         limits=_task_limits_from_pb(message.limits),
         waiting_for=message.waiting_for if message.HasField("waiting_for") else None,
+        rerun_of=message.rerun_of if message.HasField("rerun_of") else None,
     )
 
 
@@ -1042,6 +1078,97 @@ def cancel_kwargs(message: pb.CancelRequest) -> dict[str, Any]:
     if message.HasField("reason"):
         kwargs["reason"] = message.reason
     return kwargs
+
+
+def rerun_request(task_id: object) -> pb.RerunRequest:
+    return pb.RerunRequest(task_id=_int64(task_id, "task_id"))
+
+
+# --- why a task is where it is (issue 32) ---------------------------------------------------
+
+
+def explain_request(task_id: object) -> pb.ExplainRequest:
+    return pb.ExplainRequest(task_id=_int64(task_id, "task_id"))
+
+
+def explanation_to_pb(explanation: Explanation) -> pb.Explanation:
+    message = pb.Explanation(
+        task_id=explanation.task_id,
+        status=status_to_pb(explanation.status),
+        hold=pb.Hold.ValueType(_HOLD[explanation.hold]),
+        summary=explanation.summary,
+        since=_timestamp(explanation.since, "since"),
+        attempt=explanation.attempt,
+        parents=explanation.parents,
+        pool=explanation.pool,
+    )
+    if explanation.until is not None:
+        message.until.CopyFrom(_timestamp(explanation.until, "until"))
+    for name in ("running", "concurrency", "limit", "limit_key", "worker"):
+        value = getattr(explanation, name)
+        if value is not None:
+            setattr(message, name, value)
+    return message
+
+
+def explanation_from_pb(message: pb.Explanation) -> Explanation:
+    """As ``Scheduler.explain`` answers; a hold this client does not know (a newer server's)
+    is InvalidArgument, as any unknown enum number is."""
+    return Explanation(
+        task_id=message.task_id,
+        status=status_from_pb(message.status),
+        hold=_enum_from_pb(message.hold, _HOLD_BACK, "hold"),
+        summary=message.summary,
+        since=_datetime(message.since, "since"),
+        until=_datetime(message.until, "until") if message.HasField("until") else None,
+        attempt=message.attempt,
+        parents=tuple(message.parents),
+        pool=message.pool,
+        running=message.running if message.HasField("running") else None,
+        concurrency=message.concurrency if message.HasField("concurrency") else None,
+        limit=message.limit if message.HasField("limit") else None,
+        limit_key=message.limit_key if message.HasField("limit_key") else None,
+        worker=message.worker if message.HasField("worker") else None,
+    )
+
+
+def get_attempts_request(task_id: object, after: object = 0) -> pb.GetAttemptsRequest:
+    """``after``: only attempts numbered above it (the next page of a reply ended early)."""
+    return pb.GetAttemptsRequest(task_id=_int64(task_id, "task_id"), after=_int64(after, "after"))
+
+
+def attempt_info_to_pb(info: AttemptInfo) -> pb.AttemptInfo:
+    return pb.AttemptInfo(
+        attempt=info.attempt,
+        started_at=_timestamp(info.started_at, "started_at"),
+        ended_at=_timestamp(info.ended_at, "ended_at"),
+        message=info.message,
+    )
+
+
+def attempt_info_from_pb(message: pb.AttemptInfo) -> AttemptInfo:
+    return AttemptInfo(
+        message.attempt,
+        _datetime(message.started_at, "started_at"),
+        _datetime(message.ended_at, "ended_at"),
+        message.message,
+    )
+
+
+def attempts_response(message: pb.GetAttemptsResponse) -> tuple[list[AttemptInfo], int | None]:
+    """The reply's attempts, and the ``after`` of the next call (None: this was the last)."""
+    attempts = [attempt_info_from_pb(a) for a in message.attempts]
+    return attempts, message.next_after if message.HasField("next_after") else None
+
+
+def get_dependants_request(task_id: object, after: object = 0) -> pb.GetDependantsRequest:
+    """``after``: only dependants of ids above it (the next page of a reply ended early)."""
+    return pb.GetDependantsRequest(task_id=_int64(task_id, "task_id"), after=_int64(after, "after"))
+
+
+def dependants_response(message: pb.GetDependantsResponse) -> tuple[list[int], int | None]:
+    """The reply's ids, and the ``after`` of the next call (None: this was the last)."""
+    return list(message.task_ids), message.next_after if message.HasField("next_after") else None
 
 
 _LIST_OPTIONS = ("status", "pool", "kind", "tag", "after", "before", "newest_first", "limit")
@@ -1416,6 +1543,71 @@ def preview_response(message: pb.PreviewScheduleResponse) -> list[datetime]:
     return [_datetime(ts, "occurrence") for ts in message.occurrences]
 
 
+OCCURRENCES_PAGE_DEFAULT = 100
+"""Records of a ListOccurrences that names no limit (``Scheduler.occurrences``'s)."""
+
+
+def list_occurrences_request(
+    name: object, before: object = None, limit: object = None
+) -> pb.ListOccurrencesRequest:
+    """``before=None``: from the newest; ``limit=None``: the server's default (100). The
+    Scheduler checks the name and the limit's range."""
+    message = pb.ListOccurrencesRequest(name=_text(name, "schedule name"))
+    if before is not None:
+        message.before.CopyFrom(_timestamp(before, "before"))
+    if limit is not None:
+        message.limit = _int64(limit, "limit")
+    return message
+
+
+def list_occurrences_kwargs(message: pb.ListOccurrencesRequest) -> dict[str, Any]:
+    """The arguments of ``Scheduler.occurrences``, ``limit`` always among them."""
+    kwargs: dict[str, Any] = {
+        "name": message.name,
+        "limit": message.limit if message.HasField("limit") else OCCURRENCES_PAGE_DEFAULT,
+    }
+    if message.HasField("before"):
+        kwargs["before"] = _datetime(message.before, "before")
+    return kwargs
+
+
+def occurrence_to_pb(info: OccurrenceInfo) -> pb.OccurrenceRecord:
+    message = pb.OccurrenceRecord(
+        schedule=info.schedule,
+        due_at=_timestamp(info.due_at, "due_at"),
+        until=_timestamp(info.until, "until"),
+        outcome=pb.OccurrenceOutcome.ValueType(_OUTCOME[info.outcome]),
+        decided_at=_timestamp(info.decided_at, "decided_at"),
+        message=info.message,
+    )
+    if info.task_id is not None:
+        message.task_id = info.task_id
+    return message
+
+
+def occurrence_from_pb(message: pb.OccurrenceRecord) -> OccurrenceInfo:
+    return OccurrenceInfo(
+        schedule=message.schedule,
+        due_at=_datetime(message.due_at, "due_at"),
+        until=_datetime(message.until, "until"),
+        outcome=_enum_from_pb(message.outcome, _OUTCOME_BACK, "outcome"),
+        task_id=message.task_id if message.HasField("task_id") else None,
+        decided_at=_datetime(message.decided_at, "decided_at"),
+        message=message.message,
+    )
+
+
+def occurrences_response(
+    message: pb.ListOccurrencesResponse,
+) -> tuple[list[OccurrenceInfo], datetime | None]:
+    """The page's records, and the ``before`` of the next page (None: this one was the last)."""
+    records = [occurrence_from_pb(record) for record in message.occurrences]
+    following = None
+    if message.HasField("next_before"):
+        following = _datetime(message.next_before, "next_before")
+    return records, following
+
+
 # --- the outbox -----------------------------------------------------------------------------
 
 OUTBOX_KIND_BYTES = 1024
@@ -1536,8 +1728,26 @@ class Attached:
     """Pool name -> seconds an attempt stays leased without a heartbeat."""
 
 
+@dataclass(frozen=True, slots=True)
+class RemoteAttempt(LeasedAttempt):
+    """A leased attempt as the Attach stream carries it: with the outputs of its parents as
+    stored (``Scheduler.parent_outputs``), which the worker decodes with its codec into
+    ``TaskContext.parent_outputs`` (a wire value only). Every attempt the stream carries
+    decodes to one; the server sends a ``LeasedAttempt`` with no ``after`` as it is."""
+
+    parent_outputs: tuple[ParentOutput, ...] = ()
+    """A parent the store pruned is absent; one that returned None has ``output=None``."""
+
+    @classmethod
+    def carrying(
+        cls, attempt: LeasedAttempt, parent_outputs: Iterable[ParentOutput]
+    ) -> RemoteAttempt:
+        fields = {name: getattr(attempt, name) for name in LeasedAttempt.__dataclass_fields__}
+        return cls(**fields, parent_outputs=tuple(parent_outputs))
+
+
 WorkerEvent = Attached | LeasedAttempt | CancelRequested
-"""What the Attach stream carries."""
+"""What the Attach stream carries (a ``RemoteAttempt`` is a ``LeasedAttempt``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1649,8 +1859,8 @@ def _worker_id(value: str) -> str:
 
 
 def attach_kwargs(message: pb.AttachRequest) -> dict[str, Any]:
-    """The arguments of ``Scheduler.attach`` (``worker_id`` is the server's, for its logs),
-    each list bounded before any item is decoded."""
+    """The arguments of ``Scheduler.attach``, each list bounded before any item is decoded;
+    ``worker_id`` is its ``name`` (and the server's, for its logs and ListWorkers)."""
     _worker_id(message.worker_id)
     if len(message.pools) > MAX_WORKER_POOLS:
         raise InvalidArgument(f"pools: {len(message.pools)} given; the limit is {MAX_WORKER_POOLS}")
@@ -1669,6 +1879,8 @@ def attach_kwargs(message: pb.AttachRequest) -> dict[str, Any]:
         "pools": tuple(message.pools),
         "slots": message.slots,
         "running": tuple((token_from_pb(t), t.lease_id) for t in message.running),
+        # What ``explain`` shows for its attempts (the Scheduler checks it as a name).
+        "name": message.worker_id,
     }
 
 
@@ -1694,11 +1906,36 @@ def _attempt_to_pb(attempt: LeasedAttempt) -> pb.Attempt:
         message.traceparent = attempt.trace_context.traceparent
         if attempt.trace_context.tracestate:
             message.tracestate = attempt.trace_context.tracestate
+    if attempt.after:
+        message.after.extend(attempt.after)
+    if isinstance(attempt, RemoteAttempt):
+        message.parents.extend(parent_output_to_pb(parent) for parent in attempt.parent_outputs)
     return message
 
 
-def _attempt_from_pb(message: pb.Attempt) -> LeasedAttempt:
-    return LeasedAttempt(
+def parent_output_to_pb(parent: ParentOutput) -> pb.ParentOutput:
+    message = pb.ParentOutput(task_id=parent.task_id, kind=parent.kind, pool=parent.pool)
+    if parent.key is not None:
+        message.key = parent.key
+    if parent.output is not None:
+        message.output = parent.output
+    return message
+
+
+def parent_output_from_pb(message: pb.ParentOutput) -> ParentOutput:
+    """As stored; the worker's codec judges the kind, pool and key when it decodes the
+    output (the server is not trusted with them)."""
+    return ParentOutput(
+        message.task_id,
+        message.kind,
+        message.pool,
+        message.key if message.HasField("key") else None,
+        message.output if message.HasField("output") else None,
+    )
+
+
+def _attempt_from_pb(message: pb.Attempt) -> RemoteAttempt:
+    return RemoteAttempt(
         token=token_from_pb(message.token),
         pool=message.pool,
         kind=message.kind,
@@ -1718,6 +1955,8 @@ def _attempt_from_pb(message: pb.Attempt) -> LeasedAttempt:
             message.traceparent if message.HasField("traceparent") else None,
             message.tracestate if message.HasField("tracestate") else None,
         ),
+        after=tuple(message.after),
+        parent_outputs=tuple(parent_output_from_pb(parent) for parent in message.parents),
     )
 
 

@@ -46,6 +46,7 @@ from cronoq import (
     TaskError,
     binds_context,
     call_catching,
+    decode_parent_outputs,
     decode_with,
     encode_with,
 )
@@ -74,6 +75,7 @@ from cronoq_client._retry import Backoff, Verdict, judge
 from cronoq_client._status import error_from_rpc, error_info
 from cronoq_client._wire import (
     Attached,
+    RemoteAttempt,
     ReportFailure,
     ReportSuccess,
     UnreadableAttempt,
@@ -475,6 +477,10 @@ class Worker:
             )
         except InvalidArgument as exc:  # PayloadError is one
             return ReportFailure(f"payload could not be decoded: {exc}", retryable=False)
+        if isinstance(leased, RemoteAttempt) and leased.parent_outputs:
+            refused = self._decode_parents(attempt.ctx, leased)
+            if refused is not None:
+                return refused
         fn = self._pools.get(leased.pool)
         if fn is None:  # the server sent a pool this worker did not attach to: a server bug
             return ReportFailure(f"worker {self.worker_id} has no function for {leased.pool!r}")
@@ -501,6 +507,22 @@ class Worker:
             return ReportSuccess(encode_with(self._codec, result, "output", output_context))
         except PayloadError as exc:
             return ReportFailure(_truncate(str(exc)), retryable=False)
+
+    def _decode_parents(self, ctx: TaskContext, leased: RemoteAttempt) -> ReportFailure | None:
+        """Fill ``ctx.parent_outputs`` as a local pool's attempt gets them: decoded here, by
+        the codec that runs the task, each bound to its parent. An output the codec refuses
+        fails the attempt for good (every attempt would read the same bytes), naming the
+        parent: a codec's own PayloadError (EncryptedCodec's) does not."""
+        decoded: dict[int, Any] = {}
+        for parent in leased.parent_outputs:
+            try:
+                decoded.update(decode_parent_outputs(self._codec, [parent]))
+            except InvalidArgument as exc:
+                named = f"parent task {parent.task_id}"
+                message = str(exc) if named in str(exc) else f"the output of {named}: {exc}"
+                return ReportFailure(_truncate(message), retryable=False)
+        ctx.parent_outputs = decoded
+        return None
 
     # --- heartbeats and reports -------------------------------------------------------------
 

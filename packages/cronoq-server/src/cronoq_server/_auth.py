@@ -84,6 +84,12 @@ def _methods() -> dict[str, str | None]:
         # KiB): what a reader sees of any task already.
         "OutboxStatus": "read",
         "ListOutboxQuarantine": "read",
+        # Why a task is where it is, a schedule's ledger, a task's attempts and dependants
+        # (issue 32): what Get and List show of any task already.
+        "Explain": "read",
+        "ListOccurrences": "read",
+        "GetAttempts": "read",
+        "GetDependants": "read",
         "Cancel": "cancel",
         "AddSchedule": "schedules",
         "PauseSchedule": "schedules",
@@ -94,6 +100,9 @@ def _methods() -> dict[str, str | None]:
         "PausePool": "admin",
         "ResumePool": "admin",
         "Retry": "admin",
+        # A rerun makes a new task of anyone's finished task, payload and key included, as a
+        # retry revives one: the same permission, and so no pool scope (an admin has none).
+        "Rerun": "admin",
         "TriggerSchedule": "admin",
         # A requeue makes tasks of rows no submitter of this server wrote, a discard loses
         # them for good: operator calls, as those above.

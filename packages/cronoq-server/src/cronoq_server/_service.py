@@ -9,6 +9,7 @@ exception goes back through the protocol's status mapping. A replica that does n
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import time
@@ -28,6 +29,7 @@ from cronoq import (
     TaskInfo,
     TaskRequest,
     TraceContext,
+    WorkerLink,
     preview,
 )
 from cronoq.errors import CronoqError, InvalidArgument, PermissionDenied, WaitTimedOut
@@ -416,6 +418,41 @@ class SchedulerService(pb_grpc.SchedulerServiceServicer):
         )
 
     @_unary
+    async def Rerun(self, request: pb.RerunRequest, context: Any) -> pb.RerunResponse:
+        return pb.RerunResponse(task_id=await self._leader().rerun(request.task_id))
+
+    # --- why a task is where it is (issue 32) -----------------------------------------------
+
+    @_unary
+    async def Explain(self, request: pb.ExplainRequest, context: Any) -> pb.Explanation:
+        explanation = await self._leader().explain(request.task_id)
+        return wire.explanation_response(explanation, self._max_message_bytes)
+
+    @_unary
+    async def ListOccurrences(
+        self, request: pb.ListOccurrencesRequest, context: Any
+    ) -> pb.ListOccurrencesResponse:
+        options = wire.list_occurrences_kwargs(request)
+        records = await self._leader().occurrences(**options)
+        return wire.occurrences_response_to_pb(records, options["limit"], self._max_message_bytes)
+
+    @_unary
+    async def GetAttempts(
+        self, request: pb.GetAttemptsRequest, context: Any
+    ) -> pb.GetAttemptsResponse:
+        attempts = await self._leader().attempts(request.task_id)
+        later = [attempt for attempt in attempts if attempt.attempt > request.after]
+        return wire.attempts_response_to_pb(later, self._max_message_bytes)
+
+    @_unary
+    async def GetDependants(
+        self, request: pb.GetDependantsRequest, context: Any
+    ) -> pb.GetDependantsResponse:
+        task_ids = await self._leader().dependants(request.task_id)
+        later = task_ids[bisect.bisect_right(task_ids, request.after) :]  # ascending
+        return wire.dependants_response_to_pb(later, self._max_message_bytes)
+
+    @_unary
     async def TriggerSchedule(
         self, request: pb.TriggerScheduleRequest, context: Any
     ) -> pb.TriggerScheduleResponse:
@@ -542,33 +579,42 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
             await _abort(context, exc)
             return
         log.info("worker attached", extra={"worker": request.worker_id, "pools": options["pools"]})
-        # Taken from the link but left for the next message (it would not fit in this one).
-        carried: LeasedAttempt | CancelRequested | None = None
+        # Taken from the link but left for the next message (it would not fit in this one),
+        # with its encoding (its parents' outputs are read once).
+        carried: tuple[LeasedAttempt | CancelRequested, pb.WorkerEvent] | None = None
         try:
             attached = wire.Attached(sched.epoch or 0, self._replica.leases)
             await context.write(wire.worker_events_to_pb([attached]))
             while True:
-                try:
-                    first = carried if carried is not None else await link.next()
-                except CronoqError as exc:  # detached, or the scheduler stopped
-                    await _abort(context, exc)
-                    return
-                carried = None
-                message = wire.worker_events_to_pb([first])
+                if carried is not None:
+                    (first, encoded), carried = carried, None
+                else:
+                    try:
+                        first = await link.next()
+                    except CronoqError as exc:  # detached, or the scheduler stopped
+                        await _abort(context, exc)
+                        return
+                    found = await _event_to_pb(sched, link, first)
+                    if found is None:
+                        continue
+                    encoded = found
+                message = pb.AttachResponse(events=[encoded])
                 size = message.ByteSize()
                 if size > self._max_message_bytes and isinstance(first, LeasedAttempt):
-                    await _fail_unsendable(sched, first, size, self._max_message_bytes)
+                    await _fail_unsendable(sched, first, encoded, size, self._max_message_bytes)
                     continue
                 # Whatever else is ready leaves with it: under load a worker gets its attempts
                 # a batch per message, and alone one at once (nothing waits to fill a batch).
                 while link.queued and len(message.events) < _MAX_EVENTS_PER_MESSAGE:
                     event = await link.next()
-                    encoded = wire.worker_event_to_pb(event)
-                    size += encoded.ByteSize() + _EVENT_FRAMING_BYTES
+                    found = await _event_to_pb(sched, link, event)
+                    if found is None:
+                        continue
+                    size += found.ByteSize() + _EVENT_FRAMING_BYTES
                     if size > self._max_message_bytes:
-                        carried = event
+                        carried = (event, found)
                         break
-                    message.events.append(encoded)
+                    message.events.append(found)
                 # Once a write began, its attempts may have reached the worker even if the
                 # write raises (a stream cancelled mid-write): they count, and are retried
                 # after their lease if the worker never got them. Only attempts that never
@@ -577,7 +623,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                 await context.write(message)
         finally:
             if carried is not None:
-                link.unsent(carried)
+                link.unsent(carried[0])
             link.close()
             self._links.detach(link)
             log.info("worker detached", extra={"worker": request.worker_id})
@@ -670,16 +716,61 @@ async def _report(sched: Scheduler, request: pb.ReportRequest) -> None:
         )
 
 
-async def _fail_unsendable(sched: Scheduler, attempt: LeasedAttempt, size: int, limit: int) -> None:
+async def _event_to_pb(
+    sched: Scheduler, link: WorkerLink, event: LeasedAttempt | CancelRequested
+) -> pb.WorkerEvent | None:
+    """An event of ``link`` as the stream carries it: an attempt with the stored outputs of
+    its parents, read here (``Scheduler.parent_outputs``) for the worker to decode with its
+    codec. None: the outputs could not be read and the attempt was failed instead, retryable
+    (the next attempt may find the store again), as a local pool's attempt would be."""
+    if not isinstance(event, LeasedAttempt) or not event.after:
+        return wire.worker_event_to_pb(event)
+    try:
+        parents = await sched.parent_outputs(event.after)
+    except CronoqError as exc:
+        log.warning("parents' outputs unreadable", extra={"task_id": event.token.task_id})
+        await _fail_attempt(
+            sched, event, f"the outputs of its parents could not be read: {exc}", retryable=True
+        )
+        return None
+    except BaseException:
+        # The stream ended (cancelled) while they were read: the attempt never left, so it
+        # goes back to its queue uncounted, as one that could not be written.
+        link.unsent(event)
+        raise
+    return wire.worker_event_to_pb(wire.RemoteAttempt.carrying(event, parents))
+
+
+async def _fail_unsendable(
+    sched: Scheduler, attempt: LeasedAttempt, encoded: pb.WorkerEvent, size: int, limit: int
+) -> None:
     """An attempt too large for any stream message (its task was accepted before the limit
-    counted the attempt, or under a larger one) fails for good instead of breaking the stream
-    of every worker it is sent to."""
-    message = (
-        f"the attempt takes {size} bytes, over the server's message limit of {limit}: "
-        "no worker can be sent it (resubmit with a smaller payload)"
-    )
+    counted the attempt, or under a larger one; or its parents' outputs, which no submission
+    could count, fill the message) fails for good instead of breaking the stream of every
+    worker it is sent to: the next attempt would be as large."""
+    parents = encoded.attempt.parents
+    outputs = sum(parent.ByteSize() for parent in parents)
+    if parents and size - outputs <= limit:
+        message = (
+            f"the outputs of its {len(parents)} parents take {outputs} bytes: the attempt would "
+            f"take {size} bytes with them, over the server's message limit of {limit}, so no "
+            "worker can be sent it (make the parents' outputs smaller, or raise "
+            "limits.max_message_bytes)"
+        )
+    else:
+        message = (
+            f"the attempt takes {size} bytes, over the server's message limit of {limit}: "
+            "no worker can be sent it (resubmit with a smaller payload)"
+        )
     log.warning("attempt too large to send", extra={"task_id": attempt.token.task_id})
+    await _fail_attempt(sched, attempt, message, retryable=False)
+
+
+async def _fail_attempt(
+    sched: Scheduler, attempt: LeasedAttempt, message: str, *, retryable: bool
+) -> None:
+    """Report an attempt that never left the server failed, as its worker would have."""
     with contextlib.suppress(CronoqError):  # already finished, or the scheduler stopped
         await sched.report_failure(
-            attempt.token, message, lease_id=attempt.lease_id, retryable=False
+            attempt.token, message, lease_id=attempt.lease_id, retryable=retryable
         )

@@ -16,8 +16,8 @@ code   meaning
 8      the outcome is unknown: it may have been applied (check before running it again)
 9      ``tasks wait`` timed out: the task is still live
 10     ``tasks wait``: the task ended failed or cancelled
-11     ``tasks retry`` refused (NotRetryable): the task is live or succeeded, or could not
-       run again; nothing was applied
+11     ``tasks retry`` or ``tasks rerun`` refused (NotRetryable): the task is live (or,
+       for a retry, succeeded), or could not run again; nothing was applied
 130    interrupted (Ctrl-C)
 =====  =================================================================================
 """

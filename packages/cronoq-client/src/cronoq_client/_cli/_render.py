@@ -14,19 +14,33 @@ from enum import Enum
 from typing import Any
 
 import click
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from cronoq import LimitInfo, PoolInfo, ScheduleInfo, TaskInfo, TaskSummary, WorkerInfo
+from cronoq import (
+    AttemptInfo,
+    Explanation,
+    LimitInfo,
+    OccurrenceInfo,
+    PoolInfo,
+    ScheduleInfo,
+    TaskInfo,
+    TaskSummary,
+    WorkerInfo,
+)
 from cronoq_client._client import Unreachable
 from cronoq_client._outbox import OutboxStatus, QuarantinedOutboxRow
 
 __all__ = [
     "Columns",
+    "attempt_record",
     "emit",
+    "explained",
+    "explanation_record",
     "limit_record",
+    "occurrence_record",
     "outbox_record",
     "output_option",
     "pool_record",
@@ -154,6 +168,22 @@ def quarantine_record(row: QuarantinedOutboxRow) -> dict[str, Any]:
     return _records(row)
 
 
+def explanation_record(explanation: Explanation) -> dict[str, Any]:
+    return _records(explanation)
+
+
+def attempt_record(info: AttemptInfo) -> dict[str, Any]:
+    """An attempt, its message's first part and its traceback apart (as ``task_record``)."""
+    record = _records(info)
+    record["message"] = info.description
+    record["traceback"] = info.traceback
+    return record
+
+
+def occurrence_record(info: OccurrenceInfo) -> dict[str, Any]:
+    return _records(info)
+
+
 def _cell(value: Any, zone: bool = False) -> str:
     """A value as a table cell. A time is in UTC: a table's column title says so ("FINISHED
     (UTC)"), a cell of ``fields`` (``zone``), which has no title, says it itself."""
@@ -188,6 +218,11 @@ _WHOLE = frozenset(
         "address",
         "attached_at",
         "last_heartbeat_at",
+        "started_at",
+        "ended_at",
+        "due_at",
+        "until",
+        "decided_at",
     }
 )
 
@@ -215,6 +250,24 @@ def fields(record: dict[str, Any]) -> Table:
     for key, value in record.items():
         grid.add_row(_text(key), _text(_cell(value, zone=True)))
     return grid
+
+
+_EXPLAINED_APART = frozenset({"task_id", "status", "summary"})
+
+
+def explained(record: dict[str, Any]) -> Group:
+    """``tasks explain``: its one line (the task, its status and what holds it), then the
+    fields that apply to that hold (a field of another hold is None or empty, and attempt 0
+    means none yet)."""
+    line = f"task {record['task_id']} ({_cell(record['status'])}): {record['summary']}"
+    applying = {
+        key: value
+        for key, value in record.items()
+        if key not in _EXPLAINED_APART
+        and value not in (None, (), "")
+        and not (key == "attempt" and value == 0)
+    }
+    return Group(_text(line), fields(applying))
 
 
 def _text(value: str) -> Text:

@@ -137,7 +137,7 @@ def cli(
     Exit codes: 0 done, 1 unexpected error, 2 bad command line or config, 3 not found, 4 input
     refused, 5 unauthenticated, 6 permission denied, 7 unavailable (nothing applied), 8 outcome
     unknown, 9 wait timed out, 10 the waited task failed or was cancelled, 11 the task cannot be
-    retried, 130 interrupted.
+    retried or rerun, 130 interrupted.
     """
     flags = Flags(
         config,

@@ -1,4 +1,4 @@
-"""``cronoq schedules list|add|pause|resume|remove|preview|trigger``."""
+"""``cronoq schedules list|add|pause|resume|remove|preview|trigger|history``."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ from cronoq_client._cli._render import (
     emit,
     fields,
     listing,
+    occurrence_record,
     output_option,
     schedule_record,
     table,
     watch_options,
 )
 from cronoq_client._cli._root import session
+from cronoq_client._cli._times import iso_time
 
 __all__ = ["schedules"]
 
@@ -34,11 +36,20 @@ SCHEDULE_COLUMNS = (
     ("overlap", "OVERLAP"),
     ("catch_up", "CATCH-UP"),
 )
+OCCURRENCE_COLUMNS = (
+    ("due_at", "DUE (UTC)"),
+    ("outcome", "OUTCOME"),
+    ("task_id", "TASK"),
+    ("until", "UNTIL (UTC)"),
+    ("decided_at", "DECIDED (UTC)"),
+    ("message", "MESSAGE"),
+)
 
 
 @click.group()
 def schedules() -> None:
-    """List, add, pause, resume, remove, preview and trigger recurring schedules."""
+    """List, add, pause, resume, remove, preview and trigger recurring schedules, and see what
+    became of their occurrences."""
 
 
 @schedules.command("list")
@@ -181,3 +192,30 @@ def trigger_schedule(name: str, output: str) -> None:
             else f"schedule {name}: skipped by its overlap policy (its last task is live)"
         ),
     )
+
+
+@schedules.command("history")
+@click.argument("name")
+@click.option(
+    "--before",
+    metavar="TIME",
+    help="only occurrences due before this ISO 8601 time with its offset (the DUE of the "
+    "previous page's last row)",
+)
+@click.option(
+    "-n",
+    "--limit",
+    type=click.IntRange(1, 1000),
+    default=100,
+    show_default=True,
+    help="at most this many records",
+)
+@output_option
+def history(name: str, before: str | None, limit: int, output: str) -> None:
+    """What became of NAME's occurrences, the newest first: started (and which task), skipped
+    (its last task was live), paused, missed or coalesced while no leader ran, ... Kept as long
+    as finished tasks are, also once the schedule is removed."""
+    until = None if before is None else iso_time(before, "--before")
+    found = session().client().occurrences(name, before=until, limit=limit)
+    records = [occurrence_record(o) for o in found]
+    emit(output, records, lambda: table(records, OCCURRENCE_COLUMNS))

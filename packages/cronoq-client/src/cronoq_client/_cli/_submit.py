@@ -24,6 +24,7 @@ from cronoq_client._cli._errors import CommandFailed, ExitCode, failure
 from cronoq_client._cli._payloads import parse_payload, payload_value
 from cronoq_client._cli._render import emit, output_option
 from cronoq_client._cli._root import session
+from cronoq_client._cli._times import iso_time
 from cronoq_client.protocol import MAX_SUBMIT_MANY_TASKS
 
 __all__ = ["submit"]
@@ -47,21 +48,6 @@ _LINE_FIELDS = frozenset(
 )
 
 
-def _when(text: str, where: str) -> datetime:
-    try:
-        found = datetime.fromisoformat(text)
-    except ValueError:
-        raise CommandFailed(
-            f"{where}: {text!r} is not an ISO 8601 time (2026-05-01T09:00:00+02:00)",
-            ExitCode.USAGE,
-        ) from None
-    if found.tzinfo is None:
-        raise CommandFailed(
-            f"{where}: {text!r} has no UTC offset (add Z or +HH:MM)", ExitCode.USAGE
-        )
-    return found
-
-
 def _start(text: str | None, where: str) -> datetime | timedelta | None:
     """``--start-at``: an ISO time, or ``+SECONDS`` from now."""
     if text is None:
@@ -71,7 +57,7 @@ def _start(text: str | None, where: str) -> datetime | timedelta | None:
             return timedelta(seconds=float(text[1:]))
         except ValueError:
             raise CommandFailed(f"{where}: {text!r} is not +SECONDS", ExitCode.USAGE) from None
-    return _when(text, where)
+    return iso_time(text, where)
 
 
 def _limits(given: tuple[str, ...]) -> dict[str, str | None] | None:
@@ -253,7 +239,7 @@ def submit(
         name=name,
         priority=priority,
         start_at=_start(start_at, "--start-at"),
-        deadline=None if deadline is None else _when(deadline, "--deadline"),
+        deadline=None if deadline is None else iso_time(deadline, "--deadline"),
         timeout=attempt_timeout,
         retry=None if max_attempts is None else RetryPolicy(max_attempts=max_attempts),
         after=parents,

@@ -1,4 +1,4 @@
-"""``cronoq tasks list|get|wait|cancel|retry``."""
+"""``cronoq tasks list|get|wait|cancel|retry|rerun|explain|attempts``."""
 
 from __future__ import annotations
 
@@ -7,11 +7,15 @@ import click
 from cronoq import Status
 from cronoq_client._cli._errors import CommandFailed, ExitCode
 from cronoq_client._cli._render import (
+    attempt_record,
     emit,
+    explained,
+    explanation_record,
     fields,
     listing,
     output_option,
     summary_record,
+    table,
     task_record,
     watch_options,
 )
@@ -30,11 +34,17 @@ TASK_COLUMNS = (
     ("finished_at", "FINISHED (UTC)"),
     ("error", "ERROR"),
 )
+ATTEMPT_COLUMNS = (
+    ("attempt", "ATTEMPT"),
+    ("started_at", "STARTED (UTC)"),
+    ("ended_at", "ENDED (UTC)"),
+    ("message", "MESSAGE"),
+)
 
 
 @click.group()
 def tasks() -> None:
-    """List, show, wait for, cancel and retry tasks."""
+    """List, show, explain, wait for, cancel, retry and rerun tasks."""
 
 
 @tasks.command("list")
@@ -115,14 +125,33 @@ TASK_ID = click.argument("task_id", callback=lambda _ctx, _param, value: _task_i
 @click.option("--no-output", is_flag=True, help="leave the output out (a large one)")
 @output_option
 def get_task(task_id: int, no_payload: bool, no_output: bool, output: str) -> None:
-    """One task, with its payload and output."""
-    info = (
-        session()
-        .client()
-        .get(task_id, include_payload=not no_payload, include_output=not no_output)
-    )
+    """One task, with its payload and output, and the tasks that depend on it."""
+    client = session().client()
+    info = client.get(task_id, include_payload=not no_payload, include_output=not no_output)
     record = task_record(info)
+    # A read of the leader's memory, as cheap as the get: the other end of `after`.
+    record["dependants"] = client.dependants(task_id)
     emit(output, record, lambda: fields(record))
+
+
+@tasks.command("explain")
+@TASK_ID
+@output_option
+def explain_task(task_id: int, output: str) -> None:
+    """Why a task is where it is: what holds it now, since when, and what would release it
+    (its dependencies, a start time, a backoff, its pool, a limit, no worker slot, ...)."""
+    record = explanation_record(session().client().explain(task_id))
+    emit(output, record, lambda: explained(record))
+
+
+@tasks.command("attempts")
+@TASK_ID
+@output_option
+def task_attempts(task_id: int, output: str) -> None:
+    """The task's attempts that ended without success, oldest first (the latest 25): when
+    each ran and why it failed (JSON: with its traceback)."""
+    records = [attempt_record(a) for a in session().client().attempts(task_id)]
+    emit(output, records, lambda: table(records, ATTEMPT_COLUMNS))
 
 
 @tasks.command("wait")
@@ -171,3 +200,18 @@ def retry_task(task_id: int, no_payload: bool, output: str) -> None:
     info = session().client().retry(task_id, include_payload=not no_payload)
     record = task_record(info)
     emit(output, record, lambda: fields(record))
+
+
+@tasks.command("rerun")
+@TASK_ID
+@output_option
+def rerun_task(task_id: int, output: str) -> None:
+    """Run a finished task (succeeded too) again as a new task, with its payload, key and
+    options; print the new task's id. Exits 11 if it is live, or another live task holds its
+    key."""
+    new_id = session().client().rerun(task_id)
+    emit(
+        output,
+        {"task_id": new_id, "rerun_of": task_id},
+        lambda: f"task {task_id}: rerun as task {new_id}",
+    )

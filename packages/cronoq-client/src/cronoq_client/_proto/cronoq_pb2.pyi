@@ -181,6 +181,118 @@ ON_FULL_KEEP_LATEST: OnFull.ValueType  # 4
 """Tasks of that key waiting to start are cancelled in favour of the new one."""
 Global___OnFull: _TypeAlias = OnFull  # noqa: Y015
 
+class _Hold:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _HoldEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Hold.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    HOLD_UNSPECIFIED: _Hold.ValueType  # 0
+    """Never sent."""
+    HOLD_DEPENDENCIES: _Hold.ValueType  # 1
+    """It waits for the tasks it was submitted after (Explanation.parents)."""
+    HOLD_START_TIME: _Hold.ValueType  # 2
+    """Its fixed start has not come (until)."""
+    HOLD_RETRY_BACKOFF: _Hold.ValueType  # 3
+    """An attempt failed; the next may start at `until`."""
+    HOLD_POOL_PAUSED: _Hold.ValueType  # 4
+    """Its pool is paused."""
+    HOLD_POOL_FULL: _Hold.ValueType  # 5
+    """Every slot of its pool is taken (running of concurrency)."""
+    HOLD_LIMIT: _Hold.ValueType  # 6
+    """A limit has no room (limit, limit_key; a rate's next start at `until`)."""
+    HOLD_NO_WORKER_SLOTS: _Hold.ValueType  # 7
+    """Its pool is remote and no attached worker offers a free slot for it."""
+    HOLD_STOPPED_ATTEMPT: _Hold.ValueType  # 8
+    """An earlier attempt was stopped but may still run on its worker (until its lease ends)."""
+    HOLD_LEADER_CHANGE: _Hold.ValueType  # 9
+    """No leader can start it now."""
+    HOLD_DISPATCHING: _Hold.ValueType  # 10
+    """Nothing holds it: it starts at the scheduler's next step."""
+    HOLD_RUNNING: _Hold.ValueType  # 11
+    """An attempt runs (a remote one's worker and lease end in `worker` and `until`)."""
+    HOLD_CANCELLING: _Hold.ValueType  # 12
+    """Its running attempt was asked to stop and has not ended yet."""
+    HOLD_FINISHED: _Hold.ValueType  # 13
+    """It ended: `status` and `summary` say how."""
+
+class Hold(_Hold, metaclass=_HoldEnumTypeWrapper):
+    """What holds a task (cronoq.Hold)."""
+
+HOLD_UNSPECIFIED: Hold.ValueType  # 0
+"""Never sent."""
+HOLD_DEPENDENCIES: Hold.ValueType  # 1
+"""It waits for the tasks it was submitted after (Explanation.parents)."""
+HOLD_START_TIME: Hold.ValueType  # 2
+"""Its fixed start has not come (until)."""
+HOLD_RETRY_BACKOFF: Hold.ValueType  # 3
+"""An attempt failed; the next may start at `until`."""
+HOLD_POOL_PAUSED: Hold.ValueType  # 4
+"""Its pool is paused."""
+HOLD_POOL_FULL: Hold.ValueType  # 5
+"""Every slot of its pool is taken (running of concurrency)."""
+HOLD_LIMIT: Hold.ValueType  # 6
+"""A limit has no room (limit, limit_key; a rate's next start at `until`)."""
+HOLD_NO_WORKER_SLOTS: Hold.ValueType  # 7
+"""Its pool is remote and no attached worker offers a free slot for it."""
+HOLD_STOPPED_ATTEMPT: Hold.ValueType  # 8
+"""An earlier attempt was stopped but may still run on its worker (until its lease ends)."""
+HOLD_LEADER_CHANGE: Hold.ValueType  # 9
+"""No leader can start it now."""
+HOLD_DISPATCHING: Hold.ValueType  # 10
+"""Nothing holds it: it starts at the scheduler's next step."""
+HOLD_RUNNING: Hold.ValueType  # 11
+"""An attempt runs (a remote one's worker and lease end in `worker` and `until`)."""
+HOLD_CANCELLING: Hold.ValueType  # 12
+"""Its running attempt was asked to stop and has not ended yet."""
+HOLD_FINISHED: Hold.ValueType  # 13
+"""It ended: `status` and `summary` say how."""
+Global___Hold: _TypeAlias = Hold  # noqa: Y015
+
+class _OccurrenceOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _OccurrenceOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_OccurrenceOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    OCCURRENCE_OUTCOME_UNSPECIFIED: _OccurrenceOutcome.ValueType  # 0
+    """Never sent."""
+    OCCURRENCE_OUTCOME_STARTED: _OccurrenceOutcome.ValueType  # 1
+    """It created its task."""
+    OCCURRENCE_OUTCOME_COALESCED: _OccurrenceOutcome.ValueType  # 2
+    """Several came due while no leader could fire them, and ran once, as one task."""
+    OCCURRENCE_OUTCOME_SKIPPED: _OccurrenceOutcome.ValueType  # 3
+    """The task of an earlier occurrence was still live (overlap skip)."""
+    OCCURRENCE_OUTCOME_MISSED: _OccurrenceOutcome.ValueType  # 4
+    """It came due while no leader could fire it, later than its grace (catch-up skip)."""
+    OCCURRENCE_OUTCOME_PAUSED: _OccurrenceOutcome.ValueType  # 5
+    """It came due while the schedule was paused."""
+    OCCURRENCE_OUTCOME_NO_POOL: _OccurrenceOutcome.ValueType  # 6
+    """Its pool was not configured."""
+    OCCURRENCE_OUTCOME_REFUSED: _OccurrenceOutcome.ValueType  # 7
+    """The scheduler could not create its task."""
+
+class OccurrenceOutcome(_OccurrenceOutcome, metaclass=_OccurrenceOutcomeEnumTypeWrapper):
+    """What became of a schedule's occurrence (cronoq.OccurrenceOutcome)."""
+
+OCCURRENCE_OUTCOME_UNSPECIFIED: OccurrenceOutcome.ValueType  # 0
+"""Never sent."""
+OCCURRENCE_OUTCOME_STARTED: OccurrenceOutcome.ValueType  # 1
+"""It created its task."""
+OCCURRENCE_OUTCOME_COALESCED: OccurrenceOutcome.ValueType  # 2
+"""Several came due while no leader could fire them, and ran once, as one task."""
+OCCURRENCE_OUTCOME_SKIPPED: OccurrenceOutcome.ValueType  # 3
+"""The task of an earlier occurrence was still live (overlap skip)."""
+OCCURRENCE_OUTCOME_MISSED: OccurrenceOutcome.ValueType  # 4
+"""It came due while no leader could fire it, later than its grace (catch-up skip)."""
+OCCURRENCE_OUTCOME_PAUSED: OccurrenceOutcome.ValueType  # 5
+"""It came due while the schedule was paused."""
+OCCURRENCE_OUTCOME_NO_POOL: OccurrenceOutcome.ValueType  # 6
+"""Its pool was not configured."""
+OCCURRENCE_OUTCOME_REFUSED: OccurrenceOutcome.ValueType  # 7
+"""The scheduler could not create its task."""
+Global___OccurrenceOutcome: _TypeAlias = OccurrenceOutcome  # noqa: Y015
+
 class _TaskData:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -432,6 +544,8 @@ class TaskInfo(_message.Message):
     OUTPUT_OMITTED_FIELD_NUMBER: _builtins.int
     LIMITS_FIELD_NUMBER: _builtins.int
     WAITING_FOR_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    RERUN_OF_FIELD_NUMBER: _builtins.int
     task_id: _builtins.int
     status: Global___Status.ValueType
     attempt: _builtins.int
@@ -458,6 +572,8 @@ class TaskInfo(_message.Message):
     """A ready task a limit holds back: which, and how full it is ("limit 'tenant' key 'acme':
     2 of 2 running"). Absent when none does.
     """
+    rerun_of: _builtins.int
+    """The finished task it runs again (Rerun). Absent: none."""
     @_builtins.property
     def tags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -473,6 +589,12 @@ class TaskInfo(_message.Message):
     @_builtins.property
     def limits(self) -> _containers.RepeatedCompositeFieldContainer[Global___LimitKey]:
         """The limits it takes with their keys, by name (its pool's included)."""
+
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp:
+        """The start of its latest attempt (cronoq.TaskInfo.started_at). Absent before the first
+        attempt, and for a live task between attempts (GetAttempts has the last one's).
+        """
 
     def __init__(
         self,
@@ -498,10 +620,12 @@ class TaskInfo(_message.Message):
         output_omitted: _builtins.bool = ...,
         limits: _abc.Iterable[Global___LimitKey] | None = ...,
         waiting_for: _builtins.str | None = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
+        rerun_of: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_output", b"_output", "_payload", b"_payload", "_schedule", b"_schedule", "_waiting_for", b"_waiting_for", "finished_at", b"finished_at", "key", b"key", "name", b"name", "output", b"output", "payload", b"payload", "schedule", b"schedule", "submitted_at", b"submitted_at", "updated_at", b"updated_at", "waiting_for", b"waiting_for"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_output", b"_output", "_payload", b"_payload", "_rerun_of", b"_rerun_of", "_schedule", b"_schedule", "_waiting_for", b"_waiting_for", "finished_at", b"finished_at", "key", b"key", "name", b"name", "output", b"output", "payload", b"payload", "rerun_of", b"rerun_of", "schedule", b"schedule", "started_at", b"started_at", "submitted_at", b"submitted_at", "updated_at", b"updated_at", "waiting_for", b"waiting_for"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_output", b"_output", "_payload", b"_payload", "_schedule", b"_schedule", "_waiting_for", b"_waiting_for", "after", b"after", "attempt", b"attempt", "finished_at", b"finished_at", "key", b"key", "kind", b"kind", "limits", b"limits", "message", b"message", "name", b"name", "output", b"output", "output_omitted", b"output_omitted", "payload", b"payload", "payload_omitted", b"payload_omitted", "pool", b"pool", "priority", b"priority", "schedule", b"schedule", "status", b"status", "submitted_at", b"submitted_at", "tags", b"tags", "task_id", b"task_id", "updated_at", b"updated_at", "waiting_for", b"waiting_for"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_output", b"_output", "_payload", b"_payload", "_rerun_of", b"_rerun_of", "_schedule", b"_schedule", "_waiting_for", b"_waiting_for", "after", b"after", "attempt", b"attempt", "finished_at", b"finished_at", "key", b"key", "kind", b"kind", "limits", b"limits", "message", b"message", "name", b"name", "output", b"output", "output_omitted", b"output_omitted", "payload", b"payload", "payload_omitted", b"payload_omitted", "pool", b"pool", "priority", b"priority", "rerun_of", b"rerun_of", "schedule", b"schedule", "started_at", b"started_at", "status", b"status", "submitted_at", b"submitted_at", "tags", b"tags", "task_id", b"task_id", "updated_at", b"updated_at", "waiting_for", b"waiting_for"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__key: _TypeAlias = _typing.Literal["key"]  # noqa: Y015
     _WhichOneofArgType__key: _TypeAlias = _typing.Literal["_key", b"_key"]  # noqa: Y015
@@ -511,6 +635,8 @@ class TaskInfo(_message.Message):
     _WhichOneofArgType__output: _TypeAlias = _typing.Literal["_output", b"_output"]  # noqa: Y015
     _WhichOneofReturnType__payload: _TypeAlias = _typing.Literal["payload"]  # noqa: Y015
     _WhichOneofArgType__payload: _TypeAlias = _typing.Literal["_payload", b"_payload"]  # noqa: Y015
+    _WhichOneofReturnType__rerun_of: _TypeAlias = _typing.Literal["rerun_of"]  # noqa: Y015
+    _WhichOneofArgType__rerun_of: _TypeAlias = _typing.Literal["_rerun_of", b"_rerun_of"]  # noqa: Y015
     _WhichOneofReturnType__schedule: _TypeAlias = _typing.Literal["schedule"]  # noqa: Y015
     _WhichOneofArgType__schedule: _TypeAlias = _typing.Literal["_schedule", b"_schedule"]  # noqa: Y015
     _WhichOneofReturnType__waiting_for: _TypeAlias = _typing.Literal["waiting_for"]  # noqa: Y015
@@ -523,6 +649,8 @@ class TaskInfo(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__output) -> _WhichOneofReturnType__output | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__payload) -> _WhichOneofReturnType__payload | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rerun_of) -> _WhichOneofReturnType__rerun_of | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__schedule) -> _WhichOneofReturnType__schedule | None: ...
     @_typing.overload
@@ -1115,6 +1243,416 @@ class ListWorkersResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListWorkersResponse: _TypeAlias = ListWorkersResponse  # noqa: Y015
+
+@_typing.final
+class ExplainRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExplainRequest: _TypeAlias = ExplainRequest  # noqa: Y015
+
+@_typing.final
+class Explanation(_message.Message):
+    """Why a task is where it is (cronoq.Explanation): the one thing that holds it now."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    HOLD_FIELD_NUMBER: _builtins.int
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    PARENTS_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    CONCURRENCY_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    LIMIT_KEY_FIELD_NUMBER: _builtins.int
+    WORKER_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.int
+    status: Global___Status.ValueType
+    hold: Global___Hold.ValueType
+    summary: _builtins.str
+    """One line for people: what holds it and what releases it."""
+    attempt: _builtins.int
+    """Its latest attempt (the running one while it runs)."""
+    pool: _builtins.str
+    running: _builtins.int
+    """For POOL_FULL: the attempts holding its pool's slots, and how many it has."""
+    concurrency: _builtins.int
+    limit: _builtins.str
+    """For LIMIT: the limit, and its key for a per-key limit."""
+    limit_key: _builtins.str
+    worker: _builtins.str
+    """For a running remote attempt: the worker it was leased to, as it named itself
+    (AttachRequest.worker_id).
+    """
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp:
+        """When the task entered its current status."""
+
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp:
+        """When the hold ends at the latest, if a clock ends it. Absent: none does."""
+
+    @_builtins.property
+    def parents(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """For DEPENDENCIES: the parents not finished yet, ascending."""
+
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.int = ...,
+        status: Global___Status.ValueType = ...,
+        hold: Global___Hold.ValueType = ...,
+        summary: _builtins.str = ...,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        until: _timestamp_pb2.Timestamp | None = ...,
+        attempt: _builtins.int = ...,
+        parents: _abc.Iterable[_builtins.int] | None = ...,
+        pool: _builtins.str = ...,
+        running: _builtins.int | None = ...,
+        concurrency: _builtins.int | None = ...,
+        limit: _builtins.str | None = ...,
+        limit_key: _builtins.str | None = ...,
+        worker: _builtins.str | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency", "_limit", b"_limit", "_limit_key", b"_limit_key", "_running", b"_running", "_worker", b"_worker", "concurrency", b"concurrency", "limit", b"limit", "limit_key", b"limit_key", "running", b"running", "since", b"since", "until", b"until", "worker", b"worker"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency", "_limit", b"_limit", "_limit_key", b"_limit_key", "_running", b"_running", "_worker", b"_worker", "attempt", b"attempt", "concurrency", b"concurrency", "hold", b"hold", "limit", b"limit", "limit_key", b"limit_key", "parents", b"parents", "pool", b"pool", "running", b"running", "since", b"since", "status", b"status", "summary", b"summary", "task_id", b"task_id", "until", b"until", "worker", b"worker"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__concurrency: _TypeAlias = _typing.Literal["concurrency"]  # noqa: Y015
+    _WhichOneofArgType__concurrency: _TypeAlias = _typing.Literal["_concurrency", b"_concurrency"]  # noqa: Y015
+    _WhichOneofReturnType__limit: _TypeAlias = _typing.Literal["limit"]  # noqa: Y015
+    _WhichOneofArgType__limit: _TypeAlias = _typing.Literal["_limit", b"_limit"]  # noqa: Y015
+    _WhichOneofReturnType__limit_key: _TypeAlias = _typing.Literal["limit_key"]  # noqa: Y015
+    _WhichOneofArgType__limit_key: _TypeAlias = _typing.Literal["_limit_key", b"_limit_key"]  # noqa: Y015
+    _WhichOneofReturnType__running: _TypeAlias = _typing.Literal["running"]  # noqa: Y015
+    _WhichOneofArgType__running: _TypeAlias = _typing.Literal["_running", b"_running"]  # noqa: Y015
+    _WhichOneofReturnType__worker: _TypeAlias = _typing.Literal["worker"]  # noqa: Y015
+    _WhichOneofArgType__worker: _TypeAlias = _typing.Literal["_worker", b"_worker"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__concurrency) -> _WhichOneofReturnType__concurrency | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__limit) -> _WhichOneofReturnType__limit | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__limit_key) -> _WhichOneofReturnType__limit_key | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__running) -> _WhichOneofReturnType__running | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__worker) -> _WhichOneofReturnType__worker | None: ...
+
+Global___Explanation: _TypeAlias = Explanation  # noqa: Y015
+
+@_typing.final
+class ListOccurrencesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    BEFORE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The schedule's name (it may have been removed since: its records stay)."""
+    limit: _builtins.int
+    """Most records to return, 1 to 1,000. Absent: 100. The server ends a page early (with
+    next_before) where the next record would not fit in its message limit.
+    """
+    @_builtins.property
+    def before(self) -> _timestamp_pb2.Timestamp:
+        """Only records due before this instant (the `due_at` of an earlier page's last record, or
+        `next_before`). Absent: from the newest.
+        """
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        before: _timestamp_pb2.Timestamp | None = ...,
+        limit: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_limit", b"_limit", "before", b"before", "limit", b"limit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_limit", b"_limit", "before", b"before", "limit", b"limit", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__limit: _TypeAlias = _typing.Literal["limit"]  # noqa: Y015
+    _WhichOneofArgType__limit: _TypeAlias = _typing.Literal["_limit", b"_limit"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__limit) -> _WhichOneofReturnType__limit | None: ...
+
+Global___ListOccurrencesRequest: _TypeAlias = ListOccurrencesRequest  # noqa: Y015
+
+@_typing.final
+class OccurrenceRecord(_message.Message):
+    """What became of a schedule's occurrences due from `due_at` up to (not including) `until`
+    (cronoq.OccurrenceInfo): one occurrence, or several decided together.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEDULE_FIELD_NUMBER: _builtins.int
+    DUE_AT_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    DECIDED_AT_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    schedule: _builtins.str
+    outcome: Global___OccurrenceOutcome.ValueType
+    task_id: _builtins.int
+    """The task it created (started, coalesced), or the earlier task still live (skipped).
+    Absent: none.
+    """
+    message: _builtins.str
+    """Why, for people (empty for a plain start)."""
+    @_builtins.property
+    def due_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp:
+        """The schedule's next occurrence after this record was decided (exclusive)."""
+
+    @_builtins.property
+    def decided_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        schedule: _builtins.str = ...,
+        due_at: _timestamp_pb2.Timestamp | None = ...,
+        until: _timestamp_pb2.Timestamp | None = ...,
+        outcome: Global___OccurrenceOutcome.ValueType = ...,
+        task_id: _builtins.int | None = ...,
+        decided_at: _timestamp_pb2.Timestamp | None = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_task_id", b"_task_id", "decided_at", b"decided_at", "due_at", b"due_at", "task_id", b"task_id", "until", b"until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_task_id", b"_task_id", "decided_at", b"decided_at", "due_at", b"due_at", "message", b"message", "outcome", b"outcome", "schedule", b"schedule", "task_id", b"task_id", "until", b"until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__task_id: _TypeAlias = _typing.Literal["task_id"]  # noqa: Y015
+    _WhichOneofArgType__task_id: _TypeAlias = _typing.Literal["_task_id", b"_task_id"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__task_id) -> _WhichOneofReturnType__task_id | None: ...
+
+Global___OccurrenceRecord: _TypeAlias = OccurrenceRecord  # noqa: Y015
+
+@_typing.final
+class ListOccurrencesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OCCURRENCES_FIELD_NUMBER: _builtins.int
+    NEXT_BEFORE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def occurrences(self) -> _containers.RepeatedCompositeFieldContainer[Global___OccurrenceRecord]: ...
+    @_builtins.property
+    def next_before(self) -> _timestamp_pb2.Timestamp:
+        """Present when more records may follow (the page is as long as asked, or ended early): the
+        `before` of the next page, this page's last `due_at`.
+        """
+
+    def __init__(
+        self,
+        *,
+        occurrences: _abc.Iterable[Global___OccurrenceRecord] | None = ...,
+        next_before: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["next_before", b"next_before"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_before", b"next_before", "occurrences", b"occurrences"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListOccurrencesResponse: _TypeAlias = ListOccurrencesResponse  # noqa: Y015
+
+@_typing.final
+class GetAttemptsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.int
+    after: _builtins.int
+    """Only attempts numbered above this one; 0 (the default): from the first kept."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.int = ...,
+        after: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetAttemptsRequest: _TypeAlias = GetAttemptsRequest  # noqa: Y015
+
+@_typing.final
+class AttemptInfo(_message.Message):
+    """An attempt that ended without success (cronoq.AttemptInfo)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    ENDED_AT_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    attempt: _builtins.int
+    message: _builtins.str
+    """The task's message as the attempt's end left it (why it failed, and its traceback after
+    the first line, as TaskInfo.message).
+    """
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def ended_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        attempt: _builtins.int = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
+        ended_at: _timestamp_pb2.Timestamp | None = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended_at", b"ended_at", "started_at", b"started_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "ended_at", b"ended_at", "message", b"message", "started_at", b"started_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttemptInfo: _TypeAlias = AttemptInfo  # noqa: Y015
+
+@_typing.final
+class GetAttemptsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    NEXT_AFTER_FIELD_NUMBER: _builtins.int
+    next_after: _builtins.int
+    """Present when the server ended the reply early (the next attempt would not fit in its
+    message limit): the `after` of the next call, this reply's last attempt.
+    """
+    @_builtins.property
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___AttemptInfo]:
+        """Oldest first."""
+
+    def __init__(
+        self,
+        *,
+        attempts: _abc.Iterable[Global___AttemptInfo] | None = ...,
+        next_after: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_next_after", b"_next_after", "next_after", b"next_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_after", b"_next_after", "attempts", b"attempts", "next_after", b"next_after"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__next_after: _TypeAlias = _typing.Literal["next_after"]  # noqa: Y015
+    _WhichOneofArgType__next_after: _TypeAlias = _typing.Literal["_next_after", b"_next_after"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__next_after) -> _WhichOneofReturnType__next_after | None: ...
+
+Global___GetAttemptsResponse: _TypeAlias = GetAttemptsResponse  # noqa: Y015
+
+@_typing.final
+class GetDependantsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.int
+    after: _builtins.int
+    """Only dependants of ids above this one; 0 (the default): from the first."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.int = ...,
+        after: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after", b"after", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetDependantsRequest: _TypeAlias = GetDependantsRequest  # noqa: Y015
+
+@_typing.final
+class GetDependantsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_IDS_FIELD_NUMBER: _builtins.int
+    NEXT_AFTER_FIELD_NUMBER: _builtins.int
+    next_after: _builtins.int
+    """Present when the server ended the reply early (its message limit): the `after` of the
+    next call, this reply's last id.
+    """
+    @_builtins.property
+    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Ascending."""
+
+    def __init__(
+        self,
+        *,
+        task_ids: _abc.Iterable[_builtins.int] | None = ...,
+        next_after: _builtins.int | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_next_after", b"_next_after", "next_after", b"next_after"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_next_after", b"_next_after", "next_after", b"next_after", "task_ids", b"task_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__next_after: _TypeAlias = _typing.Literal["next_after"]  # noqa: Y015
+    _WhichOneofArgType__next_after: _TypeAlias = _typing.Literal["_next_after", b"_next_after"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__next_after) -> _WhichOneofReturnType__next_after | None: ...
+
+Global___GetDependantsResponse: _TypeAlias = GetDependantsResponse  # noqa: Y015
+
+@_typing.final
+class RerunRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RerunRequest: _TypeAlias = RerunRequest  # noqa: Y015
+
+@_typing.final
+class RerunResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.int
+    """The new task."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RerunResponse: _TypeAlias = RerunResponse  # noqa: Y015
 
 @_typing.final
 class OutboxStatusRequest(_message.Message):
@@ -2325,6 +2863,8 @@ class Attempt(_message.Message):
     LEASE_EXPIRES_AT_FIELD_NUMBER: _builtins.int
     TRACEPARENT_FIELD_NUMBER: _builtins.int
     TRACESTATE_FIELD_NUMBER: _builtins.int
+    AFTER_FIELD_NUMBER: _builtins.int
+    PARENTS_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     kind: _builtins.str
     key: _builtins.str
@@ -2354,6 +2894,18 @@ class Attempt(_message.Message):
     def lease_expires_at(self) -> _timestamp_pb2.Timestamp:
         """The attempt is lost unless a heartbeat extends the lease before this instant."""
 
+    @_builtins.property
+    def after(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The tasks it was submitted after (cronoq.LeasedAttempt.after)."""
+
+    @_builtins.property
+    def parents(self) -> _containers.RepeatedCompositeFieldContainer[Global___ParentOutput]:
+        """The outputs of those parents the store still keeps (Scheduler.parent_outputs), as
+        stored, for the worker's codec to decode into TaskContext.parent_outputs. A parent the
+        store pruned is left out. An attempt that would not fit in a stream message with them is
+        not sent: the server fails it, not retryable, saying so.
+        """
+
     def __init__(
         self,
         *,
@@ -2369,10 +2921,12 @@ class Attempt(_message.Message):
         lease_expires_at: _timestamp_pb2.Timestamp | None = ...,
         traceparent: _builtins.str | None = ...,
         tracestate: _builtins.str | None = ...,
+        after: _abc.Iterable[_builtins.int] | None = ...,
+        parents: _abc.Iterable[Global___ParentOutput] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_payload", b"_payload", "_traceparent", b"_traceparent", "_tracestate", b"_tracestate", "deadline", b"deadline", "key", b"key", "lease_expires_at", b"lease_expires_at", "name", b"name", "payload", b"payload", "timeout", b"timeout", "token", b"token", "traceparent", b"traceparent", "tracestate", b"tracestate"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_payload", b"_payload", "_traceparent", b"_traceparent", "_tracestate", b"_tracestate", "deadline", b"deadline", "key", b"key", "kind", b"kind", "lease_expires_at", b"lease_expires_at", "name", b"name", "payload", b"payload", "pool", b"pool", "tags", b"tags", "timeout", b"timeout", "token", b"token", "traceparent", b"traceparent", "tracestate", b"tracestate"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_name", b"_name", "_payload", b"_payload", "_traceparent", b"_traceparent", "_tracestate", b"_tracestate", "after", b"after", "deadline", b"deadline", "key", b"key", "kind", b"kind", "lease_expires_at", b"lease_expires_at", "name", b"name", "parents", b"parents", "payload", b"payload", "pool", b"pool", "tags", b"tags", "timeout", b"timeout", "token", b"token", "traceparent", b"traceparent", "tracestate", b"tracestate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__key: _TypeAlias = _typing.Literal["key"]  # noqa: Y015
     _WhichOneofArgType__key: _TypeAlias = _typing.Literal["_key", b"_key"]  # noqa: Y015
@@ -2396,6 +2950,49 @@ class Attempt(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__tracestate) -> _WhichOneofReturnType__tracestate | None: ...
 
 Global___Attempt: _TypeAlias = Attempt  # noqa: Y015
+
+@_typing.final
+class ParentOutput(_message.Message):
+    """A succeeded parent's output as stored (cronoq.ParentOutput), with what a codec that binds
+    outputs to their task needs to decode it.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    POOL_FIELD_NUMBER: _builtins.int
+    KEY_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.int
+    kind: _builtins.str
+    pool: _builtins.str
+    key: _builtins.str
+    output: _builtins.bytes
+    """Absent: the parent returned None."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.int = ...,
+        kind: _builtins.str = ...,
+        pool: _builtins.str = ...,
+        key: _builtins.str | None = ...,
+        output: _builtins.bytes | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_output", b"_output", "key", b"key", "output", b"output"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_key", b"_key", "_output", b"_output", "key", b"key", "kind", b"kind", "output", b"output", "pool", b"pool", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__key: _TypeAlias = _typing.Literal["key"]  # noqa: Y015
+    _WhichOneofArgType__key: _TypeAlias = _typing.Literal["_key", b"_key"]  # noqa: Y015
+    _WhichOneofReturnType__output: _TypeAlias = _typing.Literal["output"]  # noqa: Y015
+    _WhichOneofArgType__output: _TypeAlias = _typing.Literal["_output", b"_output"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__key) -> _WhichOneofReturnType__key | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__output) -> _WhichOneofReturnType__output | None: ...
+
+Global___ParentOutput: _TypeAlias = ParentOutput  # noqa: Y015
 
 @_typing.final
 class CancelAttempt(_message.Message):

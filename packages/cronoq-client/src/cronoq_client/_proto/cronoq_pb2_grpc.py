@@ -145,6 +145,31 @@ class SchedulerServiceStub:
                 request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersResponse.FromString,
                 _registered_method=True)
+        self.Explain = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/Explain',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ExplainRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.Explanation.FromString,
+                _registered_method=True)
+        self.ListOccurrences = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/ListOccurrences',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListOccurrencesRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListOccurrencesResponse.FromString,
+                _registered_method=True)
+        self.GetAttempts = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/GetAttempts',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetAttemptsRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetAttemptsResponse.FromString,
+                _registered_method=True)
+        self.GetDependants = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/GetDependants',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetDependantsRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetDependantsResponse.FromString,
+                _registered_method=True)
+        self.Rerun = channel.unary_unary(
+                '/cronoq.v1.SchedulerService/Rerun',
+                request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.RerunRequest.SerializeToString,
+                response_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.RerunResponse.FromString,
+                _registered_method=True)
         self.OutboxStatus = channel.unary_unary(
                 '/cronoq.v1.SchedulerService/OutboxStatus',
                 request_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.OutboxStatusRequest.SerializeToString,
@@ -340,6 +365,48 @@ class SchedulerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Explain(self, request, context):
+        """What holds a task now, since when, and what would release it (cronoq.Explanation);
+        NOT_FOUND (TASK_NOT_FOUND) if unknown or pruned. Permission: read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListOccurrences(self, request, context):
+        """A schedule's occurrence ledger, newest first (cronoq.OccurrenceInfo); NOT_FOUND
+        (SCHEDULE_NOT_FOUND) if no such schedule exists and none is recorded. Permission: read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAttempts(self, request, context):
+        """A task's attempts that ended without success, oldest first (cronoq.AttemptInfo): the
+        latest 25 the store keeps. Permission: read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetDependants(self, request, context):
+        """The ids of the tasks that name this one in `after`, ascending, as the leader's memory
+        knows them (Scheduler.dependants). Permission: read.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Rerun(self, request, context):
+        """Run a finished task again as a new task (its spec, started now, TaskInfo.rerun_of naming
+        the original): the new task's id. FAILED_PRECONDITION (NOT_RETRYABLE) for a live task, one
+        another live task's key blocks, or a parent that failed or was cancelled. Permission:
+        admin, as Retry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def OutboxStatus(self, request, context):
         """The outbox the leader ingests (rows applications write in their own transactions, see
         docs/outbox.md): rows waiting, the oldest one's age, rows quarantined. A server without
@@ -485,6 +552,31 @@ def add_SchedulerServiceServicer_to_server(servicer, server):
                     servicer.ListWorkers,
                     request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersRequest.FromString,
                     response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'Explain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Explain,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ExplainRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.Explanation.SerializeToString,
+            ),
+            'ListOccurrences': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListOccurrences,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListOccurrencesRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.ListOccurrencesResponse.SerializeToString,
+            ),
+            'GetAttempts': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAttempts,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetAttemptsRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetAttemptsResponse.SerializeToString,
+            ),
+            'GetDependants': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDependants,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetDependantsRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.GetDependantsResponse.SerializeToString,
+            ),
+            'Rerun': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rerun,
+                    request_deserializer=cronoq__client_dot___proto_dot_cronoq__pb2.RerunRequest.FromString,
+                    response_serializer=cronoq__client_dot___proto_dot_cronoq__pb2.RerunResponse.SerializeToString,
             ),
             'OutboxStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.OutboxStatus,
@@ -1102,6 +1194,141 @@ class SchedulerService:
             '/cronoq.v1.SchedulerService/ListWorkers',
             cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersRequest.SerializeToString,
             cronoq__client_dot___proto_dot_cronoq__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Explain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/Explain',
+            cronoq__client_dot___proto_dot_cronoq__pb2.ExplainRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.Explanation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListOccurrences(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/ListOccurrences',
+            cronoq__client_dot___proto_dot_cronoq__pb2.ListOccurrencesRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.ListOccurrencesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAttempts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/GetAttempts',
+            cronoq__client_dot___proto_dot_cronoq__pb2.GetAttemptsRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.GetAttemptsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDependants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/GetDependants',
+            cronoq__client_dot___proto_dot_cronoq__pb2.GetDependantsRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.GetDependantsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rerun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/cronoq.v1.SchedulerService/Rerun',
+            cronoq__client_dot___proto_dot_cronoq__pb2.RerunRequest.SerializeToString,
+            cronoq__client_dot___proto_dot_cronoq__pb2.RerunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -121,6 +121,28 @@ class SchedulerServiceStub:
     """
     ListWorkers: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ListWorkersRequest, _cronoq_pb2.ListWorkersResponse]
     """The workers attached to this server now."""
+    Explain: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ExplainRequest, _cronoq_pb2.Explanation]
+    """What holds a task now, since when, and what would release it (cronoq.Explanation);
+    NOT_FOUND (TASK_NOT_FOUND) if unknown or pruned. Permission: read.
+    """
+    ListOccurrences: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.ListOccurrencesRequest, _cronoq_pb2.ListOccurrencesResponse]
+    """A schedule's occurrence ledger, newest first (cronoq.OccurrenceInfo); NOT_FOUND
+    (SCHEDULE_NOT_FOUND) if no such schedule exists and none is recorded. Permission: read.
+    """
+    GetAttempts: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.GetAttemptsRequest, _cronoq_pb2.GetAttemptsResponse]
+    """A task's attempts that ended without success, oldest first (cronoq.AttemptInfo): the
+    latest 25 the store keeps. Permission: read.
+    """
+    GetDependants: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.GetDependantsRequest, _cronoq_pb2.GetDependantsResponse]
+    """The ids of the tasks that name this one in `after`, ascending, as the leader's memory
+    knows them (Scheduler.dependants). Permission: read.
+    """
+    Rerun: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.RerunRequest, _cronoq_pb2.RerunResponse]
+    """Run a finished task again as a new task (its spec, started now, TaskInfo.rerun_of naming
+    the original): the new task's id. FAILED_PRECONDITION (NOT_RETRYABLE) for a live task, one
+    another live task's key blocks, or a parent that failed or was cancelled. Permission:
+    admin, as Retry.
+    """
     OutboxStatus: _grpc.UnaryUnaryMultiCallable[_cronoq_pb2.OutboxStatusRequest, _cronoq_pb2.OutboxStatusResponse]
     """The outbox the leader ingests (rows applications write in their own transactions, see
     docs/outbox.md): rows waiting, the oldest one's age, rows quarantined. A server without
@@ -209,6 +231,28 @@ class SchedulerServiceAsyncStub(SchedulerServiceStub):
     """
     ListWorkers: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ListWorkersRequest, _cronoq_pb2.ListWorkersResponse]  # type: ignore[assignment]
     """The workers attached to this server now."""
+    Explain: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ExplainRequest, _cronoq_pb2.Explanation]  # type: ignore[assignment]
+    """What holds a task now, since when, and what would release it (cronoq.Explanation);
+    NOT_FOUND (TASK_NOT_FOUND) if unknown or pruned. Permission: read.
+    """
+    ListOccurrences: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.ListOccurrencesRequest, _cronoq_pb2.ListOccurrencesResponse]  # type: ignore[assignment]
+    """A schedule's occurrence ledger, newest first (cronoq.OccurrenceInfo); NOT_FOUND
+    (SCHEDULE_NOT_FOUND) if no such schedule exists and none is recorded. Permission: read.
+    """
+    GetAttempts: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.GetAttemptsRequest, _cronoq_pb2.GetAttemptsResponse]  # type: ignore[assignment]
+    """A task's attempts that ended without success, oldest first (cronoq.AttemptInfo): the
+    latest 25 the store keeps. Permission: read.
+    """
+    GetDependants: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.GetDependantsRequest, _cronoq_pb2.GetDependantsResponse]  # type: ignore[assignment]
+    """The ids of the tasks that name this one in `after`, ascending, as the leader's memory
+    knows them (Scheduler.dependants). Permission: read.
+    """
+    Rerun: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.RerunRequest, _cronoq_pb2.RerunResponse]  # type: ignore[assignment]
+    """Run a finished task again as a new task (its spec, started now, TaskInfo.rerun_of naming
+    the original): the new task's id. FAILED_PRECONDITION (NOT_RETRYABLE) for a live task, one
+    another live task's key blocks, or a parent that failed or was cancelled. Permission:
+    admin, as Retry.
+    """
     OutboxStatus: _aio.UnaryUnaryMultiCallable[_cronoq_pb2.OutboxStatusRequest, _cronoq_pb2.OutboxStatusResponse]  # type: ignore[assignment]
     """The outbox the leader ingests (rows applications write in their own transactions, see
     docs/outbox.md): rows waiting, the oldest one's age, rows quarantined. A server without
@@ -426,6 +470,58 @@ class SchedulerServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_cronoq_pb2.ListWorkersResponse, _abc.Awaitable[_cronoq_pb2.ListWorkersResponse]]:
         """The workers attached to this server now."""
+
+    @_abc_1.abstractmethod
+    def Explain(
+        self,
+        request: _cronoq_pb2.ExplainRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.Explanation, _abc.Awaitable[_cronoq_pb2.Explanation]]:
+        """What holds a task now, since when, and what would release it (cronoq.Explanation);
+        NOT_FOUND (TASK_NOT_FOUND) if unknown or pruned. Permission: read.
+        """
+
+    @_abc_1.abstractmethod
+    def ListOccurrences(
+        self,
+        request: _cronoq_pb2.ListOccurrencesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.ListOccurrencesResponse, _abc.Awaitable[_cronoq_pb2.ListOccurrencesResponse]]:
+        """A schedule's occurrence ledger, newest first (cronoq.OccurrenceInfo); NOT_FOUND
+        (SCHEDULE_NOT_FOUND) if no such schedule exists and none is recorded. Permission: read.
+        """
+
+    @_abc_1.abstractmethod
+    def GetAttempts(
+        self,
+        request: _cronoq_pb2.GetAttemptsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.GetAttemptsResponse, _abc.Awaitable[_cronoq_pb2.GetAttemptsResponse]]:
+        """A task's attempts that ended without success, oldest first (cronoq.AttemptInfo): the
+        latest 25 the store keeps. Permission: read.
+        """
+
+    @_abc_1.abstractmethod
+    def GetDependants(
+        self,
+        request: _cronoq_pb2.GetDependantsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.GetDependantsResponse, _abc.Awaitable[_cronoq_pb2.GetDependantsResponse]]:
+        """The ids of the tasks that name this one in `after`, ascending, as the leader's memory
+        knows them (Scheduler.dependants). Permission: read.
+        """
+
+    @_abc_1.abstractmethod
+    def Rerun(
+        self,
+        request: _cronoq_pb2.RerunRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cronoq_pb2.RerunResponse, _abc.Awaitable[_cronoq_pb2.RerunResponse]]:
+        """Run a finished task again as a new task (its spec, started now, TaskInfo.rerun_of naming
+        the original): the new task's id. FAILED_PRECONDITION (NOT_RETRYABLE) for a live task, one
+        another live task's key blocks, or a parent that failed or was cancelled. Permission:
+        admin, as Retry.
+        """
 
     @_abc_1.abstractmethod
     def OutboxStatus(
