@@ -511,17 +511,12 @@ class Worker:
     def _decode_parents(self, ctx: TaskContext, leased: RemoteAttempt) -> ReportFailure | None:
         """Fill ``ctx.parent_outputs`` as a local pool's attempt gets them: decoded here, by
         the codec that runs the task, each bound to its parent. An output the codec refuses
-        fails the attempt for good (every attempt would read the same bytes), naming the
-        parent: a codec's own PayloadError (EncryptedCodec's) does not."""
-        decoded: dict[int, Any] = {}
-        for parent in leased.parent_outputs:
-            try:
-                decoded.update(decode_parent_outputs(self._codec, [parent]))
-            except InvalidArgument as exc:
-                named = f"parent task {parent.task_id}"
-                message = str(exc) if named in str(exc) else f"the output of {named}: {exc}"
-                return ReportFailure(_truncate(message), retryable=False)
-        ctx.parent_outputs = decoded
+        fails the attempt for good (every attempt would read the same bytes); the error names
+        the parent."""
+        try:
+            ctx.parent_outputs = decode_parent_outputs(self._codec, leased.parent_outputs)
+        except InvalidArgument as exc:
+            return ReportFailure(_truncate(str(exc)), retryable=False)
         return None
 
     # --- heartbeats and reports -------------------------------------------------------------

@@ -309,7 +309,7 @@ class TaskInfo:
     """The start of its latest attempt: a running task's (its ``updated_at``), a finished
     one's (its row keeps it; ``wait`` answers with it when an attempt's end finished the
     task). None before the first attempt, and for a live task between attempts (retrying:
-    ``attempts`` has the last one's start). Not carried by the gRPC API yet."""
+    ``attempts`` has the last one's start)."""
     limits: tuple[tuple[str, str | None], ...] = ()
     """The limits it takes with their keys, sorted by name (its pool's included)."""
     waiting_for: str | None = None

@@ -238,10 +238,7 @@ _NOT_QUARANTINED = "outbox row {} is not in the quarantine (requeued or discarde
 ACTIONS: Mapping[str, _Action] = {
     "cancel": _Action("Cancel", "task", _cancel),
     "retry": _Action("Retry", "task", _retry),
-    # A rerun runs a finished task again, as a new task: an operator's call, as a retry of a
-    # failed one is, so it needs what Retry needs (admin). (The gRPC API has no Rerun method
-    # in this build to take the permission of.)
-    "rerun": _Action("Retry", "task", _rerun),
+    "rerun": _Action("Rerun", "task", _rerun),
     "pause-pool": _Action("PausePool", "pool", _pause_pool),
     "resume-pool": _Action("ResumePool", "pool", _resume_pool),
     "pause-schedule": _Action("PauseSchedule", "schedule", _pause_schedule),
