@@ -370,3 +370,28 @@ async def test_metrics_without_gauges_keep_the_counters_and_skip_the_pass_over_l
     assert full.queue_depth == {("default", "scheduled"): 1} and full.running == {"default": 0}
     assert (light.queue_depth, light.running) == ({}, {})
     assert light.finished == full.finished == {("default", "succeeded"): 1}
+
+
+async def test_a_scope_refuses_a_parent_outside_it_whose_output_would_reach_the_child() -> None:
+    """A child gets its parents' outputs (issue 32): a submitter that may use only some pools
+    and kinds may name as parents only tasks of those (still known), or it could read any
+    other pool's outputs by guessing ids."""
+    pools = [RemotePool("a"), RemotePool("b")]
+    async with Scheduler(pools) as sched:
+        now = time.time_ns()
+        theirs = await sched.submit("k", None, pool="b")
+        mine = await sched.submit("k", None, pool="a")
+        scope = {"key_pools": ["a"], "key_kinds": ["k"]}
+        before = [t.task_id for t in await sched.list()]
+        for parents in ([theirs], [mine, theirs]):
+            batch = [sched.task_spec(now, "k", pool="a", after=parents)]
+            with pytest.raises(PermissionDenied) as raised:
+                await sched.submit_specs(batch, **scope)
+            assert raised.value.permission == "submit" and "'b'" not in str(raised.value)
+        assert [t.task_id for t in await sched.list()] == before  # nothing applied
+        [child] = await sched.submit_specs(
+            [sched.task_spec(now, "k", pool="a", after=[mine])], **scope
+        )
+        assert (await sched.get(child)).after == (mine,)
+        # Without a scope (an embedded caller, an admin), any parent.
+        await sched.submit_specs([sched.task_spec(now, "k", pool="a", after=[theirs])])

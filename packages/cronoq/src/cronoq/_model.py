@@ -105,7 +105,7 @@ class OccurrenceOutcome(StrEnum):
     """The task of an earlier occurrence was still live (``overlap="skip"``)."""
     MISSED = "missed"
     """It came due while no leader could fire it, later than its grace
-    (``catch_up="skip"``)."""
+    (``catch_up="skip"``); or the schedule was replaced or removed just as it came due."""
     PAUSED = "paused"
     """It came due while the schedule was paused."""
     NO_POOL = "no_pool"

@@ -121,8 +121,8 @@ class Reads:
     # --- explain ----------------------------------------------------------------------------
 
     def explain(self, task_id: int) -> Explanation | CronoqError:
-        """What holds the task now, checked in the order dispatch meets the holds, so that the
-        answer names the one that would release it first."""
+        """What holds the task now. For a ready task: a stopped attempt first (the task waits
+        for it whatever else frees), then the holds in the order dispatch meets them."""
         task = self.shared.tasks.get(task_id)
         if task is None:
             return self._ended(task_id)
@@ -203,13 +203,7 @@ class Reads:
                 "starts once it reports"
             ) + ("" if end is None else f" or its lease ends in {self._in(end)}")
             return self._hold(task, Hold.STOPPED_ATTEMPT, summary, end)
-        pool = shared.pools.get(spec.pool)
-        if pool is None:  # a recovered task whose pool is no longer configured
-            return self._hold(
-                task,
-                Hold.POOL_PAUSED,
-                f"its pool {spec.pool!r} is not configured: configure it, or cancel the task",
-            )
+        pool = shared.pools[spec.pool]  # restore fails a live task of a removed pool
         if pool.paused:
             return self._hold(
                 task, Hold.POOL_PAUSED, f"its pool {spec.pool!r} is paused: resume it to start"

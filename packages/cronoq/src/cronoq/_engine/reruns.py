@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from cronoq._engine.limits import unknown_or_full
 from cronoq._engine.state import Shared, Task
 from cronoq._engine.tasks import Tasks
 from cronoq._model import MAX_ATTEMPTS, Status
@@ -90,8 +91,9 @@ class Reruns:
         """Submit a new task with the spec of a finished one (any end, success included),
         ``rerun_of`` naming it: the id of the new task. It starts now (no fixed start, no
         deadline: both were the original's) and is no schedule's occurrence; it keeps its
-        parents (and gets their outputs again), its limits still configured, and takes over
-        the key unless another live task holds it. Refused, changing nothing, as ``retry`` is
+        parents (and gets their outputs again), its limits still configured and its pool's
+        current ones (a limit with ``on_full="reject"`` may refuse it, as a submission), and
+        takes over the key unless another live task holds it. Refused, changing nothing, as ``retry`` is
         when running it could not work."""
         shared = self.shared
         tasks = self.tasks
@@ -106,6 +108,13 @@ class Reruns:
         holder = None if spec.key is None else tasks.keys.get(spec.key)
         if holder is not None and holder in shared.tasks:
             return NotRetryable(f"{name}'s key {spec.key!r} is held by live task {holder}")
+        # Its limits still configured, and those its pool has now (as a new submission's).
+        limits = dict(shared.gates.known(spec.limits))
+        for limit in shared.pools[spec.pool].config.limits:
+            limits.setdefault(limit, None)
+        lane = tuple(sorted(limits.items()))
+        if lane and (refused := unknown_or_full(shared.gates, [lane], shared.now)):
+            return refused
         if (refused := tasks.admit({spec.pool: 1})) is not None:
             return refused
         if not tasks.ids_left():
@@ -116,7 +125,7 @@ class Reruns:
             deadline_ns=None,
             schedule=None,
             trace_context=None,
-            limits=shared.gates.known(spec.limits),
+            limits=lane,
             rerun_of=task_id,
         )
         return tasks.create(spec).id

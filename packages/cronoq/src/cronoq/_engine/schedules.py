@@ -63,16 +63,8 @@ class Schedules:
             last_task_id=existing.last_task_id if existing else None,
         )
         self.schedules[spec.name] = schedule = _Schedule(record, cron)
-        if existing is not None and existing.next_ns <= shared.now:
-            # Due (while paused, or in this very step) and not fired: the ledger says so.
-            if existing.paused:
-                outcome, message = OccurrenceOutcome.PAUSED, "paused"
-            else:
-                outcome, message = (
-                    OccurrenceOutcome.MISSED,
-                    "the schedule was replaced as it came due",
-                )
-            self._record(schedule, existing.next_ns, outcome, None, message)
+        if existing is not None:
+            self._record_unfired(existing, schedule, "replaced")
         self._save(schedule)
         return record
 
@@ -142,10 +134,25 @@ class Schedules:
         return task_id
 
     def remove(self, name: str) -> CronoqError | None:
-        if self.schedules.pop(name, None) is None:
+        schedule = self.schedules.pop(name, None)
+        if schedule is None:
             return ScheduleNotFound(f"no schedule named {name!r}")
+        gone = _Schedule(schedule.record(), schedule.cron)
+        gone.next_ns = schedule.cron.next_after(self.shared.now)  # the span ends at its next
+        self._record_unfired(schedule, gone, "removed")
         self.shared.out.mutations.append(ScheduleRemoved(name))
         return None
+
+    def _record_unfired(self, old: _Schedule, new: _Schedule, how: str) -> None:
+        """A schedule replaced or removed whose next occurrence came due (while paused, or in
+        this very step) and was not fired: the ledger says so, up to ``new``'s next."""
+        if old.next_ns > self.shared.now:
+            return
+        if old.paused:
+            outcome, message = OccurrenceOutcome.PAUSED, "paused"
+        else:
+            outcome, message = OccurrenceOutcome.MISSED, f"the schedule was {how} as it came due"
+        self._record(new, old.next_ns, outcome, None, message)
 
     def restore(self, record: ScheduleRecord) -> None:
         """A recovered schedule; one whose cron or zone no longer parses (a tzdata update,

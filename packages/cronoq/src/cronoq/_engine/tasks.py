@@ -110,6 +110,14 @@ class Tasks:
                     return UnknownDependency(
                         f"task {spec.kind!r} depends on task {parent}, which was never submitted"
                     )
+                if scoped and not self._within(parent, key_pools, key_kinds):
+                    # Its output would reach this task: only a task the caller may see (of its
+                    # pools and kinds, still known) may be a parent. Neither pool nor status.
+                    return PermissionDenied(
+                        f"task {spec.kind!r} depends on task {parent}, which is outside the "
+                        "pools and kinds this submission may use, or no longer known",
+                        "submit",
+                    )
             if spec.key is not None:
                 existing = self.keys.get(spec.key)
                 if existing is not None:
@@ -154,7 +162,8 @@ class Tasks:
     def _within(
         self, task_id: int, pools: frozenset[str] | None, kinds: frozenset[str] | None
     ) -> bool:
-        """Whether the task holding a key is of these pools and kinds (None: any)."""
+        """Whether a task (holding a key, or named as a parent) is of these pools and kinds
+        (None: any), and still known."""
         task = self.shared.tasks.get(task_id)
         if task is not None:
             pool, kind = task.spec.pool, task.spec.kind
