@@ -123,7 +123,7 @@ async def test_encrypted_parent_outputs_are_decoded_by_the_workers_key_alone(
         assert (info.status, info.attempt) == (Status.FAILED, 1)  # not retried
         assert info.message.startswith("attempt 1 failed (not retryable): ")
         assert info.message == (
-            f"attempt 1 failed (not retryable): the output of parent task {parent}: an "
+            f"attempt 1 failed (not retryable): output of parent task {parent}: an "
             "encrypted value failed authentication with key 'k1': it was altered, or encrypted "
             "with another key under the same id"
         )

@@ -32,7 +32,13 @@ from cronoq import (
     WorkerLink,
     preview,
 )
-from cronoq.errors import CronoqError, InvalidArgument, PermissionDenied, WaitTimedOut
+from cronoq.errors import (
+    CronoqError,
+    InvalidArgument,
+    PayloadError,
+    PermissionDenied,
+    WaitTimedOut,
+)
 from cronoq_client import protocol as wire
 from cronoq_client.protocol import pb, pb_grpc
 from cronoq_server._auth import (
@@ -582,6 +588,10 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
         # Taken from the link but left for the next message (it would not fit in this one),
         # with its encoding (its parents' outputs are read once).
         carried: tuple[LeasedAttempt | CancelRequested, pb.WorkerEvent] | None = None
+        # The events of the message being put together, taken from the link and not yet
+        # written: if the stream ends before its write begins (reading a parent's output
+        # awaits), they go back uncounted.
+        taken: list[LeasedAttempt | CancelRequested] = []
         try:
             attached = wire.Attached(sched.epoch or 0, self._replica.leases)
             await context.write(wire.worker_events_to_pb([attached]))
@@ -594,7 +604,7 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                     except CronoqError as exc:  # detached, or the scheduler stopped
                         await _abort(context, exc)
                         return
-                    found = await _event_to_pb(sched, link, first)
+                    found = await _event_to_pb(sched, link, first, self._max_message_bytes)
                     if found is None:
                         continue
                     encoded = found
@@ -603,11 +613,12 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                 if size > self._max_message_bytes and isinstance(first, LeasedAttempt):
                     await _fail_unsendable(sched, first, encoded, size, self._max_message_bytes)
                     continue
+                taken = [first]
                 # Whatever else is ready leaves with it: under load a worker gets its attempts
                 # a batch per message, and alone one at once (nothing waits to fill a batch).
                 while link.queued and len(message.events) < _MAX_EVENTS_PER_MESSAGE:
                     event = await link.next()
-                    found = await _event_to_pb(sched, link, event)
+                    found = await _event_to_pb(sched, link, event, self._max_message_bytes)
                     if found is None:
                         continue
                     size += found.ByteSize() + _EVENT_FRAMING_BYTES
@@ -615,13 +626,17 @@ class WorkerService(pb_grpc.WorkerServiceServicer):
                         carried = (event, found)
                         break
                     message.events.append(found)
+                    taken.append(event)
                 # Once a write began, its attempts may have reached the worker even if the
                 # write raises (a stream cancelled mid-write): they count, and are retried
                 # after their lease if the worker never got them. Only attempts that never
-                # left go back uncounted: the carried one, and those still queued in the link
-                # when it closes.
+                # left go back uncounted: the carried one, those of a message whose write
+                # had not begun, and those still queued in the link when it closes.
+                taken = []  # from here on, they may have left
                 await context.write(message)
         finally:
+            for event in taken:
+                link.unsent(event)
             if carried is not None:
                 link.unsent(carried[0])
             link.close()
@@ -717,16 +732,21 @@ async def _report(sched: Scheduler, request: pb.ReportRequest) -> None:
 
 
 async def _event_to_pb(
-    sched: Scheduler, link: WorkerLink, event: LeasedAttempt | CancelRequested
+    sched: Scheduler, link: WorkerLink, event: LeasedAttempt | CancelRequested, max_bytes: int
 ) -> pb.WorkerEvent | None:
     """An event of ``link`` as the stream carries it: an attempt with the stored outputs of
-    its parents, read here (``Scheduler.parent_outputs``) for the worker to decode with its
-    codec. None: the outputs could not be read and the attempt was failed instead, retryable
-    (the next attempt may find the store again), as a local pool's attempt would be."""
+    its parents, read here (``Scheduler.parent_outputs``, at most ``max_bytes`` of them) for
+    the worker to decode with its codec. None: the attempt was failed instead, as a local
+    pool's would be: retryable if the outputs could not be read (the next attempt may find
+    the store again), for good if they are too large for any message."""
     if not isinstance(event, LeasedAttempt) or not event.after:
         return wire.worker_event_to_pb(event)
     try:
-        parents = await sched.parent_outputs(event.after)
+        parents = await sched.parent_outputs(event.after, max_bytes=max_bytes)
+    except PayloadError as exc:
+        log.warning("attempt too large to send", extra={"task_id": event.token.task_id})
+        await _fail_attempt(sched, event, f"{exc} (limits.max_message_bytes)", retryable=False)
+        return None
     except CronoqError as exc:
         log.warning("parents' outputs unreadable", extra={"task_id": event.token.task_id})
         await _fail_attempt(

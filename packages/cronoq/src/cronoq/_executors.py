@@ -29,6 +29,9 @@ if TYPE_CHECKING:  # the otel extra, imported only when tracing is on
 
 __all__ = ["Executor", "LocalExecutor", "Reporter", "TaskContext", "TaskFunction"]
 
+_DECODE_ON_LOOP_BYTES = 256 * 1024
+"""Parents' outputs above this size are decoded in a thread, off the event loop."""
+
 
 def _failure(raised: Raised) -> AttemptFailed:
     exc = raised.error
@@ -219,11 +222,14 @@ class LocalExecutor:
         if spec.after and self._parents is not None:
             try:
                 parents = await self._parents(spec.after)
+                if sum(len(p.output or b"") for p in parents) < _DECODE_ON_LOOP_BYTES:
+                    ctx.parent_outputs = decode_parent_outputs(self._codec, parents)
+                else:  # large: decoding them must not hold the event loop
+                    decode = decode_parent_outputs
+                    ctx.parent_outputs = await asyncio.to_thread(decode, self._codec, parents)
             except StoreError as exc:  # the next attempt may find the store again
                 return AttemptFailed(f"the outputs of its parents could not be read: {exc}")
-            try:
-                ctx.parent_outputs = decode_parent_outputs(self._codec, parents)
-            except InvalidArgument as exc:
+            except InvalidArgument as exc:  # too large, or refused by the codec: for good
                 return AttemptFailed(str(exc), retryable=False)
         try:
             if self._is_async:

@@ -13,7 +13,13 @@ from cronoq._model import Status
 from cronoq.errors import PayloadError
 from cronoq.store import Store
 
-__all__ = ["ParentLoader", "ParentOutput", "decode_parent_outputs", "load_parent_outputs"]
+__all__ = [
+    "MAX_PARENT_OUTPUT_BYTES",
+    "ParentLoader",
+    "ParentOutput",
+    "decode_parent_outputs",
+    "load_parent_outputs",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,15 +37,30 @@ class ParentOutput:
 ParentLoader = Callable[[Sequence[int]], Awaitable[list[ParentOutput]]]
 
 
-async def load_parent_outputs(store: Store, after: Sequence[int]) -> list[ParentOutput]:
+MAX_PARENT_OUTPUT_BYTES = 64 * 1024 * 1024
+"""The most bytes of parents' outputs an attempt is given, by default."""
+
+
+async def load_parent_outputs(
+    store: Store, after: Sequence[int], max_bytes: int = MAX_PARENT_OUTPUT_BYTES
+) -> list[ParentOutput]:
     """The outputs of the parents the store still keeps: a parent pruned by the store's
     retention (``keep_finished``) is left out, as is one that did not succeed (its child
-    would not run, unless an operator retried the child by hand)."""
+    would not run, unless an operator retried the child by hand). Rows are read one at a
+    time, and past ``max_bytes`` of outputs a PayloadError says so: memory holds at most that
+    much, however many parents there are."""
     found = []
+    total = 0
     for parent_id in dict.fromkeys(after):  # a parent named twice is read once
         record = await store.get_task(parent_id)
         if record is None or record.status is not Status.SUCCEEDED:
             continue
+        total += len(record.output or b"")
+        if total > max_bytes:
+            raise PayloadError(
+                f"the outputs of its parents take more than {max_bytes} bytes (at parent "
+                f"{parent_id}): too many to hand to the task; pass them another way"
+            )
         spec = record.spec
         found.append(ParentOutput(parent_id, spec.kind, spec.pool, spec.key, record.output))
     return found

@@ -86,7 +86,7 @@ from cronoq._outbox import (
     QuarantinedRow,
     decode_outbox_options,
 )
-from cronoq._parents import ParentOutput, load_parent_outputs
+from cronoq._parents import MAX_PARENT_OUTPUT_BYTES, ParentOutput, load_parent_outputs
 from cronoq._remote import LeaseRenewed, RemoteExecutor, RemotePool, WorkerLink
 from cronoq._tracebacks import split_traceback, stored_traceback
 from cronoq.errors import (
@@ -1295,12 +1295,16 @@ class Scheduler:
             pool=pool,
         )
 
-    async def parent_outputs(self, after: Sequence[int]) -> builtins.list[ParentOutput]:
+    async def parent_outputs(
+        self, after: Sequence[int], *, max_bytes: int = MAX_PARENT_OUTPUT_BYTES
+    ) -> builtins.list[ParentOutput]:
         """The stored outputs of these parents, as encoded (``ParentOutput``), for a worker
         to decode with its codec (``decode_parent_outputs``); a parent the store no longer
-        keeps, or that did not succeed, is left out."""
+        keeps, or that did not succeed, is left out. PayloadError past ``max_bytes`` of them
+        (64 MiB by default): memory never holds more."""
         parents = check.dependencies(after)
-        return await load_parent_outputs(self._store, parents)
+        check.integer(max_bytes, "max_bytes", 0, 2**40)
+        return await load_parent_outputs(self._store, parents, max_bytes)
 
     # --- pools ----------------------------------------------------------------------------
 

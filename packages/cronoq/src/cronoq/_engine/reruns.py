@@ -93,8 +93,8 @@ class Reruns:
         deadline: both were the original's) and is no schedule's occurrence; it keeps its
         parents (and gets their outputs again), its limits still configured and its pool's
         current ones (a limit with ``on_full="reject"`` may refuse it, as a submission), and
-        takes over the key unless another live task holds it. Refused, changing nothing, as ``retry`` is
-        when running it could not work."""
+        takes over the key unless another live task holds it. Refused, changing nothing, as
+        ``retry`` is when running it could not work."""
         shared = self.shared
         tasks = self.tasks
         name = f"task {task_id}"
