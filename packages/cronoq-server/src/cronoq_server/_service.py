@@ -745,7 +745,11 @@ async def _event_to_pb(
         parents = await sched.parent_outputs(event.after, max_bytes=max_bytes)
     except PayloadError as exc:
         log.warning("attempt too large to send", extra={"task_id": event.token.task_id})
-        await _fail_attempt(sched, event, f"{exc} (limits.max_message_bytes)", retryable=False)
+        message = (
+            f"{exc}: over the server's message limit of {max_bytes}, so no worker can be sent "
+            "it (make the parents' outputs smaller, or raise limits.max_message_bytes)"
+        )
+        await _fail_attempt(sched, event, message, retryable=False)
         return None
     except CronoqError as exc:
         log.warning("parents' outputs unreadable", extra={"task_id": event.token.task_id})

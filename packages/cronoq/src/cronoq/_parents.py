@@ -59,7 +59,7 @@ async def load_parent_outputs(
         if total > max_bytes:
             raise PayloadError(
                 f"the outputs of its parents take more than {max_bytes} bytes (at parent "
-                f"{parent_id}): too many to hand to the task; pass them another way"
+                f"{parent_id})"
             )
         spec = record.spec
         found.append(ParentOutput(parent_id, spec.kind, spec.pool, spec.key, record.output))
