@@ -35,7 +35,8 @@ class Bug(enum.Enum):
     RECORDS_UNFENCED = "a batch's records are written even when its commit is fenced"
     PRUNE_KEEPS_RECORDS = "pruning deletes tasks only"
     PRUNE_EXISTING_ONLY = "pruning deletes the records of schedules that still exist only"
-    PRUNE_INCLUSIVE = "pruning deletes a record due at the horizon too"
+    PRUNE_INCLUSIVE = "pruning deletes a record whose span ends at the horizon too"
+    PRUNE_BY_DUE = "pruning goes by a record's due time, not the end of its span"
     REMOVAL_DELETES_RECORDS = "a ScheduleRemoved deletes the schedule's records (a cascade)"
     LEDGER_PRUNE_UNFENCED = "pruning deletes the records before it asks whether it leads"
 
@@ -163,7 +164,7 @@ class LedgerBugHarness(StoreHarness):
         cluster = memory._cluster
         if bug is Bug.LEDGER_PRUNE_UNFENCED:
             for kept in cluster.occurrences.values():
-                for due in [due for due in kept if due < horizon_unix_ns]:
+                for due in [due for due, r in kept.items() if r.until_ns < horizon_unix_ns]:
                     del kept[due]
         # Fenced as MemoryHarness's (test_memory_conformance) is.
         if cluster.leader != memory._id or cluster.epoch != memory._epoch:
@@ -176,7 +177,13 @@ class LedgerBugHarness(StoreHarness):
             ):
                 cluster.occurrences[name] = kept
             elif bug is Bug.PRUNE_INCLUSIVE:
-                cluster.occurrences.get(name, {}).pop(horizon_unix_ns, None)
+                left = cluster.occurrences.get(name, {})
+                for due in [due for due, r in left.items() if r.until_ns == horizon_unix_ns]:
+                    del left[due]
+            elif bug is Bug.PRUNE_BY_DUE:
+                left = cluster.occurrences.get(name, {})
+                for due in [due for due in left if due < horizon_unix_ns]:
+                    del left[due]
 
     async def pause(self, instance: Store) -> None:
         self._memory(instance).pause()
@@ -192,7 +199,7 @@ Check = Callable[[StoreSuite, StoreHarness], Awaitable[None]]
 
 READ_BACK = StoreSuite.test_occurrence_records_read_back_exactly_in_the_time_base_of_the_reader
 PAGES = StoreSuite.test_occurrences_come_newest_first_before_the_bound_up_to_the_limit_by_name
-PRUNING = StoreSuite.test_pruning_removes_the_occurrence_records_due_before_the_horizon
+PRUNING = StoreSuite.test_pruning_removes_the_occurrence_records_that_ended_before_the_horizon
 
 CASES: list[tuple[Check, Bug, str]] = [
     (READ_BACK, Bug.TIMES_IN_UNIX, r"in the engine time of the TimeBase given to recover"),
@@ -217,7 +224,8 @@ CASES: list[tuple[Check, Bug, str]] = [
         Bug.RECORDS_UNFENCED,
         "wrote its OccurrenceRecorded",
     ),
-    (PRUNING, Bug.PRUNE_KEEPS_RECORDS, r"deletes the ledger records due before it"),
+    (PRUNING, Bug.PRUNE_KEEPS_RECORDS, r"deletes the ledger records whose span ended before"),
+    (PRUNING, Bug.PRUNE_BY_DUE, r"whose span ended before it, and only those"),
     (PRUNING, Bug.PRUNE_EXISTING_ONLY, r"whether or not their schedule still exists .*'gone'"),
     (PRUNING, Bug.PRUNE_INCLUSIVE, r"and only those"),
     (

@@ -1197,7 +1197,7 @@ class StoreSuite:
         await successor.commit(epoch, late)
         assert await ledger(successor, "hourly") == [recorded("hourly", at + 1)]
 
-    async def test_pruning_removes_the_occurrence_records_due_before_the_horizon(
+    async def test_pruning_removes_the_occurrence_records_that_ended_before_the_horizon(
         self, cluster: StoreHarness
     ) -> None:
         self.require(cluster, Capability.PRUNE)
@@ -1205,19 +1205,35 @@ class StoreSuite:
         epoch, _ = await self.lead(store)
         at = now_ns()
         horizon = at - 30 * SECOND_NS
-        dues = [horizon - 60 * SECOND_NS, horizon - 1, horizon, horizon + 1, at]
+        minute = 60 * SECOND_NS
+        # Spans of a minute ending around the horizon, and one of a long pause that began a
+        # day before it and ends after it (written when it ended: not prunable yet).
+        ends = [horizon - minute, horizon - 1, horizon, horizon + 1, at]
+        spans = [(end - minute, end) for end in ends] + [(horizon - 24 * 60 * minute, at)]
         # "kept" still exists, "gone" was removed: their records are pruned alike.
         schedules = [
             ScheduleRecord(replace(SCHEDULE, name=n), at + HOUR_NS) for n in ("kept", "gone")
         ]
         await store.commit(epoch, [ScheduleSaved(record) for record in schedules])
-        await store.commit(epoch, [recorded(n, due) for n in ("kept", "gone") for due in dues])
+        await store.commit(
+            epoch,
+            [
+                replace(recorded(n, due), until_ns=until, at_ns=until)
+                for n in ("kept", "gone")
+                for due, until in spans
+            ],
+        )
         await store.commit(epoch, [ScheduleRemoved("gone")])
         await cluster.prune(store, horizon)
         for name in ("kept", "gone"):
-            assert [r.due_ns for r in await ledger(store, name)] == [at, horizon + 1, horizon], (
-                "pruning up to a horizon deletes the ledger records due before it, and only "
-                f"those, whether or not their schedule still exists (schedule {name!r})"
+            left = sorted(r.until_ns for r in await ledger(store, name))
+            assert left[:3] == [horizon, horizon + 1, at], (
+                "pruning up to a horizon deletes the ledger records whose span ended before "
+                f"it, and only those, whether or not their schedule still exists ({name!r})"
+            )
+            assert len(left) == 4, (
+                "a record is pruned by the end of its span (until_ns): a span that ends after "
+                f"the horizon is kept however early it began ({name!r})"
             )
 
     async def test_the_records_of_a_removed_schedule_remain(self, cluster: StoreHarness) -> None:

@@ -53,7 +53,7 @@ class UnfencedPrunePgStore(PgStore):
                     AND $1::bigint IS NOT NULL AND $2::bigint IS NOT NULL
                 RETURNING 1
             ), records AS (
-                DELETE FROM {s}.cronoq_occurrences WHERE due_ns < $3 RETURNING 1
+                DELETE FROM {s}.cronoq_occurrences WHERE until_ns < $3 RETURNING 1
             )
             SELECT 1 AS leading, (SELECT count(*) FROM pruned) AS pruned,
                 (SELECT count(*) FROM records) AS records"""

@@ -146,8 +146,8 @@ class OccurrencesByILikePgStore(SqlSeededPgStore):
 
 class LedgerPruneSparesRemovedPgStore(SqlSeededPgStore):
     statement = "prune"
-    old = "WHERE due_ns < $3"
-    new = "WHERE due_ns < $3 AND schedule IN (SELECT name FROM {s}.cronoq_schedules)"
+    old = "WHERE until_ns < $3"
+    new = "WHERE until_ns < $3 AND schedule IN (SELECT name FROM {s}.cronoq_schedules)"
 
 
 @pytest.mark.parametrize(
@@ -210,7 +210,7 @@ class LedgerPruneSparesRemovedPgStore(SqlSeededPgStore):
         ),
         (
             LedgerPruneSparesRemovedPgStore,
-            StoreSuite.test_pruning_removes_the_occurrence_records_due_before_the_horizon,
+            StoreSuite.test_pruning_removes_the_occurrence_records_that_ended_before_the_horizon,
             "whether or not their schedule still exists .*'gone'",
         ),
     ],

@@ -309,19 +309,27 @@ LEDGER_BUGS = [
     ),
     pytest.param(
         ("_PRUNE_OCCURRENCES",),
-        "WHERE due_ns < ?",
-        "WHERE due_ns < ? AND schedule IN (SELECT name FROM cronoq_schedules)",
-        StoreSuite.test_pruning_removes_the_occurrence_records_due_before_the_horizon,
+        "WHERE until_ns < ?",
+        "WHERE until_ns < ? AND schedule IN (SELECT name FROM cronoq_schedules)",
+        StoreSuite.test_pruning_removes_the_occurrence_records_that_ended_before_the_horizon,
         "whether or not their schedule still exists .*'gone'",
         id="pruning-spares-removed-schedules",
     ),
     pytest.param(
         ("_PRUNE_OCCURRENCES",),
-        "due_ns < ?",
-        "due_ns <= ?",
-        StoreSuite.test_pruning_removes_the_occurrence_records_due_before_the_horizon,
+        "until_ns < ?",
+        "until_ns <= ?",
+        StoreSuite.test_pruning_removes_the_occurrence_records_that_ended_before_the_horizon,
         "and only those",
         id="pruning-takes-the-horizon",
+    ),
+    pytest.param(
+        ("_PRUNE_OCCURRENCES",),
+        "until_ns < ?",
+        "due_ns < ?",
+        StoreSuite.test_pruning_removes_the_occurrence_records_that_ended_before_the_horizon,
+        "whose span ended before it, and only those",
+        id="pruning-by-the-due-time",
     ),
 ]
 

@@ -121,7 +121,7 @@ def _migrations(s: str) -> list[list[str]]:
                 message text NOT NULL,
                 PRIMARY KEY (schedule, due_ns)
             )""",
-            f"CREATE INDEX cronoq_occurrences_due ON {s}.cronoq_occurrences (due_ns)",
+            f"CREATE INDEX cronoq_occurrences_until ON {s}.cronoq_occurrences (until_ns)",
         ],
     ]
 

@@ -133,7 +133,7 @@ class _Sql:
                 DELETE FROM {s}.cronoq_attempts WHERE task_id IN (SELECT id FROM pruned)
             ), pruned_occurrences AS (
                 DELETE FROM {s}.cronoq_occurrences WHERE (schedule, due_ns) IN (
-                    SELECT schedule, due_ns FROM {s}.cronoq_occurrences WHERE due_ns < $3
+                    SELECT schedule, due_ns FROM {s}.cronoq_occurrences WHERE until_ns < $3
                     LIMIT $4)
                     AND EXISTS (SELECT FROM fence)
                 RETURNING 1

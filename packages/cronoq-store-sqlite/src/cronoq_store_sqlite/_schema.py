@@ -99,7 +99,7 @@ _MIGRATIONS = [
         message TEXT NOT NULL,
         PRIMARY KEY (schedule, due_ns)
     ) WITHOUT ROWID;
-    CREATE INDEX cronoq_occurrences_due ON cronoq_occurrences (due_ns);
+    CREATE INDEX cronoq_occurrences_until ON cronoq_occurrences (until_ns);
     """,
 ]
 assert len(_MIGRATIONS) == SCHEMA_VERSION

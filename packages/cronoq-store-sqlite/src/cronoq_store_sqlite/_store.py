@@ -135,10 +135,11 @@ _OCCURRENCES = f"""
     ORDER BY due_ns DESC LIMIT ?
 """
 _OCCURRENCES_ALL = _OCCURRENCES.replace("AND due_ns < ?", "")
-# Ledger records go by their due time, whether or not their schedule still exists.
+# Ledger records go once their span ended (a pause of a week is one record, written when it
+# ends), whether or not their schedule still exists.
 _PRUNE_OCCURRENCES = """
     DELETE FROM cronoq_occurrences WHERE (schedule, due_ns) IN (
-        SELECT schedule, due_ns FROM cronoq_occurrences WHERE due_ns < ? LIMIT ?)
+        SELECT schedule, due_ns FROM cronoq_occurrences WHERE until_ns < ? LIMIT ?)
 """
 _SAVE_SCHEDULE = """
     INSERT INTO cronoq_schedules (name, spec, next_ns, paused, last_task_id)

@@ -246,7 +246,7 @@ class MemoryCluster:
             if key is not None and self.keys.get(key) == task_id:
                 del self.keys[key]
         for name, kept in list(self.occurrences.items()):
-            for due in [due for due in kept if due < horizon_unix_ns]:
+            for due in [due for due, record in kept.items() if record.until_ns < horizon_unix_ns]:
                 del kept[due]
             if not kept:
                 del self.occurrences[name]

@@ -201,7 +201,8 @@ class OccurrenceRecorded:
 
     Keyed by (``schedule``, ``due_ns``): a store writes it once (a repeated commit changes
     nothing), returns it from ``get_occurrences``, and prunes it with the finished tasks
-    (its ``due_ns`` against the same horizon), whether or not the schedule still exists."""
+    (its ``until_ns`` against the same horizon: a span of a week's pause is written when it
+    ends), whether or not the schedule still exists."""
 
     schedule: str
     due_ns: int

@@ -56,8 +56,8 @@ Obligations of every store (each one is checked by the conformance kit):
 - An ``OccurrenceRecorded`` is written once per (schedule, ``due_ns``): a repeated one (a
   commit retried after it landed) changes nothing. ``get_occurrences`` returns a schedule's
   records newest first (by ``due_ns``, names compared exactly), whether or not the schedule
-  still exists; a store prunes them when it prunes finished tasks, a record whose ``due_ns``
-  is older than the same horizon.
+  still exists; a store prunes them when it prunes finished tasks, a record whose
+  ``until_ns`` (the end of its span) is older than the same horizon.
 - A store that upgrades a schema of an earlier version of itself keeps everything written
   under it: after the upgrade, every row (its lease and start included), pause, schedule,
   ended attempt and the id high-water mark read back as they were written; only what the
