@@ -710,6 +710,8 @@ class AsyncClient:
             found.extend(records)
             if following is None or not records or len(found) >= limit:
                 return found
+            _advanced(before is not None and following >= before, "ListOccurrences")
+            before = following
             message = wire.list_occurrences_request(name, following, limit - len(found))
 
     async def attempts(self, task_id: int) -> builtins.list[AttemptInfo]:
@@ -718,11 +720,14 @@ class AsyncClient:
         task is unknown or pruned. Needs the ``read`` permission."""
         found: builtins.list[AttemptInfo] = []
         message = wire.get_attempts_request(task_id)
+        last: int | None = None
         while True:
             attempts, after = wire.attempts_response(await self._attempts_page(message))
             found.extend(attempts)
             if after is None or not attempts:
                 return found
+            _advanced(last is not None and after <= last, "GetAttempts")
+            last = after
             message = wire.get_attempts_request(task_id, after)
 
     async def dependants(self, task_id: int) -> builtins.list[int]:
@@ -732,11 +737,14 @@ class AsyncClient:
         the ``read`` permission."""
         found: builtins.list[int] = []
         message = wire.get_dependants_request(task_id)
+        last: int | None = None
         while True:
             task_ids, after = wire.dependants_response(await self._dependants_page(message))
             found.extend(task_ids)
             if after is None or not task_ids:
                 return found
+            _advanced(last is not None and after <= last, "GetDependants")
+            last = after
             message = wire.get_dependants_request(task_id, after)
 
     async def _occurrences_page(
@@ -892,3 +900,12 @@ def _final(err: aio.AioRpcError | None, attempts: int, budget: float | None) -> 
     if isinstance(found, SchedulerError):
         found.args = (f"{found} {tried}",)
     return found
+
+
+def _advanced(stuck: bool, call: str) -> None:
+    """A server whose next page does not move past the last would be asked forever."""
+    if stuck:
+        raise InvalidArgument(
+            f"the server's {call} answer does not page forward; is it a cronoq server of "
+            "this release?"
+        )
