@@ -3,8 +3,7 @@
 
 Who may do what is the gRPC API's: each page needs the permission of the call it makes
 (``List`` and the like: ``read``), each action that of its call (``Cancel``: ``cancel``,
-``Retry``: ``admin``, ...), looked up in ``METHOD_PERMISSIONS`` (Rerun, which has no method of
-its own, needs Retry's). A browser signs in with a bearer token once (``Guard.sign_in``) and
+``Retry`` and ``Rerun``: ``admin``, ...), looked up in ``METHOD_PERMISSIONS``. A browser signs in with a bearer token once (``Guard.sign_in``) and
 then holds a session cookie (``_sessions``); with authentication off, every browser gets an
 anonymous session that may do everything, as every gRPC caller may, but only if the HTTP port
 is on loopback (or ``auth.insecure`` says so).
