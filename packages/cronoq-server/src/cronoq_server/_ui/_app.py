@@ -3,10 +3,11 @@
 
 Who may do what is the gRPC API's: each page needs the permission of the call it makes
 (``List`` and the like: ``read``), each action that of its call (``Cancel``: ``cancel``,
-``Retry`` and ``Rerun``: ``admin``, ...), looked up in ``METHOD_PERMISSIONS``. A browser signs in with a bearer token once (``Guard.sign_in``) and
-then holds a session cookie (``_sessions``); with authentication off, every browser gets an
-anonymous session that may do everything, as every gRPC caller may, but only if the HTTP port
-is on loopback (or ``auth.insecure`` says so).
+``Retry`` and ``Rerun``: ``admin``, ...), looked up in ``METHOD_PERMISSIONS``. A browser signs
+in with a bearer token once (``Guard.sign_in``) and then holds a session cookie
+(``_sessions``); with authentication off, every browser gets an anonymous session that may do
+everything, as every gRPC caller may, but only if the HTTP port is on loopback (or
+``auth.insecure`` says so).
 
 Every POST is checked twice against cross-site requests: its ``Origin`` (when a browser sends
 one) must be this host, and its form must carry the session's CSRF token. Pages are rendered by
