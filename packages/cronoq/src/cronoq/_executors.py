@@ -13,8 +13,9 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from cronoq._codecs import Codec, CodecContext, binds_context, decode_payload, encode_with
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # the otel extra, imported only when tracing is on
 __all__ = ["Executor", "LocalExecutor", "Reporter", "TaskContext", "TaskFunction"]
 
 _DECODE_ON_LOOP_BYTES = 256 * 1024
+_NO_PARENTS: Mapping[int, Any] = MappingProxyType({})  # shared: no dict made per attempt
 """Parents' outputs above this size are decoded in a thread, off the event loop."""
 
 
@@ -52,7 +54,7 @@ class TaskContext:
     tags: tuple[str, ...]
     name: str | None
     deadline: datetime | None
-    parent_outputs: Mapping[int, Any] = field(default_factory=dict)
+    parent_outputs: Mapping[int, Any] = _NO_PARENTS
     """The outputs of the tasks it was submitted ``after``, decoded, by parent id: each one
     the store still keeps (a parent pruned by its retention is absent)."""
     cancel_reason: str | None = None
