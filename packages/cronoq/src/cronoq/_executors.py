@@ -13,7 +13,7 @@ import asyncio
 import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -54,7 +54,7 @@ class TaskContext:
     tags: tuple[str, ...]
     name: str | None
     deadline: datetime | None
-    parent_outputs: Mapping[int, Any] = _NO_PARENTS
+    parent_outputs: Mapping[int, Any] = field(default_factory=lambda: _NO_PARENTS)
     """The outputs of the tasks it was submitted ``after``, decoded, by parent id: each one
     the store still keeps (a parent pruned by its retention is absent)."""
     cancel_reason: str | None = None
