@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from cronoq import _validate as check
@@ -76,6 +76,7 @@ from cronoq._model import (
     TaskSpec,
     TaskTemplate,
     TraceContext,
+    utc_datetime,
 )
 from cronoq._occurrences import OccurrenceInfo
 from cronoq._outbox import (
@@ -136,12 +137,8 @@ def _status(value: object) -> Status:
     raise InvalidArgument(f"status must be among {allowed}, got {given}")
 
 
-def _utc(ns: int) -> datetime:
-    return datetime.fromtimestamp(ns / NS_PER_S, UTC)
-
-
 def _utc_or_none(ns: int | None) -> datetime | None:
-    return None if ns is None else _utc(ns)
+    return None if ns is None else utc_datetime(ns)
 
 
 MAX_WORKER_SLOTS = 100_000
@@ -393,7 +390,7 @@ def _pool_limits(pool: Pool | RemotePool, limits: Mapping[str, Limit]) -> tuple[
 
 def _schedule_info(record: ScheduleRecord) -> ScheduleInfo:
     spec = record.spec
-    next_run = _utc(record.next_ns)
+    next_run = utc_datetime(record.next_ns)
     return ScheduleInfo(
         spec.name,
         spec.cron,
@@ -1047,7 +1044,9 @@ class Scheduler:
             await self._require_stored(task_id)
         rows = await self._store.get_attempts(task_id)
         return [
-            AttemptInfo(row.attempt, _utc(row.started_ns), _utc(row.ended_ns), row.message)
+            AttemptInfo(
+                row.attempt, utc_datetime(row.started_ns), utc_datetime(row.ended_ns), row.message
+            )
             for row in rows
         ]
 
@@ -1147,8 +1146,8 @@ class Scheduler:
             priority=spec.priority,
             payload=payload,
             output=output,
-            submitted_at=_utc(record.submitted_ns),
-            updated_at=_utc(record.updated_ns),
+            submitted_at=utc_datetime(record.submitted_ns),
+            updated_at=utc_datetime(record.updated_ns),
             finished_at=_utc_or_none(record.finished_ns),
             after=spec.after,
             schedule=spec.schedule,
@@ -1277,7 +1276,7 @@ class Scheduler:
         record = await self._store.get_task(task_id)
         if record is None:
             raise TaskNotFound(f"no task {task_id}")
-        since = _utc(record.updated_ns)
+        since = utc_datetime(record.updated_ns)
         pool = record.spec.pool
         if record.status.is_terminal:
             return Explanation.finished(
@@ -1413,7 +1412,9 @@ class Scheduler:
             raise
         assert reply.lease_expires_ns is not None, "a remote attempt has a lease"
         self._remote.renewed(token, lease_id, reply.lease_expires_ns)
-        return LeaseRenewed(_utc(reply.lease_expires_ns), reply.cancel_reason, reply.stopped)
+        return LeaseRenewed(
+            utc_datetime(reply.lease_expires_ns), reply.cancel_reason, reply.stopped
+        )
 
     async def report_success(
         self, token: AttemptToken, output: bytes | None = None, *, lease_id: bytes
@@ -1589,4 +1590,4 @@ def preview(
     """The next ``n`` occurrences of a cron expression as UTC datetimes (DST applied)."""
     parsed = CronSchedule.parse(cron, timezone)
     start = time.time_ns() if after is None else check.instant_ns(after, "after", time.time_ns())
-    return [_utc(ns) for ns in parsed.preview(start, n)]
+    return [utc_datetime(ns) for ns in parsed.preview(start, n)]
