@@ -718,22 +718,34 @@ class AsyncClient:
         """The task's attempts that ended without success, oldest first
         (``Scheduler.attempts``): the latest 25 the store keeps. Raises TaskNotFound if the
         task is unknown or pruned. Needs the ``read`` permission."""
-        return await _follow(
-            lambda after: self._attempts_page(wire.get_attempts_request(task_id, after)),
-            wire.attempts_response,
-            "GetAttempts",
-        )
+        found: builtins.list[AttemptInfo] = []
+        message = wire.get_attempts_request(task_id)
+        last: int | None = None
+        while True:
+            attempts, after = wire.attempts_response(await self._attempts_page(message))
+            found.extend(attempts)
+            if after is None or not attempts:
+                return found
+            _advanced(last is not None and after <= last, "GetAttempts")
+            last = after
+            message = wire.get_attempts_request(task_id, after)
 
     async def dependants(self, task_id: int) -> builtins.list[int]:
         """The ids of the tasks that depend on this one, ascending, as the leader's memory
         knows them (``Scheduler.dependants``: empty for a task finished before it recovered,
         or before the retention). Raises TaskNotFound if the task is unknown or pruned. Needs
         the ``read`` permission."""
-        return await _follow(
-            lambda after: self._dependants_page(wire.get_dependants_request(task_id, after)),
-            wire.dependants_response,
-            "GetDependants",
-        )
+        found: builtins.list[int] = []
+        message = wire.get_dependants_request(task_id)
+        last: int | None = None
+        while True:
+            task_ids, after = wire.dependants_response(await self._dependants_page(message))
+            found.extend(task_ids)
+            if after is None or not task_ids:
+                return found
+            _advanced(last is not None and after <= last, "GetDependants")
+            last = after
+            message = wire.get_dependants_request(task_id, after)
 
     async def _occurrences_page(
         self, message: pb.ListOccurrencesRequest
@@ -888,28 +900,6 @@ def _final(err: aio.AioRpcError | None, attempts: int, budget: float | None) -> 
     if isinstance(found, SchedulerError):
         found.args = (f"{found} {tried}",)
     return found
-
-
-_Item = TypeVar("_Item")
-_Page = TypeVar("_Page")
-
-
-async def _follow(
-    page: Callable[[int], Awaitable[_Page]],
-    read: Callable[[_Page], tuple[builtins.list[_Item], int | None]],
-    call: str,
-) -> builtins.list[_Item]:
-    """Every item of a read the server may end early (its message limit), following each
-    reply's ``after`` until the last, and refusing one that does not move forward."""
-    found: builtins.list[_Item] = []
-    after = 0
-    while True:
-        items, following = read(await page(after))
-        found.extend(items)
-        if following is None or not items:
-            return found
-        _advanced(following <= after, call)
-        after = following
 
 
 def _advanced(stuck: bool, call: str) -> None:

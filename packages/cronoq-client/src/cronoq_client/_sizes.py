@@ -12,9 +12,8 @@ server accepted is ever impossible to send, which is what a limit on the request
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TypeVar
 
 from google.protobuf import duration_pb2, timestamp_pb2
 from google.protobuf.message import Message
@@ -264,53 +263,32 @@ def list_limits_response_to_pb(infos: Sequence[LimitInfo], limit: int) -> pb.Lis
     return message
 
 
-_Item = TypeVar("_Item")
-_Encoded = TypeVar("_Encoded", bound=Message)
-
-
-def _fitting(
-    items: Sequence[_Item],
-    encode: Callable[[_Item], _Encoded],
-    limit: int,
-    tail_bytes: int,
-    named: Callable[[_Item], str],
-) -> tuple[list[_Encoded], bool]:
-    """The items encoded, in order, while they fit in a reply of ``limit`` bytes that keeps
-    ``tail_bytes`` for its paging field, and whether some were left out. One that does not fit
-    even alone is a PayloadError naming it (``named``)."""
-    kept: list[_Encoded] = []
-    size = 0
-    for item in items:
-        encoded = encode(item)
-        size += encoded.ByteSize() + 1 + _varint_bytes(encoded.ByteSize())
-        if size + tail_bytes > limit:
-            if not kept:
-                raise PayloadError(
-                    f"{named(item)} alone exceeds the server's message limit of {limit} bytes "
-                    "(raise limits.max_message_bytes)"
-                )
-            return kept, True
-        kept.append(encoded)
-    return kept, False
-
-
-_NEXT_BEFORE_BYTES = pb.ListOccurrencesResponse(next_before=_LATEST).ByteSize()
-_NEXT_AFTER_BYTES = 1 + 10
-"""An optional int64's tag and its longest varint (``next_after`` of a reply)."""
-
-
 def outbox_quarantine_response_to_pb(
     rows: Sequence[QuarantinedRow], asked: int, limit: int
 ) -> pb.ListOutboxQuarantineResponse:
     """A ListOutboxQuarantine reply of at most ``limit`` bytes: the rows in order while they
     fit (at least one), with ``next_after`` when it ended early or is as long as ``asked``."""
-    kept, cut = _fitting(
-        rows, quarantined_row_to_pb, limit, _NEXT_AFTER_BYTES, lambda r: f"outbox row {r.row_id}"
-    )
-    message = pb.ListOutboxQuarantineResponse(rows=kept)
-    if kept and (cut or len(rows) == asked):
-        message.next_after = kept[-1].row_id
+    message = pb.ListOutboxQuarantineResponse()
+    size = 0
+    for row in rows:
+        encoded = quarantined_row_to_pb(row)
+        size += encoded.ByteSize() + 1 + _varint_bytes(encoded.ByteSize())
+        if size + 1 + 10 > limit:  # next_after: its tag and an int64's longest varint
+            if not message.rows:
+                raise PayloadError(
+                    f"outbox row {row.row_id} alone exceeds the server's message limit of "
+                    f"{limit} bytes (raise limits.max_message_bytes)"
+                )
+            break
+        message.rows.append(encoded)
+    if message.rows and (len(message.rows) < len(rows) or len(rows) == asked):
+        message.next_after = message.rows[-1].row_id
     return message
+
+
+_NEXT_BEFORE_BYTES = pb.ListOccurrencesResponse(next_before=_LATEST).ByteSize()
+_NEXT_AFTER_BYTES = 1 + 10
+"""An optional int64's tag and its longest varint (``next_after`` of a reply)."""
 
 
 def explanation_response(explanation: Explanation, limit: int) -> pb.Explanation:
@@ -331,16 +309,21 @@ def occurrences_response_to_pb(
     """A ListOccurrences reply of at most ``limit`` bytes: the records in order (the newest
     first) while they fit (at least one), with ``next_before`` when it ended early or is as
     long as ``asked``."""
-    kept, cut = _fitting(
-        records,
-        occurrence_to_pb,
-        limit,
-        _NEXT_BEFORE_BYTES,
-        lambda r: f"the occurrence record of {r.due_at.isoformat()}",
-    )
-    message = pb.ListOccurrencesResponse(occurrences=kept)
-    if kept and (cut or len(records) == asked):
-        message.next_before.CopyFrom(kept[-1].due_at)
+    message = pb.ListOccurrencesResponse()
+    size = 0
+    for record in records:
+        encoded = occurrence_to_pb(record)
+        size += encoded.ByteSize() + 1 + _varint_bytes(encoded.ByteSize())
+        if size + _NEXT_BEFORE_BYTES > limit:
+            if not message.occurrences:
+                raise PayloadError(
+                    f"the occurrence record of {record.due_at.isoformat()} alone exceeds the "
+                    f"server's message limit of {limit} bytes (raise limits.max_message_bytes)"
+                )
+            break
+        message.occurrences.append(encoded)
+    if message.occurrences and (len(message.occurrences) < len(records) or len(records) == asked):
+        message.next_before.CopyFrom(message.occurrences[-1].due_at)
     return message
 
 
@@ -349,12 +332,20 @@ def attempts_response_to_pb(attempts: Sequence[AttemptInfo], limit: int) -> pb.G
     first) while they fit (at least one), with ``next_after`` when it ended early. An attempt's
     message is bounded (64 Ki characters and its kept traceback), but 25 of them need not fit
     in one reply."""
-    kept, cut = _fitting(
-        attempts, attempt_info_to_pb, limit, _NEXT_AFTER_BYTES, lambda a: f"attempt {a.attempt}"
-    )
-    message = pb.GetAttemptsResponse(attempts=kept)
-    if cut:
-        message.next_after = kept[-1].attempt
+    message = pb.GetAttemptsResponse()
+    size = 0
+    for attempt in attempts:
+        encoded = attempt_info_to_pb(attempt)
+        size += encoded.ByteSize() + 1 + _varint_bytes(encoded.ByteSize())
+        if size + _NEXT_AFTER_BYTES > limit:
+            if not message.attempts:
+                raise PayloadError(
+                    f"attempt {attempt.attempt} alone exceeds the server's message limit of "
+                    f"{limit} bytes (raise limits.max_message_bytes)"
+                )
+            message.next_after = message.attempts[-1].attempt
+            break
+        message.attempts.append(encoded)
     return message
 
 

@@ -9,7 +9,6 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from enum import StrEnum
 
 from cronoq._frozen import quick_init
@@ -27,17 +26,9 @@ __all__ = [
     "TaskSpec",
     "TaskTemplate",
     "TraceContext",
-    "utc_datetime",
 ]
 
 NS_PER_S = 1_000_000_000
-
-
-def utc_datetime(ns: int) -> datetime:
-    """An instant in Unix (engine) nanoseconds as an aware UTC datetime."""
-    return datetime.fromtimestamp(ns / NS_PER_S, UTC)
-
-
 _TEN_YEARS_NS = 10 * 366 * 24 * 3600 * NS_PER_S
 MAX_ATTEMPTS = 1000
 """The most attempts a retry policy may allow (an operator's retry of a task goes no further)."""

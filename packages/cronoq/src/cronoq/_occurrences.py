@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
-from cronoq._model import OccurrenceOutcome, utc_datetime
+from cronoq._model import NS_PER_S, OccurrenceOutcome
 from cronoq._mutations import OccurrenceRecorded
 
 __all__ = ["OccurrenceInfo"]
+
+
+def _utc(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / NS_PER_S, UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +38,10 @@ class OccurrenceInfo:
     def of(cls, record: OccurrenceRecorded) -> OccurrenceInfo:
         return cls(
             record.schedule,
-            utc_datetime(record.due_ns),
-            utc_datetime(record.until_ns),
+            _utc(record.due_ns),
+            _utc(record.until_ns),
             record.outcome,
             record.task_id,
-            utc_datetime(record.at_ns),
+            _utc(record.at_ns),
             record.message,
         )

@@ -33,7 +33,7 @@ from cronoq import _validate as check
 from cronoq._engine import AttemptToken, Dispatch
 from cronoq._executors import Reporter
 from cronoq._limits import pool_limits
-from cronoq._model import NS_PER_S, TraceContext, utc_datetime
+from cronoq._model import NS_PER_S, TraceContext
 from cronoq.errors import InvalidArgument, SchedulerStopped, WorkerDetached
 
 __all__ = [
@@ -74,6 +74,10 @@ class RemotePool:
         return check.duration_ns(self.lease, "lease", allow_zero=False)
 
 
+def _utc(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / NS_PER_S, UTC)
+
+
 @dataclass(frozen=True, slots=True)
 class LeasedAttempt:
     """An attempt leased to a worker: run it, heartbeat it, report it by its token."""
@@ -111,10 +115,10 @@ class LeasedAttempt:
             key=spec.key,
             tags=spec.tags,
             name=spec.name,
-            deadline=None if spec.deadline_ns is None else utc_datetime(spec.deadline_ns),
+            deadline=None if spec.deadline_ns is None else _utc(spec.deadline_ns),
             timeout=None if spec.timeout_ns is None else spec.timeout_ns / NS_PER_S,
             payload=spec.payload,
-            lease_expires_at=utc_datetime(dispatch.lease_expires_ns),
+            lease_expires_at=_utc(dispatch.lease_expires_ns),
             lease_id=dispatch.lease_id,
             trace_context=spec.trace_context,
             after=spec.after,

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from cronoq import _validate as check
@@ -76,7 +76,6 @@ from cronoq._model import (
     TaskSpec,
     TaskTemplate,
     TraceContext,
-    utc_datetime,
 )
 from cronoq._occurrences import OccurrenceInfo
 from cronoq._outbox import (
@@ -137,8 +136,12 @@ def _status(value: object) -> Status:
     raise InvalidArgument(f"status must be among {allowed}, got {given}")
 
 
+def _utc(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / NS_PER_S, UTC)
+
+
 def _utc_or_none(ns: int | None) -> datetime | None:
-    return None if ns is None else utc_datetime(ns)
+    return None if ns is None else _utc(ns)
 
 
 MAX_WORKER_SLOTS = 100_000
@@ -390,7 +393,7 @@ def _pool_limits(pool: Pool | RemotePool, limits: Mapping[str, Limit]) -> tuple[
 
 def _schedule_info(record: ScheduleRecord) -> ScheduleInfo:
     spec = record.spec
-    next_run = utc_datetime(record.next_ns)
+    next_run = _utc(record.next_ns)
     return ScheduleInfo(
         spec.name,
         spec.cron,
@@ -655,9 +658,8 @@ class Scheduler:
 
     @property
     def leading(self) -> bool:
-        """True while this instance leads its cluster and serves: started, holding an epoch
-        (not still waiting for leadership in ``start``), not stopped."""
-        return self.running and self._driver.epoch != 0
+        """True while this instance leads its cluster and serves (started, not stopped)."""
+        return self.running
 
     @property
     def epoch(self) -> int | None:
@@ -1045,9 +1047,7 @@ class Scheduler:
             await self._require_stored(task_id)
         rows = await self._store.get_attempts(task_id)
         return [
-            AttemptInfo(
-                row.attempt, utc_datetime(row.started_ns), utc_datetime(row.ended_ns), row.message
-            )
+            AttemptInfo(row.attempt, _utc(row.started_ns), _utc(row.ended_ns), row.message)
             for row in rows
         ]
 
@@ -1147,8 +1147,8 @@ class Scheduler:
             priority=spec.priority,
             payload=payload,
             output=output,
-            submitted_at=utc_datetime(record.submitted_ns),
-            updated_at=utc_datetime(record.updated_ns),
+            submitted_at=_utc(record.submitted_ns),
+            updated_at=_utc(record.updated_ns),
             finished_at=_utc_or_none(record.finished_ns),
             after=spec.after,
             schedule=spec.schedule,
@@ -1254,7 +1254,7 @@ class Scheduler:
         leader; for a running task its attempt (and a remote one's worker and lease end);
         for a finished one how it ended. Raises TaskNotFound if it is unknown or pruned."""
         check.integer(task_id, "task_id", 1, 2**63 - 1)
-        if not self.leading:
+        if not self._holds_epoch():
             return await self._explain_stored(task_id)
         try:
             found: Explanation = await self._call(lambda f: ExplainTask(task_id, f))
@@ -1266,13 +1266,18 @@ class Scheduler:
                 found = dataclasses.replace(found, worker=worker)
         return found
 
+    def _holds_epoch(self) -> bool:
+        """Whether this instance leads now: ``leading`` is already true while ``start`` waits
+        for leadership, when a call would wait for it too."""
+        return self.running and self.epoch is not None
+
     async def _explain_stored(self, task_id: int) -> Explanation:
         """From the store's row, when memory cannot say: a task finished before the
         retention, or any task while this scheduler does not lead."""
         record = await self._store.get_task(task_id)
         if record is None:
             raise TaskNotFound(f"no task {task_id}")
-        since = utc_datetime(record.updated_ns)
+        since = _utc(record.updated_ns)
         pool = record.spec.pool
         if record.status.is_terminal:
             return Explanation.finished(
@@ -1408,9 +1413,7 @@ class Scheduler:
             raise
         assert reply.lease_expires_ns is not None, "a remote attempt has a lease"
         self._remote.renewed(token, lease_id, reply.lease_expires_ns)
-        return LeaseRenewed(
-            utc_datetime(reply.lease_expires_ns), reply.cancel_reason, reply.stopped
-        )
+        return LeaseRenewed(_utc(reply.lease_expires_ns), reply.cancel_reason, reply.stopped)
 
     async def report_success(
         self, token: AttemptToken, output: bytes | None = None, *, lease_id: bytes
@@ -1573,7 +1576,7 @@ class Scheduler:
             before_ns = min(max(check.unix_ns(before, "before"), -(2**63)), 2**63 - 1)
         records = await self._store.get_occurrences(name, before_ns, limit)
         # Whether it exists is the leader's to say: a standby answers with what is recorded.
-        if not records and before_ns is None and self.leading:
+        if not records and before_ns is None and self._holds_epoch():
             schedules: builtins.list[ScheduleRecord] = await self._call(ListSchedules)
             if all(record.spec.name != name for record in schedules):
                 raise ScheduleNotFound(f"no schedule named {name!r}")
@@ -1586,4 +1589,4 @@ def preview(
     """The next ``n`` occurrences of a cron expression as UTC datetimes (DST applied)."""
     parsed = CronSchedule.parse(cron, timezone)
     start = time.time_ns() if after is None else check.instant_ns(after, "after", time.time_ns())
-    return [utc_datetime(ns) for ns in parsed.preview(start, n)]
+    return [_utc(ns) for ns in parsed.preview(start, n)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import replace
+from datetime import UTC, datetime
 
 from cronoq._engine.attempts import Attempts
 from cronoq._engine.dispatch import Dispatcher
@@ -13,11 +14,15 @@ from cronoq._engine.outputs import TaskSummary
 from cronoq._engine.state import Shared, Task, seconds
 from cronoq._engine.tasks import Tasks
 from cronoq._explain import Explanation, Hold
-from cronoq._model import Status, utc_datetime
+from cronoq._model import NS_PER_S, Status
 from cronoq.errors import CronoqError, TaskNotFound
 from cronoq.store import TaskRecord
 
 __all__ = ["Reads"]
+
+
+def _utc(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns / NS_PER_S, UTC)
 
 
 class Reads:
@@ -147,8 +152,8 @@ class Reads:
             task.status,
             hold,
             summary,
-            utc_datetime(task.updated_ns),
-            None if until is None else utc_datetime(until),
+            _utc(task.updated_ns),
+            None if until is None else _utc(until),
             task.attempt,
             pool=task.spec.pool,
             **extra,  # type: ignore[arg-type]
@@ -166,7 +171,7 @@ class Reads:
         else:
             finished, message, pool = found.finished_ns or 0, found.error or "", found.pool
         return Explanation.finished(
-            task_id, found.status, found.attempt, utc_datetime(finished), message, pool
+            task_id, found.status, found.attempt, _utc(finished), message, pool
         )
 
     def _waiting(self, task: Task) -> Explanation:

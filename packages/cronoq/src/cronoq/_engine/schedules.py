@@ -64,7 +64,7 @@ class Schedules:
         )
         self.schedules[spec.name] = schedule = _Schedule(record, cron)
         if existing is not None:
-            self._record_unfired(existing, next_ns, "replaced")
+            self._record_unfired(existing, schedule, "replaced")
         self._save(schedule)
         return record
 
@@ -73,12 +73,14 @@ class Schedules:
         if schedule is None:
             return ScheduleNotFound(f"no schedule named {name!r}")
         if schedule.paused != paused:
+            schedule.paused = paused
             if not paused:
                 # Occurrences that passed while paused are not caught up, but recorded.
-                until = schedule.cron.next_after(self.shared.now)
-                self._record_unfired(schedule, until, "resumed")
-                schedule.next_ns = until
-            schedule.paused = paused
+                now = self.shared.now
+                due = schedule.next_ns
+                schedule.next_ns = schedule.cron.next_after(now)
+                if due <= now:
+                    self._record(schedule, due, OccurrenceOutcome.PAUSED, None, "paused")
             self._save(schedule)
         return schedule.record()
 
@@ -135,21 +137,22 @@ class Schedules:
         schedule = self.schedules.pop(name, None)
         if schedule is None:
             return ScheduleNotFound(f"no schedule named {name!r}")
-        # The span ends where its next occurrence would have been.
-        self._record_unfired(schedule, schedule.cron.next_after(self.shared.now), "removed")
+        gone = _Schedule(schedule.record(), schedule.cron)
+        gone.next_ns = schedule.cron.next_after(self.shared.now)  # the span ends at its next
+        self._record_unfired(schedule, gone, "removed")
         self.shared.out.mutations.append(ScheduleRemoved(name))
         return None
 
-    def _record_unfired(self, old: _Schedule, until: int, how: str) -> None:
-        """A schedule resumed, replaced or removed whose next occurrence came due (while
-        paused, or in this very step) and was not fired: the ledger says so, up to ``until``."""
+    def _record_unfired(self, old: _Schedule, new: _Schedule, how: str) -> None:
+        """A schedule replaced or removed whose next occurrence came due (while paused, or in
+        this very step) and was not fired: the ledger says so, up to ``new``'s next."""
         if old.next_ns > self.shared.now:
             return
         if old.paused:
             outcome, message = OccurrenceOutcome.PAUSED, "paused"
         else:
             outcome, message = OccurrenceOutcome.MISSED, f"the schedule was {how} as it came due"
-        self._record(old.spec.name, old.next_ns, until, outcome, None, message)
+        self._record(new, old.next_ns, outcome, None, message)
 
     def restore(self, record: ScheduleRecord) -> None:
         """A recovered schedule; one whose cron or zone no longer parses (a tzdata update,
@@ -192,7 +195,7 @@ class Schedules:
                     outcome = OccurrenceOutcome.COALESCED
                     message = "the occurrences due until the next ran once, as one task"
             schedule.next_ns = until
-            self._record(name, due, until, outcome, task_id, message)
+            self._record(schedule, due, outcome, task_id, message)
             self._save(schedule)
 
     def _decide(self, schedule: _Schedule, due: int, now: int) -> tuple[OccurrenceOutcome, str]:
@@ -220,17 +223,17 @@ class Schedules:
 
     def _record(
         self,
-        name: str,
+        schedule: _Schedule,
         due: int,
-        until: int,
         outcome: OccurrenceOutcome,
         task_id: int | None,
         message: str,
     ) -> None:
-        """The ledger record of the schedule's occurrences due from ``due`` up to ``until``."""
+        """The ledger record of the occurrences due from ``due`` up to the schedule's next."""
         shared = self.shared
+        name = schedule.spec.name
         shared.out.mutations.append(
-            OccurrenceRecorded(name, due, until, outcome, task_id, shared.now, message)
+            OccurrenceRecorded(name, due, schedule.next_ns, outcome, task_id, shared.now, message)
         )
         bump(shared.counters.occurrences, (name, outcome.value))
 
