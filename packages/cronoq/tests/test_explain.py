@@ -200,7 +200,14 @@ async def test_a_standby_says_no_leader_holds_the_task(gate: Gate) -> None:
         standby = Scheduler(pools, store=store.connect_another())
         takeover = asyncio.create_task(standby.start())
         try:
+            # Until the standby waits in the store for leadership (loop turns, no clock).
+            async with asyncio.timeout(5):
+                while not store._cluster.waiting:
+                    await asyncio.sleep(0)
+            assert standby.running and not standby.leading
+            assert not standby.metrics().leading
             found = await _explained(standby, task_id, Hold.LEADER_CHANGE)
+            assert "is taking over" in found.summary
             assert found.status is Status.SCHEDULED
         finally:
             takeover.cancel()

@@ -658,8 +658,9 @@ class Scheduler:
 
     @property
     def leading(self) -> bool:
-        """True while this instance leads its cluster and serves (started, not stopped)."""
-        return self.running
+        """True while this instance leads its cluster and serves: started, holding an epoch
+        (not still waiting for leadership in ``start``), not stopped."""
+        return self.running and self._driver.epoch != 0
 
     @property
     def epoch(self) -> int | None:
@@ -1254,7 +1255,7 @@ class Scheduler:
         leader; for a running task its attempt (and a remote one's worker and lease end);
         for a finished one how it ended. Raises TaskNotFound if it is unknown or pruned."""
         check.integer(task_id, "task_id", 1, 2**63 - 1)
-        if not self._holds_epoch():
+        if not self.leading:
             return await self._explain_stored(task_id)
         try:
             found: Explanation = await self._call(lambda f: ExplainTask(task_id, f))
@@ -1265,11 +1266,6 @@ class Scheduler:
             if worker is not None:
                 found = dataclasses.replace(found, worker=worker)
         return found
-
-    def _holds_epoch(self) -> bool:
-        """Whether this instance leads now: ``leading`` is already true while ``start`` waits
-        for leadership, when a call would wait for it too."""
-        return self.running and self.epoch is not None
 
     async def _explain_stored(self, task_id: int) -> Explanation:
         """From the store's row, when memory cannot say: a task finished before the
@@ -1576,7 +1572,7 @@ class Scheduler:
             before_ns = min(max(check.unix_ns(before, "before"), -(2**63)), 2**63 - 1)
         records = await self._store.get_occurrences(name, before_ns, limit)
         # Whether it exists is the leader's to say: a standby answers with what is recorded.
-        if not records and before_ns is None and self._holds_epoch():
+        if not records and before_ns is None and self.leading:
             schedules: builtins.list[ScheduleRecord] = await self._call(ListSchedules)
             if all(record.spec.name != name for record in schedules):
                 raise ScheduleNotFound(f"no schedule named {name!r}")
