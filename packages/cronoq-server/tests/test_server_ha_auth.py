@@ -24,7 +24,7 @@ from server_pg import PG_DSN, pg_schema
 from server_process import ServerProcess, config_toml, running_server, start_server
 from test_server_auth import REQUIRED, TOKENS, call, identities_toml
 
-from cronoq import RetryPolicy, Status, TaskContext
+from cronoq import Hold, RetryPolicy, Status, TaskContext
 from cronoq.errors import SchedulerError, TaskNotFound
 from cronoq_client import AsyncClient, Tls, Worker
 from cronoq_client import protocol as wire
@@ -385,11 +385,20 @@ async def test_a_per_key_limit_holds_across_a_failover_with_tokens(
             waiting = await client.submit("k", b"b", pool="matrix", limits=limits)
             held_back = "limit 'tenant' key 'acme': 1 of 1 running"
             assert (await client.get(waiting)).waiting_for == held_back
+            # explain, as deployed: the limit and its key hold the next; the first runs on
+            # the worker, which its explanation names.
+            why = await client.explain(waiting)
+            assert (why.hold, why.limit, why.limit_key) == (Hold.LIMIT, "tenant", "acme")
+            runs = await client.explain(running)
+            assert runs.hold is Hold.RUNNING and runs.worker, runs
             first.signal(signal.SIGKILL)
             await second.leading()
             # The new leader adopted the running attempt; its limit still holds the next.
             assert (await client.get(running)).status is Status.RUNNING
             assert (await client.get(waiting)).waiting_for == held_back
+            why = await client.explain(waiting)
+            assert (why.hold, why.limit, why.limit_key) == (Hold.LIMIT, "tenant", "acme")
+            assert (await client.explain(running)).hold is Hold.RUNNING
             release.set()
             for task_id in (running, waiting):
                 done = await client.wait(task_id, timeout=TIMEOUT_S)
