@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ._child import ROWS
-from ._envs import python_for
+from ._envs import compile_bytecode, python_for
 from ._harness import ADMIN_DSN, Sizes, check_durability, fresh_database
 from ._peer import REPO_ROOT
 
@@ -228,8 +229,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows")
     parser.add_argument("--timeout", type=float, default=None, help="seconds per measurement")
     parser.add_argument("--json", type=Path, default=None, help="also write every value here")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="tasks per batch call (rows 2 and 3)"
+    )
     args = parser.parse_args(argv)
     sizes = Sizes.quick() if args.quick else Sizes.full()
+    if args.batch_size is not None:
+        sizes = dataclasses.replace(sizes, batch_size=args.batch_size)
     rounds = args.rounds or (1 if args.quick else 3)
     timeout = args.timeout or (300.0 if args.quick else 1800.0)
     wanted = args.systems.split(",")
@@ -256,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {column}: NOT RUN: {note}")
             results.failures.append(f"{module} (all rows) not run: {note}")
             continue
+        if python not in pythons.values():
+            compile_bytecode(python)
         pythons[module] = python
         extra = f", {note}" if note else ""
         print(f"  {column}: {distribution} {_version(python, distribution)}{extra}")

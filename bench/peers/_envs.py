@@ -85,3 +85,25 @@ def python_for(module: str) -> tuple[str | None, str]:
         text=True,
     ).stdout.strip()
     return str(python), f"Python {version} ({venv}, synced from uv.lock)"
+
+
+def compile_bytecode(python: str) -> None:
+    """Compile every module ``python`` may import (its environment and this repository's
+    packages) to bytecode, as an installation has it: pip compiles at install, and
+    ``uv sync --compile-bytecode`` does. Without it (``PYTHONDONTWRITEBYTECODE`` set, as on
+    this project's machines) each process compiles what it imports from source at every start,
+    which measured 0.8 s of a cronoq-server's 1.5 s start (docs/performance.md, issue 35)."""
+    paths = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    sources = sorted(str(p) for p in (REPO_ROOT / "packages").glob("*/src"))
+    # Not checked: a library may ship a file no interpreter compiles (a test of another
+    # Python's syntax), which compileall reports and skips.
+    subprocess.run(
+        [python, "-m", "compileall", "-q", "-j", "0", *paths, *sources],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )

@@ -120,9 +120,15 @@ class ServerProcess:
     """``python -m cronoq_server serve`` on a config of its own, until it leads and serves."""
 
     def __init__(
-        self, store: str, directory: Path, tokens: Tokens | None = None, pool_options: str = ""
+        self,
+        store: str,
+        directory: Path,
+        tokens: Tokens | None = None,
+        pool_options: str = "",
+        python_options: tuple[str, ...] = (),
     ) -> None:
-        """``pool_options``: more TOML lines of the pool's table (``lease_s = 6``)."""
+        """``pool_options``: more TOML lines of the pool's table (``lease_s = 6``);
+        ``python_options``: the interpreter's, before ``-m cronoq_server`` (``-X importtime``)."""
         self.config = directory / "server.toml"
         auth = "" if tokens is None else tokens.config()
         config = CONFIG.format(pool=POOL, pool_options=pool_options, store=store)
@@ -134,6 +140,7 @@ class ServerProcess:
         self.leading: asyncio.Future[None] | None = None
         self.reader: asyncio.Task[None] | None = None
         self.tail: deque[str] = deque(maxlen=40)
+        self.python_options = python_options
 
     @property
     def target(self) -> str:
@@ -148,7 +155,8 @@ class ServerProcess:
     async def __aenter__(self) -> ServerProcess:
         self.leading = asyncio.get_running_loop().create_future()
         self.process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "cronoq_server", "serve", "--config", str(self.config),
+            sys.executable, *self.python_options, "-m", "cronoq_server", "serve",
+            "--config", str(self.config),
             cwd=self.directory,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL,

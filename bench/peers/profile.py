@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import collections
 import importlib
+import pstats
 import signal
 import statistics
 import sys
@@ -41,11 +42,12 @@ from pathlib import Path
 
 from cronoq_client import AsyncClient
 
+from ._envs import compile_bytecode
 from ._harness import Sizes
 from ._peer import Worker, submit_batches, submit_singly, worker_timeout
 from ._server import _MODULE, ServerProcess, ServerSystem, _ClientEnqueuer, _until_finished
 
-LOADS = ("single", "batch", "end_to_end")
+LOADS = ("single", "batch", "end_to_end", "start")
 
 
 async def _round(
@@ -92,13 +94,39 @@ async def _round(
                 await enqueuer.close()
 
 
+async def _start_round(
+    system: ServerSystem, sizes: Sizes, profile: Path | None
+) -> tuple[float, float]:
+    """Seconds from the server's exec to its first "serving" as the leader, and its CPU
+    seconds by then, on a store holding ``sizes.batch`` ready tasks (written by an earlier
+    server, stopped with SIGTERM): imports, configuration, the store's connection,
+    leadership and the recovery of every task. With ``profile``, the server runs under
+    cProfile, whose statistics it writes when it stops (PATH.<n>.pstats)."""
+    with tempfile.TemporaryDirectory(prefix="cronoq-profile-") as tmp:
+        async with system.store() as section:
+            async with ServerProcess(section, Path(tmp)) as first:
+                enqueuer = _ClientEnqueuer(AsyncClient(first.target))
+                try:
+                    await submit_batches(enqueuer, sizes.batch, sizes.batch_size)
+                finally:
+                    await enqueuer.close()
+            options: tuple[str, ...] = ()
+            if profile is not None:
+                options = ("-m", "cProfile", "-o", f"{profile}.{time.monotonic_ns()}.pstats")
+            start = time.perf_counter()
+            async with ServerProcess(section, Path(tmp), python_options=options) as second:
+                elapsed = time.perf_counter() - start
+                cpu = second.usage().cpu_s
+    return elapsed, cpu
+
+
 async def _measured(
     run: Callable[[], Awaitable[int]], server: ServerProcess, profile: Path | None
 ) -> tuple[float, float]:
     spy = None
     if profile is not None:
         spy = await asyncio.create_subprocess_exec(
-            "py-spy", "record", "--pid", str(server.pid), "--rate", "100", "--nolineno",
+            "py-spy", "record", "--pid", str(server.pid), "--rate", "100", "--nolineno", "--gil",
             "--format", "raw", "--output", f"{profile}.{time.monotonic_ns()}.part",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
@@ -162,6 +190,39 @@ def _file_of(frame: str) -> str:
     return where
 
 
+def _starts(system: ServerSystem, sizes: Sizes, rounds: int, profile: Path | None) -> int:
+    times, cpus = [], []
+    for index in range(rounds):
+        elapsed, cpu = asyncio.run(_start_round(system, sizes, profile))
+        times.append(elapsed)
+        cpus.append(cpu)
+        print(
+            f"round {index + 1}: leading after {elapsed:.3f} s, server CPU {cpu:.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(
+        f"{system.name} start with {sizes.batch:,} tasks: leading after "
+        f"{statistics.median(times):.3f} s [{', '.join(f'{t:.3f}' for t in times)}], server "
+        f"CPU {statistics.median(cpus):.2f} s [{', '.join(f'{c:.2f}' for c in cpus)}]",
+        flush=True,
+    )
+    if profile is not None:
+        stats = pstats.Stats(*map(str, sorted(profile.parent.glob(f"{profile.name}.*.pstats"))))
+        with profile.open("w") as out:
+            stats.stream = out  # type: ignore[attr-defined]
+            stats.sort_stats("cumulative").print_stats(60)
+        print(f"profile (cProfile, cumulative) in {profile}")
+    return 0
+
+
+def _summarised(profile: Path | None) -> None:
+    if profile is not None:
+        parts = sorted(profile.parent.glob(f"{profile.name}.*.part"))
+        profile.write_text(summarise(parts))
+        print(f"profile summary in {profile} ({len(parts)} recordings)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("load", choices=LOADS)
@@ -169,16 +230,21 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=None, help="tasks per round")
     parser.add_argument("--profile", type=Path, default=None, help="summary file (py-spy)")
+    parser.add_argument("--batch-size", type=int, default=1_000, help="tasks per SubmitMany")
     args = parser.parse_args()
+    compile_bytecode(sys.executable)
     n = args.tasks
     sizes = Sizes(
         single=n or 20_000,
         batch=n or 100_000,
         end_to_end=n or 20_000,
         seconds=10.0,
+        batch_size=args.batch_size,
     )
     module = "cronoq_server_pg" if args.store == "pg" else "cronoq_server_sqlite"
     system: ServerSystem = importlib.import_module(f"bench.peers.{module}").SYSTEM
+    if args.load == "start":
+        return _starts(system, sizes, args.rounds, args.profile)
     rates, cpus = [], []
     for index in range(args.rounds):
         rate, cpu = asyncio.run(_round(args.load, system, sizes, args.profile))
@@ -195,10 +261,7 @@ def main() -> int:
         f"µs per task [{', '.join(f'{c:,.1f}' for c in cpus)}]",
         flush=True,
     )
-    if args.profile is not None:
-        parts = sorted(args.profile.parent.glob(f"{args.profile.name}.*.part"))
-        args.profile.write_text(summarise(parts))
-        print(f"profile summary in {args.profile} ({len(parts)} recordings)")
+    _summarised(args.profile)
     return 0
 
 
