@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import collections
 import importlib
+import os
 import pstats
 import signal
 import statistics
@@ -47,6 +48,7 @@ from ._harness import Sizes
 from ._peer import Worker, submit_batches, submit_singly, worker_timeout
 from ._server import _MODULE, ServerProcess, ServerSystem, _ClientEnqueuer, _until_finished
 
+NATIVE: tuple[str, ...] = tuple(os.environ.get("PYSPY_EXTRA", "").split())
 LOADS = ("single", "batch", "end_to_end", "start")
 
 
@@ -126,7 +128,7 @@ async def _measured(
     spy = None
     if profile is not None:
         spy = await asyncio.create_subprocess_exec(
-            "py-spy", "record", "--pid", str(server.pid), "--rate", "100", "--nolineno", "--gil",
+            "py-spy", "record", "--pid", str(server.pid), "--rate", "100", "--nolineno", "--gil", *NATIVE,
             "--format", "raw", "--output", f"{profile}.{time.monotonic_ns()}.part",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
