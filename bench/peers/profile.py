@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import collections
 import importlib
-import os
 import pstats
 import signal
 import statistics
@@ -48,7 +47,6 @@ from ._harness import Sizes
 from ._peer import Worker, submit_batches, submit_singly, worker_timeout
 from ._server import _MODULE, ServerProcess, ServerSystem, _ClientEnqueuer, _until_finished
 
-NATIVE: tuple[str, ...] = tuple(os.environ.get("PYSPY_EXTRA", "").split())
 LOADS = ("single", "batch", "end_to_end", "start")
 
 
@@ -128,7 +126,7 @@ async def _measured(
     spy = None
     if profile is not None:
         spy = await asyncio.create_subprocess_exec(
-            "py-spy", "record", "--pid", str(server.pid), "--rate", "100", "--nolineno", "--gil", *NATIVE,
+            "py-spy", "record", "--pid", str(server.pid), "--rate", "100", "--nolineno", "--gil",
             "--format", "raw", "--output", f"{profile}.{time.monotonic_ns()}.part",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
@@ -192,17 +190,27 @@ def _file_of(frame: str) -> str:
     return where
 
 
-def _starts(system: ServerSystem, sizes: Sizes, rounds: int, profile: Path | None) -> int:
-    times, cpus = [], []
+def _each_round(
+    measure: Callable[[], Awaitable[tuple[float, float]]],
+    rounds: int,
+    shown: Callable[[float, float], str],
+) -> tuple[list[float], list[float]]:
+    """Both figures of ``measure`` in each round, each round on an event loop of its own."""
+    firsts, seconds = [], []
     for index in range(rounds):
-        elapsed, cpu = asyncio.run(_start_round(system, sizes, profile))
-        times.append(elapsed)
-        cpus.append(cpu)
-        print(
-            f"round {index + 1}: leading after {elapsed:.3f} s, server CPU {cpu:.2f} s",
-            file=sys.stderr,
-            flush=True,
-        )
+        first, second = asyncio.run(measure())
+        firsts.append(first)
+        seconds.append(second)
+        print(f"round {index + 1}: {shown(first, second)}", file=sys.stderr, flush=True)
+    return firsts, seconds
+
+
+def _starts(system: ServerSystem, sizes: Sizes, rounds: int, profile: Path | None) -> int:
+    times, cpus = _each_round(
+        lambda: _start_round(system, sizes, profile),
+        rounds,
+        lambda elapsed, cpu: f"leading after {elapsed:.3f} s, server CPU {cpu:.2f} s",
+    )
     print(
         f"{system.name} start with {sizes.batch:,} tasks: leading after "
         f"{statistics.median(times):.3f} s [{', '.join(f'{t:.3f}' for t in times)}], server "
@@ -247,16 +255,11 @@ def main() -> int:
     system: ServerSystem = importlib.import_module(f"bench.peers.{module}").SYSTEM
     if args.load == "start":
         return _starts(system, sizes, args.rounds, args.profile)
-    rates, cpus = [], []
-    for index in range(args.rounds):
-        rate, cpu = asyncio.run(_round(args.load, system, sizes, args.profile))
-        rates.append(rate)
-        cpus.append(cpu)
-        print(
-            f"round {index + 1}: {rate:,.0f} tasks/s, server CPU {cpu:,.1f} µs per task",
-            file=sys.stderr,
-            flush=True,
-        )
+    rates, cpus = _each_round(
+        lambda: _round(args.load, system, sizes, args.profile),
+        args.rounds,
+        lambda rate, cpu: f"{rate:,.0f} tasks/s, server CPU {cpu:,.1f} µs per task",
+    )
     print(
         f"{system.name} {args.load}: {statistics.median(rates):,.0f} tasks/s "
         f"[{', '.join(f'{r:,.0f}' for r in rates)}], server CPU {statistics.median(cpus):,.1f} "
