@@ -37,8 +37,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from cronoq_client import AsyncClient
 
@@ -191,7 +192,7 @@ def _file_of(frame: str) -> str:
 
 
 def _each_round(
-    measure: Callable[[], Awaitable[tuple[float, float]]],
+    measure: Callable[[], Coroutine[Any, Any, tuple[float, float]]],
     rounds: int,
     shown: Callable[[float, float], str],
 ) -> tuple[list[float], list[float]]:
