@@ -7,22 +7,25 @@ Run from the repository root:
 
 A fresh server (``python -m cronoq_server serve``, as ``bench.peers`` starts it: its own
 process, uvloop, a fresh PostgreSQL database or SQLite file) and this process as its client
-(``AsyncClient``, one channel), for one of three loads:
+(``AsyncClient``, one channel), for one of four loads:
 
 - ``single``: ``Submit`` from 100 concurrent submitters (bench/peers' row 1);
-- ``batch``: ``SubmitMany`` of 1,000 tasks, one call at a time (row 2);
+- ``batch``: ``SubmitMany`` of ``--batch-size`` (1,000) tasks, one call at a time (row 2);
 - ``end_to_end``: ``SubmitMany`` of 1,000 at a time, run by one remote worker process of 50
-  slots (row 3).
+  slots (row 3);
+- ``start``: a server's start on a store holding ``--tasks`` ready tasks (``_start_round``).
 
-Each round prints tasks per second and the server process's CPU (user + system, every thread,
-from /proc) per task over the load. With ``--profile PATH``, ``py-spy record`` samples the
-server at 100 Hz during the load of every round (collapsed stacks of every thread, idle
-excluded, into PATH.<n>.part), and PATH gets their summary: the frames with the most samples
-at the top of the stack (self), the frames of cronoq and its libraries with the most samples
-anywhere in it (cumulative, each frame once per sample), in % of all samples, and self time by
-source file. Python frames only (``--native`` slowed the server twentyfold): native work counts
-for the innermost Python frame above it, so ``Runner.run`` is the event loop's own native work
-(uvloop, grpcio's Cython core under it) and ``Thread.run`` that of grpcio's poller thread.
+Every environment is compiled to bytecode first, as an installation has it. Each round prints
+tasks per second and the server process's CPU (user + system, every thread, from /proc) per
+task over the load. With ``--profile PATH``, ``py-spy record --gil`` samples the server at
+100 Hz during the load of every round (collapsed stacks of the threads holding the GIL, so
+that no idle thread counts, into PATH.<n>.part), and PATH gets their summary: the frames
+with the most samples at the top of the stack (self), the frames of cronoq and its libraries
+with the most samples anywhere in it (cumulative, each frame once per sample), in % of all
+samples, and self time by source file. Python frames only (``--native`` slowed the server
+twentyfold): native work counts for the innermost Python frame above it, so ``Runner.run`` is
+the event loop's own native work (uvloop, grpcio's Cython core under it). Work outside the GIL
+(the kernel's, in system calls) is not sampled: ``perf record -p PID`` shows it.
 """
 
 from __future__ import annotations
@@ -219,10 +222,9 @@ def _starts(system: ServerSystem, sizes: Sizes, rounds: int, profile: Path | Non
         flush=True,
     )
     if profile is not None:
-        stats = pstats.Stats(*map(str, sorted(profile.parent.glob(f"{profile.name}.*.pstats"))))
+        files = sorted(str(p) for p in profile.parent.glob(f"{profile.name}.*.pstats"))
         with profile.open("w") as out:
-            stats.stream = out  # type: ignore[attr-defined]
-            stats.sort_stats("cumulative").print_stats(60)
+            pstats.Stats(*files, stream=out).sort_stats("cumulative").print_stats(60)
         print(f"profile (cProfile, cumulative) in {profile}")
     return 0
 
@@ -240,7 +242,9 @@ def main() -> int:
     parser.add_argument("--store", choices=("pg", "sqlite"), default="pg")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tasks", type=int, default=None, help="tasks per round")
-    parser.add_argument("--profile", type=Path, default=None, help="summary file (py-spy)")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="summary file (py-spy; cProfile's for start)"
+    )
     parser.add_argument("--batch-size", type=int, default=1_000, help="tasks per SubmitMany")
     args = parser.parse_args()
     compile_bytecode(sys.executable)
