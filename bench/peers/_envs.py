@@ -87,6 +87,12 @@ def python_for(module: str) -> tuple[str | None, str]:
     return str(python), f"Python {version} ({venv}, synced from uv.lock)"
 
 
+_LIBRARIES = (
+    "import sysconfig; print(*{sysconfig.get_path(p) for p in ('purelib', 'platlib')}, sep=chr(10))"
+)
+"""Where an interpreter's installed modules are, one directory per line."""
+
+
 def compile_bytecode(python: str) -> None:
     """Compile every module ``python`` may import (its environment and this repository's
     packages) to bytecode, as an installation has it: pip compiles at install, and
@@ -94,12 +100,15 @@ def compile_bytecode(python: str) -> None:
     this project's machines) each process compiles what it imports from source at every start:
     a cronoq-server led after 1.7 s from source, 0.88 s from bytecode (docs/performance.md)."""
     paths = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        [python, "-c", _LIBRARIES],
         capture_output=True,
         text=True,
         check=True,
-    ).stdout.split()
-    sources = sorted(str(p) for p in (REPO_ROOT / "packages").glob("*/src"))
+    ).stdout.splitlines()
+    sources = [
+        *sorted(str(p) for p in (REPO_ROOT / "packages").glob("*/src")),
+        str(REPO_ROOT / "bench"),
+    ]
     # Not checked: a library may ship a file no interpreter compiles (a test of another
     # Python's syntax), which compileall reports and skips.
     subprocess.run(

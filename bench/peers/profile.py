@@ -116,7 +116,8 @@ async def _start_round(
                     await enqueuer.close()
             options: tuple[str, ...] = ()
             if profile is not None:
-                options = ("-m", "cProfile", "-o", f"{profile}.{time.monotonic_ns()}.pstats")
+                stats = f"{profile}.{time.monotonic_ns()}.pstats"
+                options = ("-m", "cProfile", "-o", stats)
             start = time.perf_counter()
             async with ServerProcess(section, Path(tmp), python_options=options) as second:
                 elapsed = time.perf_counter() - start
@@ -223,6 +224,8 @@ def _starts(system: ServerSystem, sizes: Sizes, rounds: int, profile: Path | Non
     )
     if profile is not None:
         files = sorted(str(p) for p in profile.parent.glob(f"{profile.name}.*.pstats"))
+        if not files:
+            raise SystemExit(f"no statistics written next to {profile}: see the server's log")
         with profile.open("w") as out:
             pstats.Stats(*files, stream=out).sort_stats("cumulative").print_stats(60)
         print(f"profile (cProfile, cumulative) in {profile}")
@@ -247,6 +250,9 @@ def main() -> int:
     )
     parser.add_argument("--batch-size", type=int, default=1_000, help="tasks per SubmitMany")
     args = parser.parse_args()
+    if args.profile is not None:
+        # Absolute: the server runs in a temporary directory, deleted after each round.
+        args.profile = args.profile.resolve()
     compile_bytecode(sys.executable)
     n = args.tasks
     sizes = Sizes(

@@ -658,8 +658,8 @@ class Scheduler:
 
     @property
     def leading(self) -> bool:
-        """True while this instance leads its cluster and serves: started, holding an epoch
-        (not still waiting for leadership in ``start``), not stopped."""
+        """True while this instance holds its cluster's leadership: started, with an epoch of
+        its own (false while ``start`` still waits for leadership), not stopped."""
         return self.running and self._driver.epoch != 0
 
     @property
