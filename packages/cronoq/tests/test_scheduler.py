@@ -26,7 +26,8 @@ from cronoq import (
     TaskError,
     TaskRequest,
 )
-from cronoq.errors import InvalidArgument, PermissionDenied
+from cronoq.errors import InvalidArgument, PermissionDenied, StoreFatal
+from cronoq.store import Lease, RecoveredState, TimeBase
 
 FAST_RETRY = RetryPolicy.exponential(3, initial=0.01, maximum=0.05, jitter=0.0)
 
@@ -395,3 +396,55 @@ async def test_a_scope_refuses_a_parent_outside_it_whose_output_would_reach_the_
         assert (await sched.get(child)).after == (mine,)
         # Without a scope (an embedded caller, an admin), any parent.
         await sched.submit_specs([sched.task_spec(now, "k", pool="a", after=[theirs])])
+
+
+class _UnreadableRows(MemoryStore):
+    """Leads, then cannot read its rows: a recovery that fails for good."""
+
+    async def recover(self, epoch: int, time_base: TimeBase, retention_ns: int) -> RecoveredState:
+        raise StoreFatal("the rows cannot be read")
+
+
+async def test_a_start_that_fails_leaves_the_scheduler_stopped_saying_why(
+    recorder: Recorder,
+) -> None:
+    store = _UnreadableRows()
+    pools = [Pool("default", recorder)]
+    failed = Scheduler(pools, store=store)
+    with pytest.raises(StoreFatal, match="cannot be read"):
+        await failed.start()
+    assert not failed.running and not failed.leading and not failed.metrics().leading
+    assert isinstance(failed.failure, StoreFatal)
+    with pytest.raises(SchedulerStopped, match="cannot be read"):
+        await failed.submit("echo")
+    await asyncio.wait_for(failed.leadership_lost(), 5)  # not led: nothing to wait for
+    await failed.close()
+    # It gave the leadership back: another instance leads without waiting for this one.
+    async with Scheduler(pools, store=store.connect_another()) as other:
+        assert other.leading
+
+
+async def test_a_cancelled_start_leaves_the_scheduler_stopped(recorder: Recorder) -> None:
+    store = MemoryStore()
+    pools = [Pool("default", recorder)]
+    async with Scheduler(pools, store=store):
+        other = store.connect_another()
+        asking = asyncio.Event()
+        acquire = other.acquire_leadership
+
+        async def acquire_saying_so() -> Lease:
+            asking.set()
+            return await acquire()
+
+        other.acquire_leadership = acquire_saying_so  # type: ignore[method-assign]
+        standby = Scheduler(pools, store=other)
+        takeover = asyncio.create_task(standby.start())
+        await asyncio.wait_for(asking.wait(), 5)  # it waits in the store to lead
+        takeover.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await takeover
+        assert not standby.running and not standby.leading
+        assert standby.failure is None
+        with pytest.raises(SchedulerStopped, match="not running"):
+            await standby.submit("echo")
+        await standby.close()

@@ -142,13 +142,19 @@ class Driver:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Lead, recover, commit recovery's bookkeeping, then serve."""
-        lease = await self._store.acquire_leadership()
+        """Lead, recover, commit recovery's bookkeeping, then serve. A start that fails or is
+        cancelled leaves the driver stopped (with the failure), never seemingly running."""
+        try:
+            lease = await self._store.acquire_leadership()
+        except BaseException:
+            self._halt(None)
+            raise
         self._epoch = lease.epoch
         try:
             await self._rebuild(None)
-        except BaseException:  # a standby must not wait for this process to exit
+        except BaseException as exc:  # a standby must not wait for this process to exit
             await self._release_quietly()
+            self._halt(None if isinstance(exc, asyncio.CancelledError) else exc)
             raise
         self._accepting = True
         self._loop = loop = asyncio.get_running_loop()
