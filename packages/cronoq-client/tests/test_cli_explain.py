@@ -278,9 +278,11 @@ def test_tasks_rerun_runs_a_finished_task_again_and_refuses_a_live_one(
         # Through the client too, and in a table.
         third = client.rerun(done)
         assert third > again and client.wait(third, timeout=WAIT_S).rerun_of == done
-        assert run(env, "tasks", "rerun", str(third)).stdout.startswith(
-            f"task {third}: rerun as task "
-        )
+        shown_rerun = run(env, "tasks", "rerun", str(third)).stdout
+        assert shown_rerun.startswith(f"task {third}: rerun as task "), shown_rerun
+        # Run before the worker leaves, or it would stay ready in the list below.
+        fourth = int(shown_rerun.removeprefix(f"task {third}: rerun as task ").split()[0])
+        assert client.wait(fourth, timeout=WAIT_S).rerun_of == third
 
     live = client.submit("cli-rerun", 1)  # pool default: no worker, it stays ready
     refused = run(env, "tasks", "rerun", str(live), code=ExitCode.NOT_RETRYABLE)
