@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from standbys import waiting_standby
 
 from cronoq import (
     Explanation,
@@ -27,7 +28,6 @@ from cronoq import (
 from cronoq._engine import Engine, EngineConfig, ExplainTask, PoolConfig, SubmitTasks
 from cronoq._model import NS_PER_S, TaskSpec
 from cronoq.errors import TaskNotFound
-from cronoq.store import Lease
 
 S = NS_PER_S
 LATER = RetryPolicy(max_attempts=3, initial_ns=3600 * S, max_ns=3600 * S, jitter=0.0)
@@ -198,19 +198,8 @@ async def test_a_standby_says_no_leader_holds_the_task(gate: Gate) -> None:
     pools = [Pool("default", gate)]
     async with Scheduler(pools, store=store) as leader:
         task_id = await leader.submit("job", start_at=timedelta(hours=1))
-        other = store.connect_another()
-        asking = asyncio.Event()
-        acquire = other.acquire_leadership
-
-        async def acquire_saying_so() -> Lease:
-            asking.set()
-            return await acquire()
-
-        other.acquire_leadership = acquire_saying_so  # type: ignore[method-assign]
-        standby = Scheduler(pools, store=other)
-        takeover = asyncio.create_task(standby.start())
+        standby, takeover = await waiting_standby(store, pools)
         try:
-            await asyncio.wait_for(asking.wait(), 5)  # it waits in the store to lead
             assert standby.running and not standby.leading
             assert not standby.metrics().leading
             found = await _explained(standby, task_id, Hold.LEADER_CHANGE)

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from standbys import waiting_standby
 
 from cronoq import (
     AdmissionRejected,
@@ -27,7 +28,7 @@ from cronoq import (
     TaskRequest,
 )
 from cronoq.errors import InvalidArgument, PermissionDenied, StoreFatal
-from cronoq.store import Lease, RecoveredState, TimeBase
+from cronoq.store import RecoveredState, TimeBase
 
 FAST_RETRY = RetryPolicy.exponential(3, initial=0.01, maximum=0.05, jitter=0.0)
 
@@ -428,18 +429,7 @@ async def test_a_cancelled_start_leaves_the_scheduler_stopped(recorder: Recorder
     store = MemoryStore()
     pools = [Pool("default", recorder)]
     async with Scheduler(pools, store=store):
-        other = store.connect_another()
-        asking = asyncio.Event()
-        acquire = other.acquire_leadership
-
-        async def acquire_saying_so() -> Lease:
-            asking.set()
-            return await acquire()
-
-        other.acquire_leadership = acquire_saying_so  # type: ignore[method-assign]
-        standby = Scheduler(pools, store=other)
-        takeover = asyncio.create_task(standby.start())
-        await asyncio.wait_for(asking.wait(), 5)  # it waits in the store to lead
+        standby, takeover = await waiting_standby(store, pools)
         takeover.cancel()
         with pytest.raises(asyncio.CancelledError):
             await takeover
