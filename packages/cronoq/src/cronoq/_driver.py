@@ -145,15 +145,11 @@ class Driver:
         """Lead, recover, commit recovery's bookkeeping, then serve. A start that fails or is
         cancelled leaves the driver stopped (with the failure), never seemingly running."""
         try:
-            lease = await self._store.acquire_leadership()
-        except BaseException:
-            self._halt(None)
-            raise
-        self._epoch = lease.epoch
-        try:
+            self._epoch = (await self._store.acquire_leadership()).epoch
             await self._rebuild(None)
-        except BaseException as exc:  # a standby must not wait for this process to exit
-            await self._release_quietly()
+        except BaseException as exc:
+            if self._epoch:  # a standby must not wait for this process to exit
+                await self._release_quietly()
             self._halt(None if isinstance(exc, asyncio.CancelledError) else exc)
             raise
         self._accepting = True
